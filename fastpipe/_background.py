@@ -1,0 +1,168 @@
+"""One background thread that runs an iterator ahead of its consumer.
+
+The contract, each clause tested in tests/test_background.py:
+
+* bounded: at most ``max_prefetch`` items wait in the queue, so memory stays bounded;
+* stoppable: ``close()`` sets a stop event, drains the queue so a producer blocked in ``put`` wakes
+  up, and joins the thread; the producer checks the event between items;
+* errors forwarded: an exception raised by the source iterator is raised to the consumer, as the
+  same object, at the position where it happened; iteration ends after it;
+* ends with its consumer: early ``break``, ``del``, garbage collection and interpreter exit all
+  close the thread, because the thread holds no reference to the consumer-side object.
+
+prefetch_generator's BackgroundGenerator is the idea this follows, but it is not used: its producer
+thread dies silently on an exception (the consumer then waits forever), stays blocked in ``put``
+after an early break, and treats a ``None`` item as the end of the data.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import weakref
+from collections.abc import Iterator
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+# How often a producer blocked on a full queue looks at the stop event.
+_POLL_SECONDS = 0.05
+# How long close() waits for the producer; it can only stop between two items of its source.
+_JOIN_SECONDS = 30.0
+
+
+class _End:
+    pass
+
+
+class _Raised:
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+_END = _End()
+
+
+def _put(items: queue.Queue, stop: threading.Event, item: Any) -> bool:
+    while not stop.is_set():
+        try:
+            items.put(item, timeout=_POLL_SECONDS)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
+def _produce(source: Iterator, items: queue.Queue, stop: threading.Event) -> None:
+    # `source` is the only strong reference to the underlying iterator once the consumer side has
+    # handed it over, so leaving this function releases it (a DataLoader iterator then shuts down
+    # its workers).
+    try:
+        while not stop.is_set():
+            try:
+                item = next(source)
+            except StopIteration:
+                break
+            except BaseException as error:  # noqa: BLE001 - forwarded to the consumer as is
+                _put(items, stop, _Raised(error))
+                return
+            if not _put(items, stop, item):
+                return
+        _put(items, stop, _END)
+    finally:
+        close = getattr(source, "close", None)
+        del source
+        if callable(close):
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - the consumer is gone; nothing to report to
+                pass
+
+
+def _shutdown(thread: threading.Thread, items: queue.Queue, stop: threading.Event) -> None:
+    stop.set()
+    # Empty the queue so a producer blocked in put() returns at once instead of after a poll.
+    while True:
+        try:
+            items.get_nowait()
+        except queue.Empty:
+            break
+    if thread is not threading.current_thread() and thread.is_alive():
+        thread.join(_JOIN_SECONDS)
+
+
+_live: weakref.WeakSet[BackgroundIterator] = weakref.WeakSet()
+
+
+def _close_all_at_exit() -> None:
+    for it in list(_live):
+        it.close()
+
+
+# Runs before the interpreter joins threads at exit, like concurrent.futures does; plain atexit
+# handlers would run too late for a producer blocked on a full queue.
+if hasattr(threading, "_register_atexit"):
+    threading._register_atexit(_close_all_at_exit)  # type: ignore[attr-defined]
+else:  # pragma: no cover - Python without the hook
+    import atexit
+
+    atexit.register(_close_all_at_exit)
+
+
+class BackgroundIterator(Generic[T]):
+    """Iterates ``source`` in a daemon thread, keeping up to ``max_prefetch`` items ready."""
+
+    def __init__(self, source: Iterator[T], max_prefetch: int = 2, name: str = "fastpipe-background"):
+        if not isinstance(max_prefetch, int) or isinstance(max_prefetch, bool) or max_prefetch < 1:
+            raise ValueError(f"max_prefetch must be a positive int, got {max_prefetch!r}")
+        self._items: queue.Queue = queue.Queue(maxsize=max_prefetch)
+        self._stop = threading.Event()
+        self._done = False
+        self._thread = threading.Thread(
+            target=_produce, args=(source, self._items, self._stop), name=name, daemon=True
+        )
+        del source
+        self._thread.start()
+        self._finalizer = weakref.finalize(self, _shutdown, self._thread, self._items, self._stop)
+        _live.add(self)
+
+    def __iter__(self) -> BackgroundIterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        if self._done:
+            raise StopIteration
+        while True:
+            try:
+                item = self._items.get(timeout=1.0)
+                break
+            except queue.Empty:
+                if not self._thread.is_alive() and self._items.empty():
+                    # Only a closed iterator gets here: the producer always leaves _END or an error.
+                    self._done = True
+                    raise StopIteration from None
+        if item is _END:
+            self.close()
+            raise StopIteration
+        if isinstance(item, _Raised):
+            self.close()
+            raise item.error
+        return item
+
+    def close(self) -> None:
+        """Stops the producer and waits for it; pending items are dropped. Safe to call twice."""
+        self._done = True
+        self._finalizer()
+
+    @property
+    def alive(self) -> bool:
+        """Whether the producer thread is still running."""
+        return self._thread.is_alive()
+
+    def __enter__(self) -> BackgroundIterator[T]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,0 +1,55 @@
+"""DataLoaderX: a DataLoader whose iteration runs in a background thread."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from fastpipe._background import BackgroundIterator
+
+
+class DataLoaderX(DataLoader):
+    """A :class:`torch.utils.data.DataLoader` that fetches batches in a background thread.
+
+    Takes every DataLoader argument, plus ``max_prefetch``: how many finished batches the
+    background thread keeps ready ahead of the training loop. Yields exactly the batches the
+    DataLoader would, in the same order; ``len()`` is unchanged.
+
+    Collation, pinning and the hand-over from worker processes run in the thread, so they overlap
+    with the training step instead of stalling it. An exception raised while loading reaches the
+    loop as the same exception at the same batch, and ends the epoch. The thread (and the worker
+    processes, unless ``persistent_workers``) stop when the epoch ends, on ``break``, when the
+    iterator is garbage collected, on :meth:`close` and at interpreter exit. Starting a new epoch
+    closes the previous one's thread first.
+    """
+
+    def __init__(self, *args: Any, max_prefetch: int = 2, **kwargs: Any) -> None:
+        if not isinstance(max_prefetch, int) or isinstance(max_prefetch, bool) or max_prefetch < 1:
+            raise ValueError(
+                f"max_prefetch must be a positive int (batches kept ready ahead), got {max_prefetch!r}"
+            )
+        super().__init__(*args, **kwargs)
+        self.max_prefetch = max_prefetch
+        self._epoch: weakref.ref[BackgroundIterator] | None = None
+
+    def __iter__(self) -> Iterator[Any]:
+        # With persistent_workers the DataLoader resets and reuses one worker iterator, so the
+        # previous epoch's thread must be stopped before that iterator is touched again.
+        self.close()
+        # The base iterator (and with it any worker processes) is created here in the caller's
+        # thread; only next() runs in the background.
+        epoch = BackgroundIterator(
+            super().__iter__(), max_prefetch=self.max_prefetch, name="fastpipe-DataLoaderX"
+        )
+        self._epoch = weakref.ref(epoch)
+        return epoch
+
+    def close(self) -> None:
+        """Stops the background thread of the current epoch, if one is running."""
+        epoch = self._epoch() if self._epoch is not None else None
+        if epoch is not None:
+            epoch.close()
+        self._epoch = None
