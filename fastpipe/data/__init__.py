@@ -1,0 +1,37 @@
+"""Datasets, decoding and collation: everything before the batch reaches the device.
+
+Names are imported on first use, so ``import fastpipe.data`` stays cheap and optional
+dependencies (h5py, lmdb) load only with the class that needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "CorruptImageError": "fastpipe.data._decode",
+    "ImageDecoder": "fastpipe.data._decode",
+    "decode_rgb": "fastpipe.data._decode",
+    "ImageFolder": "fastpipe.data.folder",
+    "fast_collate": "fastpipe.data.collate",
+    "pack": "fastpipe.data.pack",
+    "verify": "fastpipe.data.pack",
+    "H5Dataset": "fastpipe.data.h5",
+    "LMDBDataset": "fastpipe.data.lmdb",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fastpipe.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
