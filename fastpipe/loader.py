@@ -41,9 +41,13 @@ class DataLoaderX(DataLoader):
         self.close()
         # The base iterator (and with it any worker processes) is created here in the caller's
         # thread; only next() runs in the background.
+        base = super().__iter__()
         epoch = BackgroundIterator(
-            super().__iter__(), max_prefetch=self.max_prefetch, name="fastpipe-DataLoaderX"
+            _batches(base, shut_down_workers=not self.persistent_workers),
+            max_prefetch=self.max_prefetch,
+            name="fastpipe-DataLoaderX",
         )
+        del base
         self._epoch = weakref.ref(epoch)
         return epoch
 
@@ -53,3 +57,15 @@ class DataLoaderX(DataLoader):
         if epoch is not None:
             epoch.close()
         self._epoch = None
+
+
+def _batches(base: Iterator[Any], shut_down_workers: bool) -> Iterator[Any]:
+    try:
+        yield from base
+    finally:
+        # Without this, workers live on until the base iterator is garbage collected; when an
+        # exception's traceback puts it in a reference cycle, that is a gc pass later, and torch's
+        # shutdown from inside gc waits out a 5 s timeout per worker.
+        shutdown = getattr(base, "_shutdown_workers", None)
+        if shut_down_workers and callable(shutdown):
+            shutdown()

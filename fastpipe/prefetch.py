@@ -38,8 +38,11 @@ class _CudaStreams:
     def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
         tensor.record_stream(stream)
 
-    def pin(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor if tensor.is_pinned() else tensor.pin_memory()
+    def to_device(self, tensor: torch.Tensor, device: torch.device, non_blocking: bool) -> torch.Tensor:
+        # An asynchronous copy needs page-locked host memory; pin what the loader did not.
+        if tensor.device.type == "cpu" and not tensor.is_pinned():
+            tensor = tensor.pin_memory()
+        return tensor.to(device, non_blocking=non_blocking)
 
 
 def _stream_ops_for(device: torch.device) -> _CudaStreams | None:
@@ -217,9 +220,9 @@ class DataPrefetcher:
         image_path = self._image_path(batch) if self.normalizes else None
 
         def move(tensor: torch.Tensor) -> torch.Tensor:
-            if self._streams is not None and tensor.device.type == "cpu":
-                tensor = self._streams.pin(tensor)
-            return tensor.to(self.device, non_blocking=self.non_blocking)
+            if self._streams is not None:
+                return self._streams.to_device(tensor, self.device, self.non_blocking)
+            return tensor.to(self.device)
 
         moved = pytree.tree_map_only(torch.Tensor, move, batch)
         if image_path is None:

@@ -1,0 +1,132 @@
+"""The background-thread contract of fastpipe._background.BackgroundIterator, one test per clause."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from fastpipe._background import BackgroundIterator
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _counting(n: int, produced: list[int]):
+    for i in range(n):
+        produced.append(i)
+        yield i
+
+
+def test_yields_every_item_in_order_including_none(no_thread_leak):
+    items = [0, None, "a", None, 3]
+    assert list(BackgroundIterator(iter(items), max_prefetch=2)) == items
+
+
+def test_queue_is_bounded_by_max_prefetch(no_thread_leak):
+    produced: list[int] = []
+    it = BackgroundIterator(_counting(1000, produced), max_prefetch=3)
+    time.sleep(0.3)
+    # max_prefetch items queued, plus one taken from the source and waiting to be put.
+    assert len(produced) <= 3 + 1
+    assert next(it) == 0
+    time.sleep(0.2)
+    assert len(produced) <= 3 + 2
+    it.close()
+
+
+def test_close_stops_a_producer_blocked_on_a_full_queue(no_thread_leak):
+    it = BackgroundIterator(iter(range(10**9)), max_prefetch=1)
+    time.sleep(0.1)
+    assert it.alive
+    started = time.monotonic()
+    it.close()
+    assert not it.alive
+    assert time.monotonic() - started < 2.0
+    with pytest.raises(StopIteration):
+        next(it)
+    it.close()  # idempotent
+
+
+def test_close_closes_the_source_generator(no_thread_leak):
+    closed = threading.Event()
+
+    def source():
+        try:
+            yield from range(10**9)
+        finally:
+            closed.set()
+
+    it = BackgroundIterator(source(), max_prefetch=2)
+    next(it)
+    it.close()
+    assert closed.is_set()
+
+
+def test_exception_reaches_consumer_at_its_position_as_the_same_object(no_thread_leak):
+    error = KeyError("sample 2 is broken")
+
+    def source():
+        yield 0
+        yield 1
+        raise error
+
+    it = BackgroundIterator(source(), max_prefetch=4)
+    assert next(it) == 0
+    assert next(it) == 1
+    with pytest.raises(KeyError) as caught:
+        next(it)
+    assert caught.value is error
+    with pytest.raises(StopIteration):
+        next(it)
+    assert not it.alive
+
+
+def test_early_break_and_garbage_collection_end_the_thread(no_thread_leak):
+    for i in BackgroundIterator(iter(range(10**9)), max_prefetch=2):
+        if i == 5:
+            break
+    gc.collect()
+    # no_thread_leak checks that the thread is gone.
+
+
+def test_del_ends_the_thread():
+    it = BackgroundIterator(iter(range(10**9)), max_prefetch=2)
+    thread = it._thread
+    next(it)
+    del it
+    gc.collect()
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_context_manager_closes(no_thread_leak):
+    with BackgroundIterator(iter(range(100)), max_prefetch=2) as it:
+        assert next(it) == 0
+    assert not it.alive
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_rejects_bad_max_prefetch(bad):
+    with pytest.raises(ValueError, match="max_prefetch must be a positive int"):
+        BackgroundIterator(iter([]), max_prefetch=bad)
+
+
+def test_interpreter_exit_with_a_blocked_producer_is_prompt():
+    script = textwrap.dedent(
+        """
+        from fastpipe._background import BackgroundIterator
+        it = BackgroundIterator(iter(range(10**9)), max_prefetch=1)
+        next(it)
+        print("exiting", flush=True)
+        """
+    )
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert "exiting" in done.stdout
+    assert time.monotonic() - started < 20

@@ -1,0 +1,208 @@
+"""DataLoaderX against torch's own DataLoader, on CPU with real worker processes."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, TensorDataset
+
+from fastpipe import DataLoaderX
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _dataset(n: int = 50) -> TensorDataset:
+    return TensorDataset(torch.arange(n * 3, dtype=torch.float32).view(n, 3), torch.arange(n))
+
+
+class _BrokenAt(Dataset):
+    """Raises at one index, like a corrupt sample."""
+
+    def __init__(self, n: int, broken: int) -> None:
+        self.n, self.broken = n, broken
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        if index == self.broken:
+            raise ValueError(f"sample {index} is corrupt")
+        return torch.tensor([index])
+
+
+def _pairs_collate(batch):
+    """A collate_fn returning a dict with a non-tensor entry."""
+    return {"x": torch.stack([b[0] for b in batch]), "ids": [int(b[1]) for b in batch]}
+
+
+def _assert_same_batches(expected: list, actual: list) -> None:
+    assert len(expected) == len(actual)
+    for a, b in zip(expected, actual):
+        if isinstance(a, dict):
+            assert a.keys() == b.keys()
+            assert torch.equal(a["x"], b["x"]) and a["ids"] == b["ids"]
+        else:
+            assert all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def _workers_gone(timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while multiprocessing.active_children():
+        if time.monotonic() > deadline:
+            return False
+        gc.collect()
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(num_workers=0),
+        dict(num_workers=2),
+        dict(num_workers=0, drop_last=True, batch_size=7),
+        dict(num_workers=2, shuffle=True),
+        dict(num_workers=2, persistent_workers=True, shuffle=True),
+        dict(num_workers=0, collate_fn=_pairs_collate),
+        dict(num_workers=2, collate_fn=_pairs_collate, pin_memory=False, prefetch_factor=3),
+    ],
+    ids=["w0", "w2", "drop_last", "shuffle", "persistent", "collate_fn", "collate_fn_w2"],
+)
+def test_yields_the_same_batches_as_dataloader_over_three_epochs(kwargs, no_thread_leak):
+    kwargs = {"batch_size": 6, **kwargs}
+    plain = DataLoader(_dataset(), generator=torch.Generator().manual_seed(3), **kwargs)
+    fast = DataLoaderX(_dataset(), generator=torch.Generator().manual_seed(3), **kwargs)
+    assert len(fast) == len(plain)
+    for _ in range(3):
+        _assert_same_batches(list(plain), list(fast))
+    del plain, fast
+    assert _workers_gone()
+
+
+def test_distributed_sampler_with_set_epoch_matches_dataloader(no_thread_leak):
+    for rank in range(2):
+        plain_sampler = DistributedSampler(_dataset(), num_replicas=2, rank=rank, seed=5)
+        fast_sampler = DistributedSampler(_dataset(), num_replicas=2, rank=rank, seed=5)
+        plain = DataLoader(_dataset(), batch_size=4, sampler=plain_sampler)
+        fast = DataLoaderX(_dataset(), batch_size=4, sampler=fast_sampler)
+        epochs = []
+        for epoch in range(2):
+            plain_sampler.set_epoch(epoch)
+            fast_sampler.set_epoch(epoch)
+            expected, actual = list(plain), list(fast)
+            _assert_same_batches(expected, actual)
+            epochs.append(torch.cat([b[1] for b in actual]))
+        assert not torch.equal(epochs[0], epochs[1]), "set_epoch must reshuffle"
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_dataset_exception_reaches_the_loop_as_dataloader_raises_it(num_workers, no_thread_leak):
+    def run(loader_cls):
+        seen = []
+        batches = iter(loader_cls(_BrokenAt(40, broken=13), batch_size=4, num_workers=num_workers))
+        with pytest.raises(ValueError) as caught:
+            for batch in batches:
+                seen.append(batch)
+        if loader_cls is DataLoader and num_workers:
+            batches._shutdown_workers()  # torch's own loader keeps them until collected
+        return seen, type(caught.value), str(caught.value)
+
+    plain_seen, plain_type, plain_message = run(DataLoader)
+    fast_seen, fast_type, fast_message = run(DataLoaderX)
+    assert len(fast_seen) == len(plain_seen) == 3  # batch 3 holds index 13
+    assert fast_type is plain_type
+    assert fast_message == plain_message
+    assert "sample 13 is corrupt" in fast_message
+    # The exceptions (whose tracebacks reference the loaders' iterators) are gone now.
+    assert _workers_gone()
+
+
+def test_collate_fn_exception_reaches_the_loop(no_thread_leak):
+    def collate(batch):
+        if int(batch[0][1]) >= 8:
+            raise RuntimeError("cannot collate")
+        return batch
+
+    loader = DataLoaderX(_dataset(), batch_size=4, collate_fn=collate, num_workers=2)
+    seen = 0
+    with pytest.raises(RuntimeError, match="cannot collate"):
+        for _ in loader:
+            seen += 1
+    assert seen == 2
+    del loader
+    assert _workers_gone()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_early_break_every_epoch_leaks_no_thread_or_worker(num_workers, no_thread_leak):
+    loader = DataLoaderX(_dataset(200), batch_size=2, num_workers=num_workers, max_prefetch=2)
+    for _ in range(3):
+        for i, _batch in enumerate(loader):
+            if i == 3:
+                break
+    loader.close()
+    assert _workers_gone()
+
+
+def test_exception_in_the_training_loop_leaks_nothing(no_thread_leak):
+    loader = DataLoaderX(_dataset(200), batch_size=2, num_workers=2)
+    with pytest.raises(ZeroDivisionError):
+        for i, _batch in enumerate(loader):
+            if i == 2:
+                1 / 0  # noqa: B018 - the training step fails
+    gc.collect()
+    assert _workers_gone()
+
+
+def test_new_epoch_while_previous_is_unfinished_with_persistent_workers(no_thread_leak):
+    loader = DataLoaderX(
+        _dataset(60), batch_size=5, num_workers=2, persistent_workers=True, shuffle=False
+    )
+    first = iter(loader)
+    next(first)
+    # The previous epoch's thread is stopped before the shared worker iterator is reset.
+    assert [int(b[1][0]) for b in loader] == list(range(0, 60, 5))
+    assert not first.alive
+    del loader, first
+    gc.collect()
+    assert _workers_gone()
+
+
+def test_del_of_iterator_stops_thread_and_workers(no_thread_leak):
+    it = iter(DataLoaderX(_dataset(200), batch_size=2, num_workers=2))
+    next(it)
+    del it
+    gc.collect()
+    assert _workers_gone()
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, None])
+def test_rejects_bad_max_prefetch(bad):
+    with pytest.raises(ValueError, match="max_prefetch must be a positive int"):
+        DataLoaderX(_dataset(), max_prefetch=bad)
+
+
+def test_interpreter_exit_mid_epoch_with_workers_is_prompt():
+    script = textwrap.dedent(
+        """
+        import torch
+        from torch.utils.data import TensorDataset
+        from fastpipe import DataLoaderX
+        loader = DataLoaderX(TensorDataset(torch.zeros(10000, 4)), batch_size=2, num_workers=2)
+        it = iter(loader)
+        next(it)
+        print("exiting", flush=True)
+        """
+    )
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "exiting" in done.stdout
+    assert time.monotonic() - started < 45
