@@ -98,7 +98,9 @@ def test_eval_at_reduced_scale_stays_within_half_a_grey_level_of_pil(big_jpeg):
 
 
 def test_train_crop_at_full_scale_matches_torchvision_resized_crop(jpegs):
-    """A fixed box through the fused path vs torchvision's PIL resized_crop: same bound as eval."""
+    """A fixed box through the fused path vs torchvision's PIL resized_crop. Bound: mean
+    |difference| <= 0.5 grey levels, max <= 2 (measured: up to 0.24, max 1; Pillow rounds a crop
+    then resize differently from its own resize(box=...), which torch matches to 0.01)."""
     decoder = ImageDecoder(train=True)
     for data in jpegs[:4]:
         image = pil_rgb(data)
@@ -108,7 +110,7 @@ def test_train_crop_at_full_scale_matches_torchvision_resized_crop(jpegs):
             out = decoder._finish(array, (image.height, image.width), _Plan(box, None, False, 1))
             reference = TF.resized_crop(image, *box, [224, 224], T.InterpolationMode.BILINEAR)
             diff = np.abs(out.numpy().astype(np.int32) - chw(reference))
-            assert diff.mean() <= 0.25 and diff.max() <= 4, (box, diff.mean(), diff.max())
+            assert diff.mean() <= 0.5 and diff.max() <= 2, (box, diff.mean(), diff.max())
 
 
 # ---------------------------------------------------------------- reduced DCT scale
@@ -279,6 +281,17 @@ def test_default_flip_rate_is_one_half():
 
 
 # ---------------------------------------------------------------- errors
+
+def test_recoverable_jpeg_damage_decodes_through_pil_like_torchvision(jpegs):
+    """Junk before a marker is a libjpeg warning: simplejpeg (strict) refuses the file, PIL and so
+    torchvision load it, and so does the fast path, through its PIL fallback."""
+    data = jpegs[0]
+    at = data.index(b"\xff\xda")
+    damaged = data[:at] + b"\x00\x00\x00\x00" + data[at:]
+    out = ImageDecoder(train=False)(damaged, "damaged.jpg")
+    reference = T.Compose([T.Resize(256), T.CenterCrop(224)])(pil_rgb(damaged))
+    assert np.abs(out.numpy().astype(np.int32) - chw(reference)).mean() <= 0.25
+
 
 def test_truncated_jpeg_raises_naming_the_source(jpegs):
     truncated = jpegs[0][: len(jpegs[0]) // 2]
