@@ -48,13 +48,19 @@ def test_decode_rgb_is_full_size_hwc_and_matches_pil(jpegs):
         assert np.abs(array.astype(np.int32) - reference).mean() <= 0.5
 
 
-@pytest.mark.parametrize("kind", ["bytes", "bytearray", "memoryview", "numpy"])
+@pytest.mark.parametrize("kind", ["bytes", "bytearray", "memoryview", "numpy", "void"])
 def test_decoder_accepts_any_byte_buffer(jpegs, kind):
     data = jpegs[0]
     wrapped = {"bytes": data, "bytearray": bytearray(data), "memoryview": memoryview(data),
-               "numpy": np.frombuffer(data, dtype=np.uint8)}[kind]
+               "numpy": np.frombuffer(data, dtype=np.uint8), "void": np.void(data)}[kind]
     decoder = ImageDecoder(train=False)
     assert torch.equal(decoder(wrapped, "x"), decoder(data, "x"))
+    assert np.array_equal(decode_rgb(wrapped, "x"), decode_rgb(data, "x"))
+
+
+def test_non_buffer_input_is_a_type_error_naming_the_source():
+    with pytest.raises(TypeError, match="image 17: expected encoded image bytes"):
+        ImageDecoder()(["not", "bytes"], "17")
 
 
 @pytest.mark.parametrize("mode,fmt", [("L", "JPEG"), ("CMYK", "JPEG"), ("RGBA", "PNG"),

@@ -21,11 +21,26 @@ _JPEG_MAGIC = b"\xff\xd8\xff"
 # simplejpeg decodes these to RGB without the Adobe inversion PIL applies; PIL is the reference.
 _PIL_ONLY_COLORSPACES = ("CMYK", "YCCK")
 
-ImageBytes = bytes | bytearray | memoryview | np.ndarray
+ImageBytes = bytes | bytearray | memoryview | np.ndarray | np.void
 
 
 class CorruptImageError(ValueError):
     """An image could not be decoded; the message names its source (file path or pack index)."""
+
+
+def _bytes_of(data: ImageBytes, source: str) -> bytes | bytearray | memoryview:
+    """A flat byte buffer over ``data`` without copying: h5py hands packed images over as numpy
+    uint8 arrays or ``np.void`` scalars, which simplejpeg and PIL take only as bytes."""
+    if isinstance(data, (bytes, bytearray)):
+        return data
+    try:
+        view = memoryview(data)
+    except TypeError:
+        raise TypeError(
+            f"image {source}: expected encoded image bytes (bytes, bytearray, memoryview or a numpy "
+            f"array), got {type(data).__name__}"
+        ) from None
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
 def _jpeg_size(data: ImageBytes) -> tuple[int, int] | None:
@@ -74,6 +89,7 @@ def decode_rgb(data: ImageBytes, source: str = "<bytes>") -> np.ndarray:
 
     Raises :class:`CorruptImageError` naming ``source`` when the bytes are not a decodable image.
     """
+    data = _bytes_of(data, source)
     size = _jpeg_size(data)
     if size is not None:
         array = _decode_jpeg(data, size[0], size[1], 1)
@@ -155,6 +171,7 @@ class ImageDecoder:
                 f"reducing_gap={self.reducing_gap})")
 
     def __call__(self, data: ImageBytes, source: str = "<bytes>") -> torch.Tensor:
+        data = _bytes_of(data, source)
         size = _jpeg_size(data)
         if size is not None:
             plan = self._plan(*size)
