@@ -167,13 +167,13 @@ def decode_ceiling(cfg) -> float:
     paths = sorted(str(p) for p in Path(cfg.root).rglob("*.jpg"))
     shards = [paths[i::cfg.workers] for i in range(cfg.workers)]
     with concurrent.futures.ProcessPoolExecutor(cfg.workers) as pool:
-        list(pool.map(_noop_wrapper, range(cfg.workers)))  # start the processes before timing
+        list(pool.map(_warm_up, range(cfg.workers)))  # start the processes before timing
         start = time.perf_counter()
         done = sum(pool.map(_decode_files, shards, [cfg.epochs] * cfg.workers))
         return done / (time.perf_counter() - start)
 
 
-def _noop_wrapper(_: int) -> int:
+def _warm_up(_: int) -> int:
     import simplejpeg  # noqa: F401 - import outside the timed part
 
     return 0
@@ -187,6 +187,8 @@ def measure(batches: Iterable[torch.Tensor], cfg) -> float:
     for i, images in enumerate(batches):
         if images.dtype != torch.float32 and not cfg.allow_uint8:
             raise AssertionError(f"expected float32 batches, got {images.dtype}")
+        if tuple(images.shape[1:]) != (3, cfg.size, cfg.size):
+            raise AssertionError(f"expected (N, 3, {cfg.size}, {cfg.size}) batches, got {tuple(images.shape)}")
         if i == cfg.warmup - 1:
             start = time.perf_counter()
         elif start is not None:
