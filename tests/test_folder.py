@@ -153,3 +153,23 @@ def test_corrupt_file_error_reaches_the_main_process_with_the_name(broken_tree, 
                         collate_fn=fast_collate)
     with pytest.raises(CorruptImageError, match=r"truncated\.jpg"):
         next(iter(loader))
+
+
+@pytest.mark.timeout(120)
+def test_documented_pipeline_gives_normalized_float_batches(sample_root, no_thread_leak):
+    """docs/cpu-path.md's usage: ImageFolder + fast_collate + DataPrefetcher(mean, std) on CPU."""
+    from fastpipe import DataPrefetcher
+    from fastpipe.ops import normalize
+
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    dataset = ImageFolder(sample_root, train=False, size=64)
+    loader = DataLoader(dataset, batch_size=16, num_workers=2, collate_fn=fast_collate)
+    expected = [normalize(images, mean, std) for images, _ in loader]
+    seen = 0
+    for (images, labels), reference in zip(DataPrefetcher(loader, mean=mean, std=std), expected,
+                                           strict=True):
+        assert images.dtype == torch.float32 and images.shape == (16, 3, 64, 64)
+        assert labels.dtype == torch.int64
+        torch.testing.assert_close(images, reference)
+        seen += len(labels)
+    assert seen == len(dataset)
