@@ -1,0 +1,329 @@
+"""The CPU image path, end to end: train transforms to normalized float NCHW batches on the CPU.
+
+All pipelines run in the same process, one after another and round-robin over ``--repeat``
+rounds, on the same sample dataset with the same settings: 2 workers (or DALI threads), batch 64,
+RandomResizedCrop 224 + horizontal flip, output float32 (N, 3, 224, 224) normalized with the
+ImageNet mean and std. Reported: median images/s per pipeline and the ratio to the best baseline
+(torchvision + PIL, torchvision.transforms.v2 on decode_jpeg, DALI CPU). The ceiling row is a
+full-size libjpeg-turbo decode alone (simplejpeg, no crop, no resize, no batching) in 2 processes.
+
+    python benchmarks/bench_cpu_path.py                 # full run (a few minutes)
+    python benchmarks/bench_cpu_path.py --quick         # smoke run, seconds
+    python benchmarks/bench_cpu_path.py --markdown docs/cpu-path-table.md
+
+Compare ratios within one run only; absolute numbers depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import importlib.util
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, RandomSampler
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+MEAN = (0.485, 0.456, 0.406)
+STD = (0.229, 0.224, 0.225)
+BASELINES = ("torchvision + PIL", "torchvision v2 on decode_jpeg", "DALI CPU (fastpipe.dali)")
+
+
+class Skip(Exception):
+    """A pipeline that cannot run here; the message says why."""
+
+
+# ---------------------------------------------------------------- pipelines
+# Each builder returns a callable that yields float32 normalized batches for ``epochs`` epochs.
+# Module-level functions (not lambdas) so the datasets pickle under any start method.
+
+def _decode_jpeg_file(path: str) -> torch.Tensor:
+    import torchvision.io
+
+    return torchvision.io.decode_jpeg(torchvision.io.read_file(path))
+
+
+def _torch_loader(dataset, cfg, collate_fn=None) -> DataLoader:
+    # One long pass over ``epochs`` reshuffled permutations: no idle workers at epoch boundaries,
+    # and the iterator shuts its workers down when it is exhausted.
+    sampler = RandomSampler(dataset, num_samples=len(dataset) * cfg.epochs)
+    return DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler,
+                      num_workers=cfg.workers, collate_fn=collate_fn)
+
+
+def torchvision_pil(cfg) -> Iterable[torch.Tensor]:
+    import torchvision.datasets
+    import torchvision.transforms as T
+
+    # The recipe of torchvision's classification references (PILToTensor, not the slower ToTensor).
+    transform = T.Compose([
+        T.RandomResizedCrop(cfg.size), T.RandomHorizontalFlip(), T.PILToTensor(),
+        T.ConvertImageDtype(torch.float32), T.Normalize(MEAN, STD),
+    ])
+    dataset = torchvision.datasets.ImageFolder(cfg.root, transform=transform)
+    return (images for images, _ in _torch_loader(dataset, cfg))
+
+
+def torchvision_v2(cfg) -> Iterable[torch.Tensor]:
+    import torchvision.datasets
+    from torchvision.transforms import v2
+
+    transform = v2.Compose([
+        v2.RandomResizedCrop(cfg.size, antialias=True), v2.RandomHorizontalFlip(),
+        v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD),
+    ])
+    dataset = torchvision.datasets.ImageFolder(cfg.root, transform=transform, loader=_decode_jpeg_file)
+    return (images for images, _ in _torch_loader(dataset, cfg))
+
+
+def dali_cpu(cfg) -> Iterable[torch.Tensor]:
+    if importlib.util.find_spec("nvidia.dali") is None:
+        raise Skip("nvidia-dali is not installed (pip install 'fastpipe[dali]')")
+    try:
+        from fastpipe.dali import DALILoader
+    except ImportError as exc:
+        raise Skip(f"fastpipe.dali is not available in this checkout ({exc})") from None
+    loader = DALILoader(cfg.root, batch_size=cfg.batch_size, train=True, size=cfg.size,
+                        num_threads=cfg.workers, device="cpu")
+
+    def batches() -> Iterator[torch.Tensor]:
+        for _ in range(cfg.epochs):
+            for images, _labels in loader:
+                yield _normalized(images)
+
+    return batches()
+
+
+def fastpipe_folder(cfg) -> Iterable[torch.Tensor]:
+    from fastpipe.data import ImageFolder, fast_collate
+
+    dataset = ImageFolder(cfg.root, train=True, size=cfg.size)
+    return (_normalized(images) for images, _ in _torch_loader(dataset, cfg, fast_collate))
+
+
+def fastpipe_folder_uint8(cfg) -> Iterable[torch.Tensor]:
+    from fastpipe.data import ImageFolder, fast_collate
+
+    dataset = ImageFolder(cfg.root, train=True, size=cfg.size)
+    return (images for images, _ in _torch_loader(dataset, cfg, fast_collate))
+
+
+def fastpipe_h5(cfg) -> Iterable[torch.Tensor]:
+    if importlib.util.find_spec("h5py") is None:
+        raise Skip("h5py is not installed (pip install 'fastpipe[hdf5]')")
+    try:
+        from fastpipe.data import H5Dataset, ImageDecoder, fast_collate, pack
+    except (ImportError, AttributeError) as exc:
+        raise Skip(f"fastpipe.data.pack / H5Dataset are not available in this checkout ({exc})") from None
+    out = Path(cfg.workdir) / "sample-bytes.h5"
+    if not out.exists():
+        pack(cfg.root, out, storage="bytes")
+    dataset = H5Dataset(out, decoder=ImageDecoder(train=True, size=cfg.size))
+    return (_normalized(images) for images, _ in _torch_loader(dataset, cfg, fast_collate))
+
+
+def _normalized(images: torch.Tensor) -> torch.Tensor:
+    if images.dtype == torch.uint8:
+        from fastpipe.ops import normalize
+
+        return normalize(images, MEAN, STD)
+    return images
+
+
+PIPELINES: dict[str, tuple[Callable[[Any], Iterable[torch.Tensor]], str]] = {
+    "torchvision + PIL": (torchvision_pil, "ImageFolder, PIL RandomResizedCrop/flip, PILToTensor, float, Normalize in workers"),
+    "torchvision v2 on decode_jpeg": (torchvision_v2, "decode_jpeg tensors, v2 RandomResizedCrop/flip, ToDtype, Normalize in workers"),
+    "DALI CPU (fastpipe.dali)": (dali_cpu, "fastpipe.dali.DALILoader(device='cpu', num_threads=2)"),
+    "fastpipe ImageFolder": (fastpipe_folder, "fused decode/crop/resize/flip, fast_collate, fastpipe.ops.normalize in the main process"),
+    "fastpipe HDF5 pack (bytes)": (fastpipe_h5, "pack(storage='bytes'), H5Dataset + ImageDecoder, fast_collate, normalize"),
+    "fastpipe ImageFolder, uint8 out": (fastpipe_folder_uint8, "for reference: no normalize, not the same output as the rows above"),
+}
+OPTIONAL = (dali_cpu, fastpipe_h5)
+
+
+# ---------------------------------------------------------------- the decode ceiling
+
+def _decode_files(paths: list[str], epochs: int) -> int:
+    import simplejpeg
+
+    for _ in range(epochs):
+        for path in paths:
+            with open(path, "rb") as file:
+                simplejpeg.decode_jpeg(file.read())
+    return len(paths) * epochs
+
+
+def decode_ceiling(cfg) -> float:
+    paths = sorted(str(p) for p in Path(cfg.root).rglob("*.jpg"))
+    shards = [paths[i::cfg.workers] for i in range(cfg.workers)]
+    with concurrent.futures.ProcessPoolExecutor(cfg.workers) as pool:
+        list(pool.map(_warm_up, range(cfg.workers)))  # start the processes before timing
+        start = time.perf_counter()
+        done = sum(pool.map(_decode_files, shards, [cfg.epochs] * cfg.workers))
+        return done / (time.perf_counter() - start)
+
+
+def _warm_up(_: int) -> int:
+    import simplejpeg  # noqa: F401 - import outside the timed part
+
+    return 0
+
+
+# ---------------------------------------------------------------- measuring
+
+def measure(batches: Iterable[torch.Tensor], cfg) -> float:
+    """Images/s after ``cfg.warmup`` batches (worker start-up and first reads are not timed)."""
+    count, start = 0, None
+    for i, images in enumerate(batches):
+        if images.dtype != torch.float32 and not cfg.allow_uint8:
+            raise AssertionError(f"expected float32 batches, got {images.dtype}")
+        if tuple(images.shape[1:]) != (3, cfg.size, cfg.size):
+            raise AssertionError(f"expected (N, 3, {cfg.size}, {cfg.size}) batches, got {tuple(images.shape)}")
+        if i == cfg.warmup - 1:
+            start = time.perf_counter()
+        elif start is not None:
+            count += images.shape[0]
+    if start is None or count == 0:
+        raise RuntimeError("too few batches to time: raise --images or --epochs")
+    return count / (time.perf_counter() - start)
+
+
+def normalize_cost(cfg) -> float:
+    """Milliseconds for fastpipe.ops.normalize on one uint8 batch, alone (median of 10)."""
+    from fastpipe.ops import normalize
+
+    images = torch.randint(0, 256, (cfg.batch_size, 3, cfg.size, cfg.size), dtype=torch.uint8)
+    normalize(images, MEAN, STD)
+    times = []
+    for _ in range(10):
+        start = time.perf_counter()
+        normalize(images, MEAN, STD)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def machine_description() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    versions = [f"torch {torch.__version__}"]
+    for module in ("torchvision", "simplejpeg", "PIL", "nvidia.dali"):
+        try:
+            mod = __import__(module, fromlist=["__version__"])
+            versions.append(f"{module} {getattr(mod, '__version__', '?')}")
+        except ImportError:
+            versions.append(f"{module} not installed")
+    extension = importlib.util.find_spec("fastpipe._C") is not None
+    return (f"{cpu}, {os.cpu_count()} logical cores, Python {platform.python_version()}; "
+            f"{', '.join(versions)}; fastpipe.ops.normalize: "
+            f"{'compiled extension' if extension else 'pure-PyTorch reference'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke run: small dataset, one round")
+    parser.add_argument("--images", type=int, default=None, help="sample dataset size (default 1024, quick 256)")
+    parser.add_argument("--epochs", type=int, default=None, help="epochs per measurement (default 3, quick 1)")
+    parser.add_argument("--repeat", type=int, default=None, help="rounds; the median is reported (default 3, quick 1)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--root", type=Path, default=None, help="an ImageFolder tree of JPEGs instead of the sample dataset")
+    parser.add_argument("--only", nargs="*", default=None, help="run only pipelines whose name contains one of these words")
+    parser.add_argument("--markdown", type=Path, default=None, help="write the results table to this file")
+    args = parser.parse_args(argv)
+    images = args.images or (256 if args.quick else 1024)
+    args.epochs = args.epochs or (1 if args.quick else 3)
+    args.repeat = args.repeat or (1 if args.quick else 3)
+    args.warmup = 1 if args.quick else 4
+    torch.set_num_threads(max(1, min(args.workers, os.cpu_count() or 1)))
+
+    from fastpipe.datasets import sample_images
+
+    args.root = str(args.root or sample_images(num_images=images))
+    names = [n for n in PIPELINES if not args.only or any(w.lower() in n.lower() for w in args.only)]
+    results: dict[str, list[float]] = {n: [] for n in names}
+    notes: dict[str, str] = {}
+    ceiling: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="fastpipe-bench-") as workdir:
+        args.workdir = workdir
+        for round_ in range(args.repeat):
+            for name in names:
+                if name in notes:
+                    continue
+                builder = PIPELINES[name][0]
+                args.allow_uint8 = builder is fastpipe_folder_uint8
+                try:
+                    rate = measure(builder(args), args)
+                except Skip as exc:
+                    notes[name] = f"skipped: {exc}"
+                    print(f"{name:34s} skipped: {exc}", flush=True)
+                    continue
+                except Exception as exc:
+                    # Parts built by other modules (DALI, HDF5) must not sink the whole run;
+                    # their failure is reported in the table instead.
+                    if builder not in OPTIONAL:
+                        raise
+                    notes[name] = f"failed: {type(exc).__name__}: {exc}"
+                    print(f"{name:34s} FAILED: {exc!r}", flush=True)
+                    continue
+                results[name].append(rate)
+                print(f"[round {round_ + 1}/{args.repeat}] {name:34s} {rate:8.1f} images/s", flush=True)
+            ceiling.append(decode_ceiling(args))
+            print(f"[round {round_ + 1}/{args.repeat}] {'decode ceiling':34s} {ceiling[-1]:8.1f} images/s", flush=True)
+
+    medians = {n: statistics.median(r) for n, r in results.items() if r}
+    best_name = max((n for n in BASELINES if n in medians), key=medians.get, default=None)
+    best = medians.get(best_name) if best_name else None
+    lines = [
+        f"Machine: {machine_description()}.",
+        "",
+        f"Sample dataset: {images} photo-like JPEGs (~500x400, quality 90), {args.workers} workers, "
+        f"batch {args.batch_size}, RandomResizedCrop {args.size} + flip, float32 NCHW normalized "
+        f"output; median of {args.repeat} round(s) of {args.epochs} epoch(s).",
+        "",
+        "| pipeline | images/s | vs best baseline | how |",
+        "| --- | ---: | ---: | --- |",
+    ]
+    for name in names:
+        how = PIPELINES[name][1]
+        if name in medians:
+            ratio = f"{medians[name] / best:.2f}x" if best else "n/a"
+            lines.append(f"| {name} | {medians[name]:.0f} | {ratio} | {how} |")
+        else:
+            lines.append(f"| {name} | - | - | {notes.get(name, 'not run')} |")
+    ceiling_rate = statistics.median(ceiling)
+    ratio = f"{ceiling_rate / best:.2f}x" if best else "n/a"
+    lines.append(f"| ceiling: full-size decode only, {args.workers} processes | {ceiling_rate:.0f} | "
+                 f"{ratio} | simplejpeg.decode_jpeg of every file, no crop, resize or batching |")
+    if best_name:
+        lines += ["", f"Best baseline: {best_name}."]
+    lines += ["", f"fastpipe.ops.normalize alone on one uint8 batch ({args.batch_size}x3x{args.size}x"
+                  f"{args.size}, {torch.get_num_threads()} threads): {normalize_cost(args):.1f} ms."]
+    table = "\n".join(lines) + "\n"
+    print()
+    print(table)
+    if args.markdown:
+        args.markdown.parent.mkdir(parents=True, exist_ok=True)
+        args.markdown.write_text(table)
+        print(f"wrote {args.markdown}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

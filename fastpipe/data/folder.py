@@ -1,0 +1,111 @@
+"""ImageFolder: torchvision's folder layout, read through the fused decode path."""
+
+from __future__ import annotations
+
+import operator
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fastpipe.data._decode import ImageDecoder
+
+# torchvision's IMG_EXTENSIONS, so the same tree gives the same samples.
+IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+class ImageFolder(torch.utils.data.Dataset):
+    """A map-style dataset over ``root/<class>/**/<image>``, giving ``(uint8 (3, size, size), label)``.
+
+    Same classes, order and labels as ``torchvision.datasets.ImageFolder``: class folders sorted by
+    name get labels 0, 1, ...; files found recursively, sorted. Each image goes through an
+    :class:`~fastpipe.data.ImageDecoder` (``train``, ``size``, ``scale``, ``ratio``, ``hflip``,
+    ``crop_pct`` and ``reducing_gap`` are its arguments): train mode random-resized-crops and
+    flips, eval mode resizes and centre-crops, both in one step after a reduced-scale JPEG
+    decode. Collate batches with :func:`~fastpipe.data.fast_collate` and normalize on the device.
+
+    Per-sample metadata lives in numpy arrays (one byte buffer of paths plus offsets, and the
+    labels), not Python lists, so DataLoader workers do not copy it page by page as reference
+    counts change (pytorch#13246).
+
+    Attributes:
+        classes: class names, sorted. class_to_idx: name -> label. targets: int64 labels (N,).
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        train: bool = True,
+        size: int = 224,
+        scale: tuple[float, float] = (0.08, 1.0),
+        ratio: tuple[float, float] = (3 / 4, 4 / 3),
+        hflip: float = 0.5,
+        crop_pct: float = 0.875,
+        reducing_gap: float | None = None,
+        extensions: Iterable[str] = IMG_EXTENSIONS,
+    ) -> None:
+        self.root = Path(root)
+        self.decoder = ImageDecoder(train=train, size=size, scale=scale, ratio=ratio,
+                                    hflip=hflip, crop_pct=crop_pct, reducing_gap=reducing_gap)
+        extensions = tuple(e.lower() if e.startswith(".") else "." + e.lower() for e in extensions)
+        if not self.root.is_dir():
+            raise FileNotFoundError(
+                f"ImageFolder root {str(self.root)!r} is not a folder; pass the folder that holds "
+                "one sub-folder per class"
+            )
+        self.classes = sorted(entry.name for entry in os.scandir(self.root) if entry.is_dir())
+        if not self.classes:
+            raise FileNotFoundError(
+                f"ImageFolder root {str(self.root)!r} has no class sub-folders; expected "
+                "root/<class>/<image> (e.g. root/cat/001.jpg)"
+            )
+        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        paths: list[bytes] = []
+        labels: list[int] = []
+        for label, name in enumerate(self.classes):
+            # Sorted like torchvision's make_dataset, so sample i is the same file in both.
+            for dirpath, _, filenames in sorted(os.walk(self.root / name, followlinks=True)):
+                for filename in sorted(filenames):
+                    if filename.lower().endswith(extensions):
+                        rel = os.path.relpath(os.path.join(dirpath, filename), self.root)
+                        paths.append(os.fsencode(rel))
+                        labels.append(label)
+        if not paths:
+            raise FileNotFoundError(
+                f"no images with extensions {', '.join(extensions)} under the class folders of "
+                f"{str(self.root)!r}; pass extensions=... if your files use another suffix"
+            )
+        lengths = np.fromiter((len(p) for p in paths), dtype=np.int64, count=len(paths))
+        self._offsets = np.concatenate(([0], np.cumsum(lengths)))
+        self._path_bytes = np.frombuffer(b"".join(paths), dtype=np.uint8)
+        self.targets = np.asarray(labels, dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def path(self, index: int) -> str:
+        """The file of sample ``index``."""
+        index = self._check_index(index)
+        start, end = self._offsets[index], self._offsets[index + 1]
+        return os.path.join(self.root, os.fsdecode(self._path_bytes[start:end].tobytes()))
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        """Sample ``index`` as ``(uint8 tensor (3, size, size), int label)``."""
+        index = self._check_index(index)
+        path = self.path(index)
+        with open(path, "rb") as file:
+            data = file.read()
+        return self.decoder(data, path), int(self.targets[index])
+
+    def _check_index(self, index: int) -> int:
+        index = operator.index(index)
+        n = len(self.targets)
+        if not -n <= index < n:
+            raise IndexError(f"sample index {index} out of range for an ImageFolder of {n} images")
+        return index % n
+
+    def __repr__(self) -> str:
+        return (f"ImageFolder(root={str(self.root)!r}, {len(self)} images, "
+                f"{len(self.classes)} classes, decoder={self.decoder!r})")

@@ -1,0 +1,37 @@
+"""Test images for the CPU image path: JPEG bytes in the shapes and colour modes that matter."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+
+def sample_files(root: Path) -> list[Path]:
+    return sorted(root.rglob("*.jpg"))
+
+
+def encode(image: Image.Image, fmt: str = "JPEG", **kwargs) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, fmt, **kwargs)
+    return buffer.getvalue()
+
+
+def large_jpeg(sample: Path, factor: int = 4) -> bytes:
+    """A photo-like JPEG ``factor`` times the size of ``sample`` (about 1700x2300 for 4), large
+    enough that train crops decode at 1/2, 1/4 or 1/8 scale."""
+    with Image.open(sample) as image:
+        big = image.convert("RGB").resize((image.width * factor, image.height * factor), Image.BICUBIC)
+    return encode(big, quality=90)
+
+
+def pil_rgb(data: bytes) -> Image.Image:
+    with Image.open(io.BytesIO(data)) as image:
+        return image.convert("RGB")
+
+
+def chw(image: Image.Image) -> np.ndarray:
+    """PIL image -> (3, H, W) int32, for differences without uint8 wrap-around."""
+    return np.asarray(image, dtype=np.int32).transpose(2, 0, 1)
