@@ -1,0 +1,32 @@
+"""DALI pipelines that behave like a DataLoader. Needs the ``dali`` extra.
+
+* :class:`DALILoader`: ``for images, labels in loader:`` over an image folder, a list file or an
+  encoded dataset (an HDF5 pack of JPEGs), on the GPU or in DALI's CPU mode.
+* :func:`image_pipeline`: the DALI pipeline behind it, for driving DALI yourself.
+* :class:`EncodedSource`, :class:`FileList`: the inputs; :func:`resolve_device`: how ``device=`` is
+  read.
+"""
+
+from fastpipe._optional import require
+
+require("nvidia.dali", extra="dali", package="nvidia-dali-cuda130", feature="fastpipe.dali")
+
+from fastpipe.dali.loader import DALILoader  # noqa: E402
+from fastpipe.dali.pipelines import (  # noqa: E402
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    image_pipeline,
+    resolve_device,
+)
+from fastpipe.dali.sources import EncodedSource, FileList, shard_indices  # noqa: E402
+
+__all__ = [
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "DALILoader",
+    "EncodedSource",
+    "FileList",
+    "image_pipeline",
+    "resolve_device",
+    "shard_indices",
+]

@@ -1,0 +1,95 @@
+"""Helpers for the DALI tests: native thread counts, index-labelled list files, graph inspection."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def native_threads() -> int:
+    """Threads of this process as the OS sees them: DALI's C++ workers included."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def wait_native_threads(expected: int, timeout: float = 10.0) -> int:
+    """Waits until the native thread count is at most ``expected``; returns the last count."""
+    deadline = time.monotonic() + timeout
+    while True:
+        gc.collect()
+        count = native_threads()
+        if count <= expected or time.monotonic() > deadline:
+            return count
+        time.sleep(0.05)
+
+
+def image_files(root: Path) -> list[Path]:
+    return sorted(root.glob("*/*.jpg"))
+
+
+def write_index_list(path: Path, files: list[Path]) -> Path:
+    """A list file whose label for line ``i`` is ``i``: every label names its sample."""
+    path.write_text("".join(f"{f} {i}\n" for i, f in enumerate(files)))
+    return path
+
+
+class JpegBytes:
+    """An in-memory encoded dataset: ``encoded(i)`` gives JPEG ``i`` and the label ``i``."""
+
+    def __init__(self, files: list[Path]) -> None:
+        self.blobs = [np.frombuffer(f.read_bytes(), dtype=np.uint8) for f in files]
+
+    def __len__(self) -> int:
+        return len(self.blobs)
+
+    def encoded(self, index: int) -> tuple[np.ndarray, int]:
+        return self.blobs[index], index
+
+
+def graph_ops(pipe) -> list[tuple[str, str]]:
+    """(operator class, device) of every operator in a DALI pipeline's graph, without building it.
+
+    Uses DALI's private graph attributes; that is the only way to look at a GPU graph on a
+    machine where the pipeline cannot be built.
+    """
+    pipe._build_graph()
+    return [(type(op._op).__name__, op._op.device) for op in pipe._ops]
+
+
+def graph_output_devices(pipe) -> list[str]:
+    pipe._build_graph()
+    return [node.device for node in pipe._graph_outputs]
+
+
+def ddp_worker(rank: int, world_size: int, init_file: str, list_file: str, out_dir: str) -> None:
+    """One rank of the DDP test: two epochs of a DALILoader under a gloo process group."""
+    import torch
+    import torch.distributed as dist
+
+    from fastpipe.dali import DALILoader
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        loader = DALILoader(
+            list_file, batch_size=5, train=False, shuffle=True, size=32, num_threads=1,
+            device="cpu", seed=3,
+        )
+        epochs = []
+        for _ in range(2):
+            epochs.append(torch.cat([labels for _, labels in loader]).tolist())
+        # Every rank must run the same number of steps, or DDP's all-reduce would hang.
+        steps = torch.tensor([len(loader)])
+        dist.all_reduce(steps)
+        result = {
+            "shard": [loader.shard_id, loader.num_shards], "len": len(loader),
+            "total_steps": int(steps), "epochs": epochs,
+        }
+        loader.close()
+        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.destroy_process_group()
+

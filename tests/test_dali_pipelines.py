@@ -1,0 +1,197 @@
+"""image_pipeline driven directly, the GPU graph as far as it goes without a GPU, device selection."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from dali_helpers import JpegBytes, graph_ops, graph_output_devices, image_files, write_index_list
+from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+import fastpipe.dali.pipelines as pipelines
+from fastpipe.dali import DALILoader, EncodedSource, image_pipeline, resolve_device
+from fastpipe.dali.loader import _to_torch
+from fastpipe.dali.pipelines import Transform, build_pipeline
+
+pytestmark = [pytest.mark.dali, pytest.mark.timeout(60)]
+
+
+@pytest.fixture(scope="module")
+def index_list(sample_root, tmp_path_factory):
+    return write_index_list(tmp_path_factory.mktemp("lists") / "index.txt", image_files(sample_root))
+
+
+def epoch_labels(iterator) -> tuple[list[int], list[int]]:
+    labels, sizes = [], []
+    for (batch,) in iterator:
+        labels.extend(batch["labels"].tolist())
+        sizes.append(len(batch["labels"]))
+    return labels, sizes
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_file_reader_pipeline_with_dalis_iterator_gives_exact_epochs(index_list, shuffle):
+    # The documented standalone recipe: pad_last_batch in the pipeline + PARTIAL in the iterator.
+    pipe = image_pipeline(index_list, batch_size=10, size=32, device="cpu", seed=1, shuffle=shuffle, num_threads=1)
+    iterator = DALIGenericIterator(
+        [pipe], ["images", "labels"], reader_name="Reader",
+        last_batch_policy=LastBatchPolicy.PARTIAL, auto_reset=True,
+    )
+    try:
+        for _ in range(2):
+            labels, sizes = epoch_labels(iterator)
+            assert sizes == [10, 10, 10, 10, 8]
+            assert sorted(labels) == list(range(48))
+            assert (labels != sorted(labels)) == shuffle
+    finally:
+        del iterator
+        pipe._shutdown()
+
+
+def test_folder_source_labels_follow_sorted_class_folders(sample_root):
+    pipe = image_pipeline(sample_root, batch_size=12, train=False, size=32, device="cpu", num_threads=1)
+    try:
+        pipe.build()
+        images, labels = pipe.run()
+        # Sorted files: class_00 first, so the first 12 images are all class 0.
+        assert [int(x) for x in np.array(labels.as_tensor())] == [0] * 12
+        assert images.as_tensor().shape() == [12, 3, 32, 32]
+    finally:
+        pipe._shutdown()
+
+
+def test_encoded_source_pipeline_partial_batches_and_new_epochs(sample_root):
+    source = EncodedSource(JpegBytes(image_files(sample_root)), batch_size=20, shuffle=True, seed=5)
+    pipe = image_pipeline(source, batch_size=20, size=32, device="cpu", num_threads=1)
+    iterator = DALIGenericIterator([pipe], ["images", "labels"], auto_reset=True)
+    try:
+        first, sizes = epoch_labels(iterator)
+        second, _ = epoch_labels(iterator)
+    finally:
+        del iterator
+        pipe._shutdown()
+    assert sizes == [20, 20, 8]
+    assert sorted(first) == sorted(second) == list(range(48)) and first != second
+    assert first == source.indices(0).tolist() and second == source.indices(1).tolist()
+
+
+def test_encoded_dataset_is_wrapped_with_the_pipeline_shard_arguments(sample_root):
+    pipe = image_pipeline(
+        JpegBytes(image_files(sample_root)), batch_size=30, train=False, size=32, device="cpu",
+        shard_id=1, num_shards=2, num_threads=1,
+    )
+    try:
+        pipe.build()
+        _, labels = pipe.run()
+        assert [int(x) for x in np.array(labels.as_tensor())] == list(range(1, 48, 2))
+    finally:
+        pipe._shutdown()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.uint8])
+def test_copying_conversion_matches_the_zero_copy_one(sample_root, dtype):
+    # The copy is what GPU batches go through (feed_ndarray); on the CPU it must give what the
+    # zero-copy path gives.
+    pipe = image_pipeline(sample_root, batch_size=4, train=False, size=32, device="cpu", dtype=dtype, num_threads=1)
+    try:
+        pipe.build()
+        images, labels = pipe.run()
+        cpu = torch.device("cpu")
+        for output, expected_dtype in ((images, dtype), (labels, torch.int64)):
+            copied = _to_torch(output, cpu, zero_copy=False)
+            assert copied.dtype == expected_dtype
+            assert torch.equal(copied, _to_torch(output, cpu, zero_copy=True))
+    finally:
+        pipe._shutdown()
+
+
+# ---- the GPU path, without a GPU -----------------------------------------------------------
+
+
+GPU_IMAGE_OPS = {"Resize", "ColorTwist", "CropMirrorNormalize", "Erase"}
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_gpu_graph_decodes_mixed_keeps_images_and_labels_on_gpu_and_serializes(sample_root, train):
+    """Proves the GPU graph is well formed: ``device="mixed"`` decode, every image op after it
+    on the GPU, both outputs on the GPU, and DALI accepts every argument of those ops (the
+    serializer checks them against the operator schemas). It does not prove it runs."""
+    transform = Transform.create(train=train, color_jitter=0.4, cutout=0.5)
+    pipe = build_pipeline(
+        sample_root, transform=transform, batch_size=8, num_threads=2, device_id=None,
+        decode_device="mixed",
+    )
+    ops = graph_ops(pipe)
+    decoder = "ImageRandomCrop" if train else "Image"
+    assert (decoder, "mixed") in ops
+    assert all(device == "gpu" for name, device in ops if name in GPU_IMAGE_OPS)
+    assert {name for name, _ in ops} >= ({"Resize", "CropMirrorNormalize"} | ({"ColorTwist", "Erase"} if train else set()))
+    assert graph_output_devices(pipe) == ["gpu", "gpu"]
+    serialized = pipe.serialize()
+    assert b"device_memory_padding" in serialized and b"mixed" in serialized
+
+
+def test_cpu_graph_has_no_gpu_operator(sample_root):
+    pipe = build_pipeline(
+        sample_root, transform=Transform.create(train=True, cutout=0.5), batch_size=8,
+        num_threads=2, device_id=None, decode_device="cpu",
+    )
+    assert {device for _, device in graph_ops(pipe)} == {"cpu"}
+    assert graph_output_devices(pipe) == ["cpu", "cpu"]
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """A recording stand-in for a machine with CUDA: torch says yes, DALI sees ``count`` GPUs."""
+    state = {"count": 2, "current": 1}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: state["current"])
+    monkeypatch.setattr(pipelines, "_dali_cuda_device_count", lambda: state["count"])
+    return state
+
+
+def test_device_resolution_with_a_gpu_stand_in(fake_cuda):
+    assert resolve_device("auto") == 1  # torch's current device
+    assert resolve_device("gpu") == resolve_device("cuda") == 1
+    assert resolve_device("cuda:0") == resolve_device(0) == resolve_device(torch.device("cuda", 0)) == 0
+    assert resolve_device("cpu") is None and resolve_device(torch.device("cpu")) is None
+    with pytest.raises(ValueError, match="DALI sees 2 GPU"):
+        resolve_device("cuda:2")
+
+
+def test_device_resolution_when_torch_sees_a_gpu_but_dali_does_not(fake_cuda):
+    fake_cuda["count"] = 0
+    with pytest.warns(RuntimeWarning, match="DALI does not"):
+        assert resolve_device("auto") is None
+    with pytest.raises(RuntimeError, match="nvidia-dali-cuda120"):
+        resolve_device("cuda")
+
+
+def test_loader_on_a_gpu_stand_in_builds_a_mixed_pipeline_for_that_device(index_list, fake_cuda):
+    loader = DALILoader(index_list, batch_size=8, device="cuda", size=64)
+    assert loader.device == torch.device("cuda", 1)
+    pipe = loader._new_pipeline(lambda: None)
+    assert pipe.device_id == 1
+    assert ("ImageRandomCrop", "mixed") in graph_ops(pipe)
+    assert graph_output_devices(pipe) == ["gpu", "gpu"]
+
+
+def test_device_resolution_on_this_machine():
+    assert resolve_device("auto") is None  # no GPU here: DALI's CPU mode
+    with pytest.raises(RuntimeError, match="torch sees no CUDA device"):
+        resolve_device("gpu")
+    with pytest.raises(ValueError, match="device must be"):
+        resolve_device("cuda:x")
+    with pytest.raises(TypeError):
+        resolve_device(1.5)
+
+
+def test_pipeline_argument_checks(sample_root):
+    with pytest.raises(ValueError, match="set shuffle and sharding on the EncodedSource"):
+        image_pipeline(EncodedSource(JpegBytes(image_files(sample_root)[:4]), batch_size=2), batch_size=2, shuffle=True)
+    with pytest.raises(ValueError, match="more than batch_size"):
+        image_pipeline(EncodedSource(JpegBytes(image_files(sample_root)[:4]), batch_size=4), batch_size=2, train=False)
+    with pytest.raises(TypeError, match="source must be"):
+        image_pipeline(42, batch_size=2)
+    with pytest.raises(ValueError, match="root= applies"):
+        image_pipeline(sample_root, batch_size=2, root=sample_root)
