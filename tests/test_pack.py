@@ -110,7 +110,7 @@ def test_array_storage_of_a_folder_resizes_to_shape(sample_root, tmp_path):
 def test_virtual_and_copy_merges_read_identically(sample_root, tmp_path):
     pack(sample_root, tmp_path / "v.h5", workers=2, shard_size=10, progress=False)
     copy = pack(sample_root, tmp_path / "c.h5", workers=2, shard_size=10, merge="copy", progress=False)
-    single = pack(sample_root, tmp_path / "s.h5", progress=False)
+    assert pack(sample_root, tmp_path / "s.h5", progress=False).merge == "none"
     assert (copy.shards, copy.merge) == (5, "copy")
     v, c, s = H5Dataset(tmp_path / "v.h5"), H5Dataset(tmp_path / "c.h5"), H5Dataset(tmp_path / "s.h5")
     assert_same_pack(v, c)
@@ -203,13 +203,20 @@ def test_shards_from_several_machines_merge(sample_root, tmp_path):
     parts = []
     for i in range(3):
         part = tmp_path / f"part{i}.h5"
-        report = pack(sample_root, part, shard=f"{i}/3", merge="copy", progress=False)
-        assert report.inputs == 16
+        # Part 1 is itself a virtual merge of 3 shards: a virtual merge maps straight to its files.
+        report = pack(sample_root, part, shard=f"{i}/3", merge="virtual" if i == 1 else "copy",
+                      workers=2 if i == 1 else 1, shard_size=6 if i == 1 else 100, progress=False)
+        assert (report.inputs, report.shards) == (16, 3 if i == 1 else 1)
         parts.append(part)
     pack(sample_root, tmp_path / "full.h5", progress=False)
     full = H5Dataset(tmp_path / "full.h5")
     virtual = merge_packs(list(reversed(parts)), tmp_path / "mv.h5", progress=False)
     assert (virtual.count, virtual.merge) == (48, "virtual")
+    with h5py.File(tmp_path / "mv.h5") as f:
+        files = sorted({source.file_name for source in f["data"].virtual_sources()})
+    assert files == ["part0.h5", "part1.h5.shards/part-0000000016-0000000021.h5",
+                     "part1.h5.shards/part-0000000021-0000000026.h5",
+                     "part1.h5.shards/part-0000000026-0000000032.h5", "part2.h5"]
     merge_packs(parts, tmp_path / "mc.h5", merge="copy", progress=False)
     assert_same_pack(H5Dataset(tmp_path / "mv.h5"), full)
     assert_same_pack(H5Dataset(tmp_path / "mc.h5"), full)

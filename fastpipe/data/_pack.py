@@ -343,7 +343,15 @@ def _run_workers(job: _Job, tasks: list[_Task], workers: int, bar, start_method:
         for w in range(min(workers, len(tasks))):
             parent, child = ctx.Pipe()
             proc = ctx.Process(target=_worker_main, args=(child, worker_job), name=f"fastpipe-pack-{w}", daemon=True)
-            proc.start()
+            try:
+                proc.start()
+            except Exception as exc:  # noqa: BLE001 - typically pickling the source under spawn
+                child.close()
+                parent.close()
+                raise PackError(
+                    f"cannot start pack worker processes ({type(exc).__name__}: {exc}); the source must be "
+                    "picklable for workers > 1 (define the dataset class at module level), or use workers=1"
+                ) from exc
             child.close()
             procs.append({"proc": proc, "conn": parent, "task": None})
         for slot in procs:
@@ -392,6 +400,9 @@ def _run_workers(job: _Job, tasks: list[_Task], workers: int, bar, start_method:
                 slot["proc"].kill()
                 slot["proc"].join()
             slot["conn"].close()
+        # Every worker has ended: what they left half-written is redone on resume anyway.
+        for partial in job.directory.glob("*.partial"):
+            partial.unlink(missing_ok=True)
     if fatal is not None:
         kind, text = fatal
         if kind == "corrupt":
@@ -523,6 +534,10 @@ def pack(
             results = _run_in_process(job, tasks, bar)
         else:
             results = _run_workers(job, tasks, workers, bar, start_method) if tasks else {}
+    except BaseException:
+        if not any(directory.iterdir()):
+            directory.rmdir()
+        raise
     finally:
         bar.close()
     results.update({a: kept[(a, b)] for a, b in kept})

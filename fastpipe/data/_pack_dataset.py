@@ -59,7 +59,14 @@ class PackDataset(Dataset):
     def _get_reader(self) -> fmt.PackReader:
         pid = os.getpid()
         if self._reader is None or self._pid != pid:
-            # A reader inherited through fork belongs to the parent: drop it, open our own.
+            if self._reader is not None:
+                # Inherited through fork: close this process's copies of the parent's handles
+                # (the parent's stay open) and open our own.
+                try:
+                    self._reader.close()
+                except Exception:  # noqa: BLE001 - best effort on inherited handles
+                    pass
+            self._reader = None
             self._reader = self._open()
             self._pid = pid
         return self._reader

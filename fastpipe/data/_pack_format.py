@@ -176,9 +176,11 @@ def _require_dataset(f, name: str, where: str):
 class _Segment:
     """One physical ``data`` dataset holding a run of samples, opened on first use.
 
-    Contiguous, unfiltered datasets are read with ``os.preadv`` at their file offset (no h5py on
-    the hot path, as fast as a memmap); chunked ones through h5py with the chunk cache off, so a
-    read touches only the bytes it needs.
+    Uncompressed data is read with ``os.preadv`` at its file offsets, with no h5py call on the hot
+    path: a contiguous dataset (``merge="copy"``) has one offset; a chunked one (shards, virtual
+    merges) gets a table of chunk offsets built once at open. Anything else (filters, a foreign
+    byte order, unallocated chunks) reads through h5py with the chunk cache off, so a read touches
+    only the bytes it needs.
     """
 
     def __init__(self, path: Path, sample_start: int, sample_stop: int, local_start: int,
@@ -189,7 +191,9 @@ class _Segment:
         self._file = None
         self._dataset = None
         self._fd: int | None = None
-        self._offset = 0
+        self._offset = 0  # contiguous: file offset of the data
+        self._chunks: np.ndarray | None = None  # chunked: file offset of each chunk along axis 0
+        self._chunk_len = 0  # elements (bytes storage) or rows (array storage) per chunk
         self._row_bytes = 0
 
     def open(self, spec: Spec) -> None:
@@ -206,35 +210,57 @@ class _Segment:
         except OSError as exc:
             raise PackFormatError(f"cannot open {self.path} as HDF5: {exc}") from exc
         ds = _require_dataset(f, DATA, str(self.path))
-        offset = ds.id.get_offset()
-        plist = ds.id.get_create_plist()
-        native = ds.dtype == np.dtype(spec.dtype) and ds.dtype.isnative
-        if offset is not None and plist.get_nfilters() == 0 and native and f.userblock_size == 0:
+        plain = (ds.dtype == np.dtype(spec.dtype) and ds.dtype.isnative and f.userblock_size == 0
+                 and ds.id.get_create_plist().get_nfilters() == 0 and not ds.is_virtual)
+        self._row_bytes = int(np.prod(ds.shape[1:], dtype=np.int64)) * ds.dtype.itemsize
+        direct = False
+        if plain and ds.chunks is None:
+            offset = ds.id.get_offset()
+            if offset is not None:
+                self._offset, direct = int(offset), True
+        elif plain and tuple(ds.chunks[1:]) == tuple(ds.shape[1:]):
+            self._chunk_len = ds.chunks[0]
+            self._chunks = _chunk_offsets(ds, self._chunk_len)
+            direct = self._chunks is not None
+        if direct:
             self._fd = os.open(self.path, os.O_RDONLY)
-            self._offset = int(offset)
-            self._row_bytes = int(np.prod(ds.shape[1:], dtype=np.int64)) * ds.dtype.itemsize
             f.close()
         else:
             self._file, self._dataset = f, ds
+
+    def _pread(self, out: np.ndarray, offset: int) -> None:
+        if os.preadv(self._fd, [out], offset) != out.nbytes:
+            raise PackFormatError(f"{self.path} is truncated (short read); run fastpipe verify")
 
     def read_bytes(self, start: int, stop: int) -> np.ndarray:
         """Global byte range ``[start, stop)`` of the pack's flat ``data``."""
         local = start - self.byte_start + self.local_byte_start
         n = stop - start
-        if self._fd is not None:
-            out = np.empty(n, np.uint8)
-            if n and os.preadv(self._fd, [out], self._offset + local) != n:
-                raise PackFormatError(f"{self.path} is truncated (short read); run fastpipe verify")
+        if self._fd is None:
+            return self._dataset[local:local + n]
+        out = np.empty(n, np.uint8)
+        if not n:
             return out
-        return self._dataset[local:local + n]
+        if self._chunks is None:
+            self._pread(out, self._offset + local)
+            return out
+        done = 0
+        while done < n:  # a sample may span chunks: read the piece in each
+            chunk, within = divmod(local + done, self._chunk_len)
+            piece = min(n - done, self._chunk_len - within)
+            self._pread(out[done:done + piece], int(self._chunks[chunk]) + within)
+            done += piece
+        return out
 
     def read_row(self, index: int, out: np.ndarray) -> None:
         local = index - self.sample_start + self.local_start
-        if self._fd is not None:
-            if os.preadv(self._fd, [out], self._offset + local * self._row_bytes) != self._row_bytes:
-                raise PackFormatError(f"{self.path} is truncated (short read); run fastpipe verify")
-        else:
+        if self._fd is None:
             out[...] = self._dataset[local]
+        elif self._chunks is None:
+            self._pread(out, self._offset + local * self._row_bytes)
+        else:
+            chunk, within = divmod(local, self._chunk_len)
+            self._pread(out, int(self._chunks[chunk]) + within * self._row_bytes)
 
     def close(self) -> None:
         if self._fd is not None:
@@ -246,6 +272,27 @@ class _Segment:
             except Exception:  # noqa: BLE001 - closing a handle inherited across fork may fail
                 pass
             self._file = self._dataset = None
+
+
+def _chunk_offsets(ds, chunk_len: int) -> np.ndarray | None:
+    """File offsets of the chunks of a dataset chunked along axis 0 only; None if any is missing."""
+    count = -(-ds.shape[0] // chunk_len) if ds.shape[0] else 0
+    offsets = np.full(count, -1, np.int64)
+    full = ds.chunks[0] * int(np.prod(ds.chunks[1:], dtype=np.int64)) * ds.dtype.itemsize
+
+    def record(info) -> None:
+        if info.byte_offset is not None and info.size == full:
+            offsets[info.chunk_offset[0] // chunk_len] = info.byte_offset
+
+    try:
+        if hasattr(ds.id, "chunk_iter"):
+            ds.id.chunk_iter(record)  # one pass over the chunk index (HDF5 >= 1.14)
+        else:
+            for k in range(ds.id.get_num_chunks()):
+                record(ds.id.get_chunk_info(k))
+    except Exception:  # noqa: BLE001 - an old HDF5 without chunk queries: read through h5py
+        return None
+    return offsets if count and (offsets >= 0).all() else None
 
 
 class PackReader:
@@ -309,8 +356,9 @@ class H5PackReader(PackReader):
             self.count = int(self.meta["count"])
             self.classes = list(self.meta["classes"])
             self.labels = _read_index(f, LABELS, where, (self.count,), np.int64)
-            self._path_offsets = _read_index(f, PATH_OFFSETS, where, (self.count + 1,), np.int64)
+            self._path_offsets_array: np.ndarray | None = None  # loaded on first source()
             self._path_data = _require_dataset(f, PATH_DATA, where)
+            _require_dataset(f, PATH_OFFSETS, where)
             data = _require_dataset(f, DATA, where)
             if self.spec.storage == "bytes":
                 self.offsets = _read_index(f, OFFSETS, where, (self.count + 1,), np.int64)
@@ -323,14 +371,17 @@ class H5PackReader(PackReader):
                 if tuple(data.shape) != expected:
                     raise PackFormatError(f"{where}: '{DATA}' has shape {data.shape}, expected {expected}")
             self._file = f
-            self._segments = self._make_segments()
+            self._segments = self._make_segments(data.is_virtual)
         except BaseException:
             f.close()
             raise
         self._bounds = np.array([s.sample_start for s in self._segments], np.int64)
 
-    def _make_segments(self) -> list[_Segment]:
-        parts = self.meta.get("parts") if self.meta.get("merge") == "virtual" else None
+    def _make_segments(self, virtual: bool) -> list[_Segment]:
+        # Our virtual merges list their parts, so reads go straight to the part files. A file
+        # whose data is physical (even if it was virtual once, e.g. after h5repack) or a virtual
+        # dataset we did not write is one segment, read through h5py if need be.
+        parts = self.meta.get("parts") if virtual and self.meta.get("merge") == "virtual" else None
         if not parts:
             total = int(self.offsets[-1]) if self.spec.storage == "bytes" else 0
             return [_Segment(self.path, 0, self.count, 0, 0, 0)] if self.count or total else []
@@ -349,6 +400,13 @@ class H5PackReader(PackReader):
                 "(or pack with merge='copy' for one self-contained file)"
             )
         return segments
+
+    @property
+    def _path_offsets(self) -> np.ndarray:
+        if self._path_offsets_array is None:
+            self._path_offsets_array = _read_index(self._file, PATH_OFFSETS, str(self.path),
+                                                   (self.count + 1,), np.int64)
+        return self._path_offsets_array
 
     def _segment(self, index: int) -> _Segment:
         k = int(np.searchsorted(self._bounds, index, side="right")) - 1

@@ -146,7 +146,9 @@ def read_block(reader: PackReader, start: int, stop: int) -> np.ndarray:
 
 
 def sample_sizes(reader: PackReader) -> np.ndarray:
-    if isinstance(reader, fmt.H5PackReader) and reader.spec.storage == "bytes":
+    if reader.spec.storage == "array":
+        return np.full(reader.count, reader.byte_size(0) if reader.count else 0, np.int64)
+    if isinstance(reader, fmt.H5PackReader):
         return np.diff(reader.offsets)
     return np.array([reader.byte_size(i) for i in range(reader.count)], np.int64)
 
