@@ -134,7 +134,7 @@ def test_virtual_and_copy_merges_read_identically(sample_root, tmp_path):
 
 
 @pytest.mark.timeout(120)
-def test_killed_worker_then_resume_keeps_finished_shards(tmp_path):
+def test_killed_worker_then_resume_keeps_finished_shards(tmp_path, no_thread_leak):
     marker = tmp_path / "kill-armed"
     marker.touch()
     source = KillOnce(marker, kill_index=12, n=40)
@@ -191,11 +191,26 @@ def test_corrupt_inputs_are_skipped_and_listed(sample_root, tmp_path, workers):
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_strict_stops_at_the_first_corrupt_input(sample_root, tmp_path, workers):
+def test_strict_stops_at_the_first_corrupt_input(sample_root, tmp_path, workers, no_thread_leak):
     make_corrupt_folder(sample_root, tmp_path / "src")
     with pytest.raises(CorruptInputError, match=r"class_0\d/\w+\.jpg"):
         pack(tmp_path / "src", tmp_path / "p.h5", workers=workers, strict=True, shard_size=4, progress=False)
     assert not (tmp_path / "p.h5").exists()
+    assert multiprocessing.active_children() == []
+
+
+@pytest.mark.timeout(120)
+def test_spawned_workers_need_a_picklable_source(tmp_path):
+    images = ArrayDataset(n=8)
+    pack(images, tmp_path / "s.h5", storage="array", workers=2, shard_size=4, start_method="spawn", progress=False)
+    ds = H5Dataset(tmp_path / "s.h5")
+    assert all(np.array_equal(ds[i][0].numpy(), images.array(i).transpose(2, 0, 1)) for i in range(8))
+
+    class Local(ArrayDataset):  # not importable by a spawned process
+        pass
+
+    with pytest.raises(PackError, match="picklable"):
+        pack(Local(n=8), tmp_path / "l.h5", storage="array", workers=2, start_method="spawn", progress=False)
     assert multiprocessing.active_children() == []
 
 

@@ -117,7 +117,9 @@ class VerifyReport:
         return out
 
     def summary(self) -> str:
-        head = (f"{self.path}: {self.format or '?'} pack, {self.storage or '?'} storage, {self.count} samples, "
+        if not self.storage:  # it did not open as a pack
+            return f"{self.path}: not readable as a fastpipe pack:\n" + "\n".join(f"  {p}" for p in self.problems)
+        head = (f"{self.path}: {self.format} pack, {self.storage} storage, {self.count} samples, "
                 f"{self.checked} checked in {self.seconds:.1f} s"
                 + (f", {self.skipped_inputs} inputs were skipped when packing" if self.skipped_inputs else ""))
         if self.ok:
@@ -354,9 +356,17 @@ def _run_workers(job: _Job, tasks: list[_Task], workers: int, bar, start_method:
                 ) from exc
             child.close()
             procs.append({"proc": proc, "conn": parent, "task": None})
-        for slot in procs:
+        def assign(slot) -> None:
             slot["task"] = pending.pop() if pending else None
-            slot["conn"].send(slot["task"])
+            try:
+                slot["conn"].send(slot["task"])
+            except OSError:  # died between tasks: noticed through its sentinel below
+                if slot["task"] is not None:
+                    pending.append(slot["task"])
+                    slot["task"] = None
+
+        for slot in procs:
+            assign(slot)
         live = [s for s in procs if s["task"] is not None]
         while live and fatal is None:
             ready = wait_for([s["conn"] for s in live] + [s["proc"].sentinel for s in live], timeout=1.0)
@@ -383,8 +393,7 @@ def _run_workers(job: _Job, tasks: list[_Task], workers: int, bar, start_method:
                     bar.update(message[1])
                 elif kind == "done":
                     results[message[1]] = message[2]
-                    slot["task"] = pending.pop() if pending else None
-                    slot["conn"].send(slot["task"])
+                    assign(slot)
                     if slot["task"] is None:
                         live.remove(slot)
                 elif kind == "error":
@@ -495,9 +504,12 @@ def pack(
     _check_output(output, overwrite)
 
     listing = list_source(source)
+    if listing.count == 0:
+        raise PackError(f"the source {listing.description} has no inputs")
     lo, hi = (0, listing.count) if shard is None else (
         shard[0] * listing.count // shard[1], (shard[0] + 1) * listing.count // shard[1])
-    spec = probe_spec(listing, storage, lo, hi, shape)
+    # The sample spec comes from the start of the whole source, so every shard i/n agrees on it.
+    spec = probe_spec(listing, storage, 0, listing.count, shape)
     options = {"max_side": max_side, "quality": int(quality) if max_side is not None else None,
                "shape": list(shape) if shape is not None else None, "check": bool(check)}
     plan = hashlib.sha256(json.dumps([listing.fingerprint, storage, spec.to_json(), options],

@@ -472,6 +472,15 @@ _LMDB_ENVS: dict[str, list] = {}  # real path -> [environment, users, pid]
 _LMDB_LOCK = threading.Lock()
 
 
+def _new_lmdb_lock() -> None:
+    global _LMDB_LOCK
+    _LMDB_LOCK = threading.Lock()  # a fork while another thread held it must not deadlock the child
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lmdb_lock)
+
+
 def _lmdb_acquire(path: Path):
     lmdb = lmdb_module()
     key = os.path.realpath(path)
