@@ -339,6 +339,9 @@ def probe_spec(listing: Listing, storage: str, start: int, stop: int, shape: tup
         if _is_image(array):
             h, w = shape if shape is not None else array.shape[:2]
             return Spec("array", "CHW", (3, int(h), int(w)), "uint8")
+        if shape is not None:
+            raise PackError(f"shape=(H, W) resizes images, but {name} is a {array.dtype} array of shape "
+                            f"{array.shape}; pack arrays without shape")
         if array.dtype.hasobject:
             raise PackError(f"{name} is an object array; array storage holds plain numeric arrays")
         return Spec("array", "raw", tuple(int(s) for s in array.shape), array.dtype.name)
