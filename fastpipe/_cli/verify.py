@@ -1,0 +1,31 @@
+"""fastpipe verify: check a pack's metadata, checksums and images; non-zero exit on problems."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from fastpipe._cli import CommandError
+
+HELP = "check a pack made by fastpipe pack: metadata, checksums, decoding; exit 1 on problems"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("file", metavar="FILE", help="an HDF5 or LMDB pack")
+    parser.add_argument("--sample", type=int, metavar="K", help="check K random samples instead of all")
+    parser.add_argument("--seed", type=int, default=0, help="seed for --sample (default 0)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from fastpipe.data._pack import verify
+
+    if not Path(args.file).exists():
+        raise CommandError(f"no such file: {args.file}")
+    if args.sample is not None and args.sample < 1:
+        raise CommandError(f"--sample must be >= 1, got {args.sample}")
+    report = verify(args.file, args.sample, seed=args.seed, progress=not args.quiet and not args.json)
+    print(json.dumps(report.to_json(), indent=2) if args.json else report.summary())
+    return 0 if report.ok else 1

@@ -1,0 +1,156 @@
+"""The map-style dataset shared by :class:`H5Dataset` and :class:`LMDBDataset`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from fastpipe.data import _pack_format as fmt
+from fastpipe.data._decode import CorruptImageError, decode_rgb
+
+
+def decode_chw(data: bytes | memoryview | np.ndarray, source: str = "<bytes>") -> torch.Tensor:
+    """The default decoder: full decode to a uint8 ``(3, H, W)`` tensor."""
+    return torch.from_numpy(decode_rgb(data, source)).permute(2, 0, 1).contiguous()
+
+
+class PackDataset(Dataset):
+    """A map-style dataset over a fastpipe pack, opened lazily in each process.
+
+    The constructor opens the pack once to validate it and read the labels, then closes it, so
+    nothing open is ever pickled or inherited: each DataLoader worker (fork or spawn) opens its own
+    handle on first access, and a handle from before a fork is replaced in the child.
+    """
+
+    _format = ""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        decoder: Callable[[np.ndarray, str], Any] | None = None,
+        transform: Callable[[Any], Any] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.decoder = decoder
+        self.transform = transform
+        with self._open() as reader:
+            self.meta: dict[str, Any] = reader.meta
+            self.labels: np.ndarray = reader.labels
+            self.classes: list[str] = reader.classes
+            self.storage: str = reader.spec.storage
+            self.layout: str = reader.spec.layout
+            self.sample_shape = reader.spec.sample_shape
+            self._count = reader.count
+        if decoder is not None and self.storage != "bytes":
+            raise ValueError(f"{self.path} holds decoded arrays ({self.layout}); a decoder applies to bytes "
+                             "storage only: pass a transform instead")
+        self._reader: fmt.PackReader | None = None
+        self._pid: int | None = None
+
+    def _open(self) -> fmt.PackReader:
+        return fmt.open_pack(self.path, self._format)
+
+    def _get_reader(self) -> fmt.PackReader:
+        pid = os.getpid()
+        if self._reader is None or self._pid != pid:
+            if self._reader is not None:
+                # Inherited through fork: close this process's copies of the parent's handles
+                # (the parent's stay open) and open our own.
+                try:
+                    self._reader.close()
+                except Exception:  # noqa: BLE001 - best effort on inherited handles
+                    pass
+            self._reader = None
+            self._reader = self._open()
+            self._pid = pid
+        return self._reader
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_reader"] = None
+        state["_pid"] = None
+        return state
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        reader = self._get_reader()
+        i = reader._check_index(index)
+        return self._finish(reader, i, reader.read(i))
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, int]]:
+        """Batched read: samples are read in storage order, returned in the order asked."""
+        reader = self._get_reader()
+        checked = [reader._check_index(i) for i in indices]
+        order = np.argsort(checked, kind="stable")
+        if self.storage == "array":
+            batch = np.empty((len(checked), *reader.spec.sample_shape), reader.spec.dtype)
+            for k in order:
+                reader.read(checked[k], batch[k])
+            rows = torch.from_numpy(batch)
+            return [self._finish(reader, i, None, rows[k]) for k, i in enumerate(checked)]
+        data: list[np.ndarray | None] = [None] * len(checked)
+        for k in order:
+            data[k] = reader.read(checked[k])
+        return [self._finish(reader, i, data[k]) for k, i in enumerate(checked)]
+
+    def _finish(self, reader: fmt.PackReader, index: int, data: np.ndarray | None,
+                tensor: torch.Tensor | None = None) -> tuple[Any, int]:
+        if self.storage == "bytes":
+            decoder = self.decoder or decode_chw
+            try:
+                image = decoder(data, f"{self.path}[{index}]")
+            except CorruptImageError as exc:
+                raise CorruptImageError(
+                    f"sample {index} of {self.path} (packed from {reader.source(index)}) does not decode: {exc}"
+                ) from exc
+        else:
+            image = tensor if tensor is not None else torch.from_numpy(data)
+        if self.transform is not None:
+            image = self.transform(image)
+        return image, int(self.labels[index])
+
+    def encoded(self, index: int) -> tuple[np.ndarray, int]:
+        """The stored bytes of sample ``index`` (uint8 1-D array, e.g. a JPEG file) and its label.
+
+        Bytes storage only; this is what a DALI external source feeds to its decoder.
+        """
+        if self.storage != "bytes":
+            raise ValueError(f"{self.path} holds decoded arrays (array storage): encoded() needs bytes storage")
+        reader = self._get_reader()
+        i = reader._check_index(index)
+        return reader.read(i), int(self.labels[i])
+
+    def source(self, index: int) -> str:
+        """Where sample ``index`` was packed from (path relative to the source root, as listed)."""
+        return self._get_reader().source(index)
+
+    @property
+    def skipped(self) -> list[dict[str, Any]]:
+        """Inputs left out when packing: ``{"index", "source", "reason"}`` dicts."""
+        return list(self.meta.get("skipped") or [])
+
+    def close(self) -> None:
+        """Closes this process's handle (reopened on next access)."""
+        if self._reader is not None and self._pid == os.getpid():
+            self._reader.close()
+        self._reader = None
+        self._pid = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def __repr__(self) -> str:
+        shape = f", sample_shape={tuple(self.sample_shape)}" if self.sample_shape else ""
+        return (f"{type(self).__name__}({str(self.path)!r}, samples={len(self)}, storage={self.storage!r}"
+                f"{shape}, classes={len(self.classes)})")

@@ -1,0 +1,351 @@
+"""What ``pack`` reads (an ImageFolder tree, a list file, a map-style dataset) and how one input
+becomes one stored sample (kept bytes, re-encoded bytes, or a fixed-shape array)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastpipe.data._decode import CorruptImageError, decode_rgb
+from fastpipe.data._pack_format import PackError, Spec
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+
+
+class SkipInput(Exception):
+    """This input is unreadable or corrupt: skip it (or stop with ``strict``)."""
+
+
+@dataclass
+class Listing:
+    """The inputs of a pack, in order. File sources keep paths; dataset sources keep the dataset."""
+
+    kind: str  # "folder", "list" or "dataset"
+    description: str
+    count: int
+    classes: list[str]
+    files: list[str] | None = None  # absolute paths to read (file sources)
+    names: list[str] | None = None  # stored source paths (relative to the root / as listed)
+    labels: np.ndarray | None = None  # file sources: int64 labels
+    dataset: Any = None
+    fingerprint: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "description": self.description, "inputs": self.count,
+                "fingerprint": self.fingerprint}
+
+
+def list_source(source: Any) -> Listing:
+    """Lists the inputs of ``source``: a folder, a list file, or a map-style dataset."""
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if path.is_dir():
+            return _list_folder(path)
+        if path.is_file():
+            return _list_file(path)
+        raise FileNotFoundError(f"pack source {path} does not exist (expected an ImageFolder tree or a list file)")
+    if hasattr(source, "__getitem__") and hasattr(source, "__len__"):
+        n = len(source)
+        classes = [str(c) for c in getattr(source, "classes", None) or []]
+        name = type(source).__name__
+        digest = hashlib.sha256(f"dataset\0{type(source).__module__}.{name}\0{n}".encode()).hexdigest()
+        return Listing("dataset", f"{name} ({n} samples)", n, classes, dataset=source, fingerprint=digest)
+    raise TypeError(
+        f"pack source must be a folder, a list file or a map-style dataset (with __len__ and "
+        f"__getitem__ returning (array, label)), got {type(source).__name__}"
+    )
+
+
+def _fingerprint(kind: str, names: list[str], labels: np.ndarray, classes: list[str]) -> str:
+    h = hashlib.sha256(kind.encode())
+    h.update("\0".join(classes).encode())
+    h.update(b"\1")
+    h.update("\0".join(names).encode("utf-8", "surrogateescape"))
+    h.update(np.ascontiguousarray(labels, "<i8").tobytes())
+    return h.hexdigest()
+
+
+def _list_folder(root: Path) -> Listing:
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    if not classes:
+        raise PackError(f"{root} has no class folders: an ImageFolder tree is root/<class>/<image>")
+    names: list[str] = []
+    labels: list[int] = []
+    for label, name in enumerate(classes):
+        found = []
+        for dirpath, dirnames, filenames in os.walk(root / name, followlinks=True):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            rel = os.path.relpath(dirpath, root)
+            found.extend(os.path.join(rel, f) for f in filenames
+                         if f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith("."))
+        found.sort()
+        names.extend(found)
+        labels.extend([label] * len(found))
+    if not names:
+        raise PackError(f"{root} holds class folders but no images ({', '.join(IMAGE_EXTENSIONS)})")
+    label_array = np.asarray(labels, np.int64)
+    files = [str(root / n) for n in names]
+    return Listing("folder", str(root), len(names), classes, files=files, names=names, labels=label_array,
+                   fingerprint=_fingerprint("folder", names, label_array, classes))
+
+
+def _list_file(list_path: Path) -> Listing:
+    """``path [label]`` per line; ``#`` comments and blank lines skipped; tab-separated lines split
+    on the last tab (paths with spaces), others on the last run of whitespace. Labels are integers
+    or class names (sorted into ``classes``); relative paths are relative to the list file."""
+    names: list[str] = []
+    raw_labels: list[str | None] = []
+    with open(list_path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            parts = line.rsplit("\t", 1) if "\t" in line else line.rsplit(None, 1)
+            parts = [p.strip() for p in parts]
+            names.append(parts[0])
+            raw_labels.append(parts[1] if len(parts) == 2 else None)
+            if not parts[0]:
+                raise PackError(f"{list_path}:{number}: empty path")
+    if not names:
+        raise PackError(f"{list_path} lists no files (expected 'path [label]' per line)")
+    given = [lab for lab in raw_labels if lab is not None]
+    if given and len(given) != len(raw_labels):
+        raise PackError(f"{list_path}: some lines have a label and some do not; give every line a label or none")
+    classes: list[str] = []
+    if not given:
+        labels = np.full(len(names), -1, np.int64)
+    elif all(_is_int(lab) for lab in given):
+        labels = np.asarray([int(lab) for lab in given], np.int64)
+    else:
+        classes = sorted(set(given))
+        index = {name: k for k, name in enumerate(classes)}
+        labels = np.asarray([index[lab] for lab in given], np.int64)
+    base = list_path.parent
+    files = [str(base / n) if not os.path.isabs(n) else n for n in names]
+    return Listing("list", str(list_path), len(names), classes, files=files, names=names, labels=labels,
+                   fingerprint=_fingerprint("list", names, labels, classes))
+
+
+def _is_int(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# One input -> one stored sample
+
+
+def load_input(listing: Listing, index: int, local: int | None = None,
+               files: list[str] | None = None) -> tuple[Any, int]:
+    """Reads input ``index``: (raw bytes or array-like, label). Raises SkipInput when unreadable."""
+    if listing.kind == "dataset":
+        try:
+            item = listing.dataset[index]
+        except (KeyboardInterrupt, SystemExit, MemoryError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a user dataset may raise anything for a bad sample
+            raise SkipInput(f"dataset[{index}] raised {type(exc).__name__}: {exc}") from exc
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise PackError(
+                f"dataset[{index}] returned {type(item).__name__}; pack needs (array, label) pairs"
+            )
+        value, label = item
+        try:
+            label = int(label)
+        except (TypeError, ValueError) as exc:
+            raise PackError(f"dataset[{index}] has label {label!r}; labels must be integers") from exc
+        return value, label
+    path = (files if files is not None else listing.files)[index if local is None else local]
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise SkipInput(f"unreadable: {exc.strerror or exc}") from exc
+    if not data:
+        raise SkipInput("empty file")
+    return data, -1  # file labels come from the listing
+
+
+def source_name(listing: Listing, index: int, names: list[str] | None = None, local: int | None = None) -> str:
+    if listing.kind == "dataset":
+        return f"{type(listing.dataset).__name__}[{index}]"
+    return (names if names is not None else listing.names)[index if local is None else local]
+
+
+def _as_array(value: Any) -> np.ndarray | bytes:
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if hasattr(value, "convert") and hasattr(value, "size") and hasattr(value, "mode"):  # PIL image
+        return np.asarray(value.convert("RGB"))
+    if hasattr(value, "detach") and hasattr(value, "numpy"):  # torch tensor
+        return value.detach().cpu().numpy()
+    return np.asarray(value)
+
+
+def _is_image(array: np.ndarray) -> bool:
+    return array.dtype == np.uint8 and array.ndim == 3 and array.shape[2] == 3
+
+
+def fit_image(image: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """Resizes an (H, W, 3) uint8 image so it covers ``shape`` (aspect kept, bicubic) and crops the centre."""
+    from PIL import Image
+
+    th, tw = shape
+    h, w = image.shape[:2]
+    if (h, w) == (th, tw):
+        return image
+    scale = max(th / h, tw / w)
+    nh, nw = max(th, round(h * scale)), max(tw, round(w * scale))
+    resized = np.asarray(Image.fromarray(image).resize((nw, nh), Image.Resampling.BICUBIC))
+    top, left = (nh - th) // 2, (nw - tw) // 2
+    return resized[top:top + th, left:left + tw]
+
+
+def _decode(data: bytes, source: str) -> np.ndarray:
+    try:
+        return decode_rgb(data, source)
+    except CorruptImageError as exc:
+        raise SkipInput(f"corrupt image: {exc}") from exc
+
+
+@dataclass
+class Processor:
+    """Turns a loaded input into the bytes or array the pack stores."""
+
+    spec: Spec
+    max_side: int | None = None
+    shape: tuple[int, int] | None = None
+    quality: int = 90
+    check: bool = True
+
+    def __call__(self, value: Any, source: str) -> np.ndarray:
+        """Returns the sample to store: flat uint8 (bytes storage) or the sample array."""
+        value = _as_array(value)
+        if self.spec.storage == "bytes":
+            if isinstance(value, bytes):
+                return np.frombuffer(self._encoded(value, source), np.uint8)
+            array = np.asarray(value)
+            if array.dtype == np.uint8 and array.ndim == 1:
+                return np.frombuffer(self._encoded(array.tobytes(), source), np.uint8)
+            if array.dtype == np.uint8 and (array.ndim == 2 or _is_image(array)):
+                return np.frombuffer(self._encode_array(array, source), np.uint8)
+            raise PackError(
+                f"{source} is a {array.dtype} array of shape {array.shape}: bytes storage holds encoded "
+                "images (bytes, or uint8 HxW / HxWx3 arrays); use storage='array' for other arrays"
+            )
+        if isinstance(value, bytes):
+            value = _decode(value, source)
+        array = np.asarray(value)
+        if self.spec.layout == "CHW":
+            if array.dtype == np.uint8 and array.ndim == 2:
+                array = np.repeat(array[:, :, None], 3, axis=2)
+            if not _is_image(array):
+                raise PackError(f"{source} is a {array.dtype} array of shape {array.shape}, not an "
+                                f"HxWx3 uint8 image like the first input of this pack")
+            if self.shape is not None:
+                array = fit_image(array, self.shape)
+            array = np.ascontiguousarray(array.transpose(2, 0, 1))
+        if not array.dtype.isnative:
+            array = array.astype(array.dtype.newbyteorder("="))
+        if tuple(array.shape) != self.spec.sample_shape or array.dtype != np.dtype(self.spec.dtype):
+            got = tuple(array.shape)
+            want = self.spec.sample_shape
+            if self.spec.layout == "CHW":
+                got, want = got[1:], want[1:]
+            hint = " pass shape=(H, W) (--shape HxW) to resize images to one size" if self.spec.layout == "CHW" else ""
+            raise PackError(
+                f"array storage needs one shape and dtype for all samples: {source} is {array.dtype} "
+                f"{got}, the pack holds {self.spec.dtype} {want};{hint}"
+            )
+        return np.ascontiguousarray(array)
+
+    def _encoded(self, data: bytes, source: str) -> bytes:
+        if self.max_side is None:
+            if self.check:
+                _decode(data, source)
+            return data
+        from PIL import Image
+
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                width, height = image.size
+                fmt = image.format
+                short = min(width, height)
+                if short <= self.max_side:
+                    if self.check:
+                        image.load()
+                    return data  # already small enough: keep the original bytes, bit for bit
+                scale = self.max_side / short
+                size = (max(1, round(width * scale)), max(1, round(height * scale)))
+                if fmt == "JPEG":
+                    image.draft("RGB", size)  # decode at a reduced DCT scale when it is >= size
+                rgb = image.convert("RGB")
+                resized = rgb.resize(size, Image.Resampling.BICUBIC, reducing_gap=3.0)
+        except (KeyboardInterrupt, MemoryError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - PIL raises many types for bad data
+            raise SkipInput(f"corrupt image: cannot decode {source}: {exc}") from exc
+        out = io.BytesIO()
+        if fmt == "JPEG":
+            resized.save(out, format="JPEG", quality=self.quality)
+        else:
+            resized.save(out, format="PNG")
+        return out.getvalue()
+
+    def _encode_array(self, array: np.ndarray, source: str) -> bytes:
+        from PIL import Image
+
+        image = Image.fromarray(array)
+        if self.max_side is not None and min(image.size) > self.max_side:
+            scale = self.max_side / min(image.size)
+            image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
+                                 Image.Resampling.BICUBIC)
+        out = io.BytesIO()
+        image.save(out, format="PNG")  # lossless: what the dataset returned is what comes back
+        return out.getvalue()
+
+
+def probe_spec(listing: Listing, storage: str, start: int, stop: int, shape: tuple[int, int] | None,
+               attempts: int = 64) -> Spec:
+    """The sample spec of a pack. Array storage looks at the first readable input of the range."""
+    if storage == "bytes":
+        return Spec("bytes", "encoded")
+    if shape is not None and listing.kind != "dataset":
+        return Spec("array", "CHW", (3, *shape), "uint8")
+    reasons = []
+    for index in range(start, min(stop, start + attempts)):
+        name = source_name(listing, index)
+        try:
+            value, _ = load_input(listing, index)
+            value = _as_array(value)
+            if isinstance(value, bytes):
+                value = _decode(value, name)
+        except SkipInput as exc:
+            reasons.append(f"{name}: {exc}")
+            continue
+        array = np.asarray(value)
+        if array.dtype == np.uint8 and array.ndim == 2:
+            array = np.repeat(array[:, :, None], 3, axis=2)
+        if _is_image(array):
+            h, w = shape if shape is not None else array.shape[:2]
+            return Spec("array", "CHW", (3, int(h), int(w)), "uint8")
+        if shape is not None:
+            raise PackError(f"shape=(H, W) resizes images, but {name} is a {array.dtype} array of shape "
+                            f"{array.shape}; pack arrays without shape")
+        if array.dtype.hasobject:
+            raise PackError(f"{name} is an object array; array storage holds plain numeric arrays")
+        return Spec("array", "raw", tuple(int(s) for s in array.shape), array.dtype.name)
+    if start == stop:
+        return Spec("array", "CHW", (3, *(shape or (0, 0))), "uint8")
+    raise PackError(f"array storage needs one readable input to learn the sample shape; the first "
+                    f"{len(reasons)} inputs failed: {'; '.join(reasons[:3])}")

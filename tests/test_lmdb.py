@@ -1,0 +1,88 @@
+"""LMDB packs: round trips, DataLoader workers, verify, and the same errors as HDF5."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("h5py")
+lmdb = pytest.importorskip("lmdb")
+
+import torch  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+from fastpipe.data import H5Dataset, LMDBDataset, pack, verify  # noqa: E402
+from fastpipe.data._pack import PackFormatError, merge_packs  # noqa: E402
+from tests.pack_helpers import ArrayDataset  # noqa: E402
+
+pytestmark = pytest.mark.hdf5
+
+
+def test_bytes_round_trip_is_bit_exact(sample_root, tmp_path):
+    out = tmp_path / "p.lmdb"
+    report = pack(sample_root, out, workers=2, shard_size=20, progress=False)
+    assert (report.format, report.merge, report.count) == ("lmdb", "copy", 48)
+    assert out.is_file() and not (tmp_path / "p.lmdb-lock").exists() and not (tmp_path / "p.lmdb.shards").exists()
+    files = sorted(sample_root.glob("class_*/*.jpg"), key=lambda p: (p.parent.name, p.name))
+    ds = LMDBDataset(out)
+    assert ds.classes == ["class_00", "class_01", "class_02", "class_03"]
+    for i, path in enumerate(files):
+        data, label = ds.encoded(i)
+        assert data.tobytes() == path.read_bytes() and label == int(path.parent.name[-2:])
+        assert ds.source(i) == f"{path.parent.name}/{path.name}"
+    h5 = pack(sample_root, tmp_path / "p.h5", progress=False)
+    assert h5.count == 48
+    assert torch.equal(ds[11][0], H5Dataset(tmp_path / "p.h5")[11][0])
+    assert verify(out).ok
+
+
+@pytest.mark.timeout(120)
+def test_array_round_trip_through_dataloader_workers(tmp_path, no_thread_leak):
+    source = ArrayDataset(n=30)
+    out = tmp_path / "a.lmdb"
+    pack(source, out, storage="array", format="lmdb", progress=False)
+    ds = LMDBDataset(out)
+    ds[0]  # opened in the parent first
+    for context in ("fork", "spawn"):
+        loader = DataLoader(ds, batch_size=7, num_workers=2, multiprocessing_context=context)
+        images, labels = zip(*loader, strict=True)
+        want = torch.stack([torch.from_numpy(source.array(i).transpose(2, 0, 1).copy()) for i in range(30)])
+        assert torch.equal(torch.cat(images), want)
+        assert torch.cat(labels).tolist() == [source.label(i) for i in range(30)]
+    ds.close()
+
+
+def test_merge_shards_into_lmdb_and_verify_catches_damage(sample_root, tmp_path):
+    parts = [tmp_path / f"s{i}.h5" for i in range(2)]
+    for i, part in enumerate(parts):
+        pack(sample_root, part, shard=(i, 2), progress=False)
+    out = tmp_path / "m.lmdb"
+    assert merge_packs(parts, out, progress=False).count == 48
+    ds = LMDBDataset(out)
+    assert np.array_equal(ds.labels, np.concatenate([H5Dataset(p).labels for p in parts]))
+    assert ds.source(47) == H5Dataset(parts[1]).source(23)
+    with pytest.raises(ValueError, match="LMDB has no virtual"):
+        merge_packs(parts, tmp_path / "v.lmdb", merge="virtual")
+    assert verify(out).ok  # while the dataset holds the file open in this process
+    ds.close()
+    # Damage one stored JPEG in place; the checksum catches it even where the JPEG still decodes.
+    env = lmdb.open(str(out), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        value = bytearray(txn.get(b"data/0000000007"))
+        value[len(value) // 2] ^= 0xFF
+        txn.put(b"data/0000000007", bytes(value))
+    env.close()
+    report = verify(out)
+    assert not report.ok and report.problems[0].startswith("sample 7 ") and "checksum" in report.problems[0]
+
+
+def test_not_an_lmdb_pack(tmp_path, sample_root):
+    env = lmdb.open(str(tmp_path / "plain.lmdb"), subdir=False)
+    with env.begin(write=True) as txn:
+        txn.put(b"k", b"v")
+    env.close()
+    with pytest.raises(PackFormatError, match="not a fastpipe pack"):
+        LMDBDataset(tmp_path / "plain.lmdb")
+    pack(sample_root, tmp_path / "p.lmdb", progress=False)
+    with pytest.raises(IndexError, match="index 48 is out of range"):
+        LMDBDataset(tmp_path / "p.lmdb")[48]
