@@ -42,7 +42,7 @@ from fastpipe.dali.pipelines import (
     build_pipeline,
     resolve_device,
 )
-from fastpipe.dali.sources import EncodedSource, FileList
+from fastpipe.dali.sources import EncodedSource, open_source
 
 _TORCH_DTYPES = {
     "FLOAT": torch.float32, "FLOAT16": torch.float16, "UINT8": torch.uint8, "INT64": torch.int64,
@@ -312,7 +312,7 @@ class DALILoader:
         self.device = torch.device("cpu") if self._device_id is None else torch.device("cuda", self._device_id)
 
         if isinstance(source, (str, os.PathLike)):
-            source = FileList.from_path(source, root=root)
+            source = open_source(source, root=root)
         elif root is not None:
             raise ValueError("root= applies to a list file source only")
         self.dataset = source

@@ -192,6 +192,30 @@ class FileList:
         return f"FileList({len(self)} files, {len(self.classes or ())} classes)"
 
 
+PACK_SUFFIXES = {".h5": "hdf5", ".hdf5": "hdf5", ".lmdb": "lmdb"}
+
+
+def open_source(path: str | os.PathLike, root: str | os.PathLike | None = None) -> Any:
+    """What a path names: a fastpipe pack (``.h5``/``.hdf5``/``.lmdb``, bytes storage), an image
+    folder in ImageFolder layout, or a list file of ``path label`` lines."""
+    kind = PACK_SUFFIXES.get(Path(path).suffix.lower())
+    if kind is None:
+        return FileList.from_path(path, root=root)
+    if root is not None:
+        raise ValueError(f"root= applies to list files only, but {path} is a {kind} pack")
+    if kind == "hdf5":
+        from fastpipe.data import H5Dataset as pack_class
+    else:
+        from fastpipe.data import LMDBDataset as pack_class
+    dataset = pack_class(path)
+    if dataset.storage != "bytes":
+        raise ValueError(
+            f"{path} stores decoded arrays; DALI decodes encoded images, so pack with "
+            "storage='bytes' (fastpipe pack --storage bytes) or read this pack with H5Dataset"
+        )
+    return dataset
+
+
 def shard_indices(
     num_samples: int,
     *,

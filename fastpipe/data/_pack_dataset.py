@@ -128,6 +128,10 @@ class PackDataset(Dataset):
         i = reader._check_index(index)
         return reader.read(i), int(self.labels[i])
 
+    def describe(self, index: int) -> str:
+        """Names sample ``index`` for error messages: the pack, the index and the original file."""
+        return f"{self.path}[{index}] (packed from {self.source(index)})"
+
     def source(self, index: int) -> str:
         """Where sample ``index`` was packed from (path relative to the source root, as listed)."""
         return self._get_reader().source(index)
