@@ -10,7 +10,7 @@ from fastpipe._cli.tune import check_output, check_plot, non_negative_float, pos
 
 HELP = "run the loaders side by side on the built-in sample dataset and print a table"
 
-QUICK = {"num_images": 32, "batch_size": 8, "workers": 1, "size": 64, "seconds": 0.3}
+QUICK = {"num_images": 32, "batch_size": 8, "workers": 1, "size": 64, "seconds": 0.3, "rounds": 1}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,12 +25,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="num_workers, and DALI's num_threads (default: the usable cores)")
     parser.add_argument("--size", type=positive_int, default=None, help="crop size (default 224)")
     parser.add_argument("--seconds", type=non_negative_float, default=None,
-                        help="seconds per loader after its first batch (default 8)")
+                        help="seconds per loader and round, after its first batch (default 4)")
+    parser.add_argument("--rounds", type=positive_int, default=None,
+                        help="runs of every loader, interleaved; the median counts (default 2)")
     parser.add_argument("--step-ms", type=non_negative_float, default=10.0,
                         help="pause after each batch standing in for a GPU step (default 10)")
     parser.add_argument("--variants", default=None, help=f"comma-separated subset of: {keys}")
     parser.add_argument("--quick", action="store_true",
-                        help="a smoke run in seconds: 32 small images, 1 worker, 0.3 s per loader")
+                        help="a smoke run in seconds: 32 small images, 1 worker, 0.3 s per loader, "
+                        "1 round")
     parser.add_argument("--plot", metavar="FILE.png", help="save a bar chart of images/s")
     parser.add_argument("--markdown", metavar="FILE", help="write the table as Markdown")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -46,7 +49,8 @@ def _pick(value, quick: bool, key: str, default):
 def _command_line(args: argparse.Namespace) -> str:
     """The options that shape the measurement, to print beside the numbers."""
     words = ["fastpipe", "bench"] + (["--quick"] if args.quick else [])
-    for option in ("root", "num_images", "batch_size", "workers", "size", "seconds", "variants"):
+    for option in ("root", "num_images", "batch_size", "workers", "size", "seconds", "rounds",
+                   "variants"):
         value = getattr(args, option)
         if value is not None:
             words += [f"--{option.replace('_', '-')}", str(value)]
@@ -61,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     workers = _pick(args.workers, args.quick, "workers", None)
     if workers is not None and workers < 0:
         raise CommandError(f"--workers must be >= 0, got {workers}")
-    seconds = _pick(args.seconds, args.quick, "seconds", 8.0)
+    seconds = _pick(args.seconds, args.quick, "seconds", 4.0)
     if seconds <= 0:
         raise CommandError(f"--seconds must be more than 0, got {seconds:g}")
     if args.root is not None and args.num_images is not None:
@@ -80,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
             size=_pick(args.size, args.quick, "size", 224),
             seconds=seconds,
             step_ms=args.step_ms,
+            rounds=_pick(args.rounds, args.quick, "rounds", 2),
             variants=variants,
             min_batches=2 if args.quick else 3,
             progress=not args.no_progress,

@@ -10,7 +10,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,11 @@ BASELINE = "dataloader"
 
 @dataclass
 class BenchRow:
-    """One variant's result; ``images_per_second`` is None when it was skipped."""
+    """One variant's result; ``images_per_second`` is None when it was skipped.
+
+    With several rounds, ``images_per_second`` and ``wait_share`` are medians over the rounds
+    (each round's rate is in ``per_round``), and ``batches``/``seconds`` are totals.
+    """
 
     key: str
     name: str
@@ -37,6 +41,29 @@ class BenchRow:
     first_batch_seconds: float | None = None
     output: str | None = None
     skipped: str | None = None
+    per_round: list[float] = field(default_factory=list)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def _merge(rounds: list[BenchRow]) -> BenchRow:
+    """One row from the same variant's rounds; skipped if any round was."""
+    first = rounds[0]
+    skipped = next((r for r in rounds if r.images_per_second is None), None)
+    if skipped is not None:
+        return skipped
+    return BenchRow(
+        first.key, first.name, first.description,
+        images_per_second=_median([r.images_per_second for r in rounds]),
+        wait_share=_median([r.wait_share for r in rounds]),
+        batches=sum(r.batches for r in rounds), seconds=sum(r.seconds for r in rounds),
+        first_batch_seconds=_median([r.first_batch_seconds for r in rounds]),
+        output=first.output, per_round=[r.images_per_second for r in rounds],
+    )
 
 
 @dataclass
@@ -68,7 +95,7 @@ class BenchReport:
                 f"data: {s['num_images']} JPEGs in {s['root']}; batch {s['batch_size']}, "
                 f"{_workers(s['num_workers'])}, {s['size']}x{s['size']} crops, "
                 f"{s['seconds']:g} s per loader after its first batch, "
-                f"{s['step_ms']:g} ms simulated step")
+                f"{s['step_ms']:g} ms simulated step, median of {s['rounds']} round(s)")
 
     def __str__(self) -> str:
         return f"{self.header()}\n\n{self.table()}"
@@ -98,7 +125,8 @@ class BenchReport:
         lines += ["", f"Machine: {machine_line(self.machine)}.",
                   f"Command: `{s['command']}` ({s['num_images']} images, batch {s['batch_size']}, "
                   f"{_workers(s['num_workers'])}, {s['size']}x{s['size']} crops, {s['seconds']:g} s "
-                  f"per loader, {s['step_ms']:g} ms simulated step)."]
+                  f"per loader, {s['step_ms']:g} ms simulated step, median of {s['rounds']} "
+                  "round(s))."]
         text = "\n".join(lines) + "\n"
         if path is not None:
             Path(path).write_text(text)
@@ -177,9 +205,10 @@ def run_bench(
     batch_size: int = 32,
     num_workers: int | None = None,
     size: int = 224,
-    seconds: float = 8.0,
+    seconds: float = 4.0,
     step_ms: float = 10.0,
     variants: Sequence[str] | None = None,
+    rounds: int = 2,
     min_batches: int = 3,
     progress: bool = False,
     command: str = "fastpipe bench",
@@ -190,12 +219,17 @@ def run_bench(
     first use and cached). Each batch is followed by a ``step_ms`` pause standing in for a GPU
     training step (the host idles while the GPU computes), which loaders that work in the
     background can overlap. Every variant yields normalized float32 images on the device.
+    Each of the ``rounds`` runs every variant once, in turn; a variant's result is its median.
     """
     known = {v.key: v for v in VARIANTS}
     chosen = list(variants) if variants is not None else list(known)
     unknown = [k for k in chosen if k not in known]
     if unknown or not chosen:
         raise ValueError(f"unknown variant(s) {unknown}; choose from {', '.join(known)}")
+    if len(set(chosen)) != len(chosen):
+        raise ValueError(f"a variant is listed twice in {chosen}; use rounds to repeat them")
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
     if batch_size < 1 or seconds <= 0 or step_ms < 0 or size < 8:
         raise ValueError(
             f"need batch_size >= 1, seconds > 0, step_ms >= 0 and size >= 8; got batch_size="
@@ -223,18 +257,26 @@ def run_bench(
                          pack_dir=pack_dir)
     settings = {"root": str(root), "num_images": num_images, "batch_size": batch_size,
                 "num_workers": num_workers, "size": size, "seconds": seconds, "step_ms": step_ms,
-                "command": command}
+                "rounds": rounds, "command": command}
 
     from fastpipe.profiling._progress import progress_bar
 
-    rows = []
-    bar = progress_bar(progress, total=len(chosen), desc="fastpipe bench", unit="loader")
+    results: dict[str, list[BenchRow]] = {key: [] for key in chosen}
+    bar = progress_bar(progress, total=len(chosen) * rounds, desc="fastpipe bench", unit="run")
     started = time.perf_counter()
     try:
-        for key in chosen:
-            bar.set_postfix_str(known[key].name, refresh=True)
-            rows.append(run_variant(known[key], config, seconds, step_ms / 1000, min_batches))
-            bar.update(1)
+        # Rounds interleave the variants, so a burst of load from elsewhere on the machine
+        # lands on all of them rather than on one.
+        for _ in range(rounds):
+            for key in chosen:
+                if results[key] and results[key][-1].skipped:
+                    bar.update(1)
+                    continue
+                bar.set_postfix_str(known[key].name, refresh=True)
+                results[key].append(
+                    run_variant(known[key], config, seconds, step_ms / 1000, min_batches))
+                bar.update(1)
+        rows = [_merge(results[key]) for key in chosen]
     finally:
         bar.close()
         if temporary is not None:
@@ -244,5 +286,6 @@ def run_bench(
     base = report.baseline
     for row in rows:
         if base is not None and row.images_per_second is not None:
-            row.ratio = row.images_per_second / base.images_per_second
+            # Within each round first, against the baseline measured beside it.
+            row.ratio = _median([r / b for r, b in zip(row.per_round, base.per_round, strict=True)])
     return report
