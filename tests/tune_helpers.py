@@ -16,8 +16,8 @@ from torch.utils.data import Dataset
 
 
 class SleepyDataset(Dataset):
-    def __init__(self, length: int = 256, item_seconds: float = 0.004,
-                 batch_seconds: float = 0.03) -> None:
+    def __init__(self, length: int = 256, item_seconds: float = 0.008,
+                 batch_seconds: float = 0.06) -> None:
         self.length = length
         self.item_seconds = item_seconds
         self.batch_seconds = batch_seconds

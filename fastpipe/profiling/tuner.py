@@ -146,13 +146,16 @@ def _folder_source(root: Path, size: int, train: bool) -> DatasetSource:
         ) from exc
     if train:
         ops = [transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip()]
+        ops_code = f"transforms.RandomResizedCrop({size}), transforms.RandomHorizontalFlip()"
     else:
         ops = [transforms.Resize(size * 8 // 7), transforms.CenterCrop(size)]
+        ops_code = f"transforms.Resize({size * 8 // 7}), transforms.CenterCrop({size})"
     dataset = datasets.ImageFolder(str(root), transform=transforms.Compose([*ops, transforms.PILToTensor()]))
     return DatasetSource(
         dataset, None, f"torchvision ImageFolder({root}) with uint8 output, {len(dataset)} images",
-        code=f"datasets.ImageFolder({str(root)!r}, transform=...)",
-        imports=["from torchvision import datasets"],
+        code=(f"datasets.ImageFolder({str(root)!r}, transform=transforms.Compose(["
+              f"{ops_code}, transforms.PILToTensor()]))"),
+        imports=["from torchvision import datasets, transforms"],
     )
 
 
