@@ -46,8 +46,8 @@ def plot_profile(summary: ProfileSummary, path: str | os.PathLike) -> Path:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), height_ratios=(3, 2))
     # Warm-up steps (worker start-up, not in the statistics) are drawn faded.
     alpha = [0.35 if s.warmup else 1.0 for s in steps]
-    wait_bars = top.bar(index, waits, width=1.0, color=_WAIT, label="waiting for data")
-    work_bars = top.bar(index, work, width=1.0, bottom=waits, color=_WORK, label="step work")
+    wait_bars = top.bar(index, waits, width=1.0, color=_WAIT)
+    work_bars = top.bar(index, work, width=1.0, bottom=waits, color=_WORK)
     for bars in (wait_bars, work_bars):
         for bar, a in zip(bars, alpha, strict=True):
             bar.set_alpha(a)
@@ -57,7 +57,11 @@ def plot_profile(summary: ProfileSummary, path: str | os.PathLike) -> Path:
     top.set_xlabel("step")
     top.set_ylabel("ms")
     top.set_title(f"{summary.verdict}  ({summary.clock})", fontsize=10)
-    top.legend(loc="upper right", fontsize=8)
+    from matplotlib.patches import Patch
+
+    # Own legend entries: the default ones copy the first bar, which is a faded warm-up step.
+    top.legend(handles=[Patch(color=_WAIT, label="waiting for data"),
+                        Patch(color=_WORK, label="step work")], loc="upper right", fontsize=8)
     counted = [w for w, s in zip(waits, steps, strict=True) if not s.warmup]
     bottom.hist(counted, bins=min(40, max(5, len(counted) // 3)), color=_WAIT)
     for value, name in ((summary.wait_p50, "p50"), (summary.wait_p95, "p95")):
