@@ -3,33 +3,106 @@
 from __future__ import annotations
 
 import argparse
-import os
-import platform
+import shlex
+
+from fastpipe._cli import CommandError
+from fastpipe._cli.tune import check_output, check_plot, non_negative_float, positive_int
 
 HELP = "run the loaders side by side on the built-in sample dataset and print a table"
 
+QUICK = {"num_images": 32, "batch_size": 8, "workers": 1, "size": 64, "seconds": 0.3, "rounds": 1}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--num-images", type=int, default=256, help="sample dataset size (default 256)")
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader num_workers (default 2)")
-    parser.add_argument("--steps", type=int, default=12, help="training steps per variant")
+    from fastpipe.bench.variants import VARIANTS
+
+    keys = ", ".join(v.key for v in VARIANTS)
+    parser.add_argument("--root", help="an ImageFolder directory to use instead of the sample dataset")
+    parser.add_argument("--num-images", type=positive_int, default=None,
+                        help="sample dataset size (default 256; generated once and cached)")
+    parser.add_argument("--batch-size", type=positive_int, default=None, help="(default 32)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="num_workers, and DALI's num_threads (default: the usable cores)")
+    parser.add_argument("--size", type=positive_int, default=None, help="crop size (default 224)")
+    parser.add_argument("--seconds", type=non_negative_float, default=None,
+                        help="seconds per loader and round, after its first batch (default 4)")
+    parser.add_argument("--rounds", type=positive_int, default=None,
+                        help="runs of every loader, interleaved; the median counts (default 2)")
+    parser.add_argument("--step-ms", type=non_negative_float, default=10.0,
+                        help="pause after each batch standing in for a GPU step (default 10)")
+    parser.add_argument("--variants", default=None, help=f"comma-separated subset of: {keys}")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run in seconds: 32 small images, 1 worker, 0.3 s per loader, "
+                        "1 round")
+    parser.add_argument("--plot", metavar="FILE.png", help="save a bar chart of images/s")
+    parser.add_argument("--markdown", metavar="FILE", help="write the table as Markdown")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def _pick(value, quick: bool, key: str, default):
+    if value is not None:
+        return value
+    return QUICK[key] if quick else default
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    """The options that shape the measurement, to print beside the numbers."""
+    words = ["fastpipe", "bench"] + (["--quick"] if args.quick else [])
+    for option in ("root", "num_images", "batch_size", "workers", "size", "seconds", "rounds",
+                   "variants"):
+        value = getattr(args, option)
+        if value is not None:
+            words += [f"--{option.replace('_', '-')}", str(value)]
+    if args.step_ms != 10.0:
+        words += ["--step-ms", f"{args.step_ms:g}"]
+    return shlex.join(words)
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
+    from fastpipe.bench.suite import run_bench
 
-    from fastpipe.bench.demo import run_demo
-    from fastpipe.datasets import sample_images
-
-    root = sample_images(num_images=args.num_images)
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-          f"torch {torch.__version__}, CUDA available: {torch.cuda.is_available()}")
-    print(f"data: {args.num_images} sample JPEGs in {root}")
-    results = run_demo(root, batch_size=args.batch_size, num_workers=args.workers, steps=args.steps)
-    base = results[0].images_per_second
-    print(f"{'loader':<32}{'images/s':>10}{'vs DataLoader':>15}{'data wait':>11}")
-    for r in results:
-        print(f"{r.name:<32}{r.images_per_second:>10.1f}{r.images_per_second / base:>14.2f}x"
-              f"{r.wait_share:>10.0%}")
+    workers = _pick(args.workers, args.quick, "workers", None)
+    if workers is not None and workers < 0:
+        raise CommandError(f"--workers must be >= 0, got {workers}")
+    seconds = _pick(args.seconds, args.quick, "seconds", 4.0)
+    if seconds <= 0:
+        raise CommandError(f"--seconds must be more than 0, got {seconds:g}")
+    if args.root is not None and args.num_images is not None:
+        raise CommandError("--num-images applies to the sample dataset; leave it out with --root")
+    variants = None
+    if args.variants is not None:
+        variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    check_plot(args.plot)
+    check_output(args.markdown, "Markdown table")
+    try:
+        report = run_bench(
+            args.root,
+            num_images=_pick(args.num_images, args.quick, "num_images", 256),
+            batch_size=_pick(args.batch_size, args.quick, "batch_size", 32),
+            num_workers=workers,
+            size=_pick(args.size, args.quick, "size", 224),
+            seconds=seconds,
+            step_ms=args.step_ms,
+            rounds=_pick(args.rounds, args.quick, "rounds", 2),
+            variants=variants,
+            min_batches=2 if args.quick else 3,
+            progress=not args.no_progress,
+            command=_command_line(args),
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        raise CommandError(str(exc)) from exc
+    if args.plot:
+        report.plot(args.plot)
+    if args.markdown:
+        report.to_markdown(args.markdown)
+    if args.json:
+        print(report.to_json())
+    else:
+        print(report)
+        if any(r.skipped for r in report.rows):
+            print("\nskipped loaders need their parts installed or built; see docs/dependencies.md")
+        for path, what in ((args.plot, "plot"), (args.markdown, "markdown")):
+            if path:
+                print(f"{what}: {path}")
     return 0

@@ -1,0 +1,134 @@
+"""fastpipe tune: measure loader settings on a dataset, print them ranked and the best as code."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from fastpipe._cli import CommandError
+
+HELP = "find the fastest DataLoader settings for a dataset within a time budget"
+
+DATASET_HELP = ("an ImageFolder directory, a .h5 pack file (from `fastpipe pack`), or "
+                "module:function (or file.py:function) returning a map-style dataset")
+
+
+def int_list(text: str) -> list[int]:
+    """argparse type for comma-separated non-negative ints: "0,2,4"."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {text!r}")
+    return values
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dataset", help=DATASET_HELP)
+    parser.add_argument("--size", type=positive_int, default=224,
+                        help="crop size for image folders and packs (default 224)")
+    parser.add_argument("--eval", action="store_true",
+                        help="eval-time transforms (resize + centre crop) instead of train-time")
+
+
+def resolve(args: argparse.Namespace):
+    """The dataset named on the command line, or a CommandError saying what to pass."""
+    from fastpipe.profiling.tuner import resolve_dataset
+
+    try:
+        return resolve_dataset(args.dataset, size=args.size, train=not args.eval)
+    except (FileNotFoundError, ValueError, ImportError) as exc:
+        raise CommandError(str(exc)) from exc
+
+
+def check_output(path: str | None, what: str) -> None:
+    """Fails before the long work, not after it, when an output file cannot be written."""
+    if path is None:
+        return
+    parent = Path(path).expanduser().resolve().parent
+    if not parent.is_dir():
+        raise CommandError(f"cannot write the {what} to {path}: {parent} is not a directory")
+
+
+def check_plot(path: str | None) -> None:
+    check_output(path, "plot")
+    if path is not None:
+        from fastpipe._optional import MissingDependencyError, require
+
+        try:
+            require("matplotlib", extra="plot", feature="--plot")
+        except MissingDependencyError as exc:
+            raise CommandError(str(exc)) from exc
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_dataset_arguments(parser)
+    parser.add_argument("--batch-size", type=positive_int, default=64,
+                        help="the batch size you train with (default 64)")
+    parser.add_argument("--budget", type=non_negative_float, default=60.0,
+                        help="total seconds to spend measuring (default 60)")
+    parser.add_argument("--workers", type=int_list, default=None, metavar="N,N,...",
+                        help="num_workers values to try (default 0,1,2,4,... up to twice the cores)")
+    parser.add_argument("--batch-sizes", type=int_list, default=None, metavar="N,N,...",
+                        help="batch sizes to try (default half, equal to and double --batch-size)")
+    parser.add_argument("--prefetch-factors", type=int_list, default=[2, 4], metavar="N,N,...",
+                        help="prefetch_factor values to try (default 2,4)")
+    parser.add_argument("--wrappers", default="DataLoader,DataLoaderX,DataLoaderX+DataPrefetcher",
+                        help="loaders to try, comma-separated (default all three)")
+    parser.add_argument("--step-ms", type=non_negative_float, default=0.0,
+                        help="sleep after each batch, standing in for your training step (default 0)")
+    parser.add_argument("--plot", metavar="FILE.png", help="save samples/s against num_workers")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from fastpipe.profiling.tuner import WRAPPERS, tune
+
+    wrappers = [w.strip() for w in args.wrappers.split(",") if w.strip()]
+    if not wrappers or any(w not in WRAPPERS for w in wrappers):
+        raise CommandError(f"--wrappers must be among {', '.join(WRAPPERS)}; got {args.wrappers!r}")
+    if args.budget <= 0:
+        raise CommandError(f"--budget must be more than 0 seconds, got {args.budget:g}")
+    if args.batch_sizes is not None and 0 in args.batch_sizes:
+        raise CommandError("--batch-sizes must be >= 1")
+    if 0 in args.prefetch_factors:
+        raise CommandError("--prefetch-factors must be >= 1")
+    check_plot(args.plot)
+    source = resolve(args)
+    result = tune(
+        source, batch_size=args.batch_size, num_workers=args.workers, batch_sizes=args.batch_sizes,
+        prefetch_factors=args.prefetch_factors, wrappers=wrappers, budget=args.budget,
+        step_seconds=args.step_ms / 1000, progress=not args.no_progress,
+    )
+    if args.plot:
+        result.plot(args.plot)
+    if args.json:
+        print(result.to_json())
+    else:
+        print(f"dataset: {source.description}\n")
+        print(result)
+        if args.plot:
+            print(f"\nplot: {args.plot}")
+    return 0
