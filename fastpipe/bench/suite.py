@@ -259,10 +259,10 @@ def run_bench(
                 "num_workers": num_workers, "size": size, "seconds": seconds, "step_ms": step_ms,
                 "rounds": rounds, "command": command}
 
-    from fastpipe.profiling._progress import progress_bar
+    from fastpipe._progress import progress_bar
 
     results: dict[str, list[BenchRow]] = {key: [] for key in chosen}
-    bar = progress_bar(progress, total=len(chosen) * rounds, desc="fastpipe bench", unit="run")
+    bar = progress_bar(progress, only_on_terminal=True, total=len(chosen) * rounds, desc="fastpipe bench", unit="run")
     started = time.perf_counter()
     try:
         # Rounds interleave the variants, so a burst of load from elsewhere on the machine

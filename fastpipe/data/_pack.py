@@ -214,14 +214,10 @@ def _size_on_disk(output: Path, meta: dict[str, Any] | None = None) -> int:
 
 
 def _progress_bar(progress: bool, total: int, initial: int, desc: str, unit: str):
-    from tqdm.auto import tqdm
+    from fastpipe._progress import progress_bar
 
-    class Bar(tqdm):
-        # tqdm's monitor thread outlives every bar; with miniters=1 it has nothing to do.
-        monitor_interval = 0
-
-    return Bar(total=total, initial=initial, desc=desc, unit=unit, disable=not progress,
-               dynamic_ncols=True, smoothing=0.05, mininterval=0.5, miniters=1)
+    return progress_bar(progress, total=total, initial=initial, desc=desc, unit=unit,
+                        dynamic_ncols=True, smoothing=0.05, mininterval=0.5)
 
 
 # ---------------------------------------------------------------------------------------------

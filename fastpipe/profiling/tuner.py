@@ -302,9 +302,9 @@ def run_loader(
     profiler = Profiler(None, warmup=1, device="cpu", report=False)
     epochs = profiler.wrap(_epochs(loader))
     profiler.loader_info = LoaderInfo.of(loader)  # not of the epoch generator
-    from fastpipe.profiling._progress import progress_bar
+    from fastpipe._progress import progress_bar
 
-    bar = progress_bar(progress and steps is not None, total=(steps or 0) + 1, unit="step",
+    bar = progress_bar(progress and steps is not None, only_on_terminal=True, total=(steps or 0) + 1, unit="step",
                        desc="fastpipe profile")
     counted, first = 0, True
     deadline = hard_deadline = math.inf
@@ -564,9 +564,9 @@ def tune(
         batch_sizes, prefetch_factors, persistent_workers, pin_memory, wrappers))
     trial_seconds = max(0.3, budget / planned * 2 / 3)
 
-    from fastpipe.profiling._progress import progress_bar
+    from fastpipe._progress import progress_bar
 
-    bar = progress_bar(progress, total=planned, desc="fastpipe tune", unit="trial")
+    bar = progress_bar(progress, only_on_terminal=True, total=planned, desc="fastpipe tune", unit="trial")
     started = time.perf_counter()
     trials: dict[LoaderSettings, Trial] = {}
     best: Trial | None = None
