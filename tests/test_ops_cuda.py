@@ -107,6 +107,12 @@ static int64_t total(const int64_t* g) { return g[0] * g[1] * g[2] * g[3]; }
     for (int64_t i = 0; i < total(g); ++i)                                                     \
       out[i] = erase_element<T, HostConv>(i, in, str(s), cl, geo(g), boxes, count, fill, seeds); \
   }                                                                                            \
+  EXPORT void erase_inplace_##SUFFIX(T* images, const int64_t* s, const int64_t* g,            \
+                                     const int64_t* boxes, int64_t count, const T* fill,       \
+                                     const int64_t* seeds) {                                   \
+    for (int64_t i = 0; i < total(g); ++i)                                                     \
+      erase_inplace_element<T, HostConv>(i, images, str(s), geo(g), boxes, count, fill, seeds); \
+  }                                                                                            \
   EXPORT void mixup_##SUFFIX(const T* in, const int64_t* s, T* out, int cl, const int64_t* g,  \
                              const float* lam) {                                               \
     for (int64_t i = 0; i < total(g); ++i)                                                     \
@@ -188,8 +194,24 @@ def test_cuda_kernel_bodies_equal_the_reference_when_run_on_the_cpu(emulated):
         fill = torch.arange(1, c + 1).to(x.dtype)
         seeds = torch.randint(0, 2**32, (n,), generator=g)
         for s in (None, seeds):
+            expected = _reference.erase(x, boxes, fill, s)
             got = _run(emulated, "erase", x, _dense_like(x), boxes, 3, fill, s)
-            assert torch.equal(got, _reference.erase(x, boxes, fill, s))
+            assert torch.equal(got, expected)
+            base = (x._base if x._base is not None else x).clone()
+            view = base.as_strided(x.shape, x.stride(), x.storage_offset())
+            suffix = "u8" if x.dtype == torch.uint8 else "f32"
+            strides = torch.tensor(view.stride(), dtype=torch.int64)
+            geometry = torch.tensor(view.shape, dtype=torch.int64)
+            getattr(emulated, f"erase_inplace_{suffix}")(
+                _ptr(view),
+                _ptr(strides),
+                _ptr(geometry),
+                _ptr(boxes),
+                ctypes.c_int64(3),
+                _ptr(fill),
+                _ptr(s),
+            )
+            assert torch.equal(view, expected)
         lam = torch.rand(n, generator=g)
         assert torch.equal(
             _run(emulated, "mixup", x, _dense_like(x), lam), _reference.mixup(x, lam)

@@ -84,7 +84,9 @@ def test_kernels_equal_the_reference_bit_for_bit(dtype, layout):
         fill = _make((1, c, 1, 1), dtype, "contiguous", g).flatten()
         seeds = torch.randint(0, 2**32, (n,), generator=g)
         for s in (None, seeds):
-            _assert_same(OPS.erase(x, boxes, fill, s), _reference.erase(x, boxes, fill, s))
+            expected = _reference.erase(x, boxes, fill, s)
+            _assert_same(OPS.erase(x, boxes, fill, s), expected)
+            _assert_erased_in_place(x, boxes, fill, s, expected)
         lam = torch.rand(n, generator=g)
         _assert_same(OPS.mixup(x, lam), _reference.mixup(x, lam))
         pair_boxes = _random_boxes(n, 1, h, w, g)[:, 0]
@@ -94,6 +96,19 @@ def test_kernels_equal_the_reference_bit_for_bit(dtype, layout):
             for channels_last in (False, True):
                 args = (x, mean, std, out_dtype, channels_last)
                 _assert_same(OPS.normalize(*args), _reference.normalize(*args))
+
+
+def _assert_erased_in_place(x, boxes, fill, seeds, expected):
+    """erase_ on a copy of x with x's exact strides (inside a larger buffer when x is a view)."""
+    base = x._base if x._base is not None else x
+    base = base.clone()
+    view = base.as_strided(x.shape, x.stride(), x.storage_offset())
+    untouched = base.clone()
+    OPS.erase_(view, boxes, fill, seeds)
+    assert torch.equal(view, expected)
+    outside = torch.ones_like(base, dtype=torch.bool)
+    outside.as_strided(x.shape, x.stride(), x.storage_offset()).fill_(False)
+    assert torch.equal(base[outside], untouched[outside]), "erase_ wrote outside the view"
 
 
 EDGE_CASES = {
@@ -121,7 +136,9 @@ def test_edge_cases_equal_the_reference(case, dtype):
         fill = torch.arange(shape[1]).to(dtype)
         seeds = torch.arange(shape[0])
         for s in (None, seeds):
-            _assert_same(OPS.erase(x, boxes, fill, s), _reference.erase(x, boxes, fill, s))
+            expected = _reference.erase(x, boxes, fill, s)
+            _assert_same(OPS.erase(x, boxes, fill, s), expected)
+            _assert_erased_in_place(x, boxes, fill, s, expected)
         _assert_same(OPS.cutmix(x, boxes[:, 0]), _reference.cutmix(x, boxes[:, 0]))
         lam = torch.linspace(0, 1, shape[0])
         _assert_same(OPS.mixup(x, lam), _reference.mixup(x, lam))
@@ -133,6 +150,38 @@ def test_erase_fills_a_hole_larger_than_the_image_completely():
         x, torch.tensor([[[-10, -10, 20, 20]]] * 2), torch.tensor([1.0, 2.0, 3.0]), None
     )
     assert torch.equal(out, torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1).expand(2, 3, 5, 7))
+
+
+def test_uint8_mixup_rounds_half_to_even_for_every_pair_of_values():
+    a, b = torch.meshgrid(torch.arange(256), torch.arange(256), indexing="ij")
+    pairs = torch.stack((a.flatten(), b.flatten())).to(torch.uint8).view(2, 1, 256, 256)
+    for lam in (0.5, 0.25, 0.3, 0.999):
+        weights = torch.tensor([lam, 1 - lam], dtype=torch.float32)
+        _assert_same(OPS.mixup(pairs, weights), _reference.mixup(pairs, weights))
+    half = OPS.mixup(pairs, torch.tensor([0.5, 0.5]))[0, 0]
+    assert half[1, 2].item() == 2 and half[2, 3].item() == 2  # 1.5 -> 2, 2.5 -> 2
+
+
+def test_inplace_erase_refuses_overlapping_memory():
+    expanded = torch.zeros(1, 3, 1, 1).expand(2, 3, 4, 4)
+    with pytest.raises(RuntimeError, match="share memory"):
+        OPS.erase_(expanded, torch.zeros(2, 1, 4, dtype=torch.long), torch.zeros(3), None)
+
+
+def test_public_inplace_variants_write_into_the_batch():
+    images = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
+    for call in (
+        lambda x, g: ops.cutout(x, 2, 6, fill=3, generator=g, inplace=True),
+        lambda x, g: ops.random_erasing(x, p=1.0, value="random", generator=g, inplace=True),
+    ):
+        batch = images.clone()
+        out = call(batch, torch.Generator().manual_seed(0))
+        assert out is batch
+        copy = call(images.clone(), torch.Generator().manual_seed(0))
+        assert torch.equal(out, copy) and not torch.equal(out, images)
+    leaf = torch.rand(2, 3, 8, 8, requires_grad=True)
+    with pytest.raises(ValueError, match="does not support autograd"):
+        ops.cutout(leaf, inplace=True)
 
 
 @pytest.mark.parametrize(
@@ -201,10 +250,12 @@ def _sample_inputs(name):
     return cases
 
 
-@pytest.mark.parametrize("name", ["normalize", "erase", "mixup", "cutmix"])
+@pytest.mark.parametrize("name", ["normalize", "erase", "erase_", "mixup", "cutmix"])
 def test_opcheck(name):
     op = getattr(OPS, name).default
-    for args in _sample_inputs(name):
+    for args in _sample_inputs(name.rstrip("_")):
+        if name == "erase_":  # in place: no autograd, so inputs that do not require grad
+            args = (args[0].detach().clone(), *args[1:])
         torch.library.opcheck(op, args)
 
 
@@ -229,6 +280,10 @@ def _public_calls():
         "cutout": lambda x: ops.cutout(x, 2, 4, fill=(1, 2, 3)),
         "random_erasing": lambda x: ops.random_erasing(x, p=0.8, value=3, max_count=2),
         "random_erasing_noise": lambda x: ops.random_erasing(x.float(), p=0.8, value="random"),
+        "cutout_inplace": lambda x: ops.cutout(x, 2, 4, inplace=True),
+        "random_erasing_inplace": lambda x: ops.random_erasing(
+            x, p=0.9, value="random", inplace=True
+        ),
         "mixup": lambda x: ops.mixup(x, targets, 0.4, 3, label_smoothing=0.1),
         "cutmix": lambda x: ops.cutmix(x, targets, 1.0, 3),
     }
@@ -241,9 +296,9 @@ def test_every_op_runs_in_torch_compile_fullgraph(name):
     images = torch.randint(0, 256, (4, 3, 12, 10), dtype=torch.uint8)
     compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
     torch.manual_seed(5)
-    got = compiled(images)
+    got = compiled(images.clone())
     torch.manual_seed(5)
-    expected = fn(images)
+    expected = fn(images.clone())
     for a, b in zip(
         torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(expected), strict=True
     ):

@@ -4,6 +4,7 @@
 // checks keep the operators total when they are called directly through torch.ops.fastpipe.
 #pragma once
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 
@@ -66,6 +67,13 @@ inline void check_erase_args(const at::Tensor& images, const at::Tensor& boxes,
   if (seeds.has_value()) {
     check_param(images, *seeds, "erase", "seeds", at::kLong, {images.size(0)});
   }
+}
+
+// In-place ops write through the strides: every element must have its own memory.
+inline void check_writable(const at::Tensor& images, const char* op) {
+  TORCH_CHECK(at::has_internal_overlap(images) != at::MemOverlap::Yes, "fastpipe::", op,
+              ": the images share memory between elements (an expanded tensor?); pass a tensor "
+              "that owns its elements, e.g. images.clone()");
 }
 
 inline void check_mixup_args(const at::Tensor& images, const at::Tensor& lam) {

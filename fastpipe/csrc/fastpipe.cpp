@@ -19,6 +19,8 @@ TORCH_LIBRARY(fastpipe, m) {
   // exclusive, clipped to the image) with fill (C values of the images' dtype), or, when seeds
   // ((N,) int64) is given, with counter-based noise keyed by the sample's seed.
   m.def("erase(Tensor images, Tensor boxes, Tensor fill, Tensor? seeds) -> Tensor", tags);
+  // erase, in place: writes only the boxes of images (any strides, no overlapping elements).
+  m.def("erase_(Tensor(a!) images, Tensor boxes, Tensor fill, Tensor? seeds) -> ()", tags);
   // out[n] = images[n] * lam[n] + images[N - 1 - n] * (1 - lam[n]); lam: (N,) float32.
   m.def("mixup(Tensor images, Tensor lam) -> Tensor", tags);
   // out[n] = images[n] with boxes[n] ((N, 4) int64, as in erase) copied from images[N - 1 - n].

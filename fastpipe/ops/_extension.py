@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import os
+import sys
 import warnings
 
 import torch
 
-OP_NAMES = ("normalize", "erase", "mixup", "cutmix")
+OP_NAMES = ("normalize", "erase", "erase_", "mixup", "cutmix")
 
 BUILD_HINT = (
     "build it with `pip install --no-build-isolation -e .` in a fastpipe source checkout, with "
@@ -15,10 +19,10 @@ BUILD_HINT = (
 
 
 def _load() -> tuple[bool, str]:
-    try:
-        from fastpipe import _C  # noqa: F401  (importing it registers torch.ops.fastpipe.*)
-    except ModuleNotFoundError:
+    if importlib.util.find_spec("fastpipe._C") is None:
         return False, "is not built"
+    try:
+        importlib.import_module("fastpipe._C")  # registers torch.ops.fastpipe.*
     except (ImportError, OSError) as exc:
         # Typically built against another torch version: rebuilding fixes it.
         return False, f"failed to load ({exc}); rebuild it"
@@ -69,5 +73,14 @@ def warn_fallback(name: str, device: torch.device) -> None:
         f"fastpipe.ops: {problem}, so the ops use their pure-PyTorch reference (same results, "
         f"slower); to use the compiled kernels, {BUILD_HINT}",
         RuntimeWarning,
-        stacklevel=4,
+        stacklevel=_caller_level(),
     )
+
+
+def _caller_level() -> int:
+    """The stacklevel of the first frame outside fastpipe.ops: the user's call."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(here):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -39,6 +39,16 @@ def _erase_fake(images, boxes, fill, seeds):
     return _like_input(images)
 
 
+@torch.library.register_fake("fastpipe::erase_")
+def _erase_inplace_fake(images, boxes, fill, seeds):
+    _check_images(images, "erase_")
+    torch._check(
+        boxes.dim() == 3 and boxes.shape[0] == images.shape[0], lambda: "boxes must be (N, K, 4)"
+    )
+    torch._check(fill.shape == (images.shape[1],), lambda: "fill must have C values")
+    return None
+
+
 @torch.library.register_fake("fastpipe::mixup")
 def _mixup_fake(images, lam):
     _check_images(images, "mixup")

@@ -34,6 +34,18 @@ def _run(name: str, images: torch.Tensor, *args):
     return getattr(_reference, name)(images, *args)
 
 
+def _erase(op: str, images, boxes, fill, seeds, inplace: bool) -> torch.Tensor:
+    if not inplace:
+        return _run("erase", images, boxes, fill, seeds)
+    if images.requires_grad:
+        raise ValueError(
+            f"{op}(inplace=True) does not support autograd (the images require grad); "
+            "use inplace=False, which is differentiable"
+        )
+    _run("erase_", images, boxes, fill, seeds)
+    return images
+
+
 def _eager() -> bool:
     """False while torch.compile traces: checks that read tensor values are skipped then."""
     return not torch.compiler.is_compiling()
@@ -171,6 +183,7 @@ def cutout(
     size: int = 16,
     fill: Fill = 0,
     generator: torch.Generator | None = None,
+    inplace: bool = False,
 ) -> torch.Tensor:
     """Cuts ``num_holes`` square holes into every sample, at random places (Cutout).
 
@@ -184,9 +197,12 @@ def cutout(
         size: side of a hole in pixels.
         fill: a number or ``C`` numbers, in the images' scale (0-255 for uint8).
         generator: a CPU ``torch.Generator`` for the hole positions (default: torch's global one).
+        inplace: write the holes into ``images`` and return it (no copy of the batch; no
+            autograd). Otherwise a new tensor is returned and ``images`` is left as it is.
 
     Returns:
-        A new ``(N, C, H, W)`` tensor like ``images`` (channels_last stays channels_last).
+        ``(N, C, H, W)`` like ``images`` (channels_last stays channels_last). Differentiable with
+        respect to float images when not in place (zero gradient in the holes).
     """
     _check_images("cutout", images, random_boxes=True)
     num_holes = _check_int("cutout", "num_holes", num_holes, 0)
@@ -195,7 +211,7 @@ def cutout(
     fill_t = _fill_values("cutout", "fill", fill, images)
     n, _, h, w = images.shape
     boxes = _params.cutout_boxes(n, h, w, num_holes, size, generator).to(images.device)
-    return _run("erase", images, boxes, fill_t, None)
+    return _erase("cutout", images, boxes, fill_t, None, inplace)
 
 
 def random_erasing(
@@ -206,6 +222,7 @@ def random_erasing(
     value: Fill | str = 0,
     max_count: int = 1,
     generator: torch.Generator | None = None,
+    inplace: bool = False,
 ) -> torch.Tensor:
     """Random Erasing (Zhong et al., 2017) of every sample, as torchvision's and timm's RandomErasing.
 
@@ -225,9 +242,11 @@ def random_erasing(
             every device) and uniform 0-255 for uint8 images.
         max_count: the largest number of rectangles per sample.
         generator: a CPU ``torch.Generator`` for all random draws, noise included.
+        inplace: erase ``images`` itself and return it (as timm's RandomErasing does; no autograd).
 
     Returns:
-        A new ``(N, C, H, W)`` tensor like ``images``.
+        ``(N, C, H, W)`` like ``images``; differentiable with respect to float images when not in
+        place (zero gradient in the erased rectangles).
     """
     op = "random_erasing"
     _check_images(op, images, random_boxes=True)
@@ -248,7 +267,7 @@ def random_erasing(
     seeds = None
     if random_fill:
         seeds = torch.randint(0, 2**32, (n,), generator=generator).to(images.device)
-    return _run("erase", images, boxes.to(images.device), fill_t, seeds)
+    return _erase(op, images, boxes.to(images.device), fill_t, seeds, inplace)
 
 
 def _check_mix_args(op, images, targets, alpha, num_classes, label_smoothing, generator) -> None:

@@ -63,40 +63,33 @@ def erasing_boxes(
     corner is then uniform over the positions where it fits. A box with no accepted attempt is
     empty (the sample is left as is, as in torchvision).
     """
-    shape = (batch, max_count, ERASING_ATTEMPTS)
-    f64 = torch.float64
-    apply = torch.rand(batch, dtype=f64, generator=generator) < p
-    if max_count > 1:
-        count = torch.randint(1, max_count + 1, (batch,), generator=generator)
-    else:
-        count = torch.ones(batch, dtype=torch.int64)
-    area = torch.empty(shape, dtype=f64).uniform_(scale[0], scale[1], generator=generator)
-    area = area * (height * width) / count.view(-1, 1, 1)
-    log_ratio = torch.empty(shape, dtype=f64).uniform_(
-        math.log(ratio[0]), math.log(ratio[1]), generator=generator
+    # One draw of all the uniforms (few small torch ops: their overhead, not the arithmetic, is
+    # the cost here): per sample apply and count, per box 10 areas, 10 ratios and a position.
+    k, a = max_count, ERASING_ATTEMPTS
+    u = torch.rand(batch, 2 + k * (2 * a + 2), dtype=torch.float64, generator=generator)
+    apply = u[:, 0] < p
+    count = torch.floor(u[:, 1] * max_count) + 1  # uniform in 1..max_count
+    boxes_u = u[:, 2:].view(batch, k, 2 * a + 2)
+    area = (boxes_u[..., :a] * (scale[1] - scale[0]) + scale[0]) * (
+        (height * width) / count.view(-1, 1, 1)
     )
-    aspect = torch.exp(log_ratio)
-    h = torch.round(torch.sqrt(area * aspect)).to(torch.int64)
-    w = torch.round(torch.sqrt(area / aspect)).to(torch.int64)
-    fits = (h < height) & (w < width)
-    first = fits.to(torch.int8).argmax(dim=-1, keepdim=True)  # the first accepted attempt
-    h = h.gather(-1, first).squeeze(-1)
-    w = w.gather(-1, first).squeeze(-1)
-    top = torch.floor(
-        torch.rand(batch, max_count, dtype=f64, generator=generator) * (height - h + 1)
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    log_ratio = boxes_u[..., a : 2 * a] * (log_hi - log_lo) + log_lo
+    # (h, w) = round(sqrt(area * aspect)), round(sqrt(area / aspect)) for every attempt.
+    hw = torch.round(
+        torch.sqrt(area.unsqueeze(-1) * torch.exp(torch.stack((log_ratio, -log_ratio), -1)))
     )
-    left = torch.floor(
-        torch.rand(batch, max_count, dtype=f64, generator=generator) * (width - w + 1)
-    )
-    top = torch.minimum(top.to(torch.int64), height - h)
-    left = torch.minimum(left.to(torch.int64), width - w)
+    limit = torch.tensor([height, width], dtype=torch.float64)
+    fits = (hw < limit).all(-1)
+    first = fits.to(torch.int8).argmax(dim=-1)  # the first attempt that fits
+    hw = hw.gather(2, first.view(batch, k, 1, 1).expand(batch, k, 1, 2)).squeeze(2)
+    # The top-left corner is uniform over the (H - h + 1) x (W - w + 1) positions that fit.
+    corner = torch.minimum(torch.floor(boxes_u[..., 2 * a :] * (limit - hw + 1)), limit - hw)
     active = (
-        apply.view(-1, 1)
-        & fits.any(dim=-1)
-        & (torch.arange(max_count).view(1, -1) < count.view(-1, 1))
+        apply.view(-1, 1) & fits.any(dim=-1) & (torch.arange(k).view(1, -1) < count.view(-1, 1))
     )
-    boxes = torch.stack((top, left, top + h, left + w), dim=-1)
-    return torch.where(active.unsqueeze(-1), boxes, torch.zeros_like(boxes))
+    boxes = torch.cat((corner, corner + hw), dim=-1).to(torch.int64)
+    return boxes * active.unsqueeze(-1)
 
 
 def beta(alpha: float, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -109,6 +109,17 @@ def erase(
     return out
 
 
+def erase_(
+    images: torch.Tensor,
+    boxes: torch.Tensor,
+    fill: torch.Tensor,
+    seeds: torch.Tensor | None = None,
+) -> None:
+    """:func:`erase`, in place."""
+    if images.numel() and boxes.shape[1]:
+        images.copy_(erase(images, boxes, fill, seeds))
+
+
 def mixup(images: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
     """``out[n] = images[n] * lam[n] + images[N - 1 - n] * (1 - lam[n])`` in float32, then rounded
     half to even and saturated for uint8, or rounded to the images' float dtype."""

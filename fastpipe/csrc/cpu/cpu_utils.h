@@ -58,6 +58,12 @@ struct HostConv {
   }
 };
 
+// Samples per parallel task so that a task is worth waking a thread for (about 256K elements).
+inline int64_t sample_grain(int64_t sample_size) {
+  const int64_t target = 1 << 18;
+  return sample_size >= target ? 1 : target / (sample_size > 0 ? sample_size : 1);
+}
+
 // Rows per parallel task so that each task touches about 64K elements.
 inline int64_t grain_for(int64_t row_length) {
   const int64_t target = 1 << 16;

@@ -3,6 +3,8 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <algorithm>
+
 #include "common.h"
 #include "cpu/cpu_utils.h"
 
@@ -10,12 +12,14 @@ namespace fastpipe {
 namespace cpu {
 namespace {
 
+// Writes the fill (or noise) into each sample's boxes of images, in place, through its strides.
 template <typename T>
-void fill_boxes(at::Tensor& out, const at::Tensor& boxes, const at::Tensor& fill,
+void fill_boxes(at::Tensor& images, const at::Tensor& boxes, const at::Tensor& fill,
                 const std::optional<at::Tensor>& seeds) {
-  const Geometry g = geometry_of(out);
-  const Strides s = strides_of(out);
-  const bool channels_last = output_format(out) == at::MemoryFormat::ChannelsLast;
+  const Geometry g = geometry_of(images);
+  const Strides s = strides_of(images);
+  // Channels innermost when they are closest in memory (channels_last).
+  const bool channels_inner = s.c < s.w;
   const int64_t count = boxes.size(1);
   const at::Tensor boxes_c = boxes.contiguous();
   const int64_t* all_boxes = boxes_c.const_data_ptr<int64_t>();
@@ -26,13 +30,13 @@ void fill_boxes(at::Tensor& out, const at::Tensor& boxes, const at::Tensor& fill
     seeds_c = seeds->contiguous();
   }
   const int64_t* seed_values = seeds.has_value() ? seeds_c.const_data_ptr<int64_t>() : nullptr;
-  T* dst = out.mutable_data_ptr<T>();
+  T* data = images.mutable_data_ptr<T>();
 
   // One sample per task: boxes of a sample may overlap, boxes of different samples never share
   // memory. A pixel covered twice gets the same value twice (the fill does not depend on the box).
-  at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, g.n, sample_grain(g.c * g.h * g.w), [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
-      const uint32_t seed = seed_values ? static_cast<uint32_t>(seed_values[n]) : 0u;
+      T* sample = data + n * s.n;
       for (int64_t k = 0; k < count; ++k) {
         const int64_t* box = all_boxes + (n * count + k) * 4;
         const int64_t top = clamp_index(box[0], g.h), left = clamp_index(box[1], g.w);
@@ -40,34 +44,34 @@ void fill_boxes(at::Tensor& out, const at::Tensor& boxes, const at::Tensor& fill
         if (bottom <= top || right <= left) {
           continue;
         }
-        auto value = [&](int64_t c, int64_t y, int64_t x) -> T {
-          if (!seed_values) {
-            return fill_values[c];
+        if (seed_values) {
+          for (int64_t c = 0; c < g.c; ++c) {
+            for (int64_t y = top; y < bottom; ++y) {
+              for (int64_t x = left; x < right; ++x) {
+                sample[c * s.c + y * s.h + x * s.w] =
+                    erase_fill<T, HostConv>(Index4{n, c, y, x}, g, fill_values, seed_values);
+              }
+            }
           }
-          return noise_value<T, HostConv>(seed, noise_counter(Index4{n, c, y, x}, g));
-        };
-        T* sample = dst + n * s.n;
-        if (channels_last) {
+        } else if (channels_inner) {
           for (int64_t y = top; y < bottom; ++y) {
             for (int64_t x = left; x < right; ++x) {
               T* pixel = sample + y * s.h + x * s.w;
               for (int64_t c = 0; c < g.c; ++c) {
-                pixel[c] = value(c, y, x);
+                pixel[c * s.c] = fill_values[c];
               }
             }
           }
         } else {
           for (int64_t c = 0; c < g.c; ++c) {
+            const T v = fill_values[c];
             for (int64_t y = top; y < bottom; ++y) {
               T* row = sample + c * s.c + y * s.h;
-              if (!seed_values) {
-                const T v = fill_values[c];
-                for (int64_t x = left; x < right; ++x) {
-                  row[x] = v;
-                }
+              if (s.w == 1) {
+                std::fill(row + left, row + right, v);
               } else {
                 for (int64_t x = left; x < right; ++x) {
-                  row[x] = value(c, y, x);
+                  row[x * s.w] = v;
                 }
               }
             }
@@ -92,10 +96,23 @@ at::Tensor erase_cpu(const at::Tensor& images, const at::Tensor& boxes, const at
   return out;
 }
 
+void erase_inplace_cpu(at::Tensor& images, const at::Tensor& boxes, const at::Tensor& fill,
+                       const std::optional<at::Tensor>& seeds) {
+  check_erase_args(images, boxes, fill, seeds);
+  check_writable(images, "erase_");
+  if (images.numel() == 0 || boxes.size(1) == 0) {
+    return;
+  }
+  with_image_type(images.scalar_type(), "erase_", [&](auto tag) {
+    fill_boxes<decltype(tag)>(images, boxes, fill, seeds);
+  });
+}
+
 }  // namespace
 }  // namespace cpu
 }  // namespace fastpipe
 
 TORCH_LIBRARY_IMPL(fastpipe, CPU, m) {
   m.impl("erase", &fastpipe::cpu::erase_cpu);
+  m.impl("erase_", &fastpipe::cpu::erase_inplace_cpu);
 }

@@ -68,7 +68,7 @@ at::Tensor cutmix_cpu(const at::Tensor& images, const at::Tensor& boxes) {
     using T = decltype(tag);
     const T* in = src.const_data_ptr<T>();
     T* dst = out.mutable_data_ptr<T>();
-    at::parallel_for(0, g.n, 1, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, g.n, sample_grain(g.c * g.h * g.w), [&](int64_t begin, int64_t end) {
       for (int64_t n = begin; n < end; ++n) {
         const int64_t* box = all_boxes + n * 4;
         const int64_t top = clamp_index(box[0], g.h), left = clamp_index(box[1], g.w);

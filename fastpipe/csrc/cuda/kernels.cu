@@ -64,6 +64,16 @@ __global__ void erase_kernel(const T* __restrict__ in, Strides s, T* __restrict_
 }
 
 template <typename T>
+__global__ void erase_inplace_kernel(T* __restrict__ images, Strides s, Geometry g,
+                                     const int64_t* __restrict__ boxes, int64_t count,
+                                     const T* __restrict__ fill, const int64_t* __restrict__ seeds,
+                                     int64_t total) {
+  FASTPIPE_GRID_STRIDE_LOOP(i, total) {
+    erase_inplace_element<T, DeviceConv>(i, images, s, g, boxes, count, fill, seeds);
+  }
+}
+
+template <typename T>
 __global__ void mixup_kernel(const T* __restrict__ in, Strides s, T* __restrict__ out,
                              bool channels_last, Geometry g, const float* __restrict__ lam,
                              int64_t total) {
@@ -142,6 +152,22 @@ cudaError_t launch_erase(const void* images, Strides in_strides, void* out, bool
     erase_kernel<T><<<blocks_for(total), kThreads, 0, stream>>>(
         static_cast<const T*>(images), in_strides, static_cast<T*>(out), out_channels_last, g,
         boxes, count, static_cast<const T*>(fill), seeds, total);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_erase_inplace(void* images, Strides strides, ImageType type, Geometry g,
+                                 const int64_t* boxes, int64_t count, const void* fill,
+                                 const int64_t* seeds, cudaStream_t stream) {
+  const int64_t total = total_of(g);
+  if (total == 0 || count == 0) {
+    return cudaSuccess;
+  }
+  return with_type(type, [&](auto tag) {
+    using T = decltype(tag);
+    erase_inplace_kernel<T><<<blocks_for(total), kThreads, 0, stream>>>(
+        static_cast<T*>(images), strides, g, boxes, count, static_cast<const T*>(fill), seeds,
+        total);
     return cudaGetLastError();
   });
 }

@@ -27,6 +27,11 @@ cudaError_t launch_erase(const void* images, Strides in_strides, void* out, bool
                          ImageType type, Geometry g, const int64_t* boxes, int64_t count,
                          const void* fill, const int64_t* seeds, cudaStream_t stream);
 
+// In place: writes the boxes of images through its strides (logical NCHW order, no reads).
+cudaError_t launch_erase_inplace(void* images, Strides strides, ImageType type, Geometry g,
+                                 const int64_t* boxes, int64_t count, const void* fill,
+                                 const int64_t* seeds, cudaStream_t stream);
+
 // lam: (N,) float32.
 cudaError_t launch_mixup(const void* images, Strides in_strides, void* out, bool out_channels_last,
                          ImageType type, Geometry g, const float* lam, cudaStream_t stream);

@@ -82,6 +82,28 @@ at::Tensor erase_cuda(const at::Tensor& images, const at::Tensor& boxes, const a
   return out;
 }
 
+void erase_inplace_cuda(at::Tensor& images, const at::Tensor& boxes, const at::Tensor& fill,
+                        const std::optional<at::Tensor>& seeds) {
+  check_erase_args(images, boxes, fill, seeds);
+  check_writable(images, "erase_");
+  c10::cuda::CUDAGuard guard(images.device());
+  if (images.numel() == 0 || boxes.size(1) == 0) {
+    return;
+  }
+  const at::Tensor boxes_c = boxes.contiguous(), fill_c = fill.contiguous();
+  at::Tensor seeds_c;
+  if (seeds.has_value()) {
+    seeds_c = seeds->contiguous();
+  }
+  check_launch(launch_erase_inplace(images.mutable_data_ptr(), strides_of(images),
+                                    image_type(images.scalar_type()), geometry_of(images),
+                                    boxes_c.const_data_ptr<int64_t>(), boxes.size(1),
+                                    fill_c.const_data_ptr(),
+                                    seeds.has_value() ? seeds_c.const_data_ptr<int64_t>() : nullptr,
+                                    current_stream()),
+               "erase_");
+}
+
 at::Tensor mixup_cuda(const at::Tensor& images, const at::Tensor& lam) {
   check_mixup_args(images, lam);
   c10::cuda::CUDAGuard guard(images.device());
@@ -123,6 +145,7 @@ at::Tensor cutmix_cuda(const at::Tensor& images, const at::Tensor& boxes) {
 TORCH_LIBRARY_IMPL(fastpipe, CUDA, m) {
   m.impl("normalize", &fastpipe::cuda::normalize_cuda);
   m.impl("erase", &fastpipe::cuda::erase_cuda);
+  m.impl("erase_", &fastpipe::cuda::erase_inplace_cuda);
   m.impl("mixup", &fastpipe::cuda::mixup_cuda);
   m.impl("cutmix", &fastpipe::cuda::cutmix_cuda);
 }
