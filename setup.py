@@ -15,7 +15,9 @@ compiles (ninja).
 
 import glob
 import os
+import re
 import shutil
+import subprocess
 
 from setuptools import setup
 
@@ -44,6 +46,36 @@ def _find_cuda_home():
         ):
             return root
     return None
+
+
+def _nvcc_release(cuda_home):
+    """The toolkit's "major.minor" release from nvcc --version, or None."""
+    try:
+        out = subprocess.run(
+            [os.path.join(cuda_home, "bin", "nvcc"), "--version"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"release (\d+)\.(\d+)", out)
+    return f"{match.group(1)}.{match.group(2)}" if match else None
+
+
+def _with_cuda(torch, cuda_home) -> bool:
+    """CUDA kernels need a CUDA torch and a toolkit of the same major version (as torch requires)."""
+    if cuda_home is None or torch.version.cuda is None:
+        return False
+    release = _nvcc_release(cuda_home)
+    if release is None or release.split(".")[0] != torch.version.cuda.split(".")[0]:
+        print(
+            f"fastpipe: building the CPU kernels only: the CUDA toolkit in {cuda_home} is "
+            f"{release or 'unusable'}, torch was built with CUDA {torch.version.cuda}; set CUDA_HOME "
+            "to a toolkit of the same major version to build the CUDA kernels"
+        )
+        return False
+    return True
 
 
 def _extensions():
@@ -76,7 +108,7 @@ def _extensions():
         define_macros=[("Py_LIMITED_API", "0x030A0000")],
         py_limited_api=True,
     )
-    if cuda_home is not None and torch.version.cuda is not None:
+    if _with_cuda(torch, cuda_home):
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS)
         cuda_sources = sorted(
             glob.glob(os.path.join(csrc, "cuda", "*.cpp"))

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fastpipe import ops
-from fastpipe.ops import _extension, _params, _reference
+from fastpipe.ops import _extension, _functional, _params, _reference
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -387,6 +387,61 @@ def test_fallback_warns_once_with_the_build_command(monkeypatch):
         warnings.simplefilter("error")
         ops.cutout(images)
         ops.normalize(images, (0.5,) * 3, (0.5,) * 3)
+
+
+# ---- moving parameters to a CUDA device (no GPU here: recording stand-ins) ----
+
+
+class _RecordingTensor:
+    def __init__(self):
+        self.calls = []
+
+    def contiguous(self):
+        self.calls.append("contiguous")
+        return self
+
+    def pin_memory(self):
+        self.calls.append("pin_memory")
+        return self
+
+    def to(self, device, non_blocking=False):
+        self.calls.append(("to", str(device), non_blocking))
+        return self
+
+
+def test_parameters_reach_a_cuda_device_by_a_pinned_non_blocking_copy():
+    # A pageable host-to-device copy would make the host wait for the GPU at every op call.
+    recorder = _RecordingTensor()
+    assert _functional._to_device(recorder, torch.device("cuda", 0)) is recorder
+    assert recorder.calls == ["contiguous", "pin_memory", ("to", "cuda:0", True)]
+    cpu = torch.arange(3)
+    assert _functional._to_device(cpu, torch.device("cpu")) is cpu
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [("normalize", 2), ("cutout", 2), ("random_erasing", 3), ("mixup", 2), ("cutmix", 2)],
+)
+def test_every_parameter_tensor_goes_to_the_device_through_the_pinned_copy(
+    name, expected, monkeypatch
+):
+    moved = []
+
+    def record(t, device):
+        moved.append(tuple(t.shape))
+        return t.to(device)
+
+    monkeypatch.setattr(_functional, "_to_device", record)
+    images, targets = _images(), torch.tensor([0, 1, 0, 1])
+    calls = {
+        "normalize": lambda: ops.normalize(images, (0.5,) * 3, (0.2,) * 3),  # mean, std
+        "cutout": lambda: ops.cutout(images),  # fill, boxes
+        "random_erasing": lambda: ops.random_erasing(images, value="random"),  # fill, seeds, boxes
+        "mixup": lambda: ops.mixup(images, targets, 1.0, 2),  # lam for images, lam for targets
+        "cutmix": lambda: ops.cutmix(images, targets, 1.0, 2),  # boxes, lam for targets
+    }
+    calls[name]()
+    assert len(moved) == expected, moved
 
 
 # ---- bad input ----

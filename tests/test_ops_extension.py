@@ -7,7 +7,7 @@ missing extension there is a failure, not a skip).
 from __future__ import annotations
 
 import os
-import shutil
+import subprocess
 
 import pytest
 import torch
@@ -395,10 +395,16 @@ def test_direct_operator_calls_check_their_arguments(call, message):
 
 
 def test_extension_has_cuda_kernels_when_torch_and_nvcc_support_them():
-    nvcc = shutil.which("nvcc") or os.path.exists("/usr/local/cuda/bin/nvcc")
-    if torch.version.cuda is None or not nvcc:
-        pytest.skip("CPU-only torch or no nvcc: the extension is built without CUDA kernels")
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    nvcc = os.path.join(cuda_home, "bin", "nvcc")
+    if torch.version.cuda is None or not os.path.exists(nvcc):
+        pytest.skip(
+            "CPU-only torch or no CUDA toolkit: the extension is built without CUDA kernels"
+        )
+    release = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    if f"release {torch.version.cuda.split('.')[0]}." not in release:
+        pytest.skip(f"nvcc is not CUDA {torch.version.cuda}: setup.py builds the CPU kernels only")
     assert ops.extension_available("cuda"), (
-        "torch is a CUDA build and nvcc exists, but fastpipe._C has no CUDA kernels: rebuild with "
-        "`python setup.py build_ext --inplace` (FASTPIPE_NO_CUDA unset)"
+        "torch is a CUDA build and a matching nvcc exists, but fastpipe._C has no CUDA kernels: "
+        "rebuild with `python setup.py build_ext --inplace` (FASTPIPE_NO_CUDA unset)"
     )

@@ -46,6 +46,19 @@ def _erase(op: str, images, boxes, fill, seeds, inplace: bool) -> torch.Tensor:
     return images
 
 
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Moves a small CPU parameter tensor to ``device`` without making the host wait for the GPU.
+
+    A copy from pageable host memory synchronizes the stream first, which would stall the host
+    once per op call until the GPU has finished all the work queued before it; a copy from pinned
+    memory with non_blocking=True is queued like a kernel (PyTorch's pinned-memory cache keeps the
+    buffer alive until the copy has run).
+    """
+    if device.type != "cuda" or torch.compiler.is_compiling():
+        return t.to(device)
+    return t.contiguous().pin_memory().to(device, non_blocking=True)
+
+
 def _eager() -> bool:
     """False while torch.compile traces: checks that read tensor values are skipped then."""
     return not torch.compiler.is_compiling()
@@ -135,7 +148,7 @@ def _fill_values(op: str, name: str, value: object, images: torch.Tensor) -> tor
                 f"{op}: {name} {values} is outside 0-255, the range of uint8 images; pass pixel "
                 "values in 0-255 (or normalize the images first and pass normalized values)"
             )
-    return torch.tensor(values, dtype=images.dtype, device=images.device)
+    return _to_device(torch.tensor(values, dtype=images.dtype), images.device)
 
 
 def normalize(
@@ -170,10 +183,11 @@ def normalize(
                 f"{name} has {vector.numel()} values but the images have {channels} channels; "
                 f"pass one {name} value per channel"
             )
-        vectors.append(vector.to(images.device))
+        vectors.append(vector)
     mean_t, std_t = vectors
-    if _eager() and bool((std_t == 0).any()):
+    if _eager() and std_t.device.type == "cpu" and bool((std_t == 0).any()):
         raise ValueError(f"std must not contain zeros, got {std_t.tolist()}")
+    mean_t, std_t = _to_device(mean_t, images.device), _to_device(std_t, images.device)
     return _run("normalize", images, mean_t, std_t, dtype, bool(channels_last))
 
 
@@ -210,7 +224,7 @@ def cutout(
     _check_generator("cutout", generator)
     fill_t = _fill_values("cutout", "fill", fill, images)
     n, _, h, w = images.shape
-    boxes = _params.cutout_boxes(n, h, w, num_holes, size, generator).to(images.device)
+    boxes = _to_device(_params.cutout_boxes(n, h, w, num_holes, size, generator), images.device)
     return _erase("cutout", images, boxes, fill_t, None, inplace)
 
 
@@ -266,8 +280,8 @@ def random_erasing(
     boxes = _params.erasing_boxes(n, h, w, float(p), scale, ratio_range, max_count, generator)
     seeds = None
     if random_fill:
-        seeds = torch.randint(0, 2**32, (n,), generator=generator).to(images.device)
-    return _erase(op, images, boxes.to(images.device), fill_t, seeds, inplace)
+        seeds = _to_device(torch.randint(0, 2**32, (n,), generator=generator), images.device)
+    return _erase(op, images, _to_device(boxes, images.device), fill_t, seeds, inplace)
 
 
 def _check_mix_args(op, images, targets, alpha, num_classes, label_smoothing, generator) -> None:
@@ -292,7 +306,13 @@ def _check_mix_args(op, images, targets, alpha, num_classes, label_smoothing, ge
             raise ValueError(
                 f"{op}: class-index targets must have shape (N,) = ({n},), got {tuple(targets.shape)}"
             )
-        if _eager() and targets.numel() and bool(((targets < 0) | (targets >= num_classes)).any()):
+        # Checked on the CPU only: reading a CUDA tensor's values would wait for the GPU.
+        if (
+            _eager()
+            and targets.device.type == "cpu"
+            and targets.numel()
+            and bool(((targets < 0) | (targets >= num_classes)).any())
+        ):
             raise ValueError(
                 f"{op}: targets must be class indices in [0, {num_classes}), got values from "
                 f"{int(targets.min())} to {int(targets.max())}"
@@ -315,7 +335,7 @@ def _soft_targets(
             (targets.shape[0], num_classes), off, dtype=torch.float32, device=targets.device
         )
         y = y.scatter(1, targets.long().view(-1, 1), 1.0 - label_smoothing + off)
-    weight = lam.to(device=targets.device, dtype=torch.float32)
+    weight = _to_device(lam.to(torch.float32), targets.device)
     return y * weight + y.flip(0) * (1 - weight)
 
 
@@ -349,7 +369,7 @@ def mixup(
     """
     _check_mix_args("mixup", images, targets, alpha, num_classes, label_smoothing, generator)
     lam = _params.beta(alpha, generator).to(torch.float32)
-    weights = lam.reshape(1).expand(images.shape[0]).to(images.device)
+    weights = _to_device(lam.reshape(1).expand(images.shape[0]), images.device)
     mixed = _run("mixup", images, weights)
     return mixed, _soft_targets(targets, num_classes, lam, label_smoothing)
 
@@ -380,6 +400,6 @@ def cutmix(
     _, _, h, w = images.shape
     lam = _params.beta(alpha, generator)
     box, corrected = _params.cutmix_box(h, w, lam, generator)
-    boxes = box.view(1, 4).expand(images.shape[0], 4).to(images.device)
+    boxes = _to_device(box.view(1, 4).expand(images.shape[0], 4), images.device)
     mixed = _run("cutmix", images, boxes)
     return mixed, _soft_targets(targets, num_classes, corrected.to(torch.float32), label_smoothing)
