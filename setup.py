@@ -1,21 +1,90 @@
 """Builds fastpipe and its extension fastpipe._C.
 
-C++ CPU kernels (fastpipe/csrc/*.cpp, fastpipe/csrc/cpu/*.cpp) are always built; CUDA kernels
-(fastpipe/csrc/cuda/*.cu) are added when nvcc is found and torch is a CUDA build. Build against the
-installed torch with ``pip install --no-build-isolation -e .``. Set FASTPIPE_NO_EXTENSION=1 to skip
-the extension (fastpipe then falls back to its pure-PyTorch ops).
+The CPU kernels (fastpipe/csrc/*.cpp, fastpipe/csrc/cpu/*.cpp) are always built. The CUDA kernels
+(fastpipe/csrc/cuda/*.cu, plain CUDA without torch headers so they compile in seconds) and their
+torch glue (fastpipe/csrc/cuda/*.cpp) are added when torch is a CUDA build and nvcc is found
+(CUDA_HOME, or nvcc on PATH), for TORCH_CUDA_ARCH_LIST (default "8.0;9.0").
+
+Build against the installed torch:    pip install --no-build-isolation -e .
+In place, for development:            python setup.py build_ext --inplace
+
+Environment switches: FASTPIPE_NO_EXTENSION=1 skips the extension (fastpipe then uses its
+pure-PyTorch ops), FASTPIPE_NO_CUDA=1 builds the CPU kernels only, MAX_JOBS=N limits parallel
+compiles (ninja).
 """
 
 import glob
 import os
+import re
 import shutil
+import subprocess
 
 from setuptools import setup
+
+# Bits must match across the CPU kernels, the CUDA kernels and the PyTorch reference: no
+# contraction of a * b + c into fused multiply-adds (see fastpipe/csrc/kernels.h).
+CXX_FLAGS = ["-O3", "-g0", "-fopenmp", "-ffp-contract=off"]
+NVCC_FLAGS = ["-O3", "--fmad=false"]
+DEFAULT_CUDA_ARCHS = "8.0;9.0"
+
+
+def _find_cuda_home():
+    """The CUDA toolkit root: CUDA_HOME, CUDA_PATH, nvcc's real location, or /usr/local/cuda.
+
+    A candidate counts only with bin/nvcc and include/cuda_runtime.h, so an nvcc wrapper script
+    in /usr/local/bin does not make torch look for the CUDA headers in /usr/local/include.
+    """
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+    candidates.append("/usr/local/cuda")
+    for root in candidates:
+        if root and all(
+            os.path.exists(os.path.join(root, *part))
+            for part in (("bin", "nvcc"), ("include", "cuda_runtime.h"))
+        ):
+            return root
+    return None
+
+
+def _nvcc_release(cuda_home):
+    """The toolkit's "major.minor" release from nvcc --version, or None."""
+    try:
+        out = subprocess.run(
+            [os.path.join(cuda_home, "bin", "nvcc"), "--version"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"release (\d+)\.(\d+)", out)
+    return f"{match.group(1)}.{match.group(2)}" if match else None
+
+
+def _with_cuda(torch, cuda_home) -> bool:
+    """CUDA kernels need a CUDA torch and a toolkit of the same major version (as torch requires)."""
+    if cuda_home is None or torch.version.cuda is None:
+        return False
+    release = _nvcc_release(cuda_home)
+    if release is None or release.split(".")[0] != torch.version.cuda.split(".")[0]:
+        print(
+            f"fastpipe: building the CPU kernels only: the CUDA toolkit in {cuda_home} is "
+            f"{release or 'unusable'}, torch was built with CUDA {torch.version.cuda}; set CUDA_HOME "
+            "to a toolkit of the same major version to build the CUDA kernels"
+        )
+        return False
+    return True
 
 
 def _extensions():
     if os.environ.get("FASTPIPE_NO_EXTENSION") == "1":
         return [], {}
+    cuda_home = None if os.environ.get("FASTPIPE_NO_CUDA") == "1" else _find_cuda_home()
+    if cuda_home is not None:
+        # torch.utils.cpp_extension reads it once, when imported.
+        os.environ["CUDA_HOME"] = cuda_home
     try:
         import torch
         from torch.utils import cpp_extension
@@ -28,38 +97,35 @@ def _extensions():
 
     here = os.path.dirname(os.path.abspath(__file__))
     csrc = os.path.join("fastpipe", "csrc")
-    sources = sorted(glob.glob(os.path.join(csrc, "*.cpp")) + glob.glob(os.path.join(csrc, "cpu", "*.cpp")))
+    sources = sorted(
+        glob.glob(os.path.join(csrc, "*.cpp")) + glob.glob(os.path.join(csrc, "cpu", "*.cpp"))
+    )
     if not sources:
         return [], {}
-    cuda_sources = sorted(glob.glob(os.path.join(csrc, "cuda", "*.cu")))
-    with_cuda = bool(cuda_sources) and torch.version.cuda is not None and (
-        cpp_extension.CUDA_HOME is not None or shutil.which("nvcc") is not None
+    common = dict(
+        include_dirs=[os.path.join(here, csrc)],
+        extra_link_args=["-fopenmp"],
+        define_macros=[("Py_LIMITED_API", "0x030A0000")],
+        py_limited_api=True,
     )
-    if os.environ.get("FASTPIPE_NO_CUDA") == "1":
-        with_cuda = False
-    cxx = ["-O3", "-std=c++17", "-fopenmp"]
-    define_macros = [("Py_LIMITED_API", "0x030A0000")]
-    if with_cuda:
+    if _with_cuda(torch, cuda_home):
+        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS)
+        cuda_sources = sorted(
+            glob.glob(os.path.join(csrc, "cuda", "*.cpp"))
+            + glob.glob(os.path.join(csrc, "cuda", "*.cu"))
+        )
         ext = cpp_extension.CUDAExtension(
             "fastpipe._C",
             sources + cuda_sources,
-            include_dirs=[os.path.join(here, csrc)],
-            extra_compile_args={"cxx": cxx + ["-DFASTPIPE_WITH_CUDA"], "nvcc": ["-O3", "-DFASTPIPE_WITH_CUDA"]},
-            extra_link_args=["-fopenmp"],
-            define_macros=define_macros,
-            py_limited_api=True,
+            extra_compile_args={"cxx": CXX_FLAGS, "nvcc": NVCC_FLAGS},
+            **common,
         )
     else:
         ext = cpp_extension.CppExtension(
-            "fastpipe._C",
-            sources,
-            include_dirs=[os.path.join(here, csrc)],
-            extra_compile_args={"cxx": cxx},
-            extra_link_args=["-fopenmp"],
-            define_macros=define_macros,
-            py_limited_api=True,
+            "fastpipe._C", sources, extra_compile_args={"cxx": CXX_FLAGS}, **common
         )
-    return [ext], {"build_ext": cpp_extension.BuildExtension.with_options(no_python_abi_suffix=True)}
+    build_ext = cpp_extension.BuildExtension.with_options(no_python_abi_suffix=True)
+    return [ext], {"build_ext": build_ext}
 
 
 ext_modules, cmdclass = _extensions()

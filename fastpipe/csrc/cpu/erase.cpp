@@ -1,0 +1,118 @@
+// erase on the CPU: copy the batch, then fill each sample's boxes (cutout and random erasing).
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+
+#include "common.h"
+#include "cpu/cpu_utils.h"
+
+namespace fastpipe {
+namespace cpu {
+namespace {
+
+// Writes the fill (or noise) into each sample's boxes of images, in place, through its strides.
+template <typename T>
+void fill_boxes(at::Tensor& images, const at::Tensor& boxes, const at::Tensor& fill,
+                const std::optional<at::Tensor>& seeds) {
+  const Geometry g = geometry_of(images);
+  const Strides s = strides_of(images);
+  // Channels innermost when they are closest in memory (channels_last).
+  const bool channels_inner = s.c < s.w;
+  const int64_t count = boxes.size(1);
+  const at::Tensor boxes_c = boxes.contiguous();
+  const int64_t* all_boxes = boxes_c.const_data_ptr<int64_t>();
+  const at::Tensor fill_c = fill.contiguous();
+  const T* fill_values = fill_c.const_data_ptr<T>();
+  at::Tensor seeds_c;
+  if (seeds.has_value()) {
+    seeds_c = seeds->contiguous();
+  }
+  const int64_t* seed_values = seeds.has_value() ? seeds_c.const_data_ptr<int64_t>() : nullptr;
+  T* data = images.mutable_data_ptr<T>();
+
+  // One sample per task: boxes of a sample may overlap, boxes of different samples never share
+  // memory. A pixel covered twice gets the same value twice (the fill does not depend on the box).
+  at::parallel_for(0, g.n, sample_grain(g.c * g.h * g.w), [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      T* sample = data + n * s.n;
+      for (int64_t k = 0; k < count; ++k) {
+        const int64_t* box = all_boxes + (n * count + k) * 4;
+        const int64_t top = clamp_index(box[0], g.h), left = clamp_index(box[1], g.w);
+        const int64_t bottom = clamp_index(box[2], g.h), right = clamp_index(box[3], g.w);
+        if (bottom <= top || right <= left) {
+          continue;
+        }
+        if (seed_values) {
+          for (int64_t c = 0; c < g.c; ++c) {
+            for (int64_t y = top; y < bottom; ++y) {
+              for (int64_t x = left; x < right; ++x) {
+                sample[c * s.c + y * s.h + x * s.w] =
+                    erase_fill<T, HostConv>(Index4{n, c, y, x}, g, fill_values, seed_values);
+              }
+            }
+          }
+        } else if (channels_inner) {
+          for (int64_t y = top; y < bottom; ++y) {
+            for (int64_t x = left; x < right; ++x) {
+              T* pixel = sample + y * s.h + x * s.w;
+              for (int64_t c = 0; c < g.c; ++c) {
+                pixel[c * s.c] = fill_values[c];
+              }
+            }
+          }
+        } else {
+          for (int64_t c = 0; c < g.c; ++c) {
+            const T v = fill_values[c];
+            for (int64_t y = top; y < bottom; ++y) {
+              T* row = sample + c * s.c + y * s.h;
+              if (s.w == 1) {
+                std::fill(row + left, row + right, v);
+              } else {
+                for (int64_t x = left; x < right; ++x) {
+                  row[x * s.w] = v;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+at::Tensor erase_cpu(const at::Tensor& images, const at::Tensor& boxes, const at::Tensor& fill,
+                     const std::optional<at::Tensor>& seeds) {
+  check_erase_args(images, boxes, fill, seeds);
+  at::Tensor out = at::empty(images.sizes(), images.options(), output_format(images));
+  out.copy_(images);
+  if (out.numel() == 0 || boxes.size(1) == 0) {
+    return out;
+  }
+  with_image_type(images.scalar_type(), "erase", [&](auto tag) {
+    fill_boxes<decltype(tag)>(out, boxes, fill, seeds);
+  });
+  return out;
+}
+
+void erase_inplace_cpu(at::Tensor& images, const at::Tensor& boxes, const at::Tensor& fill,
+                       const std::optional<at::Tensor>& seeds) {
+  check_erase_args(images, boxes, fill, seeds);
+  check_writable(images, "erase_");
+  if (images.numel() == 0 || boxes.size(1) == 0) {
+    return;
+  }
+  with_image_type(images.scalar_type(), "erase_", [&](auto tag) {
+    fill_boxes<decltype(tag)>(images, boxes, fill, seeds);
+  });
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace fastpipe
+
+TORCH_LIBRARY_IMPL(fastpipe, CPU, m) {
+  m.impl("erase", &fastpipe::cpu::erase_cpu);
+  m.impl("erase_", &fastpipe::cpu::erase_inplace_cpu);
+}

@@ -1,0 +1,108 @@
+// mixup and cutmix on the CPU: each sample n is mixed with sample N - 1 - n (the flipped batch).
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <torch/library.h>
+
+#include <algorithm>
+
+#include "common.h"
+#include "cpu/cpu_utils.h"
+
+namespace fastpipe {
+namespace cpu {
+namespace {
+
+at::Tensor mixup_cpu(const at::Tensor& images, const at::Tensor& lam) {
+  check_mixup_args(images, lam);
+  const auto format = output_format(images);
+  at::Tensor out = at::empty(images.sizes(), images.options(), format);
+  if (out.numel() == 0) {
+    return out;
+  }
+  // In a dense NCHW or NHWC tensor each sample is one contiguous block, so sample n mixes with
+  // sample N - 1 - n element by element, whatever the layout.
+  const at::Tensor src = images.contiguous(format);
+  const at::Tensor lam_c = lam.contiguous();
+  const float* lam_values = lam_c.const_data_ptr<float>();
+  const int64_t batch = images.size(0);
+  const int64_t sample_size = out.numel() / batch;
+  with_image_type(images.scalar_type(), "mixup", [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = src.const_data_ptr<T>();
+    T* dst = out.mutable_data_ptr<T>();
+    at::parallel_for(0, out.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
+      while (begin < end) {
+        const int64_t n = begin / sample_size;
+        const int64_t stop = std::min(end, (n + 1) * sample_size);
+        const float l = lam_values[n];
+        const T* a = in + begin;
+        const T* b = in + mix_partner(n, batch) * sample_size + (begin - n * sample_size);
+        T* o = dst + begin;
+        for (int64_t j = 0; j < stop - begin; ++j) {
+          o[j] = from_float<T>(mix_value(to_float(a[j]), to_float(b[j]), l));
+        }
+        begin = stop;
+      }
+    });
+  });
+  return out;
+}
+
+at::Tensor cutmix_cpu(const at::Tensor& images, const at::Tensor& boxes) {
+  check_cutmix_args(images, boxes);
+  const auto format = output_format(images);
+  at::Tensor out = at::empty(images.sizes(), images.options(), format);
+  out.copy_(images);
+  if (out.numel() == 0) {
+    return out;
+  }
+  // Boxes are read from an unmodified source, since sample n's box overwrites part of sample n
+  // while sample N - 1 - n still needs it.
+  const at::Tensor src = images.is_contiguous(format) ? images : out.clone(format);
+  const at::Tensor boxes_c = boxes.contiguous();
+  const int64_t* all_boxes = boxes_c.const_data_ptr<int64_t>();
+  const Geometry g = geometry_of(out);
+  const Strides s = strides_of(out);
+  const bool channels_last = format == at::MemoryFormat::ChannelsLast;
+  with_image_type(images.scalar_type(), "cutmix", [&](auto tag) {
+    using T = decltype(tag);
+    const T* in = src.const_data_ptr<T>();
+    T* dst = out.mutable_data_ptr<T>();
+    at::parallel_for(0, g.n, sample_grain(g.c * g.h * g.w), [&](int64_t begin, int64_t end) {
+      for (int64_t n = begin; n < end; ++n) {
+        const int64_t* box = all_boxes + n * 4;
+        const int64_t top = clamp_index(box[0], g.h), left = clamp_index(box[1], g.w);
+        const int64_t bottom = clamp_index(box[2], g.h), right = clamp_index(box[3], g.w);
+        if (bottom <= top || right <= left) {
+          continue;
+        }
+        const T* from = in + mix_partner(n, g.n) * s.n;
+        T* to = dst + n * s.n;
+        if (channels_last) {
+          // A box row is one run of (right - left) * C values.
+          for (int64_t y = top; y < bottom; ++y) {
+            const int64_t offset = y * s.h + left * s.w;
+            std::copy(from + offset, from + offset + (right - left) * g.c, to + offset);
+          }
+        } else {
+          for (int64_t c = 0; c < g.c; ++c) {
+            for (int64_t y = top; y < bottom; ++y) {
+              const int64_t offset = c * s.c + y * s.h + left;
+              std::copy(from + offset, from + offset + (right - left), to + offset);
+            }
+          }
+        }
+      }
+    });
+  });
+  return out;
+}
+
+}  // namespace
+}  // namespace cpu
+}  // namespace fastpipe
+
+TORCH_LIBRARY_IMPL(fastpipe, CPU, m) {
+  m.impl("mixup", &fastpipe::cpu::mixup_cpu);
+  m.impl("cutmix", &fastpipe::cpu::cutmix_cpu);
+}

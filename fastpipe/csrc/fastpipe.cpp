@@ -1,0 +1,43 @@
+// The fastpipe operator library: schemas, defined once, and the Python module stub.
+//
+// Kernels register themselves per device: cpu/*.cpp (always built) and cuda/*.cpp + cuda/*.cu
+// (built when nvcc and a CUDA build of torch are present). Fake (meta) kernels and autograd
+// formulas are registered from Python in fastpipe/ops/_fake.py and fastpipe/ops/_autograd.py.
+// Every operator is functional: it returns a new tensor and never writes to its inputs.
+#include <Python.h>
+
+#include <ATen/core/enum_tag.h>
+#include <torch/library.h>
+
+TORCH_LIBRARY(fastpipe, m) {
+  const std::vector<at::Tag> tags{at::Tag::pt2_compliant_tag};
+  // (x * scale + shift) per channel, with scale = 1 / (std * 255 for uint8, 1 for float) and
+  // shift = -mean / std; the result is dense, channels_last if asked.
+  m.def("normalize(Tensor images, Tensor mean, Tensor std, ScalarType dtype, bool channels_last) -> Tensor",
+        tags);
+  // Copies images and fills K boxes per sample (boxes: (N, K, 4) int64 top, left, bottom, right,
+  // exclusive, clipped to the image) with fill (C values of the images' dtype), or, when seeds
+  // ((N,) int64) is given, with counter-based noise keyed by the sample's seed.
+  m.def("erase(Tensor images, Tensor boxes, Tensor fill, Tensor? seeds) -> Tensor", tags);
+  // erase, in place: writes only the boxes of images (any strides, no overlapping elements).
+  m.def("erase_(Tensor(a!) images, Tensor boxes, Tensor fill, Tensor? seeds) -> ()", tags);
+  // out[n] = images[n] * lam[n] + images[N - 1 - n] * (1 - lam[n]); lam: (N,) float32.
+  m.def("mixup(Tensor images, Tensor lam) -> Tensor", tags);
+  // out[n] = images[n] with boxes[n] ((N, 4) int64, as in erase) copied from images[N - 1 - n].
+  m.def("cutmix(Tensor images, Tensor boxes) -> Tensor", tags);
+}
+
+// Importing fastpipe._C runs the static registrations above; the module itself is empty. With
+// Py_LIMITED_API the library is one binary for every Python >= 3.10.
+extern "C" {
+PyObject* PyInit__C(void) {
+  static struct PyModuleDef module_def = {
+      PyModuleDef_HEAD_INIT,
+      "_C",  // name
+      NULL,  // doc
+      -1,    // per-interpreter state size
+      NULL,  // methods
+  };
+  return PyModule_Create(&module_def);
+}
+}

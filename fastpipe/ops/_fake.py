@@ -1,0 +1,63 @@
+"""Fake (meta) kernels of the compiled ops: output shapes, dtypes and layouts, for torch.compile.
+
+Imported by fastpipe.ops only when the extension is loaded (the ops must exist to register).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from fastpipe.ops._reference import output_format
+
+
+def _check_images(images: torch.Tensor, op: str) -> None:
+    torch._check(images.dim() == 4, lambda: f"fastpipe::{op} expects a 4-D (N, C, H, W) batch")
+
+
+@torch.library.register_fake("fastpipe::normalize")
+def _normalize_fake(images, mean, std, dtype, channels_last):
+    _check_images(images, "normalize")
+    torch._check(mean.shape == (images.shape[1],), lambda: "mean must have C values")
+    torch._check(std.shape == (images.shape[1],), lambda: "std must have C values")
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    return torch.empty(images.shape, dtype=dtype, device=images.device, memory_format=memory_format)
+
+
+def _like_input(images: torch.Tensor) -> torch.Tensor:
+    return torch.empty(
+        images.shape, dtype=images.dtype, device=images.device, memory_format=output_format(images)
+    )
+
+
+@torch.library.register_fake("fastpipe::erase")
+def _erase_fake(images, boxes, fill, seeds):
+    _check_images(images, "erase")
+    torch._check(
+        boxes.dim() == 3 and boxes.shape[0] == images.shape[0], lambda: "boxes must be (N, K, 4)"
+    )
+    torch._check(fill.shape == (images.shape[1],), lambda: "fill must have C values")
+    return _like_input(images)
+
+
+@torch.library.register_fake("fastpipe::erase_")
+def _erase_inplace_fake(images, boxes, fill, seeds):
+    _check_images(images, "erase_")
+    torch._check(
+        boxes.dim() == 3 and boxes.shape[0] == images.shape[0], lambda: "boxes must be (N, K, 4)"
+    )
+    torch._check(fill.shape == (images.shape[1],), lambda: "fill must have C values")
+    return None
+
+
+@torch.library.register_fake("fastpipe::mixup")
+def _mixup_fake(images, lam):
+    _check_images(images, "mixup")
+    torch._check(lam.shape == (images.shape[0],), lambda: "lam must have N values")
+    return _like_input(images)
+
+
+@torch.library.register_fake("fastpipe::cutmix")
+def _cutmix_fake(images, boxes):
+    _check_images(images, "cutmix")
+    torch._check(boxes.shape == (images.shape[0], 4), lambda: "boxes must be (N, 4)")
+    return _like_input(images)

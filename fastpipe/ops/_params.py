@@ -1,0 +1,121 @@
+"""Random parameters of the batch ops, drawn with torch's CPU generator into small tensors.
+
+Drawing on the CPU, whatever the images' device, is what makes a seed give the same result on CPU
+and CUDA: the kernels are deterministic functions of the images and these tensors. Every draw is
+vectorized over the batch (no Python loop per sample), and nothing here reads a tensor's value
+back into Python, so the wrappers stay traceable by torch.compile.
+
+Boxes are int64 rows of (top, left, bottom, right), bottom and right exclusive; an empty box
+(bottom <= top) erases nothing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+# torchvision's RandomErasing and timm's make ten attempts at a box that fits, then give up.
+ERASING_ATTEMPTS = 10
+
+
+def cutout_boxes(
+    batch: int,
+    height: int,
+    width: int,
+    num_holes: int,
+    size: int,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """``(batch, num_holes, 4)`` boxes of ``size`` x ``size`` whose centres are uniform over the
+    pixels, clipped at the border (Cutout, DeVries & Taylor 2017)."""
+    cy = torch.randint(0, height, (batch, num_holes), generator=generator)
+    cx = torch.randint(0, width, (batch, num_holes), generator=generator)
+    top, left = cy - size // 2, cx - size // 2
+    boxes = torch.stack(
+        (
+            top.clamp(0, height),
+            left.clamp(0, width),
+            (top + size).clamp(0, height),
+            (left + size).clamp(0, width),
+        ),
+        dim=-1,
+    )
+    return boxes
+
+
+def erasing_boxes(
+    batch: int,
+    height: int,
+    width: int,
+    p: float,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    max_count: int,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """``(batch, max_count, 4)`` boxes with torchvision's and timm's RandomErasing semantics.
+
+    A sample is erased with probability ``p``, with ``count`` boxes (uniform in 1..max_count, timm's
+    ``count``). Each box tries up to ten times: area ``uniform(scale) * H * W / count``, aspect
+    ratio ``exp(uniform(log ratio))``, ``h = round(sqrt(area * aspect))``,
+    ``w = round(sqrt(area / aspect))``, accepted when ``h < H`` and ``w < W``; its top-left
+    corner is then uniform over the positions where it fits. A box with no accepted attempt is
+    empty (the sample is left as is, as in torchvision).
+    """
+    # One draw of all the uniforms (few small torch ops: their overhead, not the arithmetic, is
+    # the cost here): per sample apply and count, per box 10 areas, 10 ratios and a position.
+    k, a = max_count, ERASING_ATTEMPTS
+    u = torch.rand(batch, 2 + k * (2 * a + 2), dtype=torch.float64, generator=generator)
+    apply = u[:, 0] < p
+    count = torch.floor(u[:, 1] * max_count) + 1  # uniform in 1..max_count
+    boxes_u = u[:, 2:].view(batch, k, 2 * a + 2)
+    area = (boxes_u[..., :a] * (scale[1] - scale[0]) + scale[0]) * (
+        (height * width) / count.view(-1, 1, 1)
+    )
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    log_ratio = boxes_u[..., a : 2 * a] * (log_hi - log_lo) + log_lo
+    # (h, w) = round(sqrt(area * aspect)), round(sqrt(area / aspect)) for every attempt.
+    hw = torch.round(
+        torch.sqrt(area.unsqueeze(-1) * torch.exp(torch.stack((log_ratio, -log_ratio), -1)))
+    )
+    limit = torch.tensor([height, width], dtype=torch.float64)
+    fits = (hw < limit).all(-1)
+    first = fits.to(torch.int8).argmax(dim=-1)  # the first attempt that fits
+    hw = hw.gather(2, first.view(batch, k, 1, 1).expand(batch, k, 1, 2)).squeeze(2)
+    # The top-left corner is uniform over the (H - h + 1) x (W - w + 1) positions that fit.
+    corner = torch.minimum(torch.floor(boxes_u[..., 2 * a :] * (limit - hw + 1)), limit - hw)
+    active = (
+        apply.view(-1, 1) & fits.any(dim=-1) & (torch.arange(k).view(1, -1) < count.view(-1, 1))
+    )
+    boxes = torch.cat((corner, corner + hw), dim=-1).to(torch.int64)
+    return boxes * active.unsqueeze(-1)
+
+
+def beta(alpha: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw of Beta(alpha, alpha) as a 0-d float64 tensor, from two Gamma(alpha) draws."""
+    gammas = torch._standard_gamma(
+        torch.full((2,), float(alpha), dtype=torch.float64), generator=generator
+    )
+    return gammas[0] / (gammas[0] + gammas[1])
+
+
+def cutmix_box(
+    height: int, width: int, lam: torch.Tensor, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """timm's CutMix box for a mixing weight ``lam``: ``(4,)`` int64 and the corrected weight.
+
+    The box has sides ``int(H * sqrt(1 - lam))`` and ``int(W * sqrt(1 - lam))`` (each cut to
+    ``2 * (side // 2)``), a centre uniform over the pixels, and is clipped at the border; the
+    corrected weight is ``1 - box area / (H * W)``, the share of each sample that stays its own.
+    """
+    cut = torch.sqrt(1.0 - lam)
+    cut_h = (height * cut).to(torch.int64)
+    cut_w = (width * cut).to(torch.int64)
+    cy = torch.randint(0, height, (), generator=generator)
+    cx = torch.randint(0, width, (), generator=generator)
+    top, bottom = (cy - cut_h // 2).clamp(0, height), (cy + cut_h // 2).clamp(0, height)
+    left, right = (cx - cut_w // 2).clamp(0, width), (cx + cut_w // 2).clamp(0, width)
+    box = torch.stack((top, left, bottom, right))
+    corrected = 1.0 - ((bottom - top) * (right - left)).to(torch.float64) / (height * width)
+    return box, corrected

@@ -1,0 +1,410 @@
+"""The compiled extension fastpipe._C: bit-exact with the reference, opcheck, torch.compile, autograd.
+
+Without the extension these tests skip, unless FASTPIPE_REQUIRE_EXTENSION=1 (CI builds it, so a
+missing extension there is a failure, not a skip).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+import torch
+
+from fastpipe import ops
+from fastpipe.ops import _extension, _reference
+
+pytestmark = [pytest.mark.extension, pytest.mark.timeout(120)]
+
+DTYPES = [torch.uint8, torch.float32, torch.float16, torch.bfloat16]
+LAYOUTS = ["contiguous", "channels_last", "sliced", "transposed"]
+OPS = torch.ops.fastpipe if _extension.LOADED else None
+
+
+@pytest.fixture(autouse=True)
+def _extension_built():
+    if not ops.extension_available("cpu"):
+        problem = _extension._LOAD_PROBLEM or "has no CPU kernels"
+        message = (
+            f"fastpipe._C {problem}: build it with `python setup.py build_ext --inplace` "
+            "or `pip install --no-build-isolation -e .`"
+        )
+        if os.environ.get("FASTPIPE_REQUIRE_EXTENSION") == "1":
+            pytest.fail(f"{message} (FASTPIPE_REQUIRE_EXTENSION=1)")
+        pytest.skip(message)
+
+
+def _make(shape, dtype, layout, g):
+    """A batch of ``shape`` in ``dtype`` and memory ``layout`` (the last two not dense)."""
+    n, c, h, w = shape
+    if layout == "sliced":
+        w, h = w * 2, h + 1
+    if layout == "transposed":
+        h, w = w, h
+    if dtype == torch.uint8:
+        x = torch.randint(0, 256, (n, c, h, w), dtype=torch.uint8, generator=g)
+    else:
+        x = (torch.randn(n, c, h, w, generator=g) * 2).to(dtype)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    elif layout == "sliced":
+        x = x[:, :, 1:, ::2]
+    elif layout == "transposed":
+        x = x.transpose(2, 3)
+    assert tuple(x.shape) == tuple(shape)
+    return x
+
+
+def _random_boxes(n, k, h, w, g):
+    """Boxes anywhere, including outside the image, empty and inverted."""
+    return torch.randint(-h // 2 - 1, h + w + 2, (n, k, 4), generator=g)
+
+
+def _assert_same(a, b):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert torch.equal(a, b), f"max difference {(a.double() - b.double()).abs().max().item()}"
+    if a.numel() > 1:
+        assert a.is_contiguous(memory_format=torch.channels_last) == b.is_contiguous(
+            memory_format=torch.channels_last
+        )
+        assert a.is_contiguous() == b.is_contiguous()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernels_equal_the_reference_bit_for_bit(dtype, layout):
+    g = torch.Generator().manual_seed(hash((str(dtype), layout)) % 2**31)
+    for _ in range(8):
+        n, c, h, w = (int(v) for v in torch.randint(1, 19, (4,), generator=g))
+        n, c = n % 6, c % 5 + 1
+        x = _make((n, c, h, w), dtype, layout, g)
+        k = int(torch.randint(0, 4, (), generator=g))
+        boxes = _random_boxes(n, k, h, w, g)
+        fill = _make((1, c, 1, 1), dtype, "contiguous", g).flatten()
+        seeds = torch.randint(0, 2**32, (n,), generator=g)
+        for s in (None, seeds):
+            expected = _reference.erase(x, boxes, fill, s)
+            _assert_same(OPS.erase(x, boxes, fill, s), expected)
+            _assert_erased_in_place(x, boxes, fill, s, expected)
+        lam = torch.rand(n, generator=g)
+        _assert_same(OPS.mixup(x, lam), _reference.mixup(x, lam))
+        pair_boxes = _random_boxes(n, 1, h, w, g)[:, 0]
+        _assert_same(OPS.cutmix(x, pair_boxes), _reference.cutmix(x, pair_boxes))
+        mean, std = torch.rand(c, generator=g), torch.rand(c, generator=g) + 0.05
+        for out_dtype in (torch.float32, torch.float16, torch.bfloat16):
+            for channels_last in (False, True):
+                args = (x, mean, std, out_dtype, channels_last)
+                _assert_same(OPS.normalize(*args), _reference.normalize(*args))
+
+
+def _assert_erased_in_place(x, boxes, fill, seeds, expected):
+    """erase_ on a copy of x with x's exact strides (inside a larger buffer when x is a view)."""
+    base = x._base if x._base is not None else x
+    base = base.clone()
+    view = base.as_strided(x.shape, x.stride(), x.storage_offset())
+    untouched = base.clone()
+    OPS.erase_(view, boxes, fill, seeds)
+    assert torch.equal(view, expected)
+    outside = torch.ones_like(base, dtype=torch.bool)
+    outside.as_strided(x.shape, x.stride(), x.storage_offset()).fill_(False)
+    assert torch.equal(base[outside], untouched[outside]), "erase_ wrote outside the view"
+
+
+EDGE_CASES = {
+    # name: (shape, boxes (N, K, 4))
+    "hole larger than the image": ((2, 3, 5, 7), [[[-10, -10, 20, 20]], [[-1, -1, 99, 99]]]),
+    "hole at the corner": ((2, 3, 8, 8), [[[-3, -3, 2, 2]], [[6, 6, 11, 11]]]),
+    "batch of one": ((1, 3, 9, 6), [[[2, 1, 6, 4]]]),
+    "empty batch": ((0, 3, 9, 6), torch.zeros(0, 2, 4, dtype=torch.long)),
+    "one pixel image": ((3, 1, 1, 1), [[[0, 0, 1, 1]], [[0, 0, 0, 0]], [[1, 1, 2, 2]]]),
+    "huge coordinates": (
+        (2, 2, 6, 6),
+        [[[-(2**40), -(2**40), 2**40, 2**40]], [[2**40, 0, 2**41, 3]]],
+    ),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+@pytest.mark.parametrize("case", list(EDGE_CASES))
+def test_edge_cases_equal_the_reference(case, dtype):
+    shape, boxes = EDGE_CASES[case]
+    boxes = torch.as_tensor(boxes, dtype=torch.long)
+    g = torch.Generator().manual_seed(0)
+    for layout in ("contiguous", "channels_last", "sliced"):
+        x = _make(shape, dtype, layout, g)
+        fill = torch.arange(shape[1]).to(dtype)
+        seeds = torch.arange(shape[0])
+        for s in (None, seeds):
+            expected = _reference.erase(x, boxes, fill, s)
+            _assert_same(OPS.erase(x, boxes, fill, s), expected)
+            _assert_erased_in_place(x, boxes, fill, s, expected)
+        _assert_same(OPS.cutmix(x, boxes[:, 0]), _reference.cutmix(x, boxes[:, 0]))
+        lam = torch.linspace(0, 1, shape[0])
+        _assert_same(OPS.mixup(x, lam), _reference.mixup(x, lam))
+
+
+def test_erase_fills_a_hole_larger_than_the_image_completely():
+    x = torch.rand(2, 3, 5, 7)
+    out = OPS.erase(
+        x, torch.tensor([[[-10, -10, 20, 20]]] * 2), torch.tensor([1.0, 2.0, 3.0]), None
+    )
+    assert torch.equal(out, torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1).expand(2, 3, 5, 7))
+
+
+def test_uint8_mixup_rounds_half_to_even_for_every_pair_of_values():
+    a, b = torch.meshgrid(torch.arange(256), torch.arange(256), indexing="ij")
+    pairs = torch.stack((a.flatten(), b.flatten())).to(torch.uint8).view(2, 1, 256, 256)
+    for lam in (0.5, 0.25, 0.3, 0.999):
+        weights = torch.tensor([lam, 1 - lam], dtype=torch.float32)
+        _assert_same(OPS.mixup(pairs, weights), _reference.mixup(pairs, weights))
+    half = OPS.mixup(pairs, torch.tensor([0.5, 0.5]))[0, 0]
+    assert half[1, 2].item() == 2 and half[2, 3].item() == 2  # 1.5 -> 2, 2.5 -> 2
+
+
+def test_inplace_erase_refuses_overlapping_memory():
+    expanded = torch.zeros(1, 3, 1, 1).expand(2, 3, 4, 4)
+    with pytest.raises(RuntimeError, match="share memory"):
+        OPS.erase_(expanded, torch.zeros(2, 1, 4, dtype=torch.long), torch.zeros(3), None)
+
+
+def test_public_inplace_variants_write_into_the_batch():
+    images = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
+    for call in (
+        lambda x, g: ops.cutout(x, 2, 6, fill=3, generator=g, inplace=True),
+        lambda x, g: ops.random_erasing(x, p=1.0, value="random", generator=g, inplace=True),
+    ):
+        batch = images.clone()
+        out = call(batch, torch.Generator().manual_seed(0))
+        assert out is batch
+        copy = call(images.clone(), torch.Generator().manual_seed(0))
+        assert torch.equal(out, copy) and not torch.equal(out, images)
+    leaf = torch.rand(2, 3, 8, 8, requires_grad=True)
+    with pytest.raises(ValueError, match="does not support autograd"):
+        ops.cutout(leaf, inplace=True)
+
+
+@pytest.mark.parametrize(
+    "name", ["cutout", "random_erasing", "random_erasing_noise", "mixup", "cutmix", "normalize"]
+)
+def test_public_ops_give_the_same_result_with_and_without_the_extension(name, monkeypatch):
+    g = torch.Generator().manual_seed(1)
+    images = torch.randint(0, 256, (6, 3, 40, 30), dtype=torch.uint8, generator=g)
+    images = images.contiguous(memory_format=torch.channels_last)
+    targets = torch.arange(6) % 3
+
+    def run():
+        gen = torch.Generator().manual_seed(7)
+        if name == "cutout":
+            return ops.cutout(images, 3, 12, fill=(1, 2, 3), generator=gen)
+        if name == "random_erasing":
+            return ops.random_erasing(images, p=0.7, value=(4, 5, 6), max_count=2, generator=gen)
+        if name == "random_erasing_noise":
+            return ops.random_erasing(images.float() / 255, p=0.9, value="random", generator=gen)
+        if name == "normalize":
+            return ops.normalize(
+                images, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), torch.float16
+            )
+        mixed, soft = getattr(ops, name)(
+            images, targets, 0.8, 3, label_smoothing=0.1, generator=gen
+        )
+        return torch.cat((mixed.flatten().float(), soft.flatten()))
+
+    compiled = run()
+    monkeypatch.setattr(_extension, "KERNELS", frozenset())
+    monkeypatch.setattr(_extension, "_warned", True)
+    _assert_same(compiled, run())
+
+
+def _sample_inputs(name):
+    """Arguments for opcheck: uint8 and float (requiring grad), dense, channels_last, strided, empty."""
+    g = torch.Generator().manual_seed(0)
+    cases = []
+    for dtype, layout, n in (
+        (torch.uint8, "contiguous", 4),
+        (torch.float32, "channels_last", 4),
+        (torch.float16, "sliced", 3),
+        (torch.float32, "contiguous", 0),
+    ):
+        x = _make((n, 3, 6, 5), dtype, layout, g)
+        if dtype.is_floating_point:
+            x = x.detach().requires_grad_(True)
+        boxes = _random_boxes(n, 2, 6, 5, g)
+        if name == "erase":
+            fill = torch.arange(3).to(dtype)
+            cases.append((x, boxes, fill, torch.arange(n) if layout == "channels_last" else None))
+        elif name == "mixup":
+            cases.append((x, torch.rand(n, generator=g)))
+        elif name == "cutmix":
+            cases.append((x, boxes[:, 0]))
+        else:
+            cases.append(
+                (
+                    x,
+                    torch.rand(3, generator=g),
+                    torch.rand(3, generator=g) + 0.1,
+                    torch.float32,
+                    layout != "channels_last",
+                )
+            )
+    return cases
+
+
+@pytest.mark.parametrize("name", ["normalize", "erase", "erase_", "mixup", "cutmix"])
+def test_opcheck(name):
+    op = getattr(OPS, name).default
+    for args in _sample_inputs(name.rstrip("_")):
+        if name == "erase_":  # in place: no autograd, so inputs that do not require grad
+            args = (args[0].detach().clone(), *args[1:])
+        torch.library.opcheck(op, args)
+
+
+@pytest.mark.parametrize("name", ["normalize", "erase", "mixup", "cutmix"])
+def test_gradients_equal_the_reference_autograd(name):
+    for args in _sample_inputs(name):
+        x = args[0]
+        if not x.dtype.is_floating_point or x.numel() == 0:
+            continue
+        grad = torch.randn(x.shape).to(x.dtype)
+        (ours,) = torch.autograd.grad(getattr(OPS, name)(*args), x, grad)
+        (theirs,) = torch.autograd.grad(getattr(_reference, name)(*args), x, grad)
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)
+
+
+def _public_calls():
+    targets = torch.tensor([0, 1, 2, 1])
+    return {
+        "normalize": lambda x: ops.normalize(
+            x, (0.5, 0.4, 0.3), (0.2, 0.2, 0.2), channels_last=True
+        ),
+        "cutout": lambda x: ops.cutout(x, 2, 4, fill=(1, 2, 3)),
+        "random_erasing": lambda x: ops.random_erasing(x, p=0.8, value=3, max_count=2),
+        "random_erasing_noise": lambda x: ops.random_erasing(x.float(), p=0.8, value="random"),
+        "cutout_inplace": lambda x: ops.cutout(x, 2, 4, inplace=True),
+        "random_erasing_inplace": lambda x: ops.random_erasing(
+            x, p=0.9, value="random", inplace=True
+        ),
+        "mixup": lambda x: ops.mixup(x, targets, 0.4, 3, label_smoothing=0.1),
+        "cutmix": lambda x: ops.cutmix(x, targets, 1.0, 3),
+    }
+
+
+@pytest.mark.parametrize("name", list(_public_calls()))
+def test_every_op_runs_in_torch_compile_fullgraph(name):
+    torch._dynamo.reset()
+    fn = _public_calls()[name]
+    images = torch.randint(0, 256, (4, 3, 12, 10), dtype=torch.uint8)
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    torch.manual_seed(5)
+    got = compiled(images.clone())
+    torch.manual_seed(5)
+    expected = fn(images.clone())
+    for a, b in zip(
+        torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(expected), strict=True
+    ):
+        _assert_same(a, b)
+
+
+@pytest.mark.slow
+def test_inductor_compiles_a_whole_augmentation_step():
+    torch._dynamo.reset()
+
+    def step(images, targets):
+        images = ops.cutout(images, 1, 4)
+        images, soft = ops.mixup(images, targets, 0.4, 3)
+        images = ops.normalize(images, (0.5,) * 3, (0.25,) * 3)
+        return ops.random_erasing(images, p=1.0, value="random"), soft
+
+    images = torch.randint(0, 256, (4, 3, 12, 10), dtype=torch.uint8)
+    targets = torch.tensor([0, 1, 2, 1])
+    # Inductor has its own RNG unless told to fall back to eager's, which the comparison needs.
+    with torch._inductor.config.patch(fallback_random=True):
+        compiled = torch.compile(step, fullgraph=True)
+        torch.manual_seed(9)
+        got = compiled(images, targets)
+    torch.manual_seed(9)
+    expected = step(images, targets)
+    for a, b in zip(got, expected, strict=True):
+        _assert_same(a, b)
+
+
+BAD_DIRECT_CALLS = [
+    ("3-D images", lambda: OPS.mixup(torch.zeros(3, 4, 4), torch.zeros(3)), "4-D"),
+    (
+        "int32 images",
+        lambda: OPS.cutmix(
+            torch.zeros(1, 1, 2, 2, dtype=torch.int32), torch.zeros(1, 4, dtype=torch.long)
+        ),
+        "uint8, float32",
+    ),
+    (
+        "boxes shape",
+        lambda: OPS.erase(
+            torch.zeros(2, 1, 2, 2), torch.zeros(2, 4, dtype=torch.long), torch.zeros(1), None
+        ),
+        "boxes must have shape",
+    ),
+    (
+        "fill dtype",
+        lambda: OPS.erase(
+            torch.zeros(2, 1, 2, 2),
+            torch.zeros(2, 1, 4, dtype=torch.long),
+            torch.zeros(1, dtype=torch.uint8),
+            None,
+        ),
+        "fill must be Float",
+    ),
+    (
+        "seeds length",
+        lambda: OPS.erase(
+            torch.zeros(2, 1, 2, 2),
+            torch.zeros(2, 1, 4, dtype=torch.long),
+            torch.zeros(1),
+            torch.zeros(3, dtype=torch.long),
+        ),
+        "seeds must have shape",
+    ),
+    (
+        "lam length",
+        lambda: OPS.mixup(torch.zeros(2, 1, 2, 2), torch.zeros(3)),
+        "lam must have shape",
+    ),
+    (
+        "mean length",
+        lambda: OPS.normalize(
+            torch.zeros(2, 3, 2, 2), torch.zeros(2), torch.ones(3), torch.float32, False
+        ),
+        "mean must have shape",
+    ),
+    (
+        "uint8 output",
+        lambda: OPS.normalize(
+            torch.zeros(2, 3, 2, 2), torch.zeros(3), torch.ones(3), torch.uint8, False
+        ),
+        "outputs float32",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "call, message", [c[1:] for c in BAD_DIRECT_CALLS], ids=[c[0] for c in BAD_DIRECT_CALLS]
+)
+def test_direct_operator_calls_check_their_arguments(call, message):
+    with pytest.raises(RuntimeError, match=message):
+        call()
+
+
+def test_extension_has_cuda_kernels_when_torch_and_nvcc_support_them():
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    nvcc = os.path.join(cuda_home, "bin", "nvcc")
+    if torch.version.cuda is None or not os.path.exists(nvcc):
+        pytest.skip(
+            "CPU-only torch or no CUDA toolkit: the extension is built without CUDA kernels"
+        )
+    release = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    if f"release {torch.version.cuda.split('.')[0]}." not in release:
+        pytest.skip(f"nvcc is not CUDA {torch.version.cuda}: setup.py builds the CPU kernels only")
+    assert ops.extension_available("cuda"), (
+        "torch is a CUDA build and a matching nvcc exists, but fastpipe._C has no CUDA kernels: "
+        "rebuild with `python setup.py build_ext --inplace` (FASTPIPE_NO_CUDA unset)"
+    )
