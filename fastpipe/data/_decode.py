@@ -214,9 +214,8 @@ class ImageDecoder:
         torch's antialiased bilinear resize has a uint8 SIMD path (the one torchvision.transforms.v2
         uses) that matches PIL's to within a grey level and measured ~2.5x faster than PIL here.
         """
-        image = torch.from_numpy(array).permute(2, 0, 1).unsqueeze(0)
         if plan.resize is not None:
-            image = _resize(image, plan.resize)
+            image = _resize(torch.from_numpy(array).permute(2, 0, 1).unsqueeze(0), plan.resize)
             box = plan.box
             return image[0, :, box.top:box.top + box.height, box.left:box.left + box.width].contiguous()
         # The crop in decoded pixels: a 1/k decode maps full-size pixel p to p / k; snapping the
@@ -226,7 +225,10 @@ class ImageDecoder:
         top, left = round(box.top * sy), round(box.left * sx)
         bottom = max(min(round((box.top + box.height) * sy), array.shape[0]), top + 1)
         right = max(min(round((box.left + box.width) * sx), array.shape[1]), left + 1)
-        out = _resize(image[:, :, top:bottom, left:right], (self.size, self.size))[0]
+        # A contiguous copy of the crop first: torch's uint8 kernel reads a strided view much more
+        # slowly, and the copy (~0.02 ms) saved ~0.045 ms per image, with identical output.
+        crop = np.ascontiguousarray(array[top:bottom, left:right])
+        out = _resize(torch.from_numpy(crop).permute(2, 0, 1).unsqueeze(0), (self.size, self.size))[0]
         return out.flip(-1) if plan.flip else out.contiguous()
 
 
