@@ -22,9 +22,9 @@ class ImageFolder(torch.utils.data.Dataset):
     Same classes, order and labels as ``torchvision.datasets.ImageFolder``: class folders sorted by
     name get labels 0, 1, ...; files found recursively, sorted. Each image goes through an
     :class:`~fastpipe.data.ImageDecoder` (``train``, ``size``, ``scale``, ``ratio``, ``hflip``,
-    ``crop_pct``, ``reducing_gap`` and ``fast_upsample`` are its arguments): train mode random-resized-crops and
-    flips, eval mode resizes and centre-crops, both in one step after a reduced-scale JPEG
-    decode. Collate batches with :func:`~fastpipe.data.fast_collate` and normalize on the device.
+    ``crop_pct``, ``reducing_gap`` and ``fast_upsample`` are its arguments): train mode
+    random-resized-crops and flips, eval mode resizes and centre-crops, both in one step after a
+    reduced-scale JPEG decode. Collate batches with :func:`~fastpipe.data.fast_collate` and normalize on the device.
 
     Per-sample metadata lives in numpy arrays (one byte buffer of paths plus offsets, and the
     labels), not Python lists, so DataLoader workers do not copy it page by page as reference
