@@ -127,7 +127,7 @@ class ImageDecoder:
     numbers compare with PIL pipelines (docs/cpu-path.md has the measurements);
     ``float("inf")`` always decodes at full size. ``fast_upsample`` (default: on in train mode,
     off in eval) has libjpeg-turbo replicate the half-resolution chroma of 4:2:0 JPEGs instead of
-    interpolating it: about 8% less decode time, 0.2 grey levels of mean difference on train
+    interpolating it: about 6% less decode time, 0.2 grey levels of mean difference on train
     crops, the largest at sharp colour edges. Randomness comes from torch's default
     generator, one draw per image: ``torch.manual_seed`` and the DataLoader's per-worker seeding
     reproduce a run. The output stays uint8; normalize on the device
