@@ -3,9 +3,12 @@
 All pipelines run in the same process, one after another and round-robin over ``--repeat``
 rounds, on the same sample dataset with the same settings: 2 workers (or DALI threads), batch 64,
 RandomResizedCrop 224 + horizontal flip, output float32 (N, 3, 224, 224) normalized with the
-ImageNet mean and std. Reported: median images/s per pipeline and the ratio to the best baseline
-(torchvision + PIL, torchvision.transforms.v2 on decode_jpeg, DALI CPU). The ceiling row is a
-full-size libjpeg-turbo decode alone (simplejpeg, no crop, no resize, no batching) in 2 processes.
+ImageNet mean and std. Reported: median images/s per pipeline, the ratio to the best baseline
+(torchvision + PIL, torchvision.transforms.v2 on decode_jpeg, DALI CPU), and the CPU time all
+processes spent per image (less sensitive to other load on the machine than images/s). The main
+process runs torch with ``--main-threads`` (1) threads: with as many workers as cores, more threads
+for the main process's normalize only contend with the workers. The ceiling row is a full-size
+libjpeg-turbo decode alone (simplejpeg, no crop, no resize, no batching) in 2 processes.
 
     python benchmarks/bench_cpu_path.py                 # full run (a few minutes)
     python benchmarks/bench_cpu_path.py --quick         # smoke run, seconds
@@ -21,6 +24,7 @@ import concurrent.futures
 import importlib.util
 import os
 import platform
+import resource
 import statistics
 import sys
 import tempfile
@@ -163,14 +167,15 @@ def _decode_files(paths: list[str], epochs: int) -> int:
     return len(paths) * epochs
 
 
-def decode_ceiling(cfg) -> float:
+def decode_ceiling(cfg) -> tuple[float, int]:
     paths = sorted(str(p) for p in Path(cfg.root).rglob("*.jpg"))
     shards = [paths[i::cfg.workers] for i in range(cfg.workers)]
     with concurrent.futures.ProcessPoolExecutor(cfg.workers) as pool:
         list(pool.map(_warm_up, range(cfg.workers)))  # start the processes before timing
         start = time.perf_counter()
         done = sum(pool.map(_decode_files, shards, [cfg.epochs] * cfg.workers))
-        return done / (time.perf_counter() - start)
+        rate = done / (time.perf_counter() - start)
+    return rate, done
 
 
 def _warm_up(_: int) -> int:
@@ -181,10 +186,20 @@ def _warm_up(_: int) -> int:
 
 # ---------------------------------------------------------------- measuring
 
-def measure(batches: Iterable[torch.Tensor], cfg) -> float:
-    """Images/s after ``cfg.warmup`` batches (worker start-up and first reads are not timed)."""
-    count, start = 0, None
+def cpu_seconds() -> float:
+    """CPU time of this process and of its finished children (DataLoader workers are joined
+    when their iterator is exhausted, a process pool when it shuts down)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def measure(batches: Iterable[torch.Tensor], cfg) -> tuple[float, int]:
+    """Images/s after ``cfg.warmup`` batches (worker start-up and first reads are not timed), and
+    the number of images of the whole run."""
+    count, start, total = 0, None, 0
     for i, images in enumerate(batches):
+        total += images.shape[0]
         if images.dtype != torch.float32 and not cfg.allow_uint8:
             raise AssertionError(f"expected float32 batches, got {images.dtype}")
         if tuple(images.shape[1:]) != (3, cfg.size, cfg.size):
@@ -195,7 +210,7 @@ def measure(batches: Iterable[torch.Tensor], cfg) -> float:
             count += images.shape[0]
     if start is None or count == 0:
         raise RuntimeError("too few batches to time: raise --images or --epochs")
-    return count / (time.perf_counter() - start)
+    return count / (time.perf_counter() - start), total
 
 
 def normalize_cost(cfg) -> float:
@@ -241,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=None, help="epochs per measurement (default 3, quick 1)")
     parser.add_argument("--repeat", type=int, default=None, help="rounds; the median is reported (default 3, quick 1)")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--main-threads", type=int, default=1,
+                        help="torch threads of the main process, where fastpipe normalizes (default 1)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--root", type=Path, default=None, help="an ImageFolder tree of JPEGs instead of the sample dataset")
@@ -251,13 +268,14 @@ def main(argv: list[str] | None = None) -> int:
     args.epochs = args.epochs or (1 if args.quick else 3)
     args.repeat = args.repeat or (1 if args.quick else 3)
     args.warmup = 1 if args.quick else 4
-    torch.set_num_threads(max(1, min(args.workers, os.cpu_count() or 1)))
+    torch.set_num_threads(max(1, args.main_threads))
 
     from fastpipe.datasets import sample_images
 
     args.root = str(args.root or sample_images(num_images=images))
     names = [n for n in PIPELINES if not args.only or any(w.lower() in n.lower() for w in args.only)]
     results: dict[str, list[float]] = {n: [] for n in names}
+    cpu_ms: dict[str, list[float]] = {n: [] for n in names + ["ceiling"]}
     notes: dict[str, str] = {}
     ceiling: list[float] = []
     with tempfile.TemporaryDirectory(prefix="fastpipe-bench-") as workdir:
@@ -269,7 +287,9 @@ def main(argv: list[str] | None = None) -> int:
                 builder = PIPELINES[name][0]
                 args.allow_uint8 = builder is fastpipe_folder_uint8
                 try:
-                    rate = measure(builder(args), args)
+                    batches = builder(args)
+                    cpu_start = cpu_seconds()  # after one-time set-up (the HDF5 pack, DALI's build)
+                    rate, total = measure(batches, args)
                 except Skip as exc:
                     notes[name] = f"skipped: {exc}"
                     print(f"{name:34s} skipped: {exc}", flush=True)
@@ -283,9 +303,15 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{name:34s} FAILED: {exc!r}", flush=True)
                     continue
                 results[name].append(rate)
-                print(f"[round {round_ + 1}/{args.repeat}] {name:34s} {rate:8.1f} images/s", flush=True)
-            ceiling.append(decode_ceiling(args))
-            print(f"[round {round_ + 1}/{args.repeat}] {'decode ceiling':34s} {ceiling[-1]:8.1f} images/s", flush=True)
+                cpu_ms[name].append((cpu_seconds() - cpu_start) / total * 1e3)
+                print(f"[round {round_ + 1}/{args.repeat}] {name:34s} {rate:8.1f} images/s "
+                      f"{cpu_ms[name][-1]:6.2f} CPU ms/image", flush=True)
+            cpu_start = cpu_seconds()
+            rate, total = decode_ceiling(args)
+            ceiling.append(rate)
+            cpu_ms["ceiling"].append((cpu_seconds() - cpu_start) / total * 1e3)
+            print(f"[round {round_ + 1}/{args.repeat}] {'decode ceiling':34s} {rate:8.1f} images/s "
+                  f"{cpu_ms['ceiling'][-1]:6.2f} CPU ms/image", flush=True)
 
     medians = {n: statistics.median(r) for n, r in results.items() if r}
     best_name = max((n for n in BASELINES if n in medians), key=medians.get, default=None)
@@ -295,22 +321,26 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"Sample dataset: {images} photo-like JPEGs (~500x400, quality 90), {args.workers} workers, "
         f"batch {args.batch_size}, RandomResizedCrop {args.size} + flip, float32 NCHW normalized "
-        f"output; median of {args.repeat} round(s) of {args.epochs} epoch(s).",
+        f"output; median of {args.repeat} round(s) of {args.epochs} epoch(s). CPU ms/image: user + "
+        "system time of all processes over the whole run (worker start-up included) per image; main "
+        f"process with {torch.get_num_threads()} torch thread(s).",
         "",
-        "| pipeline | images/s | vs best baseline | how |",
-        "| --- | ---: | ---: | --- |",
+        "| pipeline | images/s | vs best baseline | CPU ms/image | how |",
+        "| --- | ---: | ---: | ---: | --- |",
     ]
     for name in names:
         how = PIPELINES[name][1]
         if name in medians:
             ratio = f"{medians[name] / best:.2f}x" if best else "n/a"
-            lines.append(f"| {name} | {medians[name]:.0f} | {ratio} | {how} |")
+            cpu = statistics.median(cpu_ms[name])
+            lines.append(f"| {name} | {medians[name]:.0f} | {ratio} | {cpu:.2f} | {how} |")
         else:
-            lines.append(f"| {name} | - | - | {notes.get(name, 'not run')} |")
+            lines.append(f"| {name} | - | - | - | {notes.get(name, 'not run')} |")
     ceiling_rate = statistics.median(ceiling)
     ratio = f"{ceiling_rate / best:.2f}x" if best else "n/a"
     lines.append(f"| ceiling: full-size decode only, {args.workers} processes | {ceiling_rate:.0f} | "
-                 f"{ratio} | simplejpeg.decode_jpeg of every file, no crop, resize or batching |")
+                 f"{ratio} | {statistics.median(cpu_ms['ceiling']):.2f} | "
+                 "simplejpeg.decode_jpeg of every file, no crop, resize or batching |")
     if best_name:
         lines += ["", f"Best baseline: {best_name}."]
     lines += ["", f"fastpipe.ops.normalize alone on one uint8 batch ({args.batch_size}x3x{args.size}x"

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import platform
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -119,3 +122,34 @@ def test_pinning_inside_a_worker_is_refused_with_the_fix(no_thread_leak):
 def test_shared_allocation_is_shared_and_shaped():
     out = collate._empty_shared((2, 3, 4, 5), torch.uint8)
     assert out.shape == (2, 3, 4, 5) and out.is_shared() and out.is_contiguous()
+
+
+def _resident_pages(tensor: torch.Tensor) -> tuple[int, int]:
+    """(resident, total) pages of ``tensor``'s memory, from mincore(2)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    start = tensor.data_ptr() & ~(mmap.PAGESIZE - 1)
+    length = tensor.data_ptr() + tensor.numel() * tensor.element_size() - start
+    pages = -(-length // mmap.PAGESIZE)
+    vec = (ctypes.c_ubyte * pages)()
+    assert libc.mincore(start, length, vec) == 0, ctypes.get_errno()
+    return sum(v & 1 for v in vec), pages
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE is Linux-only")
+def test_shared_batch_pages_are_mapped_up_front(monkeypatch):
+    monkeypatch.setattr(collate, "_populate", lambda tensor: None)
+    lazy = collate._empty_shared((8, 3, 224, 224), torch.uint8)
+    monkeypatch.undo()
+    resident, pages = _resident_pages(lazy)
+    assert resident < pages, "a fresh shared allocation was already resident: the test proves nothing"
+    out = collate._empty_shared((8, 3, 224, 224), torch.uint8)
+    resident, pages = _resident_pages(out)
+    if resident < pages and tuple(int(p) for p in platform.release().split(".")[:2]) < (5, 14):
+        pytest.skip("MADV_POPULATE_WRITE needs Linux >= 5.14")
+    assert resident == pages
+    out.fill_(7)
+    assert out.is_shared() and int(out.sum()) == 7 * out.numel()

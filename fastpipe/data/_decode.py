@@ -58,14 +58,18 @@ def _jpeg_size(data: ImageBytes) -> tuple[int, int] | None:
     return height, width
 
 
-def _decode_jpeg(data: ImageBytes, height: int, width: int, k: int) -> np.ndarray | None:
+def _decode_jpeg(
+    data: ImageBytes, height: int, width: int, k: int, fast_upsample: bool = False
+) -> np.ndarray | None:
     """The JPEG at ``1/k`` of its size (libjpeg-turbo DCT scaling), or None if simplejpeg refuses
-    it. strict=True makes a truncated file an error instead of a grey-padded image."""
+    it. strict=True makes a truncated file an error instead of a grey-padded image.
+    ``fast_upsample`` replicates chroma samples instead of interpolating them (see ImageDecoder)."""
     import simplejpeg
 
     try:
         return simplejpeg.decode_jpeg(
-            data, colorspace="rgb", min_height=-(-height // k), min_width=-(-width // k), strict=True
+            data, colorspace="rgb", min_height=-(-height // k), min_width=-(-width // k),
+            strict=True, fastupsample=fast_upsample,
         )
     except ValueError:
         return None
@@ -121,7 +125,10 @@ class ImageDecoder:
     the fastest and keeps the resize a pure shrink, with output a little sharper than PIL's;
     2.0, the eval default, stays within half a grey level of PIL's on average, so validation
     numbers compare with PIL pipelines (docs/cpu-path.md has the measurements);
-    ``float("inf")`` always decodes at full size. Randomness comes from torch's default
+    ``float("inf")`` always decodes at full size. ``fast_upsample`` (default: on in train mode,
+    off in eval) has libjpeg-turbo replicate the half-resolution chroma of 4:2:0 JPEGs instead of
+    interpolating it: about 6% less decode time, 0.2 grey levels of mean difference on train
+    crops, the largest at sharp colour edges. Randomness comes from torch's default
     generator, one draw per image: ``torch.manual_seed`` and the DataLoader's per-worker seeding
     reproduce a run. The output stays uint8; normalize on the device
     (``DataPrefetcher(mean=..., std=...)`` or ``fastpipe.ops.normalize``).
@@ -138,6 +145,7 @@ class ImageDecoder:
         hflip: float = 0.5,
         crop_pct: float = 0.875,
         reducing_gap: float | None = None,
+        fast_upsample: bool | None = None,
     ) -> None:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise ValueError(f"size must be a positive int (the output is size x size), got {size!r}")
@@ -155,6 +163,7 @@ class ImageDecoder:
                 f"reducing_gap must be >= 1.0 (float('inf') never reduces), got {reducing_gap!r}"
             )
         self.train = bool(train)
+        self.fast_upsample = self.train if fast_upsample is None else bool(fast_upsample)
         self.size = size
         self.scale = (float(scale[0]), float(scale[1]))
         self.ratio = (float(ratio[0]), float(ratio[1]))
@@ -166,16 +175,17 @@ class ImageDecoder:
     def __repr__(self) -> str:
         if self.train:
             return (f"ImageDecoder(train=True, size={self.size}, scale={self.scale}, "
-                    f"ratio={self.ratio}, hflip={self.hflip}, reducing_gap={self.reducing_gap})")
+                    f"ratio={self.ratio}, hflip={self.hflip}, reducing_gap={self.reducing_gap}, "
+                    f"fast_upsample={self.fast_upsample})")
         return (f"ImageDecoder(train=False, size={self.size}, crop_pct={self.crop_pct}, "
-                f"reducing_gap={self.reducing_gap})")
+                f"reducing_gap={self.reducing_gap}, fast_upsample={self.fast_upsample})")
 
     def __call__(self, data: ImageBytes, source: str = "<bytes>") -> torch.Tensor:
         data = _bytes_of(data, source)
         size = _jpeg_size(data)
         if size is not None:
             plan = self._plan(*size)
-            array = _decode_jpeg(data, size[0], size[1], plan.k)
+            array = _decode_jpeg(data, size[0], size[1], plan.k, self.fast_upsample)
             if array is not None:
                 return self._finish(array, size, plan)
             # simplejpeg refused it: PIL decodes recoverable damage, or raises naming the source.
@@ -204,9 +214,8 @@ class ImageDecoder:
         torch's antialiased bilinear resize has a uint8 SIMD path (the one torchvision.transforms.v2
         uses) that matches PIL's to within a grey level and measured ~2.5x faster than PIL here.
         """
-        image = torch.from_numpy(array).permute(2, 0, 1).unsqueeze(0)
         if plan.resize is not None:
-            image = _resize(image, plan.resize)
+            image = _resize(torch.from_numpy(array).permute(2, 0, 1).unsqueeze(0), plan.resize)
             box = plan.box
             return image[0, :, box.top:box.top + box.height, box.left:box.left + box.width].contiguous()
         # The crop in decoded pixels: a 1/k decode maps full-size pixel p to p / k; snapping the
@@ -216,7 +225,10 @@ class ImageDecoder:
         top, left = round(box.top * sy), round(box.left * sx)
         bottom = max(min(round((box.top + box.height) * sy), array.shape[0]), top + 1)
         right = max(min(round((box.left + box.width) * sx), array.shape[1]), left + 1)
-        out = _resize(image[:, :, top:bottom, left:right], (self.size, self.size))[0]
+        # A contiguous copy of the crop first: torch's uint8 kernel reads a strided view much more
+        # slowly, and the copy (~0.02 ms) saved ~0.045 ms per image, with identical output.
+        crop = np.ascontiguousarray(array[top:bottom, left:right])
+        out = _resize(torch.from_numpy(crop).permute(2, 0, 1).unsqueeze(0), (self.size, self.size))[0]
         return out.flip(-1) if plan.flip else out.contiguous()
 
 

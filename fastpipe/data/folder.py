@@ -22,9 +22,9 @@ class ImageFolder(torch.utils.data.Dataset):
     Same classes, order and labels as ``torchvision.datasets.ImageFolder``: class folders sorted by
     name get labels 0, 1, ...; files found recursively, sorted. Each image goes through an
     :class:`~fastpipe.data.ImageDecoder` (``train``, ``size``, ``scale``, ``ratio``, ``hflip``,
-    ``crop_pct`` and ``reducing_gap`` are its arguments): train mode random-resized-crops and
-    flips, eval mode resizes and centre-crops, both in one step after a reduced-scale JPEG
-    decode. Collate batches with :func:`~fastpipe.data.fast_collate` and normalize on the device.
+    ``crop_pct``, ``reducing_gap`` and ``fast_upsample`` are its arguments): train mode
+    random-resized-crops and flips, eval mode resizes and centre-crops, both in one step after a
+    reduced-scale JPEG decode. Collate batches with :func:`~fastpipe.data.fast_collate` and normalize on the device.
 
     Per-sample metadata lives in numpy arrays (one byte buffer of paths plus offsets, and the
     labels), not Python lists, so DataLoader workers do not copy it page by page as reference
@@ -44,11 +44,13 @@ class ImageFolder(torch.utils.data.Dataset):
         hflip: float = 0.5,
         crop_pct: float = 0.875,
         reducing_gap: float | None = None,
+        fast_upsample: bool | None = None,
         extensions: Iterable[str] = IMG_EXTENSIONS,
     ) -> None:
         self.root = Path(root)
         self.decoder = ImageDecoder(train=train, size=size, scale=scale, ratio=ratio,
-                                    hflip=hflip, crop_pct=crop_pct, reducing_gap=reducing_gap)
+                                    hflip=hflip, crop_pct=crop_pct, reducing_gap=reducing_gap,
+                                    fast_upsample=fast_upsample)
         extensions = tuple(e.lower() if e.startswith(".") else "." + e.lower() for e in extensions)
         if not self.root.is_dir():
             raise FileNotFoundError(
