@@ -6,7 +6,13 @@
 #include <c10/util/Half.h>
 
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define FASTPIPE_X86 1
+#endif
 
 #include "kernels.h"
 
@@ -57,6 +63,169 @@ struct HostConv {
     return cpu::from_float<T>(v);
   }
 };
+
+// ---- conversions of runs of values, written to vectorize ----
+// c10::Half and c10::BFloat16 convert one value at a time through a function the compiler does not
+// vectorize, and a loop that mixes uint8 loads, float math and round_to_byte stays scalar too. The
+// kernels therefore work through a float buffer: load_floats, float math, store_floats. Each
+// function gives the same bits as the scalar conversions above (IEEE round to nearest even).
+
+#define FASTPIPE_ALWAYS_INLINE __attribute__((always_inline)) inline
+
+// Values per buffer: small enough for the stack and L1, long enough to amortize the loop overhead.
+constexpr int64_t kChunk = 512;
+
+FASTPIPE_ALWAYS_INLINE void load_floats(const float* src, float* dst, int64_t n) {
+  std::memcpy(dst, src, n * sizeof(float));
+}
+
+FASTPIPE_ALWAYS_INLINE void load_floats(const uint8_t* src, float* dst, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    dst[i] = static_cast<float>(src[i]);
+  }
+}
+
+FASTPIPE_ALWAYS_INLINE void load_floats(const c10::BFloat16* src, float* dst, int64_t n) {
+  // A bfloat16 is the upper half of a float32.
+  const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
+  uint32_t* out = reinterpret_cast<uint32_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = static_cast<uint32_t>(bits[i]) << 16;
+  }
+}
+
+FASTPIPE_ALWAYS_INLINE void store_floats(const float* src, float* dst, int64_t n) {
+  std::memcpy(dst, src, n * sizeof(float));
+}
+
+// round_to_byte for finite values (the kernels only store finite values as uint8): clamping to
+// 0-255 before rounding to nearest even gives the same byte as rounding first, and then the
+// conversion to int32 in the default rounding mode is the rounding. A NaN gives 0.
+FASTPIPE_ALWAYS_INLINE uint8_t float_to_byte(float v) {
+  v = v > 0.0f ? v : 0.0f;
+  v = v < 255.0f ? v : 255.0f;
+  return static_cast<uint8_t>(static_cast<int32_t>((v + 12582912.0f) - 12582912.0f));
+}
+
+FASTPIPE_ALWAYS_INLINE void store_floats(const float* src, uint8_t* dst, int64_t n) {
+  int64_t i = 0;
+#ifdef FASTPIPE_X86
+  // The compiler keeps the clamps above as branches (they could trap on a NaN), so spell out
+  // the SSE2 (baseline x86-64) sequence: max/min, convert to int32 rounding to nearest even, pack.
+  const __m128 lo = _mm_setzero_ps(), hi = _mm_set1_ps(255.0f);
+  for (; i + 16 <= n; i += 16) {
+    __m128i q[4];
+    for (int k = 0; k < 4; ++k) {
+      const __m128 v = _mm_min_ps(_mm_max_ps(_mm_loadu_ps(src + i + 4 * k), lo), hi);
+      q[k] = _mm_cvtps_epi32(v);
+    }
+    const __m128i bytes =
+        _mm_packus_epi16(_mm_packs_epi32(q[0], q[1]), _mm_packs_epi32(q[2], q[3]));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), bytes);
+  }
+#endif
+  for (; i < n; ++i) {
+    dst[i] = float_to_byte(src[i]);
+  }
+}
+
+FASTPIPE_ALWAYS_INLINE void store_floats(const float* src, c10::BFloat16* dst, int64_t n) {
+  // c10's round_to_nearest_even, in a form without a branch.
+  const uint32_t* bits = reinterpret_cast<const uint32_t*>(src);
+  uint16_t* out = reinterpret_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = bits[i];
+    const uint32_t rounded = (u + (((u >> 16) & 1u) + 0x7fffu)) >> 16;
+    out[i] = static_cast<uint16_t>(src[i] != src[i] ? 0x7fc0u : rounded);
+  }
+}
+
+#ifdef FASTPIPE_X86
+// F16C converts 8 values per instruction with IEEE round to nearest even, as c10::Half does.
+__attribute__((target("avx,f16c"))) inline void load_halves_f16c(const c10::Half* src, float* dst,
+                                                                  int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(h));
+  }
+  for (; i < n; ++i) {
+    dst[i] = static_cast<float>(src[i]);
+  }
+}
+
+__attribute__((target("avx,f16c"))) inline void store_halves_f16c(const float* src,
+                                                                   c10::Half* dst, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
+  }
+  for (; i < n; ++i) {
+    dst[i] = static_cast<c10::Half>(src[i]);
+  }
+}
+
+inline bool has_f16c() {
+  static const bool supported = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  return supported;
+}
+#endif
+
+inline void load_floats(const c10::Half* src, float* dst, int64_t n) {
+#ifdef FASTPIPE_X86
+  if (has_f16c()) {
+    return load_halves_f16c(src, dst, n);
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i) {
+    dst[i] = static_cast<float>(src[i]);
+  }
+}
+
+inline void store_floats(const float* src, c10::Half* dst, int64_t n) {
+#ifdef FASTPIPE_X86
+  if (has_f16c()) {
+    return store_halves_f16c(src, dst, n);
+  }
+#endif
+  for (int64_t i = 0; i < n; ++i) {
+    dst[i] = static_cast<c10::Half>(src[i]);
+  }
+}
+
+// ---- one body, compiled twice: for AVX2 (chosen at run time) and for baseline x86-64 ----
+// setup.py compiles for baseline x86-64 (SSE2), so that the wheel runs everywhere; the loops over
+// a chunk are compute-bound at SSE2 widths. Body::run is inlined into both callers below, so the
+// same source is vectorized with 16-byte and with 32-byte registers. Only the register width
+// differs (no FMA: -ffp-contract=off applies to both), so both give the same bits.
+
+template <typename Body, typename... Args>
+void run_baseline(Args... args) {
+  Body::run(args...);
+}
+
+#ifdef FASTPIPE_X86
+template <typename Body, typename... Args>
+__attribute__((target("avx2,f16c"))) void run_avx2(Args... args) {
+  Body::run(args...);
+}
+
+inline bool has_avx2() {
+  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  return supported;
+}
+#endif
+
+template <typename Body, typename... Args>
+inline void run_vectorized(Args... args) {
+#ifdef FASTPIPE_X86
+  if (has_avx2()) {
+    return run_avx2<Body>(args...);
+  }
+#endif
+  run_baseline<Body>(args...);
+}
 
 // Samples per parallel task so that a task is worth waking a thread for (about 256K elements).
 inline int64_t sample_grain(int64_t sample_size) {
