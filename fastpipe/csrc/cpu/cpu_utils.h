@@ -6,6 +6,7 @@
 #include <c10/util/Half.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 
@@ -86,11 +87,12 @@ FASTPIPE_ALWAYS_INLINE void load_floats(const uint8_t* src, float* dst, int64_t 
 }
 
 FASTPIPE_ALWAYS_INLINE void load_floats(const c10::BFloat16* src, float* dst, int64_t n) {
-  // A bfloat16 is the upper half of a float32.
+  // A bfloat16 is the upper half of a float32. (memcpy: the bits of a float without breaking
+  // strict aliasing; it compiles to plain vector moves.)
   const uint16_t* bits = reinterpret_cast<const uint16_t*>(src);
-  uint32_t* out = reinterpret_cast<uint32_t*>(dst);
   for (int64_t i = 0; i < n; ++i) {
-    out[i] = static_cast<uint32_t>(bits[i]) << 16;
+    const uint32_t u = static_cast<uint32_t>(bits[i]) << 16;
+    std::memcpy(dst + i, &u, sizeof(u));
   }
 }
 
@@ -131,12 +133,13 @@ FASTPIPE_ALWAYS_INLINE void store_floats(const float* src, uint8_t* dst, int64_t
 
 FASTPIPE_ALWAYS_INLINE void store_floats(const float* src, c10::BFloat16* dst, int64_t n) {
   // c10's round_to_nearest_even, in a form without a branch.
-  const uint32_t* bits = reinterpret_cast<const uint32_t*>(src);
   uint16_t* out = reinterpret_cast<uint16_t*>(dst);
   for (int64_t i = 0; i < n; ++i) {
-    const uint32_t u = bits[i];
+    uint32_t u;
+    std::memcpy(&u, src + i, sizeof(u));
     const uint32_t rounded = (u + (((u >> 16) & 1u) + 0x7fffu)) >> 16;
-    out[i] = static_cast<uint16_t>(src[i] != src[i] ? 0x7fc0u : rounded);
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
+    out[i] = static_cast<uint16_t>(nan ? 0x7fc0u : rounded);
   }
 }
 
@@ -166,9 +169,11 @@ __attribute__((target("avx,f16c"))) inline void store_halves_f16c(const float* s
   }
 }
 
+inline bool has_avx2();
+
+// With F16C whenever the AVX2 versions run (FASTPIPE_CPU_BASELINE=1 turns both off).
 inline bool has_f16c() {
-  static const bool supported = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
-  return supported;
+  return has_avx2();
 }
 #endif
 
@@ -211,8 +216,16 @@ __attribute__((target("avx2,f16c"))) void run_avx2(Args... args) {
   Body::run(args...);
 }
 
+// FASTPIPE_CPU_BASELINE=1 (read once) keeps to the baseline code, so that the tests can check
+// that both versions give the same bits on a machine with AVX2.
 inline bool has_avx2() {
-  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  static const bool supported = [] {
+    const char* baseline = std::getenv("FASTPIPE_CPU_BASELINE");
+    if (baseline != nullptr && std::strcmp(baseline, "1") == 0) {
+      return false;
+    }
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  }();
   return supported;
 }
 #endif
