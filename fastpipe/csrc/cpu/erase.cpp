@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "common.h"
 #include "cpu/cpu_utils.h"
@@ -11,6 +12,40 @@
 namespace fastpipe {
 namespace cpu {
 namespace {
+
+// Writes erase_fill's noise for len pixels of a row (counters counter, counter + 1, ...), at
+// stride_w elements apart. The noise of a chunk goes to a buffer first, in a loop of 32-bit
+// integer operations that vectorizes, then is converted and stored.
+template <typename T>
+struct NoiseRow {
+  static FASTPIPE_ALWAYS_INLINE void run(T* row, int64_t stride_w, int64_t len, uint32_t seed,
+                                         uint32_t counter) {
+    T values[kChunk];
+    for (int64_t j = 0; j < len; j += kChunk) {
+      const int64_t count = std::min(kChunk, len - j);
+      const uint32_t first = counter + static_cast<uint32_t>(j);
+      if constexpr (std::is_same_v<T, uint8_t>) {
+        for (int64_t k = 0; k < count; ++k) {
+          values[k] = noise_byte(seed, first + static_cast<uint32_t>(k));
+        }
+      } else {
+        float noise[kChunk];
+        for (int64_t k = 0; k < count; ++k) {
+          noise[k] = noise_normal(seed, first + static_cast<uint32_t>(k));
+        }
+        store_floats(noise, values, count);
+      }
+      T* out = row + j * stride_w;
+      if (stride_w == 1) {
+        std::copy(values, values + count, out);
+      } else {
+        for (int64_t k = 0; k < count; ++k) {
+          out[k * stride_w] = values[k];
+        }
+      }
+    }
+  }
+};
 
 // Writes the fill (or noise) into each sample's boxes of images, in place, through its strides.
 template <typename T>
@@ -45,12 +80,13 @@ void fill_boxes(at::Tensor& images, const at::Tensor& boxes, const at::Tensor& f
           continue;
         }
         if (seed_values) {
+          // erase_fill's noise, a row at a time: the counter of (c, y, x) is (c * H + y) * W + x.
+          const uint32_t seed = static_cast<uint32_t>(seed_values[n]);
           for (int64_t c = 0; c < g.c; ++c) {
             for (int64_t y = top; y < bottom; ++y) {
-              for (int64_t x = left; x < right; ++x) {
-                sample[c * s.c + y * s.h + x * s.w] =
-                    erase_fill<T, HostConv>(Index4{n, c, y, x}, g, fill_values, seed_values);
-              }
+              const uint32_t counter = static_cast<uint32_t>((c * g.h + y) * g.w + left);
+              run_vectorized<NoiseRow<T>>(sample + c * s.c + y * s.h + left * s.w, s.w,
+                                          right - left, seed, counter);
             }
           }
         } else if (channels_inner) {
