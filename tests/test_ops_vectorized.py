@@ -82,8 +82,11 @@ x8 = torch.randint(0, 256, (4, 3, 17, 45), dtype=torch.uint8, generator=g)
 xf = torch.randn(4, 3, 17, 45, generator=g) * 3
 mean, std = torch.rand(3, generator=g), torch.rand(3, generator=g) + 0.05
 lam = torch.rand(4, generator=g)
+boxes = torch.tensor([[[0, 0, 17, 45]], [[2, 3, 9, 40]], [[5, -4, 30, 20]], [[0, 30, 1, 45]]])
+seeds = torch.randint(0, 2**32, (4,), generator=g)
 for x in (x8, xf, xf.half(), xf.bfloat16(), x8.contiguous(memory_format=torch.channels_last)):
     results.append(ops.mixup(x, lam))
+    results.append(ops.erase(x, boxes, x[0, :, 0, 0].clone(), seeds))
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for channels_last in (False, True):
             results.append(ops.normalize(x, mean, std, dtype, channels_last))
@@ -101,6 +104,6 @@ def test_baseline_code_gives_the_same_bits_as_the_avx2_code(tmp_path):
             [sys.executable, "-c", _SCRIPT, str(path)], check=True, env=env, cwd=ROOT, timeout=100
         )
         outputs[baseline] = torch.load(path)
-    assert len(outputs["0"]) == len(outputs["1"]) == 35
+    assert len(outputs["0"]) == len(outputs["1"]) == 40
     for a, b in zip(outputs["0"], outputs["1"], strict=True):
         assert a.dtype == b.dtype and torch.equal(a, b)
