@@ -1,8 +1,9 @@
 """The vectorized CPU conversions (float <-> uint8, float16, bfloat16) against torch's own, bit for bit.
 
 The CPU kernels convert runs of values with hand-written vector code (F16C, bit tricks for
-bfloat16, SSE2 for uint8), compiled twice: for AVX2, chosen at run time, and for baseline x86-64.
-FASTPIPE_CPU_BASELINE=1 keeps to the baseline code; a subprocess checks that it gives the same bits.
+bfloat16, SSE2 for uint8), compiled three times: for AVX-512 and AVX2, chosen at run time, and for
+baseline x86-64. FASTPIPE_CPU_CAPABILITY caps the choice; subprocesses check that every version
+gives the same bits.
 """
 
 from __future__ import annotations
@@ -94,16 +95,17 @@ torch.save(results, sys.argv[1])
 """
 
 
-@pytest.mark.timeout(120)
-def test_baseline_code_gives_the_same_bits_as_the_avx2_code(tmp_path):
+@pytest.mark.timeout(150)
+def test_baseline_avx2_and_avx512_code_give_the_same_bits(tmp_path):
     outputs = {}
-    for baseline in ("0", "1"):
-        path = tmp_path / f"baseline{baseline}.pt"
-        env = dict(os.environ, FASTPIPE_CPU_BASELINE=baseline, PYTHONPATH=str(ROOT))
+    for capability in ("baseline", "avx2", "avx512"):
+        path = tmp_path / f"{capability}.pt"
+        env = dict(os.environ, FASTPIPE_CPU_CAPABILITY=capability, PYTHONPATH=str(ROOT))
         subprocess.run(
             [sys.executable, "-c", _SCRIPT, str(path)], check=True, env=env, cwd=ROOT, timeout=100
         )
-        outputs[baseline] = torch.load(path)
-    assert len(outputs["0"]) == len(outputs["1"]) == 40
-    for a, b in zip(outputs["0"], outputs["1"], strict=True):
-        assert a.dtype == b.dtype and torch.equal(a, b)
+        outputs[capability] = torch.load(path)
+    for capability in ("avx2", "avx512"):
+        assert len(outputs[capability]) == len(outputs["baseline"]) == 40
+        for a, b in zip(outputs[capability], outputs["baseline"], strict=True):
+            assert a.dtype == b.dtype and torch.equal(a, b), capability

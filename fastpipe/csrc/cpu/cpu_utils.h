@@ -171,7 +171,8 @@ __attribute__((target("avx,f16c"))) inline void store_halves_f16c(const float* s
 
 inline bool has_avx2();
 
-// With F16C whenever the AVX2 versions run (FASTPIPE_CPU_BASELINE=1 turns both off).
+// With F16C whenever the AVX2 or AVX-512 versions run (FASTPIPE_CPU_CAPABILITY=baseline turns
+// all off).
 inline bool has_f16c() {
   return has_avx2();
 }
@@ -199,11 +200,15 @@ inline void store_floats(const float* src, c10::Half* dst, int64_t n) {
   }
 }
 
-// ---- one body, compiled twice: for AVX2 (chosen at run time) and for baseline x86-64 ----
+// ---- one body, compiled three times: for AVX-512 or AVX2 (chosen at run time), and baseline ----
 // setup.py compiles for baseline x86-64 (SSE2), so that the wheel runs everywhere; the loops over
-// a chunk are compute-bound at SSE2 widths. Body::run is inlined into both callers below, so the
-// same source is vectorized with 16-byte and with 32-byte registers. Only the register width
-// differs (no FMA: -ffp-contract=off applies to both), so both give the same bits.
+// a chunk are compute-bound at SSE2 widths. Body::run is inlined into each caller below, so the
+// same source is vectorized with 16-, 32- and 64-byte registers. Only the register width differs
+// (no FMA: -ffp-contract=off applies to all), so all give the same bits.
+// FASTPIPE_CPU_CAPABILITY=baseline|avx2|avx512 (read once) caps the choice, so that the tests can
+// check that every version gives the same bits, like torch's ATEN_CPU_CAPABILITY.
+
+enum class Capability { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
 
 template <typename Body, typename... Args>
 void run_baseline(Args... args) {
@@ -216,25 +221,49 @@ __attribute__((target("avx2,f16c"))) void run_avx2(Args... args) {
   Body::run(args...);
 }
 
-// FASTPIPE_CPU_BASELINE=1 (read once) keeps to the baseline code, so that the tests can check
-// that both versions give the same bits on a machine with AVX2.
-inline bool has_avx2() {
-  static const bool supported = [] {
-    const char* baseline = std::getenv("FASTPIPE_CPU_BASELINE");
-    if (baseline != nullptr && std::strcmp(baseline, "1") == 0) {
-      return false;
+template <typename Body, typename... Args>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c,prefer-vector-width=512")))
+void run_avx512(Args... args) {
+  Body::run(args...);
+}
+
+inline Capability cpu_capability() {
+  static const Capability capability = [] {
+    Capability best = Capability::kBaseline;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
+      best = Capability::kAvx2;
+      if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
+        best = Capability::kAvx512;
+      }
     }
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    const char* cap = std::getenv("FASTPIPE_CPU_CAPABILITY");
+    Capability limit = Capability::kAvx512;
+    if (cap != nullptr && std::strcmp(cap, "baseline") == 0) {
+      limit = Capability::kBaseline;
+    } else if (cap != nullptr && std::strcmp(cap, "avx2") == 0) {
+      limit = Capability::kAvx2;
+    }
+    return static_cast<int>(best) < static_cast<int>(limit) ? best : limit;
   }();
-  return supported;
+  return capability;
+}
+
+inline bool has_avx2() {
+  return cpu_capability() != Capability::kBaseline;
 }
 #endif
 
 template <typename Body, typename... Args>
 inline void run_vectorized(Args... args) {
 #ifdef FASTPIPE_X86
-  if (has_avx2()) {
-    return run_avx2<Body>(args...);
+  switch (cpu_capability()) {
+    case Capability::kAvx512:
+      return run_avx512<Body>(args...);
+    case Capability::kAvx2:
+      return run_avx2<Body>(args...);
+    default:
+      break;
   }
 #endif
   run_baseline<Body>(args...);
