@@ -32,6 +32,14 @@ def cutout_boxes(
     pixels, clipped at the border (Cutout, DeVries & Taylor 2017)."""
     cy = torch.randint(0, height, (batch, num_holes), generator=generator)
     cx = torch.randint(0, width, (batch, num_holes), generator=generator)
+    if not torch.compiler.is_compiling():
+        # The same integer arithmetic in NumPy, with less overhead per op (see erasing_boxes).
+        boxes = np.empty((batch, num_holes, 4), dtype=np.int64)
+        boxes[..., 0] = cy.numpy() - size // 2
+        boxes[..., 1] = cx.numpy() - size // 2
+        boxes[..., 2:] = boxes[..., :2] + size
+        np.maximum(boxes, 0, out=boxes)
+        return torch.from_numpy(np.minimum(boxes, (height, width, height, width), out=boxes))
     top, left = cy - size // 2, cx - size // 2
     boxes = torch.stack(
         (
@@ -123,7 +131,7 @@ def _erasing_boxes_numpy(
     limit = np.array([height, width], dtype=np.float64)
     fits = (hw < limit).all(-1)
     first = fits.argmax(-1)  # the first attempt that fits (the first True)
-    hw = np.take_along_axis(hw, first.reshape(batch, k, 1, 1), axis=2).squeeze(2)
+    hw = hw[np.arange(batch).reshape(-1, 1), np.arange(k).reshape(1, -1), first]
     corner = np.minimum(np.floor(boxes_u[..., 2 * a :] * (limit - hw + 1)), limit - hw)
     active = (
         apply.reshape(-1, 1) & fits.any(-1) & (np.arange(k).reshape(1, -1) < count.reshape(-1, 1))
