@@ -91,6 +91,11 @@ for x in (x8, xf, xf.half(), xf.bfloat16(), x8.contiguous(memory_format=torch.ch
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for channels_last in (False, True):
             results.append(ops.normalize(x, mean, std, dtype, channels_last))
+# uint8 rounding: every pair of byte values, with weights that give ties.
+a, b = torch.meshgrid(torch.arange(256), torch.arange(256), indexing="ij")
+pairs = torch.stack((a.flatten(), b.flatten())).to(torch.uint8).view(2, 1, 256, 256)
+for weight in (0.5, 0.25, 0.3):
+    results.append(ops.mixup(pairs, torch.tensor([weight, 1 - weight])))
 torch.save(results, sys.argv[1])
 """
 
@@ -106,6 +111,6 @@ def test_baseline_avx2_and_avx512_code_give_the_same_bits(tmp_path):
         )
         outputs[capability] = torch.load(path)
     for capability in ("avx2", "avx512"):
-        assert len(outputs[capability]) == len(outputs["baseline"]) == 40
+        assert len(outputs[capability]) == len(outputs["baseline"]) == 43
         for a, b in zip(outputs[capability], outputs["baseline"], strict=True):
             assert a.dtype == b.dtype and torch.equal(a, b), capability
