@@ -10,7 +10,7 @@
 #include <cstring>
 #include <type_traits>
 
-#if defined(__x86_64__)
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define FASTPIPE_X86 1
 #endif
@@ -71,7 +71,11 @@ struct HostConv {
 // kernels therefore work through a float buffer: load_floats, float math, store_floats. Each
 // function gives the same bits as the scalar conversions above (IEEE round to nearest even).
 
+#if defined(_MSC_VER)
+#define FASTPIPE_ALWAYS_INLINE __forceinline
+#else
 #define FASTPIPE_ALWAYS_INLINE __attribute__((always_inline)) inline
+#endif
 
 // Values per buffer: small enough for the stack and L1, long enough to amortize the loop overhead.
 constexpr int64_t kChunk = 512;
@@ -299,14 +303,21 @@ void run_baseline(Args... args) {
 }
 
 #ifdef FASTPIPE_X86
+// GCC needs to be told to use 64-byte registers; clang does not know the option.
+#if defined(__clang__)
+#define FASTPIPE_AVX512_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c"
+#else
+#define FASTPIPE_AVX512_TARGET \
+  "avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c,prefer-vector-width=512"
+#endif
+
 template <typename Body, typename... Args>
 __attribute__((target("avx2,f16c"))) void run_avx2(Args... args) {
   Body::run(args...);
 }
 
 template <typename Body, typename... Args>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,f16c,prefer-vector-width=512")))
-void run_avx512(Args... args) {
+__attribute__((target(FASTPIPE_AVX512_TARGET))) void run_avx512(Args... args) {
   Body::run(args...);
 }
 
