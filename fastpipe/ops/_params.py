@@ -117,11 +117,13 @@ def _erasing_boxes_numpy(
     """erasing_boxes on the uniforms ``u``, step for step in NumPy (see erasing_boxes)."""
     batch, k, a = u.shape[0], max_count, ERASING_ATTEMPTS
     apply = u[:, 0] < p
-    count = np.floor(u[:, 1] * max_count) + 1
     boxes_u = u[:, 2:].reshape(batch, k, 2 * a + 2)
-    area = (boxes_u[..., :a] * (scale[1] - scale[0]) + scale[0]) * (
-        (height * width) / count.reshape(-1, 1, 1)
-    )
+    area = boxes_u[..., :a] * (scale[1] - scale[0]) + scale[0]
+    if k > 1:
+        count = np.floor(u[:, 1] * max_count) + 1
+        area = area * ((height * width) / count.reshape(-1, 1, 1))
+    else:
+        area = area * float(height * width)  # count is 1, and x / 1.0 == x exactly
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
     log_ratio = boxes_u[..., a : 2 * a] * (log_hi - log_lo) + log_lo
     # NumPy's exp, not torch's: torch's float64 exp goes through MKL's threaded VML, which waits
@@ -132,10 +134,11 @@ def _erasing_boxes_numpy(
     fits = (hw < limit).all(-1)
     first = fits.argmax(-1)  # the first attempt that fits (the first True)
     hw = hw[np.arange(batch).reshape(-1, 1), np.arange(k).reshape(1, -1), first]
-    corner = np.minimum(np.floor(boxes_u[..., 2 * a :] * (limit - hw + 1)), limit - hw)
-    active = (
-        apply.reshape(-1, 1) & fits.any(-1) & (np.arange(k).reshape(1, -1) < count.reshape(-1, 1))
-    )
+    slack = limit - hw
+    corner = np.minimum(np.floor(boxes_u[..., 2 * a :] * (slack + 1)), slack)
+    active = apply.reshape(-1, 1) & fits.any(-1)
+    if k > 1:
+        active &= np.arange(k).reshape(1, -1) < count.reshape(-1, 1)
     boxes = np.concatenate((corner, corner + hw), -1).astype(np.int64)
     return torch.from_numpy(boxes * active[..., None])
 
