@@ -229,6 +229,24 @@ def test_random_erasing_count_is_uniform_up_to_max_count_with_smaller_boxes():
     assert abs(per_box.mean().item() / single_area.mean().item() - 1) < 0.05
 
 
+def test_cutout_boxes_are_the_same_in_numpy_and_under_torch_compile(monkeypatch):
+    eager = [_params.cutout_boxes(500, 30, 20, k, size, _gen(k)) for k, size in ((1, 7), (3, 40))]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    traced = [_params.cutout_boxes(500, 30, 20, k, size, _gen(k)) for k, size in ((1, 7), (3, 40))]
+    for a, b in zip(eager, traced, strict=True):
+        assert a.dtype == b.dtype == torch.int64 and torch.equal(a, b)
+
+
+def test_random_erasing_boxes_are_the_same_in_numpy_and_under_torch_compile(monkeypatch):
+    # Eager code draws the boxes with NumPy arithmetic, torch.compile traces the torch version.
+    cases = [(0.7, (0.02, 1 / 3), (0.3, 3.3), 1), (1.0, (0.1, 0.9), (0.5, 4.0), 3)]
+    eager = [_erasing(n=4000, p=p, scale=s, ratio=r, max_count=k) for p, s, r, k in cases]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    traced = [_erasing(n=4000, p=p, scale=s, ratio=r, max_count=k) for p, s, r, k in cases]
+    for a, b in zip(eager, traced, strict=True):
+        assert a.dtype == b.dtype == torch.int64 and torch.equal(a, b)
+
+
 def test_random_erasing_gives_up_when_no_box_fits():
     boxes = _erasing(n=500, h=4, w=4, p=1.0, scale=(0.9, 1.0), ratio=(3.0, 3.3))
     assert bool((boxes == 0).all())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
 # torchvision's RandomErasing and timm's make ten attempts at a box that fits, then give up.
@@ -31,6 +32,14 @@ def cutout_boxes(
     pixels, clipped at the border (Cutout, DeVries & Taylor 2017)."""
     cy = torch.randint(0, height, (batch, num_holes), generator=generator)
     cx = torch.randint(0, width, (batch, num_holes), generator=generator)
+    if not torch.compiler.is_compiling():
+        # The same integer arithmetic in NumPy, with less overhead per op (see erasing_boxes).
+        boxes = np.empty((batch, num_holes, 4), dtype=np.int64)
+        boxes[..., 0] = cy.numpy() - size // 2
+        boxes[..., 1] = cx.numpy() - size // 2
+        boxes[..., 2:] = boxes[..., :2] + size
+        np.maximum(boxes, 0, out=boxes)
+        return torch.from_numpy(np.minimum(boxes, (height, width, height, width), out=boxes))
     top, left = cy - size // 2, cx - size // 2
     boxes = torch.stack(
         (
@@ -63,10 +72,14 @@ def erasing_boxes(
     corner is then uniform over the positions where it fits. A box with no accepted attempt is
     empty (the sample is left as is, as in torchvision).
     """
-    # One draw of all the uniforms (few small torch ops: their overhead, not the arithmetic, is
-    # the cost here): per sample apply and count, per box 10 areas, 10 ratios and a position.
+    # One draw of all the uniforms: per sample apply and count, per box 10 areas, 10 ratios and a
+    # position. The arithmetic on them costs less than the overhead of the ~50 small ops, which
+    # NumPy has less of than torch (3x); torch.compile traces the torch version instead. Both do
+    # the same float64 operations in the same order, so the same boxes (but for exp, see below).
     k, a = max_count, ERASING_ATTEMPTS
     u = torch.rand(batch, 2 + k * (2 * a + 2), dtype=torch.float64, generator=generator)
+    if not torch.compiler.is_compiling():
+        return _erasing_boxes_numpy(u.numpy(), height, width, p, scale, ratio, max_count)
     apply = u[:, 0] < p
     count = torch.floor(u[:, 1] * max_count) + 1  # uniform in 1..max_count
     boxes_u = u[:, 2:].view(batch, k, 2 * a + 2)
@@ -90,6 +103,44 @@ def erasing_boxes(
     )
     boxes = torch.cat((corner, corner + hw), dim=-1).to(torch.int64)
     return boxes * active.unsqueeze(-1)
+
+
+def _erasing_boxes_numpy(
+    u: np.ndarray,
+    height: int,
+    width: int,
+    p: float,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    max_count: int,
+) -> torch.Tensor:
+    """erasing_boxes on the uniforms ``u``, step for step in NumPy (see erasing_boxes)."""
+    batch, k, a = u.shape[0], max_count, ERASING_ATTEMPTS
+    apply = u[:, 0] < p
+    boxes_u = u[:, 2:].reshape(batch, k, 2 * a + 2)
+    area = boxes_u[..., :a] * (scale[1] - scale[0]) + scale[0]
+    if k > 1:
+        count = np.floor(u[:, 1] * max_count) + 1
+        area = area * ((height * width) / count.reshape(-1, 1, 1))
+    else:
+        area = area * float(height * width)  # count is 1, and x / 1.0 == x exactly
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    log_ratio = boxes_u[..., a : 2 * a] * (log_hi - log_lo) + log_lo
+    # NumPy's exp, not torch's: torch's float64 exp goes through MKL's threaded VML, which waits
+    # milliseconds for a second thread on a busy machine. The two may differ in the last bit,
+    # which changes a box side only when sqrt(area * aspect) is within an ulp of a half pixel.
+    hw = np.round(np.sqrt(area[..., None] * np.exp(np.stack((log_ratio, -log_ratio), -1))))
+    limit = np.array([height, width], dtype=np.float64)
+    fits = (hw < limit).all(-1)
+    first = fits.argmax(-1)  # the first attempt that fits (the first True)
+    hw = hw[np.arange(batch).reshape(-1, 1), np.arange(k).reshape(1, -1), first]
+    slack = limit - hw
+    corner = np.minimum(np.floor(boxes_u[..., 2 * a :] * (slack + 1)), slack)
+    active = apply.reshape(-1, 1) & fits.any(-1)
+    if k > 1:
+        active &= np.arange(k).reshape(1, -1) < count.reshape(-1, 1)
+    boxes = np.concatenate((corner, corner + hw), -1).astype(np.int64)
+    return torch.from_numpy(boxes * active[..., None])
 
 
 def beta(alpha: float, generator: torch.Generator | None = None) -> torch.Tensor:

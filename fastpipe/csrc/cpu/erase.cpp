@@ -4,6 +4,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <type_traits>
+#include <vector>
 
 #include "common.h"
 #include "cpu/cpu_utils.h"
@@ -11,6 +13,40 @@
 namespace fastpipe {
 namespace cpu {
 namespace {
+
+// Writes erase_fill's noise for len pixels of a row (counters counter, counter + 1, ...), at
+// stride_w elements apart. The noise of a chunk goes to a buffer first, in a loop of 32-bit
+// integer operations that vectorizes, then is converted and stored.
+template <typename T>
+struct NoiseRow {
+  static FASTPIPE_ALWAYS_INLINE void run(T* row, int64_t stride_w, int64_t len, uint32_t seed,
+                                         uint32_t counter) {
+    T values[kChunk];
+    for (int64_t j = 0; j < len; j += kChunk) {
+      const int64_t count = std::min(kChunk, len - j);
+      const uint32_t first = counter + static_cast<uint32_t>(j);
+      if constexpr (std::is_same_v<T, uint8_t>) {
+        for (int64_t k = 0; k < count; ++k) {
+          values[k] = noise_byte(seed, first + static_cast<uint32_t>(k));
+        }
+      } else {
+        float noise[kChunk];
+        for (int64_t k = 0; k < count; ++k) {
+          noise[k] = noise_normal(seed, first + static_cast<uint32_t>(k));
+        }
+        store_floats(noise, values, count);
+      }
+      T* out = row + j * stride_w;
+      if (stride_w == 1) {
+        std::copy(values, values + count, out);
+      } else {
+        for (int64_t k = 0; k < count; ++k) {
+          out[k * stride_w] = values[k];
+        }
+      }
+    }
+  }
+};
 
 // Writes the fill (or noise) into each sample's boxes of images, in place, through its strides.
 template <typename T>
@@ -45,12 +81,13 @@ void fill_boxes(at::Tensor& images, const at::Tensor& boxes, const at::Tensor& f
           continue;
         }
         if (seed_values) {
+          // erase_fill's noise, a row at a time: the counter of (c, y, x) is (c * H + y) * W + x.
+          const uint32_t seed = static_cast<uint32_t>(seed_values[n]);
           for (int64_t c = 0; c < g.c; ++c) {
             for (int64_t y = top; y < bottom; ++y) {
-              for (int64_t x = left; x < right; ++x) {
-                sample[c * s.c + y * s.h + x * s.w] =
-                    erase_fill<T, HostConv>(Index4{n, c, y, x}, g, fill_values, seed_values);
-              }
+              const uint32_t counter = static_cast<uint32_t>((c * g.h + y) * g.w + left);
+              run_vectorized<NoiseRow<T>>(sample + c * s.c + y * s.h + left * s.w, s.w,
+                                          right - left, seed, counter);
             }
           }
         } else if (channels_inner) {
@@ -82,10 +119,61 @@ void fill_boxes(at::Tensor& images, const at::Tensor& boxes, const at::Tensor& f
   });
 }
 
+// Functional erase with a constant fill of a batch dense in the output's layout, in one pass:
+// each row is copied, then its boxes' segments are filled while the row is still in cache.
+template <typename T>
+void erase_dense(const at::Tensor& images, at::Tensor& out, const at::Tensor& boxes,
+                 const at::Tensor& fill, bool channels_last) {
+  const Geometry g = geometry_of(images);
+  const int64_t count = boxes.size(1);
+  const at::Tensor boxes_c = boxes.contiguous();
+  const int64_t* all_boxes = boxes_c.const_data_ptr<int64_t>();
+  const at::Tensor fill_c = fill.contiguous();
+  const T* fill_values = fill_c.const_data_ptr<T>();
+  const int64_t row_length = channels_last ? g.w * g.c : g.w;
+  const int64_t rows_per_sample = channels_last ? g.h : g.c * g.h;
+  const T* in = images.const_data_ptr<T>();
+  T* dst = out.mutable_data_ptr<T>();
+  // channels_last: the fill repeated along a row, so that a box's segment is one copy.
+  std::vector<T> fill_row(channels_last ? row_length : 0);
+  for (int64_t j = 0; j < static_cast<int64_t>(fill_row.size()); ++j) {
+    fill_row[j] = fill_values[j % g.c];
+  }
+  at::parallel_for(0, g.n * rows_per_sample, grain_for(row_length), [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t n = row / rows_per_sample, r = row % rows_per_sample;
+      const int64_t y = channels_last ? r : r % g.h;
+      T* o = dst + row * row_length;
+      std::copy(in + row * row_length, in + (row + 1) * row_length, o);
+      for (int64_t k = 0; k < count; ++k) {
+        const int64_t* box = all_boxes + (n * count + k) * 4;
+        const int64_t top = clamp_index(box[0], g.h), left = clamp_index(box[1], g.w);
+        const int64_t bottom = clamp_index(box[2], g.h), right = clamp_index(box[3], g.w);
+        if (y < top || y >= bottom || right <= left) {
+          continue;
+        }
+        if (channels_last) {
+          std::copy(fill_row.begin() + left * g.c, fill_row.begin() + right * g.c, o + left * g.c);
+        } else {
+          std::fill(o + left, o + right, fill_values[r / g.h]);
+        }
+      }
+    }
+  });
+}
+
 at::Tensor erase_cpu(const at::Tensor& images, const at::Tensor& boxes, const at::Tensor& fill,
                      const std::optional<at::Tensor>& seeds) {
   check_erase_args(images, boxes, fill, seeds);
-  at::Tensor out = at::empty(images.sizes(), images.options(), output_format(images));
+  const auto format = output_format(images);
+  at::Tensor out = at::empty(images.sizes(), images.options(), format);
+  if (!seeds.has_value() && out.numel() > 0 && images.is_contiguous(format)) {
+    with_image_type(images.scalar_type(), "erase", [&](auto tag) {
+      erase_dense<decltype(tag)>(images, out, boxes, fill,
+                                 format == at::MemoryFormat::ChannelsLast);
+    });
+    return out;
+  }
   out.copy_(images);
   if (out.numel() == 0 || boxes.size(1) == 0) {
     return out;

@@ -12,6 +12,23 @@ namespace fastpipe {
 namespace cpu {
 namespace {
 
+// o = mix(a, b) over len values, through float buffers so that each step vectorizes.
+template <typename T>
+struct MixRun {
+  static FASTPIPE_ALWAYS_INLINE void run(const T* a, const T* b, T* o, int64_t len, float l) {
+    float fa[kChunk], fb[kChunk];
+    for (int64_t j = 0; j < len; j += kChunk) {
+      const int64_t count = std::min(kChunk, len - j);
+      load_floats(a + j, fa, count);
+      load_floats(b + j, fb, count);
+      for (int64_t k = 0; k < count; ++k) {
+        fa[k] = mix_value(fa[k], fb[k], l);
+      }
+      store_floats(fa, o + j, count);
+    }
+  }
+};
+
 at::Tensor mixup_cpu(const at::Tensor& images, const at::Tensor& lam) {
   check_mixup_args(images, lam);
   const auto format = output_format(images);
@@ -38,9 +55,7 @@ at::Tensor mixup_cpu(const at::Tensor& images, const at::Tensor& lam) {
         const T* a = in + begin;
         const T* b = in + mix_partner(n, batch) * sample_size + (begin - n * sample_size);
         T* o = dst + begin;
-        for (int64_t j = 0; j < stop - begin; ++j) {
-          o[j] = from_float<T>(mix_value(to_float(a[j]), to_float(b[j]), l));
-        }
+        run_vectorized<MixRun<T>>(a, b, o, stop - begin, l);
         begin = stop;
       }
     });
@@ -48,14 +63,56 @@ at::Tensor mixup_cpu(const at::Tensor& images, const at::Tensor& lam) {
   return out;
 }
 
+// cutmix of a batch dense in the output's layout, in one pass: each output row is copied from
+// the sample itself, with the box's part of the row from the partner sample.
+template <typename T>
+void cutmix_dense(const at::Tensor& images, at::Tensor& out, const int64_t* all_boxes,
+                  bool channels_last) {
+  const Geometry g = geometry_of(images);
+  const int64_t row_length = channels_last ? g.w * g.c : g.w;
+  const int64_t pixel = channels_last ? g.c : 1;
+  const int64_t rows_per_sample = channels_last ? g.h : g.c * g.h;
+  const T* in = images.const_data_ptr<T>();
+  T* dst = out.mutable_data_ptr<T>();
+  at::parallel_for(0, g.n * rows_per_sample, grain_for(row_length), [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      const int64_t n = row / rows_per_sample, r = row % rows_per_sample;
+      const int64_t y = channels_last ? r : r % g.h;
+      const int64_t* box = all_boxes + n * 4;
+      const int64_t top = clamp_index(box[0], g.h), left = clamp_index(box[1], g.w);
+      const int64_t bottom = clamp_index(box[2], g.h), right = clamp_index(box[3], g.w);
+      const T* own = in + row * row_length;
+      T* o = dst + row * row_length;
+      if (y >= top && y < bottom && left < right) {
+        const T* other = in + (mix_partner(n, g.n) * rows_per_sample + r) * row_length;
+        const int64_t from = left * pixel, to = right * pixel;
+        std::copy(own, own + from, o);
+        std::copy(other + from, other + to, o + from);
+        std::copy(own + to, own + row_length, o + to);
+      } else {
+        std::copy(own, own + row_length, o);
+      }
+    }
+  });
+}
+
 at::Tensor cutmix_cpu(const at::Tensor& images, const at::Tensor& boxes) {
   check_cutmix_args(images, boxes);
   const auto format = output_format(images);
   at::Tensor out = at::empty(images.sizes(), images.options(), format);
-  out.copy_(images);
   if (out.numel() == 0) {
     return out;
   }
+  if (images.is_contiguous(format)) {
+    const at::Tensor boxes_c = boxes.contiguous();
+    with_image_type(images.scalar_type(), "cutmix", [&](auto tag) {
+      cutmix_dense<decltype(tag)>(images, out, boxes_c.const_data_ptr<int64_t>(),
+                                  format == at::MemoryFormat::ChannelsLast);
+    });
+    return out;
+  }
+  // Any other layout: copy into the output's layout, then copy the boxes over.
+  out.copy_(images);
   // Boxes are read from an unmodified source, since sample n's box overwrites part of sample n
   // while sample N - 1 - n still needs it.
   const at::Tensor src = images.is_contiguous(format) ? images : out.clone(format);

@@ -3,6 +3,8 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "common.h"
@@ -12,8 +14,72 @@ namespace fastpipe {
 namespace cpu {
 namespace {
 
+// o[j] = in[j] * scale[j] + shift[j] over len values, through float buffers so that each step
+// vectorizes (see load_floats); scale and shift hold len values.
+template <typename TIn, typename TOut>
+struct NormalizeRun {
+  static FASTPIPE_ALWAYS_INLINE void run(const TIn* in, TOut* o, int64_t len, const float* scale,
+                                         const float* shift) {
+    // Float input is read, and float output written, in place of the buffer.
+    float f[kChunk];
+    for (int64_t j = 0; j < len; j += kChunk) {
+      const int64_t count = std::min(kChunk, len - j);
+      const float* x = f;
+      if constexpr (std::is_same_v<TIn, float>) {
+        x = in + j;
+      } else {
+        load_floats(in + j, f, count);
+      }
+      float* y = f;
+      if constexpr (std::is_same_v<TOut, float>) {
+        y = o + j;
+      }
+      for (int64_t k = 0; k < count; ++k) {
+        y[k] = normalize_value(x[k], scale[j + k], shift[j + k]);
+      }
+      if constexpr (!std::is_same_v<TOut, float>) {
+        store_floats(f, o + j, count);
+      }
+    }
+  }
+};
+
+// dst = one NHWC row (W pixels of C values) gathered from a strided row of the input. NCHW to
+// NHWC, the usual case, reads each channel's row in order; three channels get their own loop,
+// which the compiler vectorizes with shuffles.
+template <typename T>
+struct InterleaveRow {
+  static FASTPIPE_ALWAYS_INLINE void run(const T* src, T* dst, int64_t w, int64_t c,
+                                         int64_t stride_w, int64_t stride_c) {
+    if (stride_w == 1 && c == 3) {
+      const T* r = src;
+      const T* g = src + stride_c;
+      const T* b = src + 2 * stride_c;
+      for (int64_t x = 0; x < w; ++x) {
+        dst[3 * x] = r[x];
+        dst[3 * x + 1] = g[x];
+        dst[3 * x + 2] = b[x];
+      }
+    } else if (stride_w == 1) {
+      for (int64_t k = 0; k < c; ++k) {
+        const T* plane = src + k * stride_c;
+        for (int64_t x = 0; x < w; ++x) {
+          dst[x * c + k] = plane[x];
+        }
+      }
+    } else {
+      for (int64_t x = 0; x < w; ++x) {
+        for (int64_t k = 0; k < c; ++k) {
+          dst[x * c + k] = src[x * stride_w + k * stride_c];
+        }
+      }
+    }
+  }
+};
+
 // out is dense: rows are W values of one (n, c, y) for NCHW, or W * C values of one (n, y) for
-// NHWC. row_scale and row_shift hold the per-channel coefficients laid out like one row.
+// NHWC. row_scale and row_shift hold the coefficients of every row of each channel laid out like
+// one row (NCHW: C rows of W values; NHWC: one row of W * C values).
 template <typename TIn, typename TOut>
 void normalize_rows(const at::Tensor& images, at::Tensor& out, bool channels_last,
                     const std::vector<float>& row_scale, const std::vector<float>& row_shift) {
@@ -25,43 +91,33 @@ void normalize_rows(const at::Tensor& images, at::Tensor& out, bool channels_las
                                                               : at::MemoryFormat::Contiguous);
   const int64_t row_length = channels_last ? g.w * g.c : g.w;
   const int64_t rows = out.numel() / row_length;
-  const float* scale = row_scale.data();
-  const float* shift = row_shift.data();
 
   at::parallel_for(0, rows, grain_for(row_length), [&](int64_t begin, int64_t end) {
+    // A strided input row is gathered here first (in the output's element order).
+    std::vector<TIn> gathered(same_layout ? 0 : row_length);
     for (int64_t row = begin; row < end; ++row) {
       TOut* o = dst + row * row_length;
+      const TIn* i = in + row * row_length;
+      int64_t pattern = 0;
       if (channels_last) {
         const int64_t y = row % g.h, n = row / g.h;
-        if (same_layout) {
-          const TIn* i = in + row * row_length;
-          for (int64_t j = 0; j < row_length; ++j) {
-            o[j] = from_float<TOut>(normalize_value(to_float(i[j]), scale[j], shift[j]));
-          }
-        } else {
-          const TIn* i = in + n * s.n + y * s.h;
-          for (int64_t x = 0; x < g.w; ++x) {
-            for (int64_t c = 0; c < g.c; ++c) {
-              const int64_t j = x * g.c + c;
-              o[j] = from_float<TOut>(normalize_value(to_float(i[x * s.w + c * s.c]), scale[j], shift[j]));
-            }
-          }
+        if (!same_layout) {
+          run_vectorized<InterleaveRow<TIn>>(in + n * s.n + y * s.h, gathered.data(), g.w, g.c,
+                                             s.w, s.c);
         }
       } else {
         const int64_t y = row % g.h, c = (row / g.h) % g.c, n = row / (g.h * g.c);
-        const float a = scale[c], b = shift[c];
-        if (same_layout) {
-          const TIn* i = in + row * row_length;
+        pattern = c * row_length;
+        if (!same_layout) {
+          const TIn* src = in + n * s.n + c * s.c + y * s.h;
           for (int64_t x = 0; x < g.w; ++x) {
-            o[x] = from_float<TOut>(normalize_value(to_float(i[x]), a, b));
-          }
-        } else {
-          const TIn* i = in + n * s.n + c * s.c + y * s.h;
-          for (int64_t x = 0; x < g.w; ++x) {
-            o[x] = from_float<TOut>(normalize_value(to_float(i[x * s.w]), a, b));
+            gathered[x] = src[x * s.w];
           }
         }
       }
+      run_vectorized<NormalizeRun<TIn, TOut>>(same_layout ? i : gathered.data(), o, row_length,
+                                              row_scale.data() + pattern,
+                                              row_shift.data() + pattern);
     }
   });
 }
@@ -79,11 +135,11 @@ at::Tensor normalize_cpu(const at::Tensor& images, const at::Tensor& mean, const
   const at::Tensor mean_c = mean.contiguous(), std_c = std.contiguous();
   const float* m = mean_c.const_data_ptr<float>();
   const float* sd = std_c.const_data_ptr<float>();
-  // NCHW rows use one coefficient per channel; NHWC rows repeat the C coefficients W times.
-  const int64_t pattern = channels_last ? g.w * g.c : g.c;
+  // Coefficients laid out like the rows (see normalize_rows): W * C values either way.
+  const int64_t pattern = g.w * g.c;
   std::vector<float> row_scale(pattern), row_shift(pattern);
   for (int64_t j = 0; j < pattern; ++j) {
-    const int64_t c = j % g.c;
+    const int64_t c = channels_last ? j % g.c : j / g.w;
     row_scale[j] = normalize_scale(sd[c], uint8_input);
     row_shift[j] = normalize_shift(m[c], sd[c]);
   }
