@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import warnings
 import weakref
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
@@ -152,9 +153,25 @@ class BackgroundIterator(Generic[T]):
         return item
 
     def close(self) -> None:
-        """Stops the producer and waits for it; pending items are dropped. Safe to call twice."""
+        """Stops the producer and waits for it; pending items are dropped. Safe to call twice.
+
+        The producer can only stop between two items of its source; if one item takes longer
+        than 30 s, close() warns and returns while the thread finishes that item.
+        """
         self._done = True
         self._finalizer()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            warnings.warn(
+                f"{self._thread.name}: the background thread is still fetching an item after "
+                f"{_JOIN_SECONDS:.0f} s; it stops when that item is done",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+
+    @property
+    def thread(self) -> threading.Thread:
+        """The producer thread (it holds no reference to this object)."""
+        return self._thread
 
     @property
     def alive(self) -> bool:

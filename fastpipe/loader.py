@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -18,8 +19,12 @@ class DataLoaderX(DataLoader):
     background thread keeps ready ahead of the training loop. Yields exactly the batches the
     DataLoader would, in the same order; ``len()`` is unchanged.
 
-    Collation, pinning and the hand-over from worker processes run in the thread, so they overlap
-    with the training step instead of stalling it. An exception raised while loading reaches the
+    The thread takes each batch from the DataLoader (with ``num_workers=0`` it loads and collates
+    it; with workers it receives it from them and from torch's pinning thread), so that work
+    overlaps with the training step instead of stalling it. With ``num_workers=0`` the dataset
+    runs in that thread: random transforms that draw from torch's global generator then
+    interleave with the training step's draws, so pass ``generator=`` (or use workers) when runs
+    must be reproducible. An exception raised while loading reaches the
     loop as the same exception at the same batch, and ends the epoch. The thread (and the worker
     processes, unless ``persistent_workers``) stop when the epoch ends, on ``break``, when the
     iterator is garbage collected, on :meth:`close` and at interpreter exit. Starting a new epoch
@@ -34,11 +39,15 @@ class DataLoaderX(DataLoader):
         super().__init__(*args, **kwargs)
         self.max_prefetch = max_prefetch
         self._epoch: weakref.ref[BackgroundIterator] | None = None
+        self._epoch_thread: threading.Thread | None = None
 
     def __iter__(self) -> Iterator[Any]:
         # With persistent_workers the DataLoader resets and reuses one worker iterator, so the
-        # previous epoch's thread must be stopped before that iterator is touched again.
+        # previous epoch's thread must have stopped, however long its last batch takes, before
+        # that iterator is touched again.
         self.close()
+        if self.persistent_workers and self._epoch_thread is not None:
+            self._epoch_thread.join()
         # The base iterator (and with it any worker processes) is created here in the caller's
         # thread; only next() runs in the background.
         base = super().__iter__()
@@ -49,6 +58,7 @@ class DataLoaderX(DataLoader):
         )
         del base
         self._epoch = weakref.ref(epoch)
+        self._epoch_thread = epoch.thread
         return epoch
 
     def close(self) -> None:

@@ -32,8 +32,13 @@ class _CudaStreams:
     def use(self, stream: Any) -> contextlib.AbstractContextManager:
         return torch.cuda.stream(stream)
 
-    def wait_stream(self, waiter: Any, stream: Any) -> None:
-        waiter.wait_stream(stream)
+    def record_event(self, stream: Any) -> Any:
+        event = torch.cuda.Event()
+        event.record(stream)
+        return event
+
+    def wait_event(self, waiter: Any, event: Any) -> None:
+        waiter.wait_event(event)
 
     def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
         tensor.record_stream(stream)
@@ -84,7 +89,8 @@ class DataPrefetcher:
 
     On CUDA the next batch is copied on one side stream (created once per prefetcher) while the
     training step runs on the current batch; before a batch is handed over, the current stream
-    waits for its copy and every tensor in it is ``record_stream``-ed on the current stream, so the
+    waits for its copy (an event recorded on the side stream after it; with ``depth=1`` the same
+    as ``wait_stream``) and every tensor in it is ``record_stream``-ed on the current stream, so the
     caching allocator cannot hand its memory out early. Host tensors that are not pinned are
     pinned first, so the copy can be asynchronous. On CPU a background thread prepares the next
     ``depth`` batches; results are the same.
@@ -98,7 +104,7 @@ class DataPrefetcher:
     ``mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)``), uint8 images become
     ``(x / 255 - mean) / std`` in ``dtype`` (float32 by default); float images are taken to be in
     0-1 already. With ``dtype`` alone, uint8 images become floats in 0-1. ``channels_last`` returns
-    images in ``torch.channels_last`` memory format. Labels and other tensors are moved, never
+    images in ``torch.channels_last`` memory format (alone, it changes nothing else). Labels and other tensors are moved, never
     normalized.
 
     Use it as ``for batch in prefetcher:`` (each loop is one epoch) or, as in apex,
@@ -186,30 +192,40 @@ class DataPrefetcher:
         streams, side = self._streams, self._side_stream
         assert streams is not None
         source = iter(self.loader)
-        ready: deque[Any] = deque()
+        ready: deque[tuple[Any, Any]] = deque()  # (batch on the device, event after its copy)
+        failed: list[BaseException] = []
 
         def load_one() -> bool:
+            if failed:
+                return False
             try:
                 batch = next(source)
             except StopIteration:
                 return False
+            except Exception as error:  # noqa: BLE001 - raised after the batches before it
+                failed.append(error)
+                return False
             with streams.use(side):
-                ready.append(self._prepare(batch))
+                prepared = self._prepare(batch)
+                ready.append((prepared, streams.record_event(side)))
             return True
 
         try:
             while len(ready) < self.depth and load_one():
                 pass
             while ready:
-                batch = ready.popleft()
+                batch, copied = ready.popleft()
                 current = streams.current_stream()
-                # Wait before queueing the next copy, so the step waits for this batch only.
-                streams.wait_stream(current, side)
+                # Wait for this batch's copy only, not for the ones queued behind it (depth > 1),
+                # and before the next copy is queued.
+                streams.wait_event(current, copied)
                 for leaf in pytree.tree_leaves(batch):
                     if isinstance(leaf, torch.Tensor):
                         streams.record_stream(leaf, current)
                 load_one()
                 yield batch
+            if failed:
+                raise failed[0]
         finally:
             close = getattr(source, "close", None)
             if callable(close):
@@ -267,6 +283,8 @@ class DataPrefetcher:
                 f"DataPrefetcher was asked to normalize {place} of dtype {images.dtype}; images "
                 "must be uint8 or floating point. Pass image_key=... to point at the images"
             )
+        if self.mean is None and self.dtype is None:
+            return images.contiguous(memory_format=torch.channels_last)
         channels = images.shape[1]
         mean = self.mean if self.mean is not None else torch.zeros(channels)
         std = self.std if self.std is not None else torch.ones(channels)

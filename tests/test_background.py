@@ -120,7 +120,12 @@ def test_interpreter_exit_with_a_blocked_producer_is_prompt():
     script = textwrap.dedent(
         """
         from fastpipe._background import BackgroundIterator
-        it = BackgroundIterator(iter(range(10**9)), max_prefetch=1)
+        def source():
+            try:
+                yield from range(10**9)
+            finally:
+                print("source closed", flush=True)
+        it = BackgroundIterator(source(), max_prefetch=1)
         next(it)
         print("exiting", flush=True)
         """
@@ -128,5 +133,6 @@ def test_interpreter_exit_with_a_blocked_producer_is_prompt():
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
-    assert "exiting" in done.stdout
+    # The producer is stopped and its source closed before the interpreter goes away.
+    assert done.stdout.split() == ["exiting", "source", "closed"]
     assert time.monotonic() - started < 20

@@ -206,3 +206,28 @@ def test_interpreter_exit_mid_epoch_with_workers_is_prompt():
     assert done.returncode == 0, done.stderr
     assert "exiting" in done.stdout
     assert time.monotonic() - started < 45
+
+
+class _Slow(Dataset):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        time.sleep(0.4)
+        return torch.tensor([index])
+
+
+def test_new_epoch_waits_for_a_slow_batch_before_reusing_persistent_workers(monkeypatch, no_thread_leak):
+    import fastpipe._background as background
+
+    # close() gives up waiting after this long and warns; the next epoch must still wait.
+    monkeypatch.setattr(background, "_JOIN_SECONDS", 0.05)
+    loader = DataLoaderX(_Slow(), batch_size=1, num_workers=1, persistent_workers=True)
+    first = iter(loader)
+    next(first)
+    with pytest.warns(RuntimeWarning, match="still fetching an item"):
+        second = iter(loader)
+    assert [int(b) for b in second] == list(range(6))
+    del loader, first, second
+    gc.collect()
+    assert _workers_gone()

@@ -234,8 +234,13 @@ class _RecordingStreams:
         finally:
             self.active = previous
 
-    def wait_stream(self, waiter, stream):
-        self.log.append(("wait", waiter, stream))
+    def record_event(self, stream):
+        name = f"event{sum(1 for e in self.log if e[0] == 'event') + 1}"
+        self.log.append(("event", name, stream))
+        return name
+
+    def wait_event(self, waiter, event):
+        self.log.append(("wait", waiter, event))
 
     def record_stream(self, tensor, stream):
         self.log.append(("record", int(tensor.flatten()[0]), tensor.dtype, stream))
@@ -276,15 +281,41 @@ def test_consumer_waits_for_a_batch_before_it_is_handed_over_and_before_the_next
     for k, _batch in enumerate(prefetcher):
         log = recording.log
         waits = [i for i, entry in enumerate(log) if entry[0] == "wait"]
-        assert len(waits) == k + 1, "one wait_stream per handed-over batch"
-        assert log[waits[-1]] == ("wait", "default", "side1")
-        copied_before_wait = {e[1] for e in log[: waits[-1]] if e[0] == "copy"}
-        assert 100 * k in copied_before_wait and k in copied_before_wait
+        assert len(waits) == k + 1, "one wait per handed-over batch"
+        assert log[waits[-1]] == ("wait", "default", f"event{k + 1}")
+        # The event waited on is recorded on the side stream right after batch k's copies.
+        recorded = log.index(("event", f"event{k + 1}", "side1"))
+        copied_before_event = {e[1] for e in log[:recorded] if e[0] == "copy"}
+        assert {100 * k, k} <= copied_before_event
         # The next batch's copy is queued only after the wait, so the step waits for batch k only.
+        copied_before_wait = {e[1] for e in log[: waits[-1]] if e[0] == "copy"}
         copied_after_wait = {e[1] for e in log[waits[-1]:] if e[0] == "copy"}
         assert 100 * (k + 1) not in copied_before_wait
         if k < 2:
             assert 100 * (k + 1) in copied_after_wait
+
+
+def test_with_depth_the_step_waits_for_its_own_batch_not_the_ones_queued_behind(recording):
+    prefetcher = DataPrefetcher(_numbered(4), device="cpu", depth=3)
+    next(iter(prefetcher))
+    log = recording.log
+    wait = next(e for e in log if e[0] == "wait")
+    recorded = log.index(("event", wait[2], "side1"))
+    # Batches 1 and 2 were copied before the first hand-over, but after the event waited on.
+    assert {e[1] for e in log[:recorded] if e[0] == "copy"} == {0}  # batch 0: images and labels
+    assert {100, 200} <= {e[1] for e in log[recorded:] if e[0] == "copy"}
+
+
+def test_loader_error_on_the_stream_path_arrives_after_the_batches_before_it(recording):
+    def failing():
+        yield from _numbered(2)
+        raise OSError("disk went away")
+
+    got = []
+    with pytest.raises(OSError, match="disk went away"):
+        for _images, labels in DataPrefetcher(failing(), device="cpu", depth=2):
+            got.append(int(labels[0]))
+    assert got == [0, 1]
 
 
 def test_every_handed_over_tensor_is_recorded_on_the_consumer_stream(recording):
@@ -320,3 +351,12 @@ def test_real_cuda_streams_pin_host_tensors_before_an_async_copy(monkeypatch):
     streams = prefetch_module._CudaStreams(torch.device("cuda"))
     streams.to_device(torch.zeros(2, 3), torch.device("cuda"), True)
     assert pinned == [torch.Size([2, 3])]
+
+
+def test_channels_last_alone_changes_only_the_memory_format(no_thread_leak):
+    batch = torch.randint(0, 256, (2, 3, 4, 5), dtype=torch.uint8)
+    ((out, _labels),) = list(DataPrefetcher([(batch, torch.zeros(2))], device="cpu",
+                                            channels_last=True))
+    assert out.dtype == torch.uint8
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(out, batch)

@@ -407,3 +407,16 @@ def test_advice_tells_epoch_restarts_apart_from_a_slow_loader(no_thread_leak):
     assert "Each epoch begins with a" in advice[False]
     assert "persistent_workers=True" in advice[False]
     assert "persistent_workers" not in advice[True]
+
+
+def test_wrap_leaves_an_iterator_it_was_given_open_after_break():
+    def numbers():
+        yield from range(5)
+
+    source = numbers()
+    with profile_module.profile(device="cpu", report=False) as prof:
+        for batch in prof.wrap(source):
+            if batch == 1:
+                break
+    # Like a plain for loop, the profiler does not close an iterator it did not make.
+    assert list(source) == [2, 3, 4]

@@ -305,9 +305,10 @@ class Profiler:
         """Yields the batches of ``iterable``, timing how long each one took to arrive."""
         if self.loader is None:
             self.loader_info = LoaderInfo.of(iterable)
-        return self._timed(iter(iterable))
+        iterator = iter(iterable)
+        return self._timed(iterator, owned=iterator is not iterable)
 
-    def _timed(self, iterator: Iterator[Any]) -> Iterator[Any]:
+    def _timed(self, iterator: Iterator[Any], owned: bool) -> Iterator[Any]:
         try:
             while True:
                 self._begin_wait()
@@ -319,8 +320,9 @@ class Profiler:
                 self._batch_arrived(batch)
                 yield batch
         finally:
-            # The iterator was made here, so it is ours to stop (a DataLoaderX thread, say).
-            close = getattr(iterator, "close", None)
+            # An iterator made here is ours to stop (a DataLoaderX thread, say); one passed in is
+            # the caller's, like a for loop leaves it open.
+            close = getattr(iterator, "close", None) if owned else None
             if callable(close):
                 close()
             self._finish()

@@ -298,7 +298,7 @@ def run_loader(
     while a GPU computes).
     """
     if (seconds is None) == (steps is None):
-        raise ValueError("pass seconds or steps, not both")
+        raise ValueError("pass exactly one of seconds or steps")
     profiler = Profiler(None, warmup=1, device="cpu", report=False)
     epochs = profiler.wrap(_epochs(loader))
     profiler.loader_info = LoaderInfo.of(loader)  # not of the epoch generator
@@ -572,7 +572,8 @@ def tune(
     best: Trial | None = None
     try:
         for stage, candidates in stages:
-            assert best is not None or stage == "num_workers"
+            if best is None and stage != "num_workers":
+                break  # nothing measured to build on; reported below
             for settings in candidates(best.settings if best is not None else base):
                 if settings in trials:
                     continue
@@ -592,9 +593,12 @@ def tune(
                     best = trial
     finally:
         bar.close()
-    assert best is not None
-    if best.samples_per_second is None:
-        raise ValueError(f"no setting could be measured: {best.skipped}")
+    if best is None:
+        reasons = sorted({t.skipped or "no batches" for t in trials.values()})
+        raise ValueError(
+            f"no loader setting could be measured ({'; '.join(reasons) or 'no trials ran'}); "
+            "check that the dataset loads with a plain DataLoader"
+        )
     ranked = sorted(trials.values(), key=lambda t: -(t.samples_per_second or -1.0))
     return TuneResult(ranked, best, source, budget, time.perf_counter() - started, step_seconds,
                       batch_size, min_gain)
