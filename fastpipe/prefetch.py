@@ -135,8 +135,12 @@ class DataPrefetcher:
         self.device = _resolve_device(device)
         self.mean = None if mean is None else torch.as_tensor(mean, dtype=torch.float32).flatten()
         self.std = None if std is None else torch.as_tensor(std, dtype=torch.float32).flatten()
-        if self.std is not None and bool((self.std == 0).any()):
-            raise ValueError(f"std must not contain zeros, got {self.std.tolist()}")
+        if self.std is not None and bool(((self.std == 0) | ~self.std.isfinite()).any()):
+            raise ValueError(
+                f"std must not contain zeros or non-finite values, got {self.std.tolist()}"
+            )
+        if self.mean is not None and not bool(self.mean.isfinite().all()):
+            raise ValueError(f"mean must be finite, got {self.mean.tolist()}")
         self.dtype = dtype
         self.channels_last = channels_last
         self.non_blocking = non_blocking

@@ -523,6 +523,10 @@ BAD_CALLS = [
         "std has 4 values",
     ),
     ("std zero", lambda: ops.normalize(_GOOD, (0.5,) * 3, (0.2, 0, 0.2)), ValueError, "zeros"),
+    ("std nan", lambda: ops.normalize(_GOOD, (0.5,) * 3, (0.2, float("nan"), 0.2)), ValueError,
+     "non-finite"),
+    ("mean inf", lambda: ops.normalize(_GOOD, (0.5, float("inf"), 0.5), (0.2,) * 3), ValueError,
+     "mean must be finite"),
     (
         "out dtype",
         lambda: ops.normalize(_GOOD, (0.5,) * 3, (0.2,) * 3, dtype=torch.uint8),

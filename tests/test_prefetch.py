@@ -177,6 +177,8 @@ def test_early_break_and_training_exception_leak_no_thread(no_thread_leak):
         (dict(mean=MEAN, std=(0.5,)), ValueError, "std has 1 values"),
         (dict(mean=MEAN), ValueError, "pass both mean and std"),
         (dict(mean=MEAN, std=(0.2, 0.0, 0.1)), ValueError, "std must not contain zeros"),
+        (dict(mean=MEAN, std=(0.2, float("nan"), 0.1)), ValueError, "non-finite values"),
+        (dict(mean=(0.5, float("inf"), 0.5), std=STD), ValueError, "mean must be finite"),
         (dict(dtype=torch.int32), TypeError, "dtype must be torch.float32"),
         (dict(depth=0), ValueError, "depth must be a positive int"),
         (dict(device="tpu"), ValueError, "unknown device 'tpu'"),

@@ -192,9 +192,11 @@ class Transform:
 
 def _decode_and_augment(encoded: Any, transform: Transform, decode_device: str) -> Any:
     height, width = transform.size
-    extra = {}
+    # EXIF orientation is ignored, as by torchvision and fastpipe's CPU decoder, so that every
+    # loader sees the same pixels (DALI would rotate tagged photos by default).
+    extra: dict[str, Any] = {"adjust_orientation": False}
     if decode_device == "mixed":
-        extra = {"device_memory_padding": _DEVICE_MEMORY_PADDING, "host_memory_padding": _HOST_MEMORY_PADDING}
+        extra.update(device_memory_padding=_DEVICE_MEMORY_PADDING, host_memory_padding=_HOST_MEMORY_PADDING)
     if transform.train:
         # One op decodes only the random crop window (DALI's fused ROI decode), so no full-size
         # image is ever materialised; the resize then brings the window to the output size.

@@ -192,7 +192,7 @@ class FileList:
         return f"FileList({len(self)} files, {len(self.classes or ())} classes)"
 
 
-PACK_SUFFIXES = {".h5": "hdf5", ".hdf5": "hdf5", ".lmdb": "lmdb"}
+PACK_SUFFIXES = {".h5": "hdf5", ".hdf5": "hdf5", ".lmdb": "lmdb", ".mdb": "lmdb"}
 
 
 def open_source(path: str | os.PathLike, root: str | os.PathLike | None = None) -> Any:

@@ -185,8 +185,10 @@ def normalize(
             )
         vectors.append(vector)
     mean_t, std_t = vectors
-    if _eager() and std_t.device.type == "cpu" and bool((std_t == 0).any()):
-        raise ValueError(f"std must not contain zeros, got {std_t.tolist()}")
+    if _eager() and std_t.device.type == "cpu" and bool(((std_t == 0) | ~std_t.isfinite()).any()):
+        raise ValueError(f"std must not contain zeros or non-finite values, got {std_t.tolist()}")
+    if _eager() and mean_t.device.type == "cpu" and not bool(mean_t.isfinite().all()):
+        raise ValueError(f"mean must be finite, got {mean_t.tolist()}")
     mean_t, std_t = _to_device(mean_t, images.device), _to_device(std_t, images.device)
     return _run("normalize", images, mean_t, std_t, dtype, bool(channels_last))
 
