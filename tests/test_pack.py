@@ -140,7 +140,7 @@ def test_killed_worker_then_resume_keeps_finished_shards(tmp_path, no_thread_lea
     source = KillOnce(marker, kill_index=12, n=40)
     out = tmp_path / "k.h5"
     shards = tmp_path / "k.h5.shards"
-    with pytest.raises(PackError, match=r"exited with code -9.*run the same command again to resume"):
+    with pytest.raises(PackError, match=r"exited with code -9.*resume=True"):
         pack(source, out, storage="array", workers=2, shard_size=8, progress=False)
     assert not marker.exists() and not out.exists()
     assert multiprocessing.active_children() == []
@@ -149,7 +149,7 @@ def test_killed_worker_then_resume_keeps_finished_shards(tmp_path, no_thread_lea
     assert len(finished) == 4
     before = {name: (os.stat(shards / name).st_ino, os.stat(shards / name).st_mtime_ns) for name in finished}
 
-    report = pack(source, out, storage="array", workers=2, shard_size=8, progress=False)
+    report = pack(source, out, storage="array", workers=2, shard_size=8, progress=False, resume=True)
     assert (report.count, report.shards, report.resumed_shards) == (40, 5, 4)
     after = {name: (os.stat(shards / name).st_ino, os.stat(shards / name).st_mtime_ns) for name in finished}
     assert after == before  # kept, not rewritten
@@ -159,6 +159,54 @@ def test_killed_worker_then_resume_keeps_finished_shards(tmp_path, no_thread_lea
         assert np.array_equal(ds[i][0].numpy(), source.array(i).transpose(2, 0, 1))
         assert ds[i][1] == source.label(i)
     assert verify(out).ok
+
+
+def copy_tree(src: Path, dst: Path) -> None:
+    for path in image_files(src):
+        (dst / path.parent.name).mkdir(parents=True, exist_ok=True)
+        (dst / path.parent.name / path.name).write_bytes(path.read_bytes())
+
+
+def test_overwrite_after_rewriting_files_packs_the_new_contents(sample_root, tmp_path):
+    src = tmp_path / "src"
+    copy_tree(sample_root, src)
+    out = tmp_path / "p.h5"
+    pack(src, out, shard_size=12, progress=False)
+    files = image_files(src)
+    for k, path in enumerate(files):  # same names, other pixels
+        path.write_bytes(image_files(sample_root)[(k + 1) % len(files)].read_bytes())
+    report = pack(src, out, shard_size=12, overwrite=True, progress=False)
+    assert report.resumed_shards == 0
+    ds = H5Dataset(out)
+    for i, path in enumerate(files):
+        assert ds.encoded(i)[0].tobytes() == path.read_bytes()
+
+
+def test_interrupted_folder_pack_resumes_only_unchanged_files(sample_root, tmp_path):
+    src = tmp_path / "src"
+    copy_tree(sample_root, src)
+    out = tmp_path / "p.h5"
+    pack(src, out, shard_size=12, progress=False)
+    out.unlink()  # as if the run had stopped before installing the output
+    assert pack(src, out, shard_size=12, progress=False).resumed_shards == 4
+    out.unlink()
+    first = image_files(src)[0]
+    first.write_bytes(image_files(sample_root)[5].read_bytes())  # the plan sees size and mtime
+    assert pack(src, out, shard_size=12, progress=False).resumed_shards == 0
+    assert H5Dataset(out).encoded(0)[0].tobytes() == first.read_bytes()
+
+
+def test_dataset_sources_resume_only_when_asked(tmp_path):
+    out = tmp_path / "d.h5"
+    pack(ArrayDataset(n=12), out, storage="array", shard_size=6, progress=False)
+    out.unlink()
+    # A dataset's contents are invisible to the plan: another dataset of the same type and length.
+    other = ArrayDataset(n=12, shape=(24, 32, 3))
+    other.array = lambda i: np.full((24, 32, 3), i, np.uint8)
+    assert pack(other, out, storage="array", shard_size=6, progress=False).resumed_shards == 0
+    assert np.array_equal(H5Dataset(out)[3][0].numpy(), np.full((3, 24, 32), 3, np.uint8))
+    out.unlink()
+    assert pack(other, out, storage="array", shard_size=6, progress=False, resume=True).resumed_shards == 2
 
 
 def test_resume_discards_shards_made_with_other_settings(tmp_path):

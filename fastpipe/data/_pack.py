@@ -247,6 +247,7 @@ class _Job:
     meta: dict[str, Any]
     directory: Path
     strict: bool
+    resume_hint: str = "run the same command again to resume"
 
 
 def _shard_ranges(lo: int, hi: int, workers: int, shard_size: int) -> list[tuple[int, int]]:
@@ -418,7 +419,7 @@ def _run_workers(job: _Job, tasks: list[_Task], workers: int, bar, start_method:
     if failures or pending:
         raise PackError(
             "; ".join(failures or ["pack workers stopped early"]) + f". {len(results)} shard(s) finished in "
-            f"this run and are kept in {job.directory}: run the same command again to resume")
+            f"this run and are kept in {job.directory}: {job.resume_hint}")
     return results
 
 
@@ -439,6 +440,7 @@ def pack(
     check: bool = True,
     shard_size: int = DEFAULT_SHARD_SIZE,
     overwrite: bool = False,
+    resume: bool | None = None,
     start_method: str | None = None,
 ) -> PackReport:
     """Packs images (or arrays) into one HDF5 or LMDB file for fast random access.
@@ -466,7 +468,12 @@ def pack(
         quality: JPEG quality when re-encoding with ``max_side``.
         check: bytes storage: decode every input to catch corrupt files (off: trust the inputs).
         shard_size: inputs per shard at most; smaller shards lose less work on interruption.
-        overwrite: replace an existing output.
+        overwrite: replace an existing output. A complete output that is replaced is never
+            resumed from: every shard is packed again.
+        resume: keep the finished shards of an interrupted run with the same plan (source listing,
+            settings) instead of packing them again. Default (None): on for folders and list files,
+            whose plan includes every file's name, label, size and mtime; off for datasets, whose
+            contents pack cannot see (pass ``resume=True`` when the dataset is unchanged).
         start_method: multiprocessing start method for workers (default: the platform's).
 
     Returns:
@@ -498,6 +505,7 @@ def pack(
     if format == "lmdb":
         fmt.lmdb_module()
     _check_output(output, overwrite)
+    replacing = output.exists()
 
     listing = list_source(source)
     if listing.count == 0:
@@ -522,7 +530,11 @@ def pack(
     directory = output.with_name(output.name + ".shards")
     directory.mkdir(exist_ok=True)
     ranges = _shard_ranges(lo, hi, workers, shard_size)
-    kept = _resume(directory, ranges, plan)
+    if resume is None:
+        resume = listing.kind != "dataset"
+    # Resume finishes an interrupted run; an existing complete output means the last run finished,
+    # so its shards are not reused (the inputs may have changed in ways the plan cannot see).
+    kept = _resume(directory, ranges, plan if resume and not replacing else None)
     tasks = []
     for a, b in ranges:
         if (a, b) in kept:
@@ -532,7 +544,9 @@ def pack(
         else:
             tasks.append(_Task(a, b, listing.files[a:b], listing.names[a:b], listing.labels[a:b]))
     job = _Job(listing, Processor(spec, max_side, shape, int(quality), bool(check)), spec, base_meta,
-               directory, bool(strict))
+               directory, bool(strict),
+               "run the same command again to resume" if listing.kind != "dataset"
+               else "call pack again with resume=True (and the same dataset) to resume")
     done_inputs = sum(b - a for a, b in kept)
     bar = _progress_bar(progress, hi - lo, done_inputs, "pack", "file")
     try:
@@ -570,8 +584,9 @@ def pack(
                       _size_on_disk(output, meta))
 
 
-def _resume(directory: Path, ranges: list[tuple[int, int]], plan: str) -> dict[tuple[int, int], dict[str, Any]]:
-    """Finished shards of this plan, kept; partial files and shards of other plans, removed."""
+def _resume(directory: Path, ranges: list[tuple[int, int]], plan: str | None) -> dict[tuple[int, int], dict[str, Any]]:
+    """Finished shards of this plan, kept; partial files and shards of other plans (all, when
+    ``plan`` is None), removed."""
     wanted = {_Task(a, b).name: (a, b) for a, b in ranges}
     kept = {}
     for path in sorted(directory.iterdir()):
@@ -581,7 +596,7 @@ def _resume(directory: Path, ranges: list[tuple[int, int]], plan: str) -> dict[t
         if not (path.name.startswith("part-") and path.name.endswith(".h5")):
             continue
         meta = None
-        if path.name in wanted:
+        if plan is not None and path.name in wanted:
             try:
                 with fmt.H5PackReader(path) as reader:
                     meta = reader.meta

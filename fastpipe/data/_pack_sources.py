@@ -63,13 +63,24 @@ def list_source(source: Any) -> Listing:
     )
 
 
-def _fingerprint(kind: str, names: list[str], labels: np.ndarray, classes: list[str]) -> str:
+def _fingerprint(kind: str, names: list[str], labels: np.ndarray, classes: list[str], files: list[str]) -> str:
+    """Names, labels and each file's size and mtime: a file rewritten in place changes the plan, so
+    its old shard is not reused on resume."""
     h = hashlib.sha256(kind.encode())
     h.update("\0".join(classes).encode())
     h.update(b"\1")
     h.update("\0".join(names).encode("utf-8", "surrogateescape"))
     h.update(np.ascontiguousarray(labels, "<i8").tobytes())
+    h.update(np.ascontiguousarray([_stat_key(f) for f in files], "<i8").tobytes())
     return h.hexdigest()
+
+
+def _stat_key(path: str) -> tuple[int, int]:
+    try:
+        st = os.stat(path)
+    except OSError:  # unreadable inputs are skipped (or refused) when packing, not here
+        return -1, -1
+    return st.st_size, st.st_mtime_ns
 
 
 def _list_folder(root: Path) -> Listing:
@@ -93,7 +104,7 @@ def _list_folder(root: Path) -> Listing:
     label_array = np.asarray(labels, np.int64)
     files = [str(root / n) for n in names]
     return Listing("folder", str(root), len(names), classes, files=files, names=names, labels=label_array,
-                   fingerprint=_fingerprint("folder", names, label_array, classes))
+                   fingerprint=_fingerprint("folder", names, label_array, classes, files))
 
 
 def _list_file(list_path: Path) -> Listing:
@@ -130,7 +141,7 @@ def _list_file(list_path: Path) -> Listing:
     base = list_path.parent
     files = [str(base / n) if not os.path.isabs(n) else n for n in names]
     return Listing("list", str(list_path), len(names), classes, files=files, names=names, labels=labels,
-                   fingerprint=_fingerprint("list", names, labels, classes))
+                   fingerprint=_fingerprint("list", names, labels, classes, files))
 
 
 def _is_int(text: str) -> bool:
