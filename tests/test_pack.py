@@ -247,6 +247,15 @@ def test_strict_stops_at_the_first_corrupt_input(sample_root, tmp_path, workers,
     assert multiprocessing.active_children() == []
 
 
+def test_strict_run_does_not_reuse_shards_that_skipped_inputs(sample_root, tmp_path):
+    make_corrupt_folder(sample_root, tmp_path / "src")
+    out = tmp_path / "p.h5"
+    assert pack(tmp_path / "src", out, shard_size=4, progress=False).count == 8
+    out.unlink()  # the shards stay, as after an interrupted run
+    with pytest.raises(CorruptInputError, match="strict mode"):
+        pack(tmp_path / "src", out, strict=True, shard_size=4, progress=False)
+
+
 @pytest.mark.timeout(120)
 def test_spawned_workers_need_a_picklable_source(tmp_path):
     images = ArrayDataset(n=8)

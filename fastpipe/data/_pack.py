@@ -515,7 +515,8 @@ def pack(
     # The sample spec comes from the start of the whole source, so every shard i/n agrees on it.
     spec = probe_spec(listing, storage, 0, listing.count, shape)
     options = {"max_side": max_side, "quality": int(quality) if max_side is not None else None,
-               "shape": list(shape) if shape is not None else None, "check": bool(check)}
+               "shape": list(shape) if shape is not None else None, "check": bool(check),
+               "strict": bool(strict)}  # a skipping run's shards must not satisfy a strict one
     plan = hashlib.sha256(json.dumps([listing.fingerprint, storage, spec.to_json(), options],
                                      sort_keys=True).encode()).hexdigest()[:24]
     from fastpipe import __version__
