@@ -145,7 +145,7 @@ def test_verify_catches_a_missing_part_and_a_truncated_file(array_pack, bytes_pa
     folder = tmp_path / "v"
     folder.mkdir()
     pack(ArrayDataset(n=10), folder / "v.h5", storage="array", workers=2, progress=False)
-    part = next((folder / "v.h5.shards").glob("part-*.h5"))
+    part = next((folder / "v.h5.shards").glob("*/part-*.h5"))
     part.unlink()
     report = verify(folder / "v.h5")
     assert not report.ok and "part files are missing" in report.problems[0] and part.name in report.problems[0]

@@ -16,7 +16,7 @@ import h5py  # noqa: E402
 
 from fastpipe._cli import main  # noqa: E402
 from fastpipe.data import H5Dataset, decode_rgb, pack, verify  # noqa: E402
-from fastpipe.data._pack import CorruptInputError, PackError, merge_packs  # noqa: E402
+from fastpipe.data._pack import CorruptInputError, PackError, PackFormatError, merge_packs  # noqa: E402
 from tests.pack_helpers import ArrayDataset, KillOnce, make_corrupt_folder  # noqa: E402
 
 pytestmark = pytest.mark.hdf5
@@ -115,7 +115,7 @@ def test_virtual_and_copy_merges_read_identically(sample_root, tmp_path):
     v, c, s = H5Dataset(tmp_path / "v.h5"), H5Dataset(tmp_path / "c.h5"), H5Dataset(tmp_path / "s.h5")
     assert_same_pack(v, c)
     assert_same_pack(c, s)
-    assert len(list((tmp_path / "v.h5.shards").glob("part-*.h5"))) == 5
+    assert len(list((tmp_path / "v.h5.shards").glob("*/part-*.h5"))) == 5
     assert not (tmp_path / "c.h5.shards").exists()  # copy: self-contained, intermediates gone
     with h5py.File(tmp_path / "v.h5") as f:  # plain h5py sees the virtual dataset too (e.g. for DALI)
         assert f["data"].is_virtual
@@ -144,6 +144,7 @@ def test_killed_worker_then_resume_keeps_finished_shards(tmp_path, no_thread_lea
         pack(source, out, storage="array", workers=2, shard_size=8, progress=False)
     assert not marker.exists() and not out.exists()
     assert multiprocessing.active_children() == []
+    (shards,) = shards.iterdir()  # the folder of this run's plan
     finished = sorted(p.name for p in shards.glob("part-*.h5"))
     assert "part-0000000008-0000000016.h5" not in finished  # the killed worker's shard
     assert len(finished) == 4
@@ -210,17 +211,60 @@ def test_dataset_sources_resume_only_when_asked(tmp_path):
 
 
 def test_resume_discards_shards_made_with_other_settings(tmp_path):
-    source = ArrayDataset(n=12)
+    source = ArrayDataset(n=18)
     out = tmp_path / "r.h5"
     shards = tmp_path / "r.h5.shards"
-    shards.mkdir()
-    pack(source, shards / "part-0000000000-0000000006.h5", storage="array", progress=False)  # a stranger
-    (shards / "part-0000000006-0000000012.h5.partial").write_bytes(b"half written")
-    report = pack(source, out, storage="array", shard_size=6, progress=False)
-    assert (report.count, report.resumed_shards) == (12, 0)
-    assert_same_pack(H5Dataset(out), H5Dataset(out))
-    assert sorted(p.name for p in shards.iterdir()) == ["part-0000000000-0000000006.h5",
-                                                       "part-0000000006-0000000012.h5"]
+    pack(source, out, storage="array", shard_size=6, progress=False)
+    out.unlink()  # as if the run had stopped before installing the output
+    (plan,) = shards.iterdir()
+    first = plan / "part-0000000000-0000000006.h5"
+    stranger = ArrayDataset(n=6, shape=(24, 32, 3))
+    stranger.array = lambda i: np.full((24, 32, 3), 7, np.uint8)
+    pack(stranger, first, storage="array", overwrite=True, progress=False)  # another source's shard
+    (plan / "part-0000000012-0000000018.h5").rename(plan / "part-0000000012-0000000018.h5.partial")
+    (shards / "part-0000000000-0000000006.h5").write_bytes(b"a shard of an older fastpipe")
+    report = pack(source, out, storage="array", shard_size=6, progress=False, resume=True)
+    assert (report.count, report.resumed_shards) == (18, 1)
+    ds = H5Dataset(out)
+    for i in range(len(source)):
+        assert np.array_equal(ds[i][0].numpy(), source.array(i).transpose(2, 0, 1))
+        assert ds[i][1] == source.label(i)
+    assert [p.name for p in shards.iterdir()] == [plan.name]
+    assert sorted(p.name for p in plan.iterdir()) == ["part-0000000000-0000000006.h5",
+                                                     "part-0000000006-0000000012.h5",
+                                                     "part-0000000012-0000000018.h5"]
+
+
+def test_failed_overwrite_leaves_the_old_virtual_pack_readable(sample_root, tmp_path):
+    src = tmp_path / "src"
+    copy_tree(sample_root, src)
+    out = tmp_path / "p.h5"
+    pack(src, out, shard_size=12, progress=False)
+    (src / "class_01" / "zz_broken.jpg").write_bytes(b"not a JPEG")
+    with pytest.raises(CorruptInputError):
+        pack(src, out, shard_size=12, overwrite=True, strict=True, progress=False)
+    ds = H5Dataset(out)
+    for i, path in enumerate(image_files(sample_root)):
+        assert ds.encoded(i)[0].tobytes() == path.read_bytes()
+    ds.close()
+    assert verify(out).ok
+    # A successful overwrite installs the new pack, then removes the old run's shards.
+    old = {p.name for p in (tmp_path / "p.h5.shards").iterdir()}
+    report = pack(src, out, shard_size=12, overwrite=True, progress=False)
+    assert (report.count, len(report.skipped)) == (48, 1)
+    (new,) = (tmp_path / "p.h5.shards").iterdir()
+    assert new.name not in old and verify(out).ok
+
+
+def test_a_virtual_pack_refuses_a_replaced_part_file(tmp_path):
+    out = tmp_path / "v.h5"
+    pack(ArrayDataset(n=12), out, storage="array", shard_size=6, progress=False)
+    part = next((tmp_path / "v.h5.shards").glob("*/part-0000000006-*.h5"))
+    pack(ArrayDataset(n=5), part, storage="array", overwrite=True, progress=False)  # same name, other data
+    ds = H5Dataset(out)
+    assert np.array_equal(ds[0][0].numpy(), ArrayDataset().array(0).transpose(2, 0, 1))
+    with pytest.raises(PackFormatError, match="replaced after the merge"):
+        ds[7]
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -286,9 +330,10 @@ def test_shards_from_several_machines_merge(sample_root, tmp_path):
     assert (virtual.count, virtual.merge) == (48, "virtual")
     with h5py.File(tmp_path / "mv.h5") as f:
         files = sorted({source.file_name for source in f["data"].virtual_sources()})
-    assert files == ["part0.h5", "part1.h5.shards/part-0000000016-0000000021.h5",
-                     "part1.h5.shards/part-0000000021-0000000026.h5",
-                     "part1.h5.shards/part-0000000026-0000000032.h5", "part2.h5"]
+    (plan,) = (tmp_path / "part1.h5.shards").iterdir()
+    assert files == ["part0.h5", f"part1.h5.shards/{plan.name}/part-0000000016-0000000021.h5",
+                     f"part1.h5.shards/{plan.name}/part-0000000021-0000000026.h5",
+                     f"part1.h5.shards/{plan.name}/part-0000000026-0000000032.h5", "part2.h5"]
     merge_packs(parts, tmp_path / "mc.h5", merge="copy", progress=False)
     assert_same_pack(H5Dataset(tmp_path / "mv.h5"), full)
     assert_same_pack(H5Dataset(tmp_path / "mc.h5"), full)

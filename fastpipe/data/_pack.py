@@ -14,6 +14,7 @@ import json
 import math
 import multiprocessing
 import os
+import secrets
 import shutil
 import time
 import traceback
@@ -199,9 +200,42 @@ def _check_output(output: Path, overwrite: bool) -> None:
 
 
 def _install(tmp: Path, output: Path) -> None:
+    if tmp.is_file():
+        _fsync(tmp)
     if output.is_dir():
         shutil.rmtree(output)
     os.replace(tmp, output)
+    _fsync(output.parent)
+
+
+def _fsync(path: Path) -> None:
+    """Flushes a file (or a folder's entries) to disk, so a rename never installs unwritten data."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on folders
+        pass
+    finally:
+        os.close(fd)
+
+
+def _remove_old_shards(root: Path, keep: Path | None) -> None:
+    """After the new output is installed: earlier runs' shard folders (and the flat part files of
+    older fastpipe versions) in ``root``, which no output uses any more."""
+    if not root.is_dir():
+        return
+    for path in root.iterdir():
+        if keep is not None and path == keep:
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    if keep is None:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def _size_on_disk(output: Path, meta: dict[str, Any] | None = None) -> int:
@@ -288,6 +322,7 @@ def _pack_range(job: _Job, task: _Task, on_progress: Callable[[int], None]) -> d
         meta = dict(job.meta, range=[task.start, task.stop], inputs=task.stop - task.start,
                     skipped=skipped, merge="none", parts=None)
         writer.finish(meta)
+        _fsync(partial)
     except BaseException:
         writer.abort()
         partial.unlink(missing_ok=True)
@@ -528,8 +563,12 @@ def pack(
         "writer": f"fastpipe {__version__}",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
-    directory = output.with_name(output.name + ".shards")
-    directory.mkdir(exist_ok=True)
+    # Each run's shards live in their own folder, named by its plan, so a rerun finds them. When a
+    # complete output is replaced, its shards may be the ones a virtual output maps: the new run
+    # packs into a fresh folder, and the old one goes only after the new output is installed.
+    root = output.with_name(output.name + ".shards")
+    directory = root / (f"{plan}-{secrets.token_hex(4)}" if replacing else plan)
+    directory.mkdir(parents=True, exist_ok=True)
     ranges = _shard_ranges(lo, hi, workers, shard_size)
     if resume is None:
         resume = listing.kind != "dataset"
@@ -558,8 +597,12 @@ def pack(
         else:
             results = _run_workers(job, tasks, workers, bar, start_method) if tasks else {}
     except BaseException:
-        if not any(directory.iterdir()):
+        if replacing:  # a fresh folder that no rerun resumes from
+            shutil.rmtree(directory, ignore_errors=True)
+        elif not any(directory.iterdir()):
             directory.rmdir()
+        if not any(root.iterdir()):
+            root.rmdir()
         raise
     finally:
         bar.close()
@@ -573,12 +616,11 @@ def pack(
     single = format == "hdf5" and merge == "virtual" and len(shard_files) == 1
     if single:
         _install(shard_files[0], output)  # one shard is already a complete pack
-        shutil.rmtree(directory, ignore_errors=True)
+        _remove_old_shards(root, None)
     else:
         _merge_files(shard_files, tmp, final_meta, format, merge, progress)
         _install(tmp, output)
-        if merge == "copy":
-            shutil.rmtree(directory, ignore_errors=True)
+        _remove_old_shards(root, directory if merge == "virtual" else None)
     with open_pack(output, format) as reader:
         meta = reader.meta
     return PackReport(output, format, storage, "none" if single else merge, hi - lo, count, skipped, len(ranges), len(kept), time.perf_counter() - started,

@@ -195,6 +195,7 @@ class _Segment:
         self._chunks: np.ndarray | None = None  # chunked: file offset of each chunk along axis 0
         self._chunk_len = 0  # elements (bytes storage) or rows (array storage) per chunk
         self._row_bytes = 0
+        self.expect: dict[str, Any] = {}  # the part file's "count" and "plan" as the merge saw them
 
     def open(self, spec: Spec) -> None:
         if self._dataset is not None or self._fd is not None:
@@ -209,6 +210,11 @@ class _Segment:
             f = h5py.File(self.path, "r", rdcc_nbytes=0)
         except OSError as exc:
             raise PackFormatError(f"cannot open {self.path} as HDF5: {exc}") from exc
+        try:
+            self._check_part(f)
+        except BaseException:
+            f.close()
+            raise
         ds = _require_dataset(f, DATA, str(self.path))
         plain = (ds.dtype == np.dtype(spec.dtype) and ds.dtype.isnative and f.userblock_size == 0
                  and ds.id.get_create_plist().get_nfilters() == 0 and not ds.is_virtual)
@@ -227,6 +233,19 @@ class _Segment:
             f.close()
         else:
             self._file, self._dataset = f, ds
+
+    def _check_part(self, f) -> None:
+        # A part file replaced since the merge (another pack run under the same name) would be
+        # read at the old offsets: refuse it rather than return another sample's bytes.
+        if not self.expect:
+            return
+        meta = read_h5_meta(f, str(self.path))
+        found = {key: meta.get(key) for key in self.expect}
+        if key_mismatch := [k for k in self.expect if found[k] != self.expect[k]]:
+            raise PackFormatError(
+                f"the part file {self.path} of a virtual pack was replaced after the merge "
+                f"({', '.join(f'{k} {found[k]!r}, expected {self.expect[k]!r}' for k in key_mismatch)}); "
+                "pack the output again")
 
     def _pread(self, out: np.ndarray, offset: int) -> None:
         if os.preadv(self._fd, [out], offset) != out.nbytes:
@@ -391,7 +410,9 @@ class H5PackReader(PackReader):
             s0, s1 = part["samples"]
             b0 = part["bytes"][0] if self.spec.storage == "bytes" else 0
             lb0 = part.get("local_bytes", [0])[0] if self.spec.storage == "bytes" else 0
-            segments.append(_Segment(file, s0, s1, part.get("local_samples", [0])[0], b0, lb0))
+            segment = _Segment(file, s0, s1, part.get("local_samples", [0])[0], b0, lb0)
+            segment.expect = {k: part[f"part_{k}"] for k in ("count", "plan") if f"part_{k}" in part}
+            segments.append(segment)
         missing = [str(s.path) for s in segments if not s.path.exists()]
         if missing:
             raise PackFormatError(

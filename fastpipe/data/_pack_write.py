@@ -253,10 +253,13 @@ def _map_virtual(h5py, layout, reader: PackReader, root: Path, sample_base: int,
             continue
         with h5py.File(segment.path, "r") as src:
             source_shape = src[fmt.DATA].shape
+            part_meta = fmt.read_h5_meta(src, str(segment.path))
         relative = os.path.relpath(segment.path, root)
         local0 = segment.local_start
         entry = {"file": relative, "samples": [sample_base + s0, sample_base + s1],
-                 "local_samples": [local0, local0 + s1 - s0]}
+                 "local_samples": [local0, local0 + s1 - s0],
+                 # checked when a reader opens the part: a replaced part file is refused
+                 "part_count": int(part_meta["count"]), "part_plan": part_meta.get("plan")}
         source = h5py.VirtualSource(relative, fmt.DATA, shape=source_shape)
         if reader.spec.storage == "bytes":
             b0, b1 = int(reader.offsets[s0]), int(reader.offsets[s1])
