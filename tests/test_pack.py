@@ -355,6 +355,24 @@ def test_max_side_reencodes_large_images_only(sample_root, tmp_path):
     assert same.encoded(3)[0].tobytes() == image_files(sample_root)[3].read_bytes()
 
 
+def test_folder_listing_matches_torchvision_image_folder(sample_root, tmp_path):
+    torchvision = pytest.importorskip("torchvision")
+    jpegs = image_files(sample_root)
+    root = tmp_path / "tree"
+    layout = [".ipynb_checkpoints/x-checkpoint.jpg", "cat/b.jpg", "cat/.hidden.jpg", "cat/a/z.jpg",
+              "cat/a/sub/y.JPG", "cat/a-b/w.jpg", "cat/a.b/v.png.txt", "cat/a.b/v.jpeg", "dog/1.jpg",
+              "dog/.cache/2.jpg", "dog/10.jpg", "dog/2.jpg", "root.jpg"]
+    for k, rel in enumerate(layout):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(jpegs[k].read_bytes())
+    pack(root, tmp_path / "t.h5", progress=False)
+    ds = H5Dataset(tmp_path / "t.h5")
+    reference = torchvision.datasets.ImageFolder(str(root))
+    assert ds.classes == reference.classes == [".ipynb_checkpoints", "cat", "dog"]
+    assert ds.labels.tolist() == reference.targets
+    assert [ds.source(i) for i in range(len(ds))] == [os.path.relpath(p, root) for p, _ in reference.samples]
+
+
 def test_list_file_source(sample_root, tmp_path):
     files = image_files(sample_root)[:6]
     named = tmp_path / "named.txt"

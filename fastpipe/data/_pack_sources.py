@@ -84,21 +84,19 @@ def _stat_key(path: str) -> tuple[int, int]:
 
 
 def _list_folder(root: Path) -> Listing:
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    # Exactly torchvision's ImageFolder listing (hidden entries included, sorted(os.walk(...))
+    # order), so sample i and its label match torchvision, fastpipe.data.ImageFolder and DALI.
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
     if not classes:
         raise PackError(f"{root} has no class folders: an ImageFolder tree is root/<class>/<image>")
     names: list[str] = []
     labels: list[int] = []
     for label, name in enumerate(classes):
-        found = []
-        for dirpath, dirnames, filenames in os.walk(root / name, followlinks=True):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for dirpath, _, filenames in sorted(os.walk(root / name, followlinks=True)):
             rel = os.path.relpath(dirpath, root)
-            found.extend(os.path.join(rel, f) for f in filenames
-                         if f.lower().endswith(IMAGE_EXTENSIONS) and not f.startswith("."))
-        found.sort()
-        names.extend(found)
-        labels.extend([label] * len(found))
+            found = [os.path.join(rel, f) for f in sorted(filenames) if f.lower().endswith(IMAGE_EXTENSIONS)]
+            names.extend(found)
+            labels.extend([label] * len(found))
     if not names:
         raise PackError(f"{root} holds class folders but no images ({', '.join(IMAGE_EXTENSIONS)})")
     label_array = np.asarray(labels, np.int64)
