@@ -86,3 +86,8 @@ def test_not_an_lmdb_pack(tmp_path, sample_root):
     pack(sample_root, tmp_path / "p.lmdb", progress=False)
     with pytest.raises(IndexError, match="index 48 is out of range"):
         LMDBDataset(tmp_path / "p.lmdb")[48]
+    with pytest.raises(PackFormatError, match=r"LMDB file, but H5Dataset reads HDF5 packs: .*LMDBDataset"):
+        H5Dataset(tmp_path / "p.lmdb")
+    pack(sample_root, tmp_path / "p.h5", progress=False)
+    with pytest.raises(PackFormatError, match=r"HDF5 file, but LMDBDataset reads LMDB packs: .*H5Dataset"):
+        LMDBDataset(tmp_path / "p.h5")

@@ -54,6 +54,16 @@ class PackDataset(Dataset):
         self._pid: int | None = None
 
     def _open(self) -> fmt.PackReader:
+        try:
+            found = fmt.sniff_format(self.path)
+        except fmt.PackFormatError:
+            found = None  # open_pack explains what the file is not
+        if found is not None and found != self._format:
+            reader = "LMDBDataset" if found == "lmdb" else "H5Dataset"
+            raise fmt.PackFormatError(
+                f"{self.path} is an {'LMDB' if found == 'lmdb' else 'HDF5'} file, but "
+                f"{type(self).__name__} reads {'LMDB' if self._format == 'lmdb' else 'HDF5'} packs: "
+                f"open it with fastpipe.data.{reader}")
         return fmt.open_pack(self.path, self._format)
 
     def _get_reader(self) -> fmt.PackReader:
