@@ -1,8 +1,8 @@
 """``pack``, ``merge_packs`` and ``verify``: make packed datasets, combine shards, check them.
 
 Packing runs in shards: each covers a contiguous range of inputs and is written by one process
-under a ``.partial`` name, renamed when complete. A rerun of the same command keeps finished shards
-and redoes the rest. Shards are then merged into the output: an HDF5 virtual dataset over the
+under a ``.partial`` name, flushed and renamed when complete. A rerun of an interrupted command keeps
+the finished shards of the same plan and redoes the rest. Shards are then merged into the output: an HDF5 virtual dataset over the
 shard files (no copy), one contiguous HDF5 file (copy), or an LMDB file (copy).
 """
 
@@ -483,7 +483,8 @@ def pack(
     Args:
         source: an ImageFolder root (``root/<class>/<image>``), a list file (``path [label]`` per
             line, paths relative to the list file), or a map-style dataset returning ``(array, label)``.
-        output: the pack to write. Shards go to ``<output>.shards/`` first.
+        output: the pack to write. Shards go to ``<output>.shards/<run>/`` first (one folder
+            per run; an older run's folder is removed once the new output is installed).
         storage: ``"bytes"`` keeps encoded files (JPEG/PNG) as they are; ``"array"`` stores decoded
             fixed-shape arrays (images as uint8 ``(3, H, W)``).
         workers: processes packing shards in parallel (1 packs in this process).
