@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from fastpipe.data._listing import list_image_folder
+
 # What DALI's image decoders read (JPEG, JPEG 2000, PNG, BMP, TIFF, PNM, WebP); the same
 # extensions fn.readers.file picks up from a folder tree.
 IMAGE_EXTENSIONS = frozenset(
@@ -92,21 +94,13 @@ class FileList:
             if root.exists():
                 raise NotADirectoryError(f"{root} is a file, not an image folder")
             raise FileNotFoundError(f"image folder {root} does not exist")
-        classes = sorted(entry.name for entry in os.scandir(root) if entry.is_dir())
+        classes, paths, labels = list_image_folder(root, IMAGE_EXTENSIONS)
         if not classes:
             raise ValueError(
                 f"{root} has no class folders: expected the ImageFolder layout "
                 "root/<class>/<image>, or pass a list file with 'path label' lines"
             )
-        files: list[str] = []
-        labels: list[int] = []
-        for label, name in enumerate(classes):
-            for directory, subdirs, names in os.walk(root / name, followlinks=True):
-                subdirs.sort()
-                for file_name in sorted(names):
-                    if os.path.splitext(file_name)[1].lower() in IMAGE_EXTENSIONS:
-                        files.append(os.path.join(directory, file_name))
-                        labels.append(label)
+        files = [os.path.join(root, path) for path in paths]
         if not files:
             raise ValueError(
                 f"no images found in the class folders of {root} "

@@ -13,9 +13,8 @@ from typing import Any
 import numpy as np
 
 from fastpipe.data._decode import CorruptImageError, decode_rgb
+from fastpipe.data._listing import IMG_EXTENSIONS, list_image_folder
 from fastpipe.data._pack_format import PackError, Spec
-
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 
 
 class SkipInput(Exception):
@@ -84,21 +83,12 @@ def _stat_key(path: str) -> tuple[int, int]:
 
 
 def _list_folder(root: Path) -> Listing:
-    # Exactly torchvision's ImageFolder listing (hidden entries included, sorted(os.walk(...))
-    # order), so sample i and its label match torchvision, fastpipe.data.ImageFolder and DALI.
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+    # torchvision's listing, shared with ImageFolder and DALI, so sample i and its label match.
+    classes, names, labels = list_image_folder(root, IMG_EXTENSIONS)
     if not classes:
         raise PackError(f"{root} has no class folders: an ImageFolder tree is root/<class>/<image>")
-    names: list[str] = []
-    labels: list[int] = []
-    for label, name in enumerate(classes):
-        for dirpath, _, filenames in sorted(os.walk(root / name, followlinks=True)):
-            rel = os.path.relpath(dirpath, root)
-            found = [os.path.join(rel, f) for f in sorted(filenames) if f.lower().endswith(IMAGE_EXTENSIONS)]
-            names.extend(found)
-            labels.extend([label] * len(found))
     if not names:
-        raise PackError(f"{root} holds class folders but no images ({', '.join(IMAGE_EXTENSIONS)})")
+        raise PackError(f"{root} holds class folders but no images ({', '.join(IMG_EXTENSIONS)})")
     label_array = np.asarray(labels, np.int64)
     files = [str(root / n) for n in names]
     return Listing("folder", str(root), len(names), classes, files=files, names=names, labels=label_array,

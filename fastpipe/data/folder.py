@@ -11,9 +11,7 @@ import numpy as np
 import torch
 
 from fastpipe.data._decode import ImageDecoder
-
-# torchvision's IMG_EXTENSIONS, so the same tree gives the same samples.
-IMG_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+from fastpipe.data._listing import IMG_EXTENSIONS, list_image_folder
 
 
 class ImageFolder(torch.utils.data.Dataset):
@@ -57,23 +55,14 @@ class ImageFolder(torch.utils.data.Dataset):
                 f"ImageFolder root {str(self.root)!r} is not a folder; pass the folder that holds "
                 "one sub-folder per class"
             )
-        self.classes = sorted(entry.name for entry in os.scandir(self.root) if entry.is_dir())
+        self.classes, rel_paths, labels = list_image_folder(self.root, extensions)
         if not self.classes:
             raise FileNotFoundError(
                 f"ImageFolder root {str(self.root)!r} has no class sub-folders; expected "
                 "root/<class>/<image> (e.g. root/cat/001.jpg)"
             )
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
-        paths: list[bytes] = []
-        labels: list[int] = []
-        for label, name in enumerate(self.classes):
-            # Sorted like torchvision's make_dataset, so sample i is the same file in both.
-            for dirpath, _, filenames in sorted(os.walk(self.root / name, followlinks=True)):
-                for filename in sorted(filenames):
-                    if filename.lower().endswith(extensions):
-                        rel = os.path.relpath(os.path.join(dirpath, filename), self.root)
-                        paths.append(os.fsencode(rel))
-                        labels.append(label)
+        paths = [os.fsencode(p) for p in rel_paths]
         if not paths:
             raise FileNotFoundError(
                 f"no images with extensions {', '.join(extensions)} under the class folders of "
