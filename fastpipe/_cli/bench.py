@@ -6,7 +6,7 @@ import argparse
 import shlex
 
 from fastpipe._cli import CommandError
-from fastpipe._cli.tune import check_output, check_plot, non_negative_float, positive_int
+from fastpipe._cli._args import check_output, check_plot, non_negative_float, positive_int
 
 HELP = "run the loaders side by side on the built-in sample dataset and print a table"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from fastpipe._cli import CommandError
-from fastpipe._cli.tune import (
+from fastpipe._cli._args import (
     add_dataset_arguments,
     check_output,
     check_plot,

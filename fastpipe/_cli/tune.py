@@ -3,83 +3,18 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from fastpipe._cli import CommandError
+from fastpipe._cli._args import (
+    add_dataset_arguments,
+    check_plot,
+    int_list,
+    non_negative_float,
+    positive_int,
+    resolve,
+)
 
 HELP = "find the fastest DataLoader settings for a dataset within a time budget"
-
-DATASET_HELP = ("an ImageFolder directory, a .h5 pack file (from `fastpipe pack`), or "
-                "module:function (or file.py:function) returning a map-style dataset")
-
-
-def int_list(text: str) -> list[int]:
-    """argparse type for comma-separated non-negative ints: "0,2,4"."""
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {text!r}")
-    return values
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
-
-
-def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dataset", help=DATASET_HELP)
-    parser.add_argument("--size", type=positive_int, default=224,
-                        help="crop size for image folders and packs (default 224)")
-    parser.add_argument("--eval", action="store_true",
-                        help="eval-time transforms (resize + centre crop) instead of train-time")
-
-
-def resolve(args: argparse.Namespace):
-    """The dataset named on the command line, or a CommandError saying what to pass."""
-    from fastpipe.profiling.tuner import resolve_dataset
-
-    try:
-        return resolve_dataset(args.dataset, size=args.size, train=not args.eval)
-    except (FileNotFoundError, ValueError, ImportError) as exc:
-        raise CommandError(str(exc)) from exc
-
-
-def check_output(path: str | None, what: str) -> None:
-    """Fails before the long work, not after it, when an output file cannot be written."""
-    if path is None:
-        return
-    parent = Path(path).expanduser().resolve().parent
-    if not parent.is_dir():
-        raise CommandError(f"cannot write the {what} to {path}: {parent} is not a directory")
-
-
-def check_plot(path: str | None) -> None:
-    check_output(path, "plot")
-    if path is not None:
-        from fastpipe._optional import MissingDependencyError, require
-
-        try:
-            require("matplotlib", extra="plot", feature="--plot")
-        except MissingDependencyError as exc:
-            raise CommandError(str(exc)) from exc
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
