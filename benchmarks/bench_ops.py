@@ -7,12 +7,19 @@ For each op on a 64x3x224x224 batch (by default):
     loop (in place, no copy), the Cutout paper's per-sample loop, timm's Mixup 'elem' loop, and for
     normalize timm's PrefetchLoader expression ``x.float().sub_(mean).div_(std)``;
   * GB/s: bytes read plus bytes written by the functional op, over its time, against a ``clone()``
-    of a tensor like the op's output, the memory-bandwidth ceiling (for a 38 MB float32 batch
-    both are dominated by the kernel faulting in freshly allocated pages).
+    of a tensor like the op's output, the memory-bandwidth ceiling.
 Targets (issue 3): ext >= 5x loop, ext >= 2x ref, and >= half of clone's GB/s for cutout,
 random_erasing and normalize.
 
+Allocator: glibc gives every freed block over its mmap threshold (at most 32 MiB) back to the
+system, so with its defaults each new 38 MB float32 batch is fresh pages that the kernel zeroes
+as they are first written, and a clone() measures page faults rather than memory bandwidth.
+``--keep-memory`` runs the benchmark with glibc keeping freed memory for reuse (MALLOC_MMAP_MAX_=0,
+MALLOC_TRIM_THRESHOLD_=4 GiB), as jemalloc, tcmalloc and PyTorch's CUDA caching allocator do;
+every op and baseline in that run uses the same allocator.
+
     python benchmarks/bench_ops.py                      # full run (about a minute on 2 cores)
+    python benchmarks/bench_ops.py --keep-memory        # the same, allocator keeping freed memory
     python benchmarks/bench_ops.py --quick              # smoke run: small batch, few repeats
     python benchmarks/bench_ops.py --markdown docs/ops-benchmark.md
 """
@@ -36,6 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fastpipe import ops  # noqa: E402
 from fastpipe.ops import _extension  # noqa: E402
+
+# glibc's environment settings (read once, at process start) that keep freed memory for reuse.
+KEEP_MEMORY = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)
@@ -144,15 +154,47 @@ def timm_cutmix_batch_(x: torch.Tensor, alpha=1.0):
 # ---- timing ----
 
 
-def median_ms(fn: Callable[[], object], repeat: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
+def interleaved_ms(
+    timed: dict[str, Callable[[], float]], repeat: int, warmup: int = 1
+) -> dict[str, float]:
+    """Median milliseconds of each timed function, run round-robin: one run of each per round.
+
+    The machine's speed drifts (other virtual machines on the host), so the variants of one case
+    are timed in the same rounds and their ratios compare like with like.
+    """
+    for fn in timed.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in timed}
     for _ in range(repeat):
+        for name, fn in timed.items():
+            times[name].append(fn())
+    return {name: statistics.median(values) * 1e3 for name, values in times.items()}
+
+
+def timed_call(fn: Callable[[], object]) -> Callable[[], float]:
+    """Seconds one call of fn takes."""
+
+    def run() -> float:
         start = time.perf_counter()
         fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
+        return time.perf_counter() - start
+
+    return run
+
+
+def timed_on_fresh_copy(
+    fn: Callable[[torch.Tensor], object], images: torch.Tensor
+) -> Callable[[], float]:
+    """Seconds fn takes on a fresh copy of images (for in-place functions), the copy untimed."""
+
+    def run() -> float:
+        x = images.clone()
+        start = time.perf_counter()
+        fn(x)
+        return time.perf_counter() - start
+
+    return run
 
 
 def on_reference(fn: Callable[[], object]) -> Callable[[], object]:
@@ -261,18 +303,6 @@ def cases(batch: int, size: int) -> list[dict]:
 TARGET_BANDWIDTH = ("cutout", "random_erasing", "normalize")
 
 
-def fresh_copy_ms(fn: Callable[[torch.Tensor], object], images: torch.Tensor, repeat: int) -> float:
-    """Times fn on a fresh copy of images each run (for in-place functions), the copy untimed."""
-    fn(images.clone())
-    times = []
-    for _ in range(repeat):
-        x = images.clone()
-        start = time.perf_counter()
-        fn(x)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
 def run(batch: int, size: int, repeat: int) -> list[dict]:
     results = []
     for case in cases(batch, size):
@@ -283,16 +313,18 @@ def run(batch: int, size: int, repeat: int) -> list[dict]:
         # clone() of a tensor like its output: both allocate (and page-fault) the same memory.
         moved_bytes = images.nbytes + output.nbytes
         row = dict(op=case["op"], dtype=str(images.dtype).replace("torch.", ""))
-        row["clone_ms"] = median_ms(output.clone, repeat)
-        row["ext_ms"] = median_ms(case["ext"], repeat)
-        row["ref_ms"] = median_ms(on_reference(case["ext"]), repeat)
-        row["inplace_ms"] = (
-            fresh_copy_ms(case["inplace"], images, repeat) if "inplace" in case else None
-        )
-        row["loop_ms"] = fresh_copy_ms(case["loop"], images, max(3, repeat // 3))
-        row["vectorized_ms"] = (
-            fresh_copy_ms(case["vectorized"], images, repeat) if case.get("vectorized") else None
-        )
+        timed = {
+            "clone_ms": timed_call(output.clone),
+            "ext_ms": timed_call(case["ext"]),
+            "ref_ms": timed_call(on_reference(case["ext"])),
+            "loop_ms": timed_on_fresh_copy(case["loop"], images),
+        }
+        if "inplace" in case:
+            timed["inplace_ms"] = timed_on_fresh_copy(case["inplace"], images)
+        if case.get("vectorized"):
+            timed["vectorized_ms"] = timed_on_fresh_copy(case["vectorized"], images)
+        row.update(inplace_ms=None, vectorized_ms=None)
+        row.update(interleaved_ms(timed, repeat))
         row["loop_label"] = case["loop_label"]
         row["vectorized_label"] = case.get("vectorized_label") if case.get("vectorized") else None
         # In-place ops are compared with the in-place loops, functional ones with the rest.
@@ -320,11 +352,28 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def keeps_memory() -> bool:
+    """Whether this process runs with glibc keeping freed memory (``--keep-memory``)."""
+    return all(os.environ.get(name) == value for name, value in KEEP_MEMORY.items())
+
+
+def allocator_description() -> str:
+    if keeps_memory():
+        settings = " ".join(f"{name}={value}" for name, value in KEEP_MEMORY.items())
+        return f"glibc keeping freed memory for reuse ({settings})"
+    return (
+        "glibc's defaults (a freed block over 32 MiB goes back to the system: a new float32 "
+        "batch is fresh pages, faulted in as it is written)"
+    )
+
+
 def markdown(results: list[dict], batch: int, size: int, repeat: int) -> str:
     lines = [
-        f"Batch {batch}x3x{size}x{size} on the CPU, median of {repeat} runs; "
+        f"Batch {batch}x3x{size}x{size} on the CPU, median of {repeat} rounds (each round runs every "
+        "variant of a row once, so a row's ratios compare runs made under the same conditions); "
         f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"{torch.get_num_threads()} torch threads, torch {torch.__version__}.",
+        f"{torch.get_num_threads()} torch threads, torch {torch.__version__}. "
+        f"Allocator: {allocator_description()}.",
         "",
         "| op | dtype | C++ op (ms) | C++ in place (ms) | reference (ms) | per-sample loop (ms) "
         "| vectorized torch (ms) | x loop | x reference | GB/s | of clone() | targets met |",
@@ -370,7 +419,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--markdown", type=Path, default=None, help="write the results table to this file"
     )
+    parser.add_argument(
+        "--keep-memory",
+        action="store_true",
+        help="run with glibc keeping freed memory for reuse (re-runs this script with "
+        + " ".join(f"{name}={value}" for name, value in KEEP_MEMORY.items())
+        + "), so that clone() measures memory bandwidth rather than page faults",
+    )
     args = parser.parse_args(argv)
+    if args.keep_memory and not keeps_memory():
+        if platform.libc_ver()[0] != "glibc":
+            parser.error("--keep-memory sets glibc's malloc settings; this Python is not on glibc")
+        # glibc reads these settings when the process starts, so the benchmark starts again.
+        script_args = sys.argv[1:] if argv is None else list(argv)
+        os.execve(
+            sys.executable,
+            [sys.executable, os.path.abspath(__file__), *script_args],
+            {**os.environ, **KEEP_MEMORY},
+        )
+    print(f"allocator: {allocator_description()}", flush=True)
     if args.quick:
         args.batch, args.size, args.repeat = 8, 64, 3
     if args.threads:

@@ -313,6 +313,34 @@ def test_cutmix_box_follows_timm():
         assert corrected.item() == pytest.approx(1 - area / (h * w))
 
 
+def test_cutmix_box_is_the_same_in_python_and_under_torch_compile(monkeypatch):
+    lams = [_params.beta(a, _gen(seed)) for seed, a in enumerate((0.2, 1.0, 3.0) * 20)]
+    lams.append(torch.tensor(0.0, dtype=torch.float64))  # the box covers everything it can
+    sizes = ((40, 30), (7, 9), (1, 1))
+    eager = [_params.cutmix_box(h, w, lam, _gen(i)) for i, lam in enumerate(lams) for h, w in sizes]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    traced = [_params.cutmix_box(h, w, lam, _gen(i)) for i, lam in enumerate(lams) for h, w in sizes]
+    for (box_a, lam_a), (box_b, lam_b) in zip(eager, traced, strict=True):
+        assert box_a.dtype == box_b.dtype == torch.int64 and torch.equal(box_a, box_b)
+        assert lam_a.dtype == lam_b.dtype == torch.float64 and torch.equal(lam_a, lam_b)
+
+
+def test_soft_targets_from_class_indices_are_timms_formula_bit_for_bit():
+    # Built from four float32 numbers instead of (N, K) passes: the bits must not change.
+    g = _gen(5)
+    for trial in range(300):
+        n = int(torch.randint(0, 9, (), generator=g))
+        classes = int(torch.randint(1, 6, (), generator=g))  # few classes: partners often match
+        smoothing = 0.0 if trial % 3 == 0 else float(torch.rand((), generator=g)) * 0.5
+        targets = torch.randint(0, classes, (n,), generator=g)
+        lam = torch.rand((), generator=g)
+        off = smoothing / classes
+        y = torch.full((n, classes), off).scatter(1, targets.view(-1, 1), 1 - smoothing + off)
+        expected = y * lam + y.flip(0) * (1 - lam)
+        got = _functional._soft_targets(targets, classes, lam, smoothing)
+        assert got.dtype == torch.float32 and torch.equal(got, expected), (trial, got, expected)
+
+
 def test_label_smoothing_matches_timm():
     images = torch.rand(4, 3, 8, 8)
     targets = torch.tensor([0, 2, 1, 3])
@@ -358,6 +386,36 @@ def test_ops_do_not_modify_their_input(backend):
     ops.cutmix(images, torch.zeros(4, dtype=torch.long), 1.0, 2)
     ops.normalize(images, (0.5,) * 3, (0.5,) * 3)
     assert torch.equal(images, before)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+@pytest.mark.parametrize("n", [1, 4, 5])
+@pytest.mark.parametrize("name", ["cutout", "random_erasing", "mixup", "cutmix"])
+def test_inplace_gives_the_functional_result_in_the_batch_itself(name, n, dtype, backend):
+    images = _images(n=n, dtype=dtype, seed=n)
+    if name == "cutmix" or n == 4:  # channels_last too
+        images = images.contiguous(memory_format=torch.channels_last)
+    targets = torch.arange(n) % 3
+
+    def call(x, inplace):
+        gen = _gen(11)
+        if name == "cutout":
+            return ops.cutout(x, 2, 5, generator=gen, inplace=inplace)
+        if name == "random_erasing":
+            return ops.random_erasing(x, p=0.9, value="random", generator=gen, inplace=inplace)
+        return getattr(ops, name)(x, targets, 0.7, 3, label_smoothing=0.1, generator=gen,
+                                  inplace=inplace)
+
+    expected = call(images, False)
+    batch = images.clone()
+    got = call(batch, True)
+    if name in ("mixup", "cutmix"):
+        assert torch.equal(got[1], expected[1])
+        got, expected = got[0], expected[0]
+    assert got is batch
+    assert torch.equal(batch, expected)
+    assert batch.stride() == images.stride()
+    assert n == 1 or not torch.equal(batch, images)
 
 
 def test_empty_batch_and_zero_holes(backend):
@@ -438,7 +496,14 @@ def test_parameters_reach_a_cuda_device_by_a_pinned_non_blocking_copy():
 
 @pytest.mark.parametrize(
     "name, expected",
-    [("normalize", 2), ("cutout", 2), ("random_erasing", 3), ("mixup", 2), ("cutmix", 2)],
+    [
+        ("normalize", 2),
+        ("cutout", 2),
+        ("random_erasing", 3),
+        ("mixup", 1),
+        ("mixup soft targets", 2),
+        ("cutmix", 1),
+    ],
 )
 def test_every_parameter_tensor_goes_to_the_device_through_the_pinned_copy(
     name, expected, monkeypatch
@@ -455,8 +520,12 @@ def test_every_parameter_tensor_goes_to_the_device_through_the_pinned_copy(
         "normalize": lambda: ops.normalize(images, (0.5,) * 3, (0.2,) * 3),  # mean, std
         "cutout": lambda: ops.cutout(images),  # fill, boxes
         "random_erasing": lambda: ops.random_erasing(images, value="random"),  # fill, seeds, boxes
-        "mixup": lambda: ops.mixup(images, targets, 1.0, 2),  # lam for images, lam for targets
-        "cutmix": lambda: ops.cutmix(images, targets, 1.0, 2),  # boxes, lam for targets
+        # Soft targets from class indices are built from scalars on the targets' device.
+        "mixup": lambda: ops.mixup(images, targets, 1.0, 2),  # lam for images
+        "mixup soft targets": lambda: ops.mixup(
+            images, torch.full((4, 2), 0.5), 1.0, 2
+        ),  # lam for images, lam for targets
+        "cutmix": lambda: ops.cutmix(images, targets, 1.0, 2),  # boxes
     }
     calls[name]()
     assert len(moved) == expected, moved
@@ -534,6 +603,18 @@ BAD_CALLS = [
         "outputs float32",
     ),
     ("alpha", lambda: ops.mixup(_GOOD, _T, 0.0, 3), ValueError, "alpha must be a number > 0"),
+    (
+        "mixup in place with grad",
+        lambda: ops.mixup(torch.rand(4, 3, 8, 8, requires_grad=True), _T, 1.0, 3, inplace=True),
+        ValueError,
+        r"mixup\(inplace=True\) does not support autograd",
+    ),
+    (
+        "cutmix in place with grad",
+        lambda: ops.cutmix(torch.rand(4, 3, 8, 8, requires_grad=True), _T, 1.0, 3, inplace=True),
+        ValueError,
+        r"cutmix\(inplace=True\) does not support autograd",
+    ),
     ("num_classes", lambda: ops.mixup(_GOOD, _T, 1.0, 0), ValueError, "num_classes"),
     (
         "smoothing",

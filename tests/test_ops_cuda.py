@@ -122,6 +122,16 @@ static int64_t total(const int64_t* g) { return g[0] * g[1] * g[2] * g[3]; }
                               const int64_t* boxes) {                                          \
     for (int64_t i = 0; i < total(g); ++i)                                                     \
       out[i] = cutmix_element<T>(i, in, str(s), cl, geo(g), boxes);                            \
+  }                                                                                            \
+  EXPORT void mixup_inplace_##SUFFIX(T* images, const int64_t* s, const int64_t* g,            \
+                                     const float* lam) {                                       \
+    for (int64_t i = 0; i < total(g) / g[0] * ((g[0] + 1) / 2); ++i)                           \
+      mixup_pair_element<T, HostConv>(i, images, str(s), geo(g), lam);                         \
+  }                                                                                            \
+  EXPORT void cutmix_inplace_##SUFFIX(T* images, const int64_t* s, const int64_t* g,           \
+                                      const int64_t* boxes) {                                  \
+    for (int64_t i = 0; i < total(g) / g[0] * ((g[0] + 1) / 2); ++i)                           \
+      cutmix_pair_element<T>(i, images, str(s), geo(g), boxes);                                \
   }
 
 DEFINE(u8, uint8_t)
@@ -163,6 +173,18 @@ def _run(lib, name, x, out, *extra):
     args += [ctypes.c_int64(e) if isinstance(e, int) else _ptr(e) for e in extra]
     getattr(lib, f"{name}_{suffix}")(*args)
     return out
+
+
+def _run_in_place(lib, name, x, *extra):
+    """An in-place kernel body on a copy of x with x's strides; returns the copy."""
+    view = (x._base if x._base is not None else x).clone().as_strided(
+        x.shape, x.stride(), x.storage_offset()
+    )
+    suffix = "u8" if x.dtype == torch.uint8 else "f32"
+    strides = torch.tensor(view.stride(), dtype=torch.int64)
+    geometry = torch.tensor(view.shape, dtype=torch.int64)
+    getattr(lib, f"{name}_{suffix}")(_ptr(view), _ptr(strides), _ptr(geometry), *map(_ptr, extra))
+    return view
 
 
 def _batches():
@@ -213,13 +235,13 @@ def test_cuda_kernel_bodies_equal_the_reference_when_run_on_the_cpu(emulated):
             )
             assert torch.equal(view, expected)
         lam = torch.rand(n, generator=g)
-        assert torch.equal(
-            _run(emulated, "mixup", x, _dense_like(x), lam), _reference.mixup(x, lam)
-        )
-        pair = boxes[:, 0].contiguous()
-        assert torch.equal(
-            _run(emulated, "cutmix", x, _dense_like(x), pair), _reference.cutmix(x, pair)
-        )
+        expected = _reference.mixup(x, lam)
+        assert torch.equal(_run(emulated, "mixup", x, _dense_like(x), lam), expected)
+        assert torch.equal(_run_in_place(emulated, "mixup_inplace", x, lam), expected)
+        for pair in (boxes[:, 0].contiguous(), boxes[:1, 0].expand(n, 4).contiguous()):
+            expected = _reference.cutmix(x, pair)
+            assert torch.equal(_run(emulated, "cutmix", x, _dense_like(x), pair), expected)
+            assert torch.equal(_run_in_place(emulated, "cutmix_inplace", x, pair), expected)
         mean, std = torch.rand(c, generator=g), torch.rand(c, generator=g) + 0.1
         for channels_last in (False, True):
             fmt = torch.channels_last if channels_last else torch.contiguous_format

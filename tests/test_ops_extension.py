@@ -86,11 +86,16 @@ def test_kernels_equal_the_reference_bit_for_bit(dtype, layout):
         for s in (None, seeds):
             expected = _reference.erase(x, boxes, fill, s)
             _assert_same(OPS.erase(x, boxes, fill, s), expected)
-            _assert_erased_in_place(x, boxes, fill, s, expected)
+            _assert_in_place("erase_", x, (boxes, fill, s), expected)
         lam = torch.rand(n, generator=g)
-        _assert_same(OPS.mixup(x, lam), _reference.mixup(x, lam))
+        expected = _reference.mixup(x, lam)
+        _assert_same(OPS.mixup(x, lam), expected)
+        _assert_in_place("mixup_", x, (lam,), expected)
         pair_boxes = _random_boxes(n, 1, h, w, g)[:, 0]
-        _assert_same(OPS.cutmix(x, pair_boxes), _reference.cutmix(x, pair_boxes))
+        for boxes_of_pairs in (pair_boxes, pair_boxes[:1].expand(n, 4)):  # per sample, or one box
+            expected = _reference.cutmix(x, boxes_of_pairs)
+            _assert_same(OPS.cutmix(x, boxes_of_pairs), expected)
+            _assert_in_place("cutmix_", x, (boxes_of_pairs,), expected)
         mean, std = torch.rand(c, generator=g), torch.rand(c, generator=g) + 0.05
         for out_dtype in (torch.float32, torch.float16, torch.bfloat16):
             for channels_last in (False, True):
@@ -98,17 +103,18 @@ def test_kernels_equal_the_reference_bit_for_bit(dtype, layout):
                 _assert_same(OPS.normalize(*args), _reference.normalize(*args))
 
 
-def _assert_erased_in_place(x, boxes, fill, seeds, expected):
-    """erase_ on a copy of x with x's exact strides (inside a larger buffer when x is a view)."""
+def _assert_in_place(name, x, args, expected):
+    """OPS.<name> (in place) on a copy of x with x's exact strides (inside a larger buffer when x
+    is a view): the view ends up equal to expected, and nothing outside it changes."""
     base = x._base if x._base is not None else x
     base = base.clone()
     view = base.as_strided(x.shape, x.stride(), x.storage_offset())
     untouched = base.clone()
-    OPS.erase_(view, boxes, fill, seeds)
-    assert torch.equal(view, expected)
+    getattr(OPS, name)(view, *args)
+    assert torch.equal(view, expected), f"{name}: {tuple(x.shape)} {x.stride()}"
     outside = torch.ones_like(base, dtype=torch.bool)
     outside.as_strided(x.shape, x.stride(), x.storage_offset()).fill_(False)
-    assert torch.equal(base[outside], untouched[outside]), "erase_ wrote outside the view"
+    assert torch.equal(base[outside], untouched[outside]), f"{name} wrote outside the view"
 
 
 EDGE_CASES = {
@@ -138,10 +144,14 @@ def test_edge_cases_equal_the_reference(case, dtype):
         for s in (None, seeds):
             expected = _reference.erase(x, boxes, fill, s)
             _assert_same(OPS.erase(x, boxes, fill, s), expected)
-            _assert_erased_in_place(x, boxes, fill, s, expected)
-        _assert_same(OPS.cutmix(x, boxes[:, 0]), _reference.cutmix(x, boxes[:, 0]))
+            _assert_in_place("erase_", x, (boxes, fill, s), expected)
+        expected = _reference.cutmix(x, boxes[:, 0])
+        _assert_same(OPS.cutmix(x, boxes[:, 0]), expected)
+        _assert_in_place("cutmix_", x, (boxes[:, 0],), expected)
         lam = torch.linspace(0, 1, shape[0])
-        _assert_same(OPS.mixup(x, lam), _reference.mixup(x, lam))
+        expected = _reference.mixup(x, lam)
+        _assert_same(OPS.mixup(x, lam), expected)
+        _assert_in_place("mixup_", x, (lam,), expected)
 
 
 def test_erase_fills_a_hole_larger_than_the_image_completely():
@@ -162,10 +172,16 @@ def test_uint8_mixup_rounds_half_to_even_for_every_pair_of_values():
     assert half[1, 2].item() == 2 and half[2, 3].item() == 2  # 1.5 -> 2, 2.5 -> 2
 
 
-def test_inplace_erase_refuses_overlapping_memory():
+def test_inplace_ops_refuse_overlapping_memory():
     expanded = torch.zeros(1, 3, 1, 1).expand(2, 3, 4, 4)
-    with pytest.raises(RuntimeError, match="share memory"):
-        OPS.erase_(expanded, torch.zeros(2, 1, 4, dtype=torch.long), torch.zeros(3), None)
+    boxes = torch.zeros(2, 4, dtype=torch.long)
+    for call in (
+        lambda: OPS.erase_(expanded, boxes.unsqueeze(1), torch.zeros(3), None),
+        lambda: OPS.mixup_(expanded, torch.rand(2)),
+        lambda: OPS.cutmix_(expanded, boxes),
+    ):
+        with pytest.raises(RuntimeError, match="share memory"):
+            call()
 
 
 def test_public_inplace_variants_write_into_the_batch():
@@ -173,6 +189,8 @@ def test_public_inplace_variants_write_into_the_batch():
     for call in (
         lambda x, g: ops.cutout(x, 2, 6, fill=3, generator=g, inplace=True),
         lambda x, g: ops.random_erasing(x, p=1.0, value="random", generator=g, inplace=True),
+        lambda x, g: ops.mixup(x, torch.arange(4), 0.4, 4, generator=g, inplace=True)[0],
+        lambda x, g: ops.cutmix(x, torch.arange(4), 0.4, 4, generator=g, inplace=True)[0],
     ):
         batch = images.clone()
         out = call(batch, torch.Generator().manual_seed(0))
@@ -185,7 +203,17 @@ def test_public_inplace_variants_write_into_the_batch():
 
 
 @pytest.mark.parametrize(
-    "name", ["cutout", "random_erasing", "random_erasing_noise", "mixup", "cutmix", "normalize"]
+    "name",
+    [
+        "cutout",
+        "random_erasing",
+        "random_erasing_noise",
+        "mixup",
+        "cutmix",
+        "mixup_inplace",
+        "cutmix_inplace",
+        "normalize",
+    ],
 )
 def test_public_ops_give_the_same_result_with_and_without_the_extension(name, monkeypatch):
     g = torch.Generator().manual_seed(1)
@@ -205,8 +233,10 @@ def test_public_ops_give_the_same_result_with_and_without_the_extension(name, mo
             return ops.normalize(
                 images, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), torch.float16
             )
-        mixed, soft = getattr(ops, name)(
-            images, targets, 0.8, 3, label_smoothing=0.1, generator=gen
+        op, _, inplace = name.partition("_")
+        mixed, soft = getattr(ops, op)(
+            images.clone(), targets, 0.8, 3, label_smoothing=0.1, generator=gen,
+            inplace=bool(inplace),
         )
         return torch.cat((mixed.flatten().float(), soft.flatten()))
 
@@ -250,11 +280,13 @@ def _sample_inputs(name):
     return cases
 
 
-@pytest.mark.parametrize("name", ["normalize", "erase", "erase_", "mixup", "cutmix"])
+@pytest.mark.parametrize(
+    "name", ["normalize", "erase", "erase_", "mixup", "mixup_", "cutmix", "cutmix_"]
+)
 def test_opcheck(name):
     op = getattr(OPS, name).default
     for args in _sample_inputs(name.rstrip("_")):
-        if name == "erase_":  # in place: no autograd, so inputs that do not require grad
+        if name.endswith("_"):  # in place: no autograd, so inputs that do not require grad
             args = (args[0].detach().clone(), *args[1:])
         torch.library.opcheck(op, args)
 
@@ -286,6 +318,8 @@ def _public_calls():
         ),
         "mixup": lambda x: ops.mixup(x, targets, 0.4, 3, label_smoothing=0.1),
         "cutmix": lambda x: ops.cutmix(x, targets, 1.0, 3),
+        "mixup_inplace": lambda x: ops.mixup(x, targets, 0.4, 3, inplace=True),
+        "cutmix_inplace": lambda x: ops.cutmix(x, targets, 1.0, 3, inplace=True),
     }
 
 

@@ -3,7 +3,8 @@
 // Kernels register themselves per device: cpu/*.cpp (always built) and cuda/*.cpp + cuda/*.cu
 // (built when nvcc and a CUDA build of torch are present). Fake (meta) kernels and autograd
 // formulas are registered from Python in fastpipe/ops/_fake.py and fastpipe/ops/_autograd.py.
-// Every operator is functional: it returns a new tensor and never writes to its inputs.
+// Every operator returns a new tensor and leaves its inputs alone, except the in-place variants
+// (name ending in "_"), which write into their images argument.
 #include <Python.h>
 
 #include <ATen/core/enum_tag.h>
@@ -25,6 +26,10 @@ TORCH_LIBRARY(fastpipe, m) {
   m.def("mixup(Tensor images, Tensor lam) -> Tensor", tags);
   // out[n] = images[n] with boxes[n] ((N, 4) int64, as in erase) copied from images[N - 1 - n].
   m.def("cutmix(Tensor images, Tensor boxes) -> Tensor", tags);
+  // mixup and cutmix, in place (any strides, no overlapping elements): every sample is computed
+  // from the values of both samples before the call, as the functional ops compute it.
+  m.def("mixup_(Tensor(a!) images, Tensor lam) -> ()", tags);
+  m.def("cutmix_(Tensor(a!) images, Tensor boxes) -> ()", tags);
 }
 
 // Importing fastpipe._C runs the static registrations above; the module itself is empty. With

@@ -232,4 +232,54 @@ FP_HD T cutmix_element(int64_t i, const T* in, const Strides& s, bool channels_l
   return in[strided_offset(p, s)];
 }
 
+// In-place mixup and cutmix: element i, in logical NCHW order over the first (N + 1) / 2 samples,
+// stands for the same element of sample n and of its partner N - 1 - n. Both new values need
+// both old ones, so one thread reads the pair and writes both (the middle sample of an odd batch
+// is its own partner). Written through the strides: any layout without overlapping elements.
+FP_HD Geometry pair_geometry(const Geometry& g) {
+  return Geometry{(g.n + 1) / 2, g.c, g.h, g.w};
+}
+
+template <typename T, typename Conv>
+FP_HD void mixup_pair_element(int64_t i, T* images, const Strides& s, const Geometry& g,
+                              const float* lam) {
+  const Index4 p = dense_index(i, pair_geometry(g), false);
+  Index4 q = p;
+  q.n = mix_partner(p.n, g.n);
+  T* own = images + strided_offset(p, s);
+  T* partner = images + strided_offset(q, s);
+  const float a = Conv::to_float(*own);
+  const float b = Conv::to_float(*partner);
+  *own = Conv::template from_float<T>(mix_value(a, b, lam[p.n]));
+  if (q.n != p.n) {
+    *partner = Conv::template from_float<T>(mix_value(b, a, lam[q.n]));
+  }
+}
+
+template <typename T>
+FP_HD void cutmix_pair_element(int64_t i, T* images, const Strides& s, const Geometry& g,
+                               const int64_t* boxes) {
+  const Index4 p = dense_index(i, pair_geometry(g), false);
+  Index4 q = p;
+  q.n = mix_partner(p.n, g.n);
+  if (q.n == p.n) {
+    return;  // the middle sample's box comes from itself
+  }
+  const bool into_own = box_contains(boxes + p.n * 4, p.y, p.x);
+  const bool into_partner = box_contains(boxes + q.n * 4, q.y, q.x);
+  if (!into_own && !into_partner) {
+    return;
+  }
+  T* own = images + strided_offset(p, s);
+  T* partner = images + strided_offset(q, s);
+  const T a = *own;
+  const T b = *partner;
+  if (into_own) {
+    *own = b;
+  }
+  if (into_partner) {
+    *partner = a;
+  }
+}
+
 }  // namespace fastpipe

@@ -10,7 +10,7 @@ import warnings
 
 import torch
 
-OP_NAMES = ("normalize", "erase", "erase_", "mixup", "cutmix")
+OP_NAMES = ("normalize", "erase", "erase_", "mixup", "mixup_", "cutmix", "cutmix_")
 
 BUILD_HINT = (
     "build it with `pip install --no-build-isolation -e .` in a fastpipe source checkout, with "

@@ -61,3 +61,17 @@ def _cutmix_fake(images, boxes):
     _check_images(images, "cutmix")
     torch._check(boxes.shape == (images.shape[0], 4), lambda: "boxes must be (N, 4)")
     return _like_input(images)
+
+
+@torch.library.register_fake("fastpipe::mixup_")
+def _mixup_inplace_fake(images, lam):
+    _check_images(images, "mixup_")
+    torch._check(lam.shape == (images.shape[0],), lambda: "lam must have N values")
+    return None
+
+
+@torch.library.register_fake("fastpipe::cutmix_")
+def _cutmix_inplace_fake(images, boxes):
+    _check_images(images, "cutmix_")
+    torch._check(boxes.shape == (images.shape[0], 4), lambda: "boxes must be (N, 4)")
+    return None

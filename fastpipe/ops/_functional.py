@@ -10,6 +10,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from fastpipe.ops import _extension, _params, _reference
@@ -34,15 +35,16 @@ def _run(name: str, images: torch.Tensor, *args):
     return getattr(_reference, name)(images, *args)
 
 
-def _erase(op: str, images, boxes, fill, seeds, inplace: bool) -> torch.Tensor:
+def _apply(op: str, kernel: str, images: torch.Tensor, *args, inplace: bool) -> torch.Tensor:
+    """Runs ``kernel`` into a new tensor, or its in-place variant ``kernel_`` on ``images``."""
     if not inplace:
-        return _run("erase", images, boxes, fill, seeds)
+        return _run(kernel, images, *args)
     if images.requires_grad:
         raise ValueError(
             f"{op}(inplace=True) does not support autograd (the images require grad); "
             "use inplace=False, which is differentiable"
         )
-    _run("erase_", images, boxes, fill, seeds)
+    _run(f"{kernel}_", images, *args)
     return images
 
 
@@ -227,7 +229,7 @@ def cutout(
     fill_t = _fill_values("cutout", "fill", fill, images)
     n, _, h, w = images.shape
     boxes = _to_device(_params.cutout_boxes(n, h, w, num_holes, size, generator), images.device)
-    return _erase("cutout", images, boxes, fill_t, None, inplace)
+    return _apply("cutout", "erase", images, boxes, fill_t, None, inplace=inplace)
 
 
 def random_erasing(
@@ -283,7 +285,8 @@ def random_erasing(
     seeds = None
     if random_fill:
         seeds = _to_device(torch.randint(0, 2**32, (n,), generator=generator), images.device)
-    return _erase(op, images, _to_device(boxes, images.device), fill_t, seeds, inplace)
+    boxes = _to_device(boxes, images.device)
+    return _apply(op, "erase", images, boxes, fill_t, seeds, inplace=inplace)
 
 
 def _check_mix_args(op, images, targets, alpha, num_classes, label_smoothing, generator) -> None:
@@ -328,17 +331,44 @@ def _check_mix_args(op, images, targets, alpha, num_classes, label_smoothing, ge
 def _soft_targets(
     targets: torch.Tensor, num_classes: int, lam: torch.Tensor, label_smoothing: float
 ) -> torch.Tensor:
-    """timm's mixup_target: smoothed one-hot (or smoothed soft) targets mixed with the flipped batch."""
+    """timm's mixup_target: smoothed one-hot (or smoothed soft) targets mixed with the flipped batch.
+
+    ``y * lam + y.flip(0) * (1 - lam)`` in float32, with ``y`` the smoothed targets and ``lam`` a
+    0-d float32 tensor on the CPU.
+    """
     off = label_smoothing / num_classes
-    if targets.dtype.is_floating_point:
-        y = targets.to(torch.float32) * (1.0 - label_smoothing) + off
-    else:
-        y = torch.full(
-            (targets.shape[0], num_classes), off, dtype=torch.float32, device=targets.device
-        )
-        y = y.scatter(1, targets.long().view(-1, 1), 1.0 - label_smoothing + off)
-    weight = _to_device(lam.to(torch.float32), targets.device)
-    return y * weight + y.flip(0) * (1 - weight)
+    on = 1.0 - label_smoothing + off
+    if targets.dtype.is_floating_point or not _eager():
+        if targets.dtype.is_floating_point:
+            y = targets.to(torch.float32) * (1.0 - label_smoothing) + off
+        else:
+            y = torch.full(
+                (targets.shape[0], num_classes), off, dtype=torch.float32, device=targets.device
+            )
+            y = y.scatter(1, targets.long().view(-1, 1), on)
+        weight = _to_device(lam.to(torch.float32), targets.device)
+        return y * weight + y.flip(0) * (1 - weight)
+    # Class indices: every entry of that sum is one of four float32 numbers, computed here with
+    # the same float32 roundings, so the result is the same bits from one fill and two scatters
+    # instead of six passes over (N, K) (~80 us per call for a batch of 64 x 1000 classes).
+    weight = np.float32(lam.item())
+    rest = np.float32(1) - weight
+    off32, on32 = np.float32(off), np.float32(on)
+
+    def mix(own: np.float32, other: np.float32) -> float:
+        return float(np.float32(own * weight) + np.float32(other * rest))
+
+    own_class = targets.long().view(-1, 1)
+    partner_class = own_class.flip(0)
+    soft = torch.full(
+        (targets.shape[0], num_classes), mix(off32, off32), dtype=torch.float32,
+        device=targets.device,
+    )
+    soft.scatter_(1, partner_class, mix(off32, on32))
+    own_value = torch.where(
+        own_class == partner_class, mix(on32, on32), mix(on32, off32)
+    ).to(torch.float32)
+    return soft.scatter_(1, own_class, own_value)
 
 
 def mixup(
@@ -348,6 +378,7 @@ def mixup(
     num_classes: int,
     label_smoothing: float = 0.0,
     generator: torch.Generator | None = None,
+    inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mixup (Zhang et al., 2018) of a batch with its reverse, as timm's Mixup in 'batch' mode.
 
@@ -364,15 +395,19 @@ def mixup(
         num_classes: number of classes ``K``.
         label_smoothing: ``s``: on-value ``1 - s + s / K``, off-value ``s / K``.
         generator: a CPU ``torch.Generator`` for ``lam``.
+        inplace: mix ``images`` itself and return it, as timm's Mixup does (no new batch is
+            allocated; no autograd). Otherwise a new tensor is returned and ``images`` is left as
+            it is.
 
     Returns:
         ``(images, targets)``: mixed ``(N, C, H, W)`` images like the input, and ``(N, K)``
-        float32 soft targets on the targets' device. Differentiable with respect to float images.
+        float32 soft targets on the targets' device. Differentiable with respect to float images
+        when not in place.
     """
     _check_mix_args("mixup", images, targets, alpha, num_classes, label_smoothing, generator)
     lam = _params.beta(alpha, generator).to(torch.float32)
     weights = _to_device(lam.reshape(1).expand(images.shape[0]), images.device)
-    mixed = _run("mixup", images, weights)
+    mixed = _apply("mixup", "mixup", images, weights, inplace=inplace)
     return mixed, _soft_targets(targets, num_classes, lam, label_smoothing)
 
 
@@ -383,6 +418,7 @@ def cutmix(
     num_classes: int,
     label_smoothing: float = 0.0,
     generator: torch.Generator | None = None,
+    inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """CutMix (Yun et al., 2019) of a batch with its reverse, as timm's Mixup in 'batch' mode.
 
@@ -393,7 +429,8 @@ def cutmix(
 
     Args:
         images: ``(N, C, H, W)`` uint8, float32, float16 or bfloat16, any memory layout.
-        targets, alpha, num_classes, label_smoothing, generator: as in :func:`mixup`.
+        targets, alpha, num_classes, label_smoothing, generator, inplace: as in :func:`mixup`
+            (in place, only the box of each sample and of its partner is written).
 
     Returns:
         ``(images, targets)``: mixed images like the input and ``(N, K)`` float32 soft targets.
@@ -403,5 +440,5 @@ def cutmix(
     lam = _params.beta(alpha, generator)
     box, corrected = _params.cutmix_box(h, w, lam, generator)
     boxes = _to_device(box.view(1, 4).expand(images.shape[0], 4), images.device)
-    mixed = _run("cutmix", images, boxes)
+    mixed = _apply("cutmix", "cutmix", images, boxes, inplace=inplace)
     return mixed, _soft_targets(targets, num_classes, corrected.to(torch.float32), label_smoothing)

@@ -138,3 +138,15 @@ def cutmix(images: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
     inside = _box_mask(boxes.unsqueeze(1), images.shape[2], images.shape[3])
     out = torch.where(inside, images.flip(0), images)
     return out.contiguous(memory_format=memory_format)
+
+
+def mixup_(images: torch.Tensor, lam: torch.Tensor) -> None:
+    """:func:`mixup`, in place."""
+    if images.numel():
+        images.copy_(mixup(images, lam))
+
+
+def cutmix_(images: torch.Tensor, boxes: torch.Tensor) -> None:
+    """:func:`cutmix`, in place."""
+    if images.numel():
+        images.copy_(cutmix(images, boxes))

@@ -48,6 +48,21 @@ struct NoiseRow {
   }
 };
 
+// Consecutive rows of a box are a whole image row apart, a stride the hardware prefetcher does
+// not follow: a store then waits for its cache line, one row at a time (~12 ns a line measured on
+// a batch just written by clone()). Asking for the lines kPrefetchRows rows ahead keeps several
+// rows in flight.
+constexpr int64_t kPrefetchRows = 8;
+
+template <typename T>
+FASTPIPE_ALWAYS_INLINE void prefetch_for_write(const T* begin, const T* end) {
+  const char* line = reinterpret_cast<const char*>(begin);
+  const char* stop = reinterpret_cast<const char*>(end);
+  for (; line < stop; line += 64) {
+    __builtin_prefetch(line, 1, 3);
+  }
+}
+
 // Writes the fill (or noise) into each sample's boxes of images, in place, through its strides.
 template <typename T>
 void fill_boxes(at::Tensor& images, const at::Tensor& boxes, const at::Tensor& fill,
@@ -99,17 +114,25 @@ void fill_boxes(at::Tensor& images, const at::Tensor& boxes, const at::Tensor& f
               }
             }
           }
+        } else if (s.w == 1) {
+          // The box's rows of every channel, in memory order, prefetching the row kPrefetchRows on.
+          const int64_t rows = bottom - top, total = g.c * rows;
+          auto row_at = [&](int64_t i) { return sample + (i / rows) * s.c + (top + i % rows) * s.h; };
+          for (int64_t i = 0; i < total; ++i) {
+            if (i + kPrefetchRows < total) {
+              T* ahead = row_at(i + kPrefetchRows);
+              prefetch_for_write(ahead + left, ahead + right);
+            }
+            T* row = row_at(i);
+            std::fill(row + left, row + right, fill_values[i / rows]);
+          }
         } else {
           for (int64_t c = 0; c < g.c; ++c) {
             const T v = fill_values[c];
             for (int64_t y = top; y < bottom; ++y) {
               T* row = sample + c * s.c + y * s.h;
-              if (s.w == 1) {
-                std::fill(row + left, row + right, v);
-              } else {
-                for (int64_t x = left; x < right; ++x) {
-                  row[x * s.w] = v;
-                }
+              for (int64_t x = left; x < right; ++x) {
+                row[x * s.w] = v;
               }
             }
           }

@@ -91,6 +91,22 @@ __global__ void cutmix_kernel(const T* __restrict__ in, Strides s, T* __restrict
   }
 }
 
+template <typename T>
+__global__ void mixup_inplace_kernel(T* images, Strides s, Geometry g,
+                                     const float* __restrict__ lam, int64_t total) {
+  FASTPIPE_GRID_STRIDE_LOOP(i, total) {
+    mixup_pair_element<T, DeviceConv>(i, images, s, g, lam);
+  }
+}
+
+template <typename T>
+__global__ void cutmix_inplace_kernel(T* images, Strides s, Geometry g,
+                                      const int64_t* __restrict__ boxes, int64_t total) {
+  FASTPIPE_GRID_STRIDE_LOOP(i, total) {
+    cutmix_pair_element<T>(i, images, s, g, boxes);
+  }
+}
+
 int64_t total_of(const Geometry& g) {
   return g.n * g.c * g.h * g.w;
 }
@@ -198,6 +214,34 @@ cudaError_t launch_cutmix(const void* images, Strides in_strides, void* out, boo
     cutmix_kernel<T><<<blocks_for(total), kThreads, 0, stream>>>(
         static_cast<const T*>(images), in_strides, static_cast<T*>(out), out_channels_last, g,
         boxes, total);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_mixup_inplace(void* images, Strides strides, ImageType type, Geometry g,
+                                 const float* lam, cudaStream_t stream) {
+  const int64_t total = total_of(pair_geometry(g));
+  if (total == 0) {
+    return cudaSuccess;
+  }
+  return with_type(type, [&](auto tag) {
+    using T = decltype(tag);
+    mixup_inplace_kernel<T><<<blocks_for(total), kThreads, 0, stream>>>(
+        static_cast<T*>(images), strides, g, lam, total);
+    return cudaGetLastError();
+  });
+}
+
+cudaError_t launch_cutmix_inplace(void* images, Strides strides, ImageType type, Geometry g,
+                                  const int64_t* boxes, cudaStream_t stream) {
+  const int64_t total = total_of(pair_geometry(g));
+  if (total == 0) {
+    return cudaSuccess;
+  }
+  return with_type(type, [&](auto tag) {
+    using T = decltype(tag);
+    cutmix_inplace_kernel<T><<<blocks_for(total), kThreads, 0, stream>>>(
+        static_cast<T*>(images), strides, g, boxes, total);
     return cudaGetLastError();
   });
 }

@@ -138,6 +138,34 @@ at::Tensor cutmix_cuda(const at::Tensor& images, const at::Tensor& boxes) {
   return out;
 }
 
+void mixup_inplace_cuda(at::Tensor& images, const at::Tensor& lam) {
+  check_mixup_args(images, lam);
+  check_writable(images, "mixup_");
+  c10::cuda::CUDAGuard guard(images.device());
+  if (images.numel() == 0) {
+    return;
+  }
+  const at::Tensor lam_c = lam.contiguous();
+  check_launch(launch_mixup_inplace(images.mutable_data_ptr(), strides_of(images),
+                                    image_type(images.scalar_type()), geometry_of(images),
+                                    lam_c.const_data_ptr<float>(), current_stream()),
+               "mixup_");
+}
+
+void cutmix_inplace_cuda(at::Tensor& images, const at::Tensor& boxes) {
+  check_cutmix_args(images, boxes);
+  check_writable(images, "cutmix_");
+  c10::cuda::CUDAGuard guard(images.device());
+  if (images.numel() == 0) {
+    return;
+  }
+  const at::Tensor boxes_c = boxes.contiguous();
+  check_launch(launch_cutmix_inplace(images.mutable_data_ptr(), strides_of(images),
+                                     image_type(images.scalar_type()), geometry_of(images),
+                                     boxes_c.const_data_ptr<int64_t>(), current_stream()),
+               "cutmix_");
+}
+
 }  // namespace
 }  // namespace cuda
 }  // namespace fastpipe
@@ -148,4 +176,6 @@ TORCH_LIBRARY_IMPL(fastpipe, CUDA, m) {
   m.impl("erase_", &fastpipe::cuda::erase_inplace_cuda);
   m.impl("mixup", &fastpipe::cuda::mixup_cuda);
   m.impl("cutmix", &fastpipe::cuda::cutmix_cuda);
+  m.impl("mixup_", &fastpipe::cuda::mixup_inplace_cuda);
+  m.impl("cutmix_", &fastpipe::cuda::cutmix_inplace_cuda);
 }
