@@ -18,7 +18,7 @@ as they are first written, and a clone() measures page faults rather than memory
 MALLOC_TRIM_THRESHOLD_=4 GiB), as jemalloc, tcmalloc and PyTorch's CUDA caching allocator do;
 every op and baseline in that run uses the same allocator.
 
-    python benchmarks/bench_ops.py                      # full run (about a minute on 2 cores)
+    python benchmarks/bench_ops.py                      # full run (about two minutes on 2 cores)
     python benchmarks/bench_ops.py --keep-memory        # the same, allocator keeping freed memory
     python benchmarks/bench_ops.py --quick              # smoke run: small batch, few repeats
     python benchmarks/bench_ops.py --markdown docs/ops-benchmark.md
@@ -32,6 +32,7 @@ import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -160,15 +161,18 @@ def interleaved_ms(
     """Median milliseconds of each timed function, run round-robin: one run of each per round.
 
     The machine's speed drifts (other virtual machines on the host), so the variants of one case
-    are timed in the same rounds and their ratios compare like with like.
+    are timed in the same rounds and their ratios compare like with like; the order rotates from
+    round to round, so that no variant always follows the same one.
     """
     for fn in timed.values():
         for _ in range(warmup):
             fn()
-    times: dict[str, list[float]] = {name: [] for name in timed}
-    for _ in range(repeat):
-        for name, fn in timed.items():
-            times[name].append(fn())
+    names = list(timed)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(repeat):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            times[name].append(timed[name]())
     return {name: statistics.median(values) * 1e3 for name, values in times.items()}
 
 
@@ -280,6 +284,7 @@ def cases(batch: int, size: int) -> list[dict]:
                 op="mixup",
                 images=x,
                 ext=lambda x=x: ops.mixup(x, targets, 0.2, 1000),
+                inplace=lambda x: ops.mixup(x, targets, 0.2, 1000, inplace=True),
                 loop=timm_mixup_elem,
                 loop_label="timm Mixup mode='elem', per-sample loop",
                 vectorized=timm_mixup_batch_ if x.dtype == torch.float32 else None,
@@ -291,6 +296,7 @@ def cases(batch: int, size: int) -> list[dict]:
                 op="cutmix",
                 images=x,
                 ext=lambda x=x: ops.cutmix(x, targets, 1.0, 1000),
+                inplace=lambda x: ops.cutmix(x, targets, 1.0, 1000, inplace=True),
                 loop=timm_cutmix_elem,
                 loop_label="timm CutMix mode='elem', per-sample loop",
                 vectorized=timm_cutmix_batch_,
@@ -376,19 +382,21 @@ def markdown(results: list[dict], batch: int, size: int, repeat: int) -> str:
         f"Allocator: {allocator_description()}.",
         "",
         "| op | dtype | C++ op (ms) | C++ in place (ms) | reference (ms) | per-sample loop (ms) "
-        "| vectorized torch (ms) | x loop | x reference | GB/s | of clone() | targets met |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| vectorized torch (ms) | x loop | x reference | GB/s | clone() (ms) | of clone() "
+        "| targets met |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in results:
         lines.append(
             f"| {r['op']} | {r['dtype']} | {_ms(r['ext_ms'])} | {_ms(r['inplace_ms'])} | {_ms(r['ref_ms'])} "
             f"| {_ms(r['loop_ms'])} | {_ms(r['vectorized_ms'])} | {r['vs_loop']:.1f} | {r['vs_ref']:.1f} "
-            f"| {r['gbps']:.1f} | {r['of_clone']:.0%} | {r['targets']} |"
+            f"| {r['gbps']:.1f} | {_ms(r['clone_ms'])} | {r['of_clone']:.0%} | {r['targets']} |"
         )
     lines += [
         "",
         "- C++ op: the functional op (a new tensor); C++ in place: `inplace=True`. x loop compares "
-        "the in-place op with the in-place loops (erasing) and the functional op otherwise; "
+        "the in-place op with the loops, which change the batch in place as timm's RandomErasing "
+        "and Mixup do (normalize: the functional op); "
         "x reference compares the functional op with the same call on the pure-PyTorch reference.",
         "- GB/s: bytes the functional op reads and writes, over its time; of clone(): against the "
         "GB/s of a `clone()` of a tensor like the op's output (same size and dtype: the same allocation). Targets: x loop >= 5, x reference >= 2, and >= 50% of clone() "
@@ -430,13 +438,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.keep_memory and not keeps_memory():
         if platform.libc_ver()[0] != "glibc":
             parser.error("--keep-memory sets glibc's malloc settings; this Python is not on glibc")
-        # glibc reads these settings when the process starts, so the benchmark starts again.
+        # glibc reads these settings when a process starts: the benchmark runs in a new one.
         script_args = sys.argv[1:] if argv is None else list(argv)
-        os.execve(
-            sys.executable,
+        child = subprocess.run(
             [sys.executable, os.path.abspath(__file__), *script_args],
-            {**os.environ, **KEEP_MEMORY},
+            env={**os.environ, **KEEP_MEMORY},
+            check=False,
         )
+        return child.returncode
     print(f"allocator: {allocator_description()}", flush=True)
     if args.quick:
         args.batch, args.size, args.repeat = 8, 64, 3

@@ -333,9 +333,12 @@ def test_soft_targets_from_class_indices_are_timms_formula_bit_for_bit():
         classes = int(torch.randint(1, 6, (), generator=g))  # few classes: partners often match
         smoothing = 0.0 if trial % 3 == 0 else float(torch.rand((), generator=g)) * 0.5
         targets = torch.randint(0, classes, (n,), generator=g)
-        lam = torch.rand((), generator=g)
+        targets = targets.to((torch.int64, torch.int32, torch.uint8)[trial % 3])
+        lam = torch.rand((), generator=g) if trial % 10 else torch.tensor(float(trial % 20 == 0))
         off = smoothing / classes
-        y = torch.full((n, classes), off).scatter(1, targets.view(-1, 1), 1 - smoothing + off)
+        y = torch.full((n, classes), off).scatter(
+            1, targets.long().view(-1, 1), 1 - smoothing + off
+        )
         expected = y * lam + y.flip(0) * (1 - lam)
         got = _functional._soft_targets(targets, classes, lam, smoothing)
         assert got.dtype == torch.float32 and torch.equal(got, expected), (trial, got, expected)
@@ -414,7 +417,6 @@ def test_inplace_gives_the_functional_result_in_the_batch_itself(name, n, dtype,
         got, expected = got[0], expected[0]
     assert got is batch
     assert torch.equal(batch, expected)
-    assert batch.stride() == images.stride()
     assert n == 1 or not torch.equal(batch, images)
 
 

@@ -92,6 +92,7 @@ struct HostConv {
 static Geometry geo(const int64_t* g) { return Geometry{g[0], g[1], g[2], g[3]}; }
 static Strides str(const int64_t* s) { return Strides{s[0], s[1], s[2], s[3]}; }
 static int64_t total(const int64_t* g) { return g[0] * g[1] * g[2] * g[3]; }
+static int64_t pair_total(const int64_t* g) { return (g[0] + 1) / 2 * g[1] * g[2] * g[3]; }
 
 #define EXPORT extern "C" __attribute__((visibility("default")))
 #define DEFINE(SUFFIX, T)                                                                      \
@@ -123,15 +124,15 @@ static int64_t total(const int64_t* g) { return g[0] * g[1] * g[2] * g[3]; }
     for (int64_t i = 0; i < total(g); ++i)                                                     \
       out[i] = cutmix_element<T>(i, in, str(s), cl, geo(g), boxes);                            \
   }                                                                                            \
-  EXPORT void mixup_inplace_##SUFFIX(T* images, const int64_t* s, const int64_t* g,            \
+  EXPORT void mixup_inplace_##SUFFIX(T* images, const int64_t* s, int cl, const int64_t* g,    \
                                      const float* lam) {                                       \
-    for (int64_t i = 0; i < total(g) / g[0] * ((g[0] + 1) / 2); ++i)                           \
-      mixup_pair_element<T, HostConv>(i, images, str(s), geo(g), lam);                         \
+    for (int64_t i = 0; i < pair_total(g); ++i)                                                \
+      mixup_pair_element<T, HostConv>(i, images, str(s), cl, geo(g), lam);                     \
   }                                                                                            \
-  EXPORT void cutmix_inplace_##SUFFIX(T* images, const int64_t* s, const int64_t* g,           \
+  EXPORT void cutmix_inplace_##SUFFIX(T* images, const int64_t* s, int cl, const int64_t* g,   \
                                       const int64_t* boxes) {                                  \
-    for (int64_t i = 0; i < total(g) / g[0] * ((g[0] + 1) / 2); ++i)                           \
-      cutmix_pair_element<T>(i, images, str(s), geo(g), boxes);                                \
+    for (int64_t i = 0; i < pair_total(g); ++i)                                                \
+      cutmix_pair_element<T>(i, images, str(s), cl, geo(g), boxes);                            \
   }
 
 DEFINE(u8, uint8_t)
@@ -175,15 +176,22 @@ def _run(lib, name, x, out, *extra):
     return out
 
 
-def _run_in_place(lib, name, x, *extra):
-    """An in-place kernel body on a copy of x with x's strides; returns the copy."""
-    view = (x._base if x._base is not None else x).clone().as_strided(
-        x.shape, x.stride(), x.storage_offset()
-    )
+def _run_in_place(lib, name, x, channels_last, *extra):
+    """An in-place kernel body, its elements numbered in NHWC order or not, on a copy of x with
+    x's strides (inside a larger buffer when x is a view); checks that nothing outside the view
+    changed and returns the view."""
+    base = (x._base if x._base is not None else x).clone()
+    view = base.as_strided(x.shape, x.stride(), x.storage_offset())
+    untouched = base.clone()
     suffix = "u8" if x.dtype == torch.uint8 else "f32"
     strides = torch.tensor(view.stride(), dtype=torch.int64)
     geometry = torch.tensor(view.shape, dtype=torch.int64)
-    getattr(lib, f"{name}_{suffix}")(_ptr(view), _ptr(strides), _ptr(geometry), *map(_ptr, extra))
+    getattr(lib, f"{name}_{suffix}")(
+        _ptr(view), _ptr(strides), ctypes.c_int(channels_last), _ptr(geometry), *map(_ptr, extra)
+    )
+    outside = torch.ones_like(base, dtype=torch.bool)
+    outside.as_strided(x.shape, x.stride(), x.storage_offset()).fill_(False)
+    assert torch.equal(base[outside], untouched[outside]), f"{name} wrote outside the view"
     return view
 
 
@@ -237,11 +245,14 @@ def test_cuda_kernel_bodies_equal_the_reference_when_run_on_the_cpu(emulated):
         lam = torch.rand(n, generator=g)
         expected = _reference.mixup(x, lam)
         assert torch.equal(_run(emulated, "mixup", x, _dense_like(x), lam), expected)
-        assert torch.equal(_run_in_place(emulated, "mixup_inplace", x, lam), expected)
+        for order in (0, 1):  # NCHW or NHWC numbering of the threads: the same result
+            assert torch.equal(_run_in_place(emulated, "mixup_inplace", x, order, lam), expected)
         for pair in (boxes[:, 0].contiguous(), boxes[:1, 0].expand(n, 4).contiguous()):
             expected = _reference.cutmix(x, pair)
             assert torch.equal(_run(emulated, "cutmix", x, _dense_like(x), pair), expected)
-            assert torch.equal(_run_in_place(emulated, "cutmix_inplace", x, pair), expected)
+            for order in (0, 1):
+                got = _run_in_place(emulated, "cutmix_inplace", x, order, pair)
+                assert torch.equal(got, expected)
         mean, std = torch.rand(c, generator=g), torch.rand(c, generator=g) + 0.1
         for channels_last in (False, True):
             fmt = torch.channels_last if channels_last else torch.contiguous_format

@@ -154,6 +154,27 @@ def test_edge_cases_equal_the_reference(case, dtype):
         _assert_in_place("mixup_", x, (lam,), expected)
 
 
+def test_inplace_mixes_split_across_threads_equal_the_reference():
+    # 9 samples are 5 pairs: on two threads at::parallel_for splits them into two tasks, the
+    # second starting in the middle of a sample (2.5 samples each, for both kernels and layouts),
+    # and the middle sample of the odd batch lies in the second task.
+    g = torch.Generator().manual_seed(9)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        for dtype in (torch.uint8, torch.float32):
+            for layout in ("contiguous", "channels_last"):
+                x = _make((9, 3, 64, 80), dtype, layout, g)
+                lam = torch.rand(9, generator=g)
+                _assert_in_place("mixup_", x, (lam,), _reference.mixup(x, lam))
+                boxes = _random_boxes(9, 1, 64, 80, g)[:, 0]
+                for pair_boxes in (boxes, boxes[:1].expand(9, 4)):
+                    expected = _reference.cutmix(x, pair_boxes)
+                    _assert_in_place("cutmix_", x, (pair_boxes,), expected)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_erase_fills_a_hole_larger_than_the_image_completely():
     x = torch.rand(2, 3, 5, 7)
     out = OPS.erase(

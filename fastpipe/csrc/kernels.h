@@ -235,15 +235,17 @@ FP_HD T cutmix_element(int64_t i, const T* in, const Strides& s, bool channels_l
 // In-place mixup and cutmix: element i, in logical NCHW order over the first (N + 1) / 2 samples,
 // stands for the same element of sample n and of its partner N - 1 - n. Both new values need
 // both old ones, so one thread reads the pair and writes both (the middle sample of an odd batch
-// is its own partner). Written through the strides: any layout without overlapping elements.
+// is its own partner). Written through the strides: any layout without overlapping elements;
+// channels_last walks the pairs in NHWC order (for a batch stored that way, neighbouring threads
+// then touch neighbouring memory).
 FP_HD Geometry pair_geometry(const Geometry& g) {
   return Geometry{(g.n + 1) / 2, g.c, g.h, g.w};
 }
 
 template <typename T, typename Conv>
-FP_HD void mixup_pair_element(int64_t i, T* images, const Strides& s, const Geometry& g,
-                              const float* lam) {
-  const Index4 p = dense_index(i, pair_geometry(g), false);
+FP_HD void mixup_pair_element(int64_t i, T* images, const Strides& s, bool channels_last,
+                              const Geometry& g, const float* lam) {
+  const Index4 p = dense_index(i, pair_geometry(g), channels_last);
   Index4 q = p;
   q.n = mix_partner(p.n, g.n);
   T* own = images + strided_offset(p, s);
@@ -257,9 +259,9 @@ FP_HD void mixup_pair_element(int64_t i, T* images, const Strides& s, const Geom
 }
 
 template <typename T>
-FP_HD void cutmix_pair_element(int64_t i, T* images, const Strides& s, const Geometry& g,
-                               const int64_t* boxes) {
-  const Index4 p = dense_index(i, pair_geometry(g), false);
+FP_HD void cutmix_pair_element(int64_t i, T* images, const Strides& s, bool channels_last,
+                               const Geometry& g, const int64_t* boxes) {
+  const Index4 p = dense_index(i, pair_geometry(g), channels_last);
   Index4 q = p;
   q.n = mix_partner(p.n, g.n);
   if (q.n == p.n) {

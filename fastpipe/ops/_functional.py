@@ -365,9 +365,9 @@ def _soft_targets(
         device=targets.device,
     )
     soft.scatter_(1, partner_class, mix(off32, on32))
-    own_value = torch.where(
-        own_class == partner_class, mix(on32, on32), mix(on32, off32)
-    ).to(torch.float32)
+    own_value = torch.full(
+        own_class.shape, mix(on32, off32), dtype=torch.float32, device=targets.device
+    ).masked_fill_(own_class == partner_class, mix(on32, on32))
     return soft.scatter_(1, own_class, own_value)
 
 
@@ -395,9 +395,9 @@ def mixup(
         num_classes: number of classes ``K``.
         label_smoothing: ``s``: on-value ``1 - s + s / K``, off-value ``s / K``.
         generator: a CPU ``torch.Generator`` for ``lam``.
-        inplace: mix ``images`` itself and return it, as timm's Mixup does (no new batch is
-            allocated; no autograd). Otherwise a new tensor is returned and ``images`` is left as
-            it is.
+        inplace: mix ``images`` itself and return it, as timm's Mixup does (no autograd; with
+            the compiled kernels and a dense NCHW or channels_last batch, no new batch is
+            allocated). Otherwise a new tensor is returned and ``images`` is left as it is.
 
     Returns:
         ``(images, targets)``: mixed ``(N, C, H, W)`` images like the input, and ``(N, K)``

@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 #include <vector>
 
@@ -56,11 +57,17 @@ constexpr int64_t kPrefetchRows = 8;
 
 template <typename T>
 FASTPIPE_ALWAYS_INLINE void prefetch_for_write(const T* begin, const T* end) {
-  const char* line = reinterpret_cast<const char*>(begin);
-  const char* stop = reinterpret_cast<const char*>(end);
-  for (; line < stop; line += 64) {
-    __builtin_prefetch(line, 1, 3);
+#if defined(__GNUC__) || defined(__clang__)
+  constexpr uintptr_t kLine = 64;
+  uintptr_t line = reinterpret_cast<uintptr_t>(begin) & ~(kLine - 1);
+  const uintptr_t stop = reinterpret_cast<uintptr_t>(end);
+  for (; line < stop; line += kLine) {
+    __builtin_prefetch(reinterpret_cast<const void*>(line), 1, 3);
   }
+#else
+  (void)begin;
+  (void)end;
+#endif
 }
 
 // Writes the fill (or noise) into each sample's boxes of images, in place, through its strides.
@@ -118,6 +125,9 @@ void fill_boxes(at::Tensor& images, const at::Tensor& boxes, const at::Tensor& f
           // The box's rows of every channel, in memory order, prefetching the row kPrefetchRows on.
           const int64_t rows = bottom - top, total = g.c * rows;
           auto row_at = [&](int64_t i) { return sample + (i / rows) * s.c + (top + i % rows) * s.h; };
+          for (int64_t i = 0; i < std::min(kPrefetchRows, total); ++i) {
+            prefetch_for_write(row_at(i) + left, row_at(i) + right);
+          }
           for (int64_t i = 0; i < total; ++i) {
             if (i + kPrefetchRows < total) {
               T* ahead = row_at(i + kPrefetchRows);

@@ -92,18 +92,18 @@ __global__ void cutmix_kernel(const T* __restrict__ in, Strides s, T* __restrict
 }
 
 template <typename T>
-__global__ void mixup_inplace_kernel(T* images, Strides s, Geometry g,
+__global__ void mixup_inplace_kernel(T* images, Strides s, bool channels_last, Geometry g,
                                      const float* __restrict__ lam, int64_t total) {
   FASTPIPE_GRID_STRIDE_LOOP(i, total) {
-    mixup_pair_element<T, DeviceConv>(i, images, s, g, lam);
+    mixup_pair_element<T, DeviceConv>(i, images, s, channels_last, g, lam);
   }
 }
 
 template <typename T>
-__global__ void cutmix_inplace_kernel(T* images, Strides s, Geometry g,
+__global__ void cutmix_inplace_kernel(T* images, Strides s, bool channels_last, Geometry g,
                                       const int64_t* __restrict__ boxes, int64_t total) {
   FASTPIPE_GRID_STRIDE_LOOP(i, total) {
-    cutmix_pair_element<T>(i, images, s, g, boxes);
+    cutmix_pair_element<T>(i, images, s, channels_last, g, boxes);
   }
 }
 
@@ -218,8 +218,8 @@ cudaError_t launch_cutmix(const void* images, Strides in_strides, void* out, boo
   });
 }
 
-cudaError_t launch_mixup_inplace(void* images, Strides strides, ImageType type, Geometry g,
-                                 const float* lam, cudaStream_t stream) {
+cudaError_t launch_mixup_inplace(void* images, Strides strides, bool channels_last, ImageType type,
+                                 Geometry g, const float* lam, cudaStream_t stream) {
   const int64_t total = total_of(pair_geometry(g));
   if (total == 0) {
     return cudaSuccess;
@@ -227,13 +227,14 @@ cudaError_t launch_mixup_inplace(void* images, Strides strides, ImageType type, 
   return with_type(type, [&](auto tag) {
     using T = decltype(tag);
     mixup_inplace_kernel<T><<<blocks_for(total), kThreads, 0, stream>>>(
-        static_cast<T*>(images), strides, g, lam, total);
+        static_cast<T*>(images), strides, channels_last, g, lam, total);
     return cudaGetLastError();
   });
 }
 
-cudaError_t launch_cutmix_inplace(void* images, Strides strides, ImageType type, Geometry g,
-                                  const int64_t* boxes, cudaStream_t stream) {
+cudaError_t launch_cutmix_inplace(void* images, Strides strides, bool channels_last,
+                                  ImageType type, Geometry g, const int64_t* boxes,
+                                  cudaStream_t stream) {
   const int64_t total = total_of(pair_geometry(g));
   if (total == 0) {
     return cudaSuccess;
@@ -241,7 +242,7 @@ cudaError_t launch_cutmix_inplace(void* images, Strides strides, ImageType type,
   return with_type(type, [&](auto tag) {
     using T = decltype(tag);
     cutmix_inplace_kernel<T><<<blocks_for(total), kThreads, 0, stream>>>(
-        static_cast<T*>(images), strides, g, boxes, total);
+        static_cast<T*>(images), strides, channels_last, g, boxes, total);
     return cudaGetLastError();
   });
 }

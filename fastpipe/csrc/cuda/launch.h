@@ -41,11 +41,13 @@ cudaError_t launch_cutmix(const void* images, Strides in_strides, void* out, boo
                           ImageType type, Geometry g, const int64_t* boxes, cudaStream_t stream);
 
 // In place, through the strides: one thread per element of the first (N + 1) / 2 samples, which
-// reads that element of the sample and of its partner N - 1 - n and writes both.
-cudaError_t launch_mixup_inplace(void* images, Strides strides, ImageType type, Geometry g,
-                                 const float* lam, cudaStream_t stream);
-cudaError_t launch_cutmix_inplace(void* images, Strides strides, ImageType type, Geometry g,
-                                  const int64_t* boxes, cudaStream_t stream);
+// reads that element of the sample and of its partner N - 1 - n and writes both; channels_last
+// (for a batch stored NHWC) numbers the threads in NHWC order.
+cudaError_t launch_mixup_inplace(void* images, Strides strides, bool channels_last, ImageType type,
+                                 Geometry g, const float* lam, cudaStream_t stream);
+cudaError_t launch_cutmix_inplace(void* images, Strides strides, bool channels_last,
+                                  ImageType type, Geometry g, const int64_t* boxes,
+                                  cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace fastpipe

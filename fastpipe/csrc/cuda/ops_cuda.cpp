@@ -147,6 +147,7 @@ void mixup_inplace_cuda(at::Tensor& images, const at::Tensor& lam) {
   }
   const at::Tensor lam_c = lam.contiguous();
   check_launch(launch_mixup_inplace(images.mutable_data_ptr(), strides_of(images),
+                                    output_format(images) == at::MemoryFormat::ChannelsLast,
                                     image_type(images.scalar_type()), geometry_of(images),
                                     lam_c.const_data_ptr<float>(), current_stream()),
                "mixup_");
@@ -161,6 +162,7 @@ void cutmix_inplace_cuda(at::Tensor& images, const at::Tensor& boxes) {
   }
   const at::Tensor boxes_c = boxes.contiguous();
   check_launch(launch_cutmix_inplace(images.mutable_data_ptr(), strides_of(images),
+                                     output_format(images) == at::MemoryFormat::ChannelsLast,
                                      image_type(images.scalar_type()), geometry_of(images),
                                      boxes_c.const_data_ptr<int64_t>(), current_stream()),
                "cutmix_");
