@@ -237,8 +237,9 @@ def test_cutout_boxes_are_the_same_in_numpy_and_under_torch_compile(monkeypatch)
         assert a.dtype == b.dtype == torch.int64 and torch.equal(a, b)
 
 
-def test_random_erasing_boxes_are_the_same_in_numpy_and_under_torch_compile(monkeypatch):
-    # Eager code draws the boxes with NumPy arithmetic, torch.compile traces the torch version.
+def test_random_erasing_boxes_are_the_same_in_eager_mode_and_under_torch_compile(monkeypatch):
+    # Eager code computes the boxes with the compiled fastpipe::erasing_boxes when the extension
+    # is built (test_ops_extension.py checks that op itself), torch.compile traces the torch version.
     cases = [(0.7, (0.02, 1 / 3), (0.3, 3.3), 1), (1.0, (0.1, 0.9), (0.5, 4.0), 3)]
     eager = [_erasing(n=4000, p=p, scale=s, ratio=r, max_count=k) for p, s, r, k in cases]
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)

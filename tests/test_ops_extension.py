@@ -6,6 +6,7 @@ missing extension there is a failure, not a skip).
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 
@@ -175,6 +176,50 @@ def test_inplace_mixes_split_across_threads_equal_the_reference():
         torch.set_num_threads(threads)
 
 
+ERASING_CASES = [
+    # (batch, height, width, p, scale, ratio, max_count)
+    (4000, 224, 224, 0.5, (0.02, 1 / 3), (0.3, 3.3), 1),  # torchvision's and timm's defaults
+    (2000, 30, 20, 1.0, (0.1, 0.9), (0.5, 4.0), 3),  # several boxes, many attempts fail
+    (500, 4, 4, 1.0, (0.9, 1.0), (3.0, 3.3), 1),  # nothing ever fits
+    (500, 1, 50, 1.0, (0.0, 0.5), (0.01, 0.1), 2),  # a one-row strip
+    (300, 17, 9, 0.0, (0.02, 1 / 3), (0.3, 3.3), 2),  # never erased
+]
+
+
+@pytest.mark.parametrize("case", range(len(ERASING_CASES)))
+def test_erasing_boxes_op_equals_the_traced_torch_version(case, monkeypatch):
+    # Eager calls compute random erasing's boxes with fastpipe::erasing_boxes, torch.compile traces
+    # the torch version: the same uniforms must give the same boxes.
+    from fastpipe.ops import _params
+
+    n, h, w, p, scale, ratio, k = ERASING_CASES[case]
+    assert _extension.has_kernel("erasing_boxes", torch.device("cpu"))
+    calls = []
+    compiled_op = OPS.erasing_boxes
+
+    def counted(*args):
+        calls.append(args[1:3])
+        return compiled_op(*args)
+
+    monkeypatch.setattr(OPS, "erasing_boxes", counted)
+    eager = _params.erasing_boxes(n, h, w, p, scale, ratio, k, torch.Generator().manual_seed(case))
+    assert calls == [(h, w)]  # the compiled op made these boxes
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    traced = _params.erasing_boxes(n, h, w, p, scale, ratio, k, torch.Generator().manual_seed(case))
+    assert eager.dtype == traced.dtype == torch.int64 and eager.shape == (n, k, 4)
+    assert torch.equal(eager, traced)
+
+
+def test_fake_kernels_skip_ops_an_older_build_lacks():
+    # An extension built before an op existed must still import (its calls fall back).
+    from fastpipe.ops import _fake
+
+    def fake():
+        return None
+
+    assert _fake._register_fake("no_such_op_in_this_build")(fake) is fake
+
+
 def test_erase_fills_a_hole_larger_than_the_image_completely():
     x = torch.rand(2, 3, 5, 7)
     out = OPS.erase(
@@ -299,6 +344,14 @@ def _sample_inputs(name):
                 )
             )
     return cases
+
+
+def test_opcheck_erasing_boxes():
+    g = torch.Generator().manual_seed(0)
+    for n, k in ((6, 1), (5, 3), (0, 2)):
+        uniforms = torch.rand(n, 2 + k * 22, dtype=torch.float64, generator=g)
+        args = (uniforms, 12, 9, k, 0.7, 0.02, 0.4, math.log(0.3), math.log(3.3))
+        torch.library.opcheck(OPS.erasing_boxes.default, args)
 
 
 @pytest.mark.parametrize(
@@ -437,6 +490,18 @@ BAD_DIRECT_CALLS = [
             torch.zeros(2, 3, 2, 2), torch.zeros(3), torch.ones(3), torch.uint8, False
         ),
         "outputs float32",
+    ),
+    (
+        "erasing uniforms shape",
+        lambda: OPS.erasing_boxes(
+            torch.rand(4, 23, dtype=torch.float64), 8, 8, 1, 0.5, 0.02, 0.3, -1.0, 1.0
+        ),
+        r"uniforms must be a CPU float64 \(N, 24\) tensor",
+    ),
+    (
+        "erasing uniforms dtype",
+        lambda: OPS.erasing_boxes(torch.rand(4, 24), 8, 8, 1, 0.5, 0.02, 0.3, -1.0, 1.0),
+        "uniforms must be a CPU float64",
     ),
 ]
 

@@ -30,6 +30,12 @@ TORCH_LIBRARY(fastpipe, m) {
   // from the values of both samples before the call, as the functional ops compute it.
   m.def("mixup_(Tensor(a!) images, Tensor lam) -> ()", tags);
   m.def("cutmix_(Tensor(a!) images, Tensor boxes) -> ()", tags);
+  // Random erasing's (N, max_count, 4) boxes from (N, 2 + max_count * 22) float64 uniforms (per
+  // sample: apply, count; per box: 10 areas, 10 log ratios, row, column): the geometry of
+  // fastpipe/ops/_params.py's erasing_boxes, CPU only (parameters are always made on the CPU).
+  m.def("erasing_boxes(Tensor uniforms, int height, int width, int max_count, float p, "
+        "float scale_low, float scale_high, float log_ratio_low, float log_ratio_high) -> Tensor",
+        tags);
 }
 
 // Importing fastpipe._C runs the static registrations above; the module itself is empty. With

@@ -10,7 +10,10 @@ import warnings
 
 import torch
 
+# The image ops, with a kernel per device.
 OP_NAMES = ("normalize", "erase", "erase_", "mixup", "mixup_", "cutmix", "cutmix_")
+# Parameter ops: CPU only, since random parameters are always computed on the CPU.
+PARAM_OP_NAMES = ("erasing_boxes",)
 
 BUILD_HINT = (
     "build it with `pip install --no-build-isolation -e .` in a fastpipe source checkout, with "
@@ -36,7 +39,7 @@ def _kernels() -> frozenset[tuple[str, str]]:
     if not LOADED:
         return frozenset()
     found = set()
-    for name in OP_NAMES:
+    for name in OP_NAMES + PARAM_OP_NAMES:
         if not hasattr(torch.ops.fastpipe, name):
             continue  # an older build of the extension
         for device_type, key in (("cpu", "CPU"), ("cuda", "CUDA")):

@@ -10,11 +10,23 @@ import torch
 from fastpipe.ops._reference import output_format
 
 
+def _register_fake(name: str):
+    """torch.library.register_fake for fastpipe::<name>, skipped when the loaded extension is an
+    older build without that op (calls of the op then fall back to the reference)."""
+
+    def decorate(fn):
+        if hasattr(torch.ops.fastpipe, name):
+            torch.library.register_fake(f"fastpipe::{name}")(fn)
+        return fn
+
+    return decorate
+
+
 def _check_images(images: torch.Tensor, op: str) -> None:
     torch._check(images.dim() == 4, lambda: f"fastpipe::{op} expects a 4-D (N, C, H, W) batch")
 
 
-@torch.library.register_fake("fastpipe::normalize")
+@_register_fake("normalize")
 def _normalize_fake(images, mean, std, dtype, channels_last):
     _check_images(images, "normalize")
     torch._check(mean.shape == (images.shape[1],), lambda: "mean must have C values")
@@ -29,7 +41,7 @@ def _like_input(images: torch.Tensor) -> torch.Tensor:
     )
 
 
-@torch.library.register_fake("fastpipe::erase")
+@_register_fake("erase")
 def _erase_fake(images, boxes, fill, seeds):
     _check_images(images, "erase")
     torch._check(
@@ -39,7 +51,7 @@ def _erase_fake(images, boxes, fill, seeds):
     return _like_input(images)
 
 
-@torch.library.register_fake("fastpipe::erase_")
+@_register_fake("erase_")
 def _erase_inplace_fake(images, boxes, fill, seeds):
     _check_images(images, "erase_")
     torch._check(
@@ -49,28 +61,36 @@ def _erase_inplace_fake(images, boxes, fill, seeds):
     return None
 
 
-@torch.library.register_fake("fastpipe::mixup")
+@_register_fake("mixup")
 def _mixup_fake(images, lam):
     _check_images(images, "mixup")
     torch._check(lam.shape == (images.shape[0],), lambda: "lam must have N values")
     return _like_input(images)
 
 
-@torch.library.register_fake("fastpipe::cutmix")
+@_register_fake("cutmix")
 def _cutmix_fake(images, boxes):
     _check_images(images, "cutmix")
     torch._check(boxes.shape == (images.shape[0], 4), lambda: "boxes must be (N, 4)")
     return _like_input(images)
 
 
-@torch.library.register_fake("fastpipe::mixup_")
+@_register_fake("erasing_boxes")
+def _erasing_boxes_fake(
+    uniforms, height, width, max_count, p, scale_low, scale_high, log_ratio_low, log_ratio_high
+):
+    torch._check(uniforms.dim() == 2, lambda: "uniforms must be (N, 2 + max_count * 22)")
+    return uniforms.new_empty((uniforms.shape[0], max_count, 4), dtype=torch.int64)
+
+
+@_register_fake("mixup_")
 def _mixup_inplace_fake(images, lam):
     _check_images(images, "mixup_")
     torch._check(lam.shape == (images.shape[0],), lambda: "lam must have N values")
     return None
 
 
-@torch.library.register_fake("fastpipe::cutmix_")
+@_register_fake("cutmix_")
 def _cutmix_inplace_fake(images, boxes):
     _check_images(images, "cutmix_")
     torch._check(boxes.shape == (images.shape[0], 4), lambda: "boxes must be (N, 4)")
