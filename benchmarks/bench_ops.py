@@ -12,8 +12,9 @@ Targets (issue 3): ext >= 5x loop, ext >= 2x ref, and >= half of clone's GB/s fo
 random_erasing and normalize.
 
 Allocator: glibc gives every freed block over its mmap threshold (at most 32 MiB) back to the
-system, so with its defaults each new 38 MB float32 batch is fresh pages that the kernel zeroes
-as they are first written, and a clone() measures page faults rather than memory bandwidth.
+system, so with its defaults a new 38 MB float32 batch is often fresh pages that the kernel zeroes
+as they are first written (whether it is depends on what the process allocated before), and a
+clone() then measures page faults rather than memory bandwidth.
 ``--keep-memory`` runs the benchmark with glibc keeping freed memory for reuse (MALLOC_MMAP_MAX_=0,
 MALLOC_TRIM_THRESHOLD_=4 GiB), as jemalloc, tcmalloc and PyTorch's CUDA caching allocator do;
 every op and baseline in that run uses the same allocator.
@@ -369,7 +370,7 @@ def allocator_description() -> str:
         return f"glibc keeping freed memory for reuse ({settings})"
     return (
         "glibc's defaults (a freed block over 32 MiB goes back to the system: a new float32 "
-        "batch is fresh pages, faulted in as it is written)"
+        "batch is often fresh pages, faulted in as it is written)"
     )
 
 
