@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ops_helpers import write_on_strided_copy
 
 from fastpipe.ops import _reference
 
@@ -177,22 +178,34 @@ def _run(lib, name, x, out, *extra):
 
 
 def _run_in_place(lib, name, x, channels_last, *extra):
-    """An in-place kernel body, its elements numbered in NHWC order or not, on a copy of x with
-    x's strides (inside a larger buffer when x is a view); checks that nothing outside the view
-    changed and returns the view."""
-    base = (x._base if x._base is not None else x).clone()
-    view = base.as_strided(x.shape, x.stride(), x.storage_offset())
-    untouched = base.clone()
+    """An in-place pair kernel body, its elements numbered in NHWC order or not, on a copy of x
+    with x's strides (see write_on_strided_copy); returns the view."""
     suffix = "u8" if x.dtype == torch.uint8 else "f32"
-    strides = torch.tensor(view.stride(), dtype=torch.int64)
-    geometry = torch.tensor(view.shape, dtype=torch.int64)
-    getattr(lib, f"{name}_{suffix}")(
-        _ptr(view), _ptr(strides), ctypes.c_int(channels_last), _ptr(geometry), *map(_ptr, extra)
-    )
-    outside = torch.ones_like(base, dtype=torch.bool)
-    outside.as_strided(x.shape, x.stride(), x.storage_offset()).fill_(False)
-    assert torch.equal(base[outside], untouched[outside]), f"{name} wrote outside the view"
-    return view
+    strides = torch.tensor(x.stride(), dtype=torch.int64)
+    geometry = torch.tensor(x.shape, dtype=torch.int64)
+
+    def write(view):
+        getattr(lib, f"{name}_{suffix}")(
+            _ptr(view), _ptr(strides), ctypes.c_int(channels_last), _ptr(geometry),
+            *map(_ptr, extra),
+        )
+
+    return write_on_strided_copy(x, write)
+
+
+def _erase_in_place(lib, x, boxes, fill, seeds):
+    """The in-place erase body on a copy of x with x's strides (see write_on_strided_copy)."""
+    suffix = "u8" if x.dtype == torch.uint8 else "f32"
+    strides = torch.tensor(x.stride(), dtype=torch.int64)
+    geometry = torch.tensor(x.shape, dtype=torch.int64)
+
+    def write(view):
+        getattr(lib, f"erase_inplace_{suffix}")(
+            _ptr(view), _ptr(strides), _ptr(geometry), _ptr(boxes),
+            ctypes.c_int64(boxes.shape[1]), _ptr(fill), _ptr(seeds),
+        )
+
+    return write_on_strided_copy(x, write)
 
 
 def _batches():
@@ -227,21 +240,7 @@ def test_cuda_kernel_bodies_equal_the_reference_when_run_on_the_cpu(emulated):
             expected = _reference.erase(x, boxes, fill, s)
             got = _run(emulated, "erase", x, _dense_like(x), boxes, 3, fill, s)
             assert torch.equal(got, expected)
-            base = (x._base if x._base is not None else x).clone()
-            view = base.as_strided(x.shape, x.stride(), x.storage_offset())
-            suffix = "u8" if x.dtype == torch.uint8 else "f32"
-            strides = torch.tensor(view.stride(), dtype=torch.int64)
-            geometry = torch.tensor(view.shape, dtype=torch.int64)
-            getattr(emulated, f"erase_inplace_{suffix}")(
-                _ptr(view),
-                _ptr(strides),
-                _ptr(geometry),
-                _ptr(boxes),
-                ctypes.c_int64(3),
-                _ptr(fill),
-                _ptr(s),
-            )
-            assert torch.equal(view, expected)
+            assert torch.equal(_erase_in_place(emulated, x, boxes, fill, s), expected)
         lam = torch.rand(n, generator=g)
         expected = _reference.mixup(x, lam)
         assert torch.equal(_run(emulated, "mixup", x, _dense_like(x), lam), expected)

@@ -373,6 +373,23 @@ inline int64_t sample_grain(int64_t sample_size) {
   return sample_size >= target ? 1 : target / (sample_size > 0 ? sample_size : 1);
 }
 
+// The part of a dense row (in elements) that a box covers: [from, to), empty when the box misses
+// the row. box is (top, left, bottom, right), clipped here; pixel is the elements per pixel along
+// the row (C for channels_last rows, 1 for NCHW rows).
+struct Segment {
+  int64_t from, to;
+  bool empty() const { return to <= from; }
+};
+
+inline Segment box_segment(const int64_t* box, const Geometry& g, int64_t y, int64_t pixel) {
+  const int64_t top = clamp_index(box[0], g.h), left = clamp_index(box[1], g.w);
+  const int64_t bottom = clamp_index(box[2], g.h), right = clamp_index(box[3], g.w);
+  if (y < top || y >= bottom || right <= left) {
+    return Segment{0, 0};
+  }
+  return Segment{left * pixel, right * pixel};
+}
+
 // Rows per parallel task so that each task touches about 64K elements.
 inline int64_t grain_for(int64_t row_length) {
   const int64_t target = 1 << 16;

@@ -164,6 +164,7 @@ void erase_dense(const at::Tensor& images, at::Tensor& out, const at::Tensor& bo
   const at::Tensor fill_c = fill.contiguous();
   const T* fill_values = fill_c.const_data_ptr<T>();
   const int64_t row_length = channels_last ? g.w * g.c : g.w;
+  const int64_t pixel = channels_last ? g.c : 1;
   const int64_t rows_per_sample = channels_last ? g.h : g.c * g.h;
   const T* in = images.const_data_ptr<T>();
   T* dst = out.mutable_data_ptr<T>();
@@ -179,16 +180,14 @@ void erase_dense(const at::Tensor& images, at::Tensor& out, const at::Tensor& bo
       T* o = dst + row * row_length;
       std::copy(in + row * row_length, in + (row + 1) * row_length, o);
       for (int64_t k = 0; k < count; ++k) {
-        const int64_t* box = all_boxes + (n * count + k) * 4;
-        const int64_t top = clamp_index(box[0], g.h), left = clamp_index(box[1], g.w);
-        const int64_t bottom = clamp_index(box[2], g.h), right = clamp_index(box[3], g.w);
-        if (y < top || y >= bottom || right <= left) {
+        const Segment box = box_segment(all_boxes + (n * count + k) * 4, g, y, pixel);
+        if (box.empty()) {
           continue;
         }
         if (channels_last) {
-          std::copy(fill_row.begin() + left * g.c, fill_row.begin() + right * g.c, o + left * g.c);
+          std::copy(fill_row.begin() + box.from, fill_row.begin() + box.to, o + box.from);
         } else {
-          std::fill(o + left, o + right, fill_values[r / g.h]);
+          std::fill(o + box.from, o + box.to, fill_values[r / g.h]);
         }
       }
     }

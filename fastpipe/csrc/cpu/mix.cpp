@@ -99,17 +99,14 @@ void cutmix_dense(const at::Tensor& images, at::Tensor& out, const int64_t* all_
     for (int64_t row = begin; row < end; ++row) {
       const int64_t n = row / rows_per_sample, r = row % rows_per_sample;
       const int64_t y = channels_last ? r : r % g.h;
-      const int64_t* box = all_boxes + n * 4;
-      const int64_t top = clamp_index(box[0], g.h), left = clamp_index(box[1], g.w);
-      const int64_t bottom = clamp_index(box[2], g.h), right = clamp_index(box[3], g.w);
+      const Segment box = box_segment(all_boxes + n * 4, g, y, pixel);
       const T* own = in + row * row_length;
       T* o = dst + row * row_length;
-      if (y >= top && y < bottom && left < right) {
+      if (!box.empty()) {
         const T* other = in + (mix_partner(n, g.n) * rows_per_sample + r) * row_length;
-        const int64_t from = left * pixel, to = right * pixel;
-        std::copy(own, own + from, o);
-        std::copy(other + from, other + to, o + from);
-        std::copy(own + to, own + row_length, o + to);
+        std::copy(own, own + box.from, o);
+        std::copy(other + box.from, other + box.to, o + box.from);
+        std::copy(own + box.to, own + row_length, o + box.to);
       } else {
         std::copy(own, own + row_length, o);
       }
@@ -210,21 +207,6 @@ void mixup_inplace_cpu(at::Tensor& images, const at::Tensor& lam) {
       }
     });
   });
-}
-
-// The part of a row (in elements) that a box covers: [from, to), empty when it misses the row.
-struct Segment {
-  int64_t from, to;
-  bool empty() const { return to <= from; }
-};
-
-Segment box_segment(const int64_t* box, const Geometry& g, int64_t y, int64_t pixel) {
-  const int64_t top = clamp_index(box[0], g.h), left = clamp_index(box[1], g.w);
-  const int64_t bottom = clamp_index(box[2], g.h), right = clamp_index(box[3], g.w);
-  if (y < top || y >= bottom || right <= left) {
-    return Segment{0, 0};
-  }
-  return Segment{left * pixel, right * pixel};
 }
 
 // cutmix in place on a batch dense in its layout: for each row of the first half of the batch,
