@@ -1,16 +1,22 @@
-"""Builds fastpipe and its extension fastpipe._C.
+"""Builds fastpipe and its extensions fastpipe._C and fastpipe._jpeg.
 
 The CPU kernels (fastpipe/csrc/*.cpp, fastpipe/csrc/cpu/*.cpp) are always built. The CUDA kernels
 (fastpipe/csrc/cuda/*.cu, plain CUDA without torch headers so they compile in seconds) and their
 torch glue (fastpipe/csrc/cuda/*.cpp) are added when torch is a CUDA build and nvcc is found
 (CUDA_HOME, or nvcc on PATH), for TORCH_CUDA_ARCH_LIST (default "8.0;9.0").
 
+fastpipe._jpeg (fastpipe/csrc/jpeg/region_decode.cpp, no torch headers) decodes only the crop of a
+JPEG with libjpeg-turbo's own API; it is built when libjpeg-turbo's headers and library are found
+(Debian: apt install libjpeg62-turbo-dev; Ubuntu: libjpeg-turbo8-dev; Fedora: libjpeg-turbo-devel;
+elsewhere point CFLAGS/LDFLAGS at them). Without it the CPU image path decodes whole images with
+simplejpeg, about 20% more decode time for a train crop.
+
 Build against the installed torch:    pip install --no-build-isolation -e .
 In place, for development:            python setup.py build_ext --inplace
 
-Environment switches: FASTPIPE_NO_EXTENSION=1 skips the extension (fastpipe then uses its
-pure-PyTorch ops), FASTPIPE_NO_CUDA=1 builds the CPU kernels only, MAX_JOBS=N limits parallel
-compiles (ninja).
+Environment switches: FASTPIPE_NO_EXTENSION=1 skips both extensions (fastpipe then uses its
+pure-PyTorch ops and whole-image decoding), FASTPIPE_NO_CUDA=1 builds the CPU kernels only,
+FASTPIPE_NO_JPEG=1 skips fastpipe._jpeg, MAX_JOBS=N limits parallel compiles (ninja).
 """
 
 import glob
@@ -18,8 +24,10 @@ import os
 import re
 import shutil
 import subprocess
+import sysconfig
+import tempfile
 
-from setuptools import setup
+from setuptools import Extension, setup
 
 # Bits must match across the CPU kernels, the CUDA kernels and the PyTorch reference: no
 # contraction of a * b + c into fused multiply-adds (see fastpipe/csrc/kernels.h).
@@ -78,6 +86,57 @@ def _with_cuda(torch, cuda_home) -> bool:
     return True
 
 
+_LIBJPEG_PROBE = """
+#include <stdio.h>
+#include <jpeglib.h>
+#if !defined(LIBJPEG_TURBO_VERSION_NUMBER) || LIBJPEG_TURBO_VERSION_NUMBER < 2001000
+#error "fastpipe._jpeg needs libjpeg-turbo >= 2.1 (tested with 2.1.5)"
+#endif
+int main(void) {
+    struct jpeg_decompress_struct cinfo;
+    JDIMENSION x = 0, w = 1;
+    jpeg_crop_scanline(&cinfo, &x, &w);
+    return (int)jpeg_skip_scanlines(&cinfo, 0);
+}
+"""
+
+
+def _libjpeg_turbo_found() -> bool:
+    """True when a program using libjpeg-turbo's region API compiles and links here (CC, CFLAGS
+    and LDFLAGS apply, as they do to the extension)."""
+    compiler = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    with tempfile.TemporaryDirectory() as tmp:
+        source = os.path.join(tmp, "probe.c")
+        with open(source, "w") as file:
+            file.write(_LIBJPEG_PROBE)
+        command = (compiler.split() + os.environ.get("CFLAGS", "").split() + [source, "-o",
+                   os.path.join(tmp, "probe")] + os.environ.get("LDFLAGS", "").split() + ["-ljpeg"])
+        try:
+            return subprocess.run(command, capture_output=True, timeout=120).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            return False
+
+
+def _jpeg_extension():
+    """fastpipe._jpeg when libjpeg-turbo's headers are here, else None (with the reason printed)."""
+    if os.environ.get("FASTPIPE_NO_JPEG") == "1":
+        return None
+    if not _libjpeg_turbo_found():
+        print(
+            "fastpipe: building without fastpipe._jpeg (crop-only JPEG decoding): libjpeg-turbo >= 2.1 "
+            "headers and library not found. Install them (Debian: libjpeg62-turbo-dev, Ubuntu: "
+            "libjpeg-turbo8-dev, Fedora: libjpeg-turbo-devel) and reinstall; fastpipe works without "
+            "it, decoding whole images with simplejpeg"
+        )
+        return None
+    return Extension(
+        "fastpipe._jpeg",
+        [os.path.join("fastpipe", "csrc", "jpeg", "region_decode.cpp")],
+        libraries=["jpeg"],
+        extra_compile_args=["-O2", "-g0"],
+    )
+
+
 def _extensions():
     if os.environ.get("FASTPIPE_NO_EXTENSION") == "1":
         return [], {}
@@ -100,6 +159,7 @@ def _extensions():
     sources = sorted(
         glob.glob(os.path.join(csrc, "*.cpp")) + glob.glob(os.path.join(csrc, "cpu", "*.cpp"))
     )
+    jpeg = _jpeg_extension()
     if not sources:
         return [], {}
     common = dict(
@@ -125,7 +185,7 @@ def _extensions():
             "fastpipe._C", sources, extra_compile_args={"cxx": CXX_FLAGS}, **common
         )
     build_ext = cpp_extension.BuildExtension.with_options(no_python_abi_suffix=True)
-    return [ext], {"build_ext": build_ext}
+    return [ext] + ([jpeg] if jpeg is not None else []), {"build_ext": build_ext}
 
 
 ext_modules, cmdclass = _extensions()

@@ -522,3 +522,41 @@ def test_extension_has_cuda_kernels_when_torch_and_nvcc_support_them():
         "torch is a CUDA build and a matching nvcc exists, but fastpipe._C has no CUDA kernels: "
         "rebuild with `python setup.py build_ext --inplace` (FASTPIPE_NO_CUDA unset)"
     )
+
+
+def _vm_flags_of(address: int) -> list[str]:
+    """The VmFlags of the mapping of this process that holds ``address`` (/proc/self/smaps)."""
+    inside = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                low, high = (int(part, 16) for part in head.split("-"))
+                inside = low <= address < high
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
+@pytest.mark.parametrize("call", [
+    lambda x: ops.normalize(x, (0.5, 0.4, 0.3), (0.2, 0.2, 0.2)),
+    lambda x: ops.cutout(x, num_holes=1, size=8),
+    lambda x: ops.random_erasing(x, p=1.0),
+    lambda x: ops.mixup(x, torch.zeros(x.shape[0], dtype=torch.int64), alpha=1.0, num_classes=10)[0],
+    lambda x: ops.cutmix(x, torch.zeros(x.shape[0], dtype=torch.int64), alpha=1.0, num_classes=10)[0],
+], ids=["normalize", "cutout", "random_erasing", "mixup", "cutmix"])
+def test_batch_outputs_are_offered_transparent_huge_pages(call):
+    """Outputs of 2 MiB and more are advised MADV_HUGEPAGE ('hg' in their mapping's VmFlags), so
+    a fresh output takes one page fault per 2 MiB instead of per 4 KiB (docs/ops.md)."""
+    images = torch.randint(0, 256, (16, 3, 224, 224), dtype=torch.uint8)  # 2.4 MB
+    out = call(images)
+    assert out.nbytes >= 2 << 20
+    start = out.data_ptr()
+    # The first whole page inside the tensor: the page before may belong to another allocation.
+    page = os.sysconf("SC_PAGESIZE")
+    assert "hg" in _vm_flags_of(-(-start // page) * page)
+    # The control: torch's own 40 MB allocation (glibc maps it alone) carries no such advice.
+    control = torch.empty(40 << 20, dtype=torch.uint8)
+    if os.environ.get("MALLOC_MMAP_MAX_") != "0" and os.environ.get("THP_MEM_ALLOC_ENABLE") != "1":
+        assert "hg" not in _vm_flags_of(-(-control.data_ptr() // page) * page)

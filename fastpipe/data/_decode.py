@@ -1,8 +1,10 @@
 """The CPU image fast path: decode at a reduced DCT scale, then crop, resize and flip in uint8.
 
-JPEGs decode through simplejpeg (libjpeg-turbo bundled in its wheel); anything else, and the rare
-JPEG that simplejpeg refuses (CMYK, recoverable damage), through PIL. The crop is drawn from the
-image header before decoding, so the decoder can skip the detail the resize would throw away.
+Train crops of JPEGs decode through fastpipe._jpeg when it was built (libjpeg-turbo's own API: only
+the crop's rows and columns, see fastpipe/csrc/jpeg/region_decode.cpp), whole JPEGs through
+simplejpeg (libjpeg-turbo bundled in its wheel); anything else, and the rare JPEG that both refuse
+(CMYK, recoverable damage), through PIL. The crop is drawn from the image header before decoding,
+so the decoder can skip the detail the resize would throw away and the pixels outside the crop.
 See docs/cpu-path.md for the measurements behind each choice.
 """
 
@@ -17,7 +19,13 @@ import torch.nn.functional as F
 
 from fastpipe.data import _crop
 
+try:
+    from fastpipe._jpeg import decode_region as _decode_region
+except ImportError:  # built without libjpeg-turbo's headers (setup.py says so): whole-image decode
+    _decode_region = None
+
 _JPEG_MAGIC = b"\xff\xd8\xff"
+_JPEG_END = b"\xff\xd9"
 # simplejpeg decodes these to RGB without the Adobe inversion PIL applies; PIL is the reference.
 _PIL_ONLY_COLORSPACES = ("CMYK", "YCCK")
 
@@ -73,6 +81,45 @@ def _decode_jpeg(
         )
     except ValueError:
         return None
+
+
+def _decoded_size(height: int, width: int, k: int) -> tuple[int, int]:
+    """The size of a ``1/k`` DCT-scaled decode (libjpeg rounds up, simplejpeg and fastpipe._jpeg
+    alike)."""
+    return -(-height // k), -(-width // k)
+
+
+def _decoded_box(box: _crop.Box, full_size: tuple[int, int], decoded_size: tuple[int, int]) -> _crop.Box:
+    """``box`` (full-size pixels) in the pixels of a decode of size ``decoded_size``: a 1/k decode
+    maps full-size pixel p to p / k, and snapping the edges to that grid moves them by at most
+    k / 2 full-size pixels. Never empty, never outside the decoded image."""
+    sy, sx = decoded_size[0] / full_size[0], decoded_size[1] / full_size[1]
+    top, left = round(box.top * sy), round(box.left * sx)
+    bottom = max(min(round((box.top + box.height) * sy), decoded_size[0]), top + 1)
+    right = max(min(round((box.left + box.width) * sx), decoded_size[1]), left + 1)
+    return _crop.Box(top, left, bottom - top, right - left)
+
+
+def _decode_jpeg_crop(
+    data: ImageBytes, box: _crop.Box, k: int, fast_upsample: bool
+) -> np.ndarray | None:
+    """Only ``box`` (in ``1/k``-decoded pixels) of the JPEG, ``(h, w, 3)`` uint8 contiguous, or
+    None when fastpipe._jpeg is not built or refuses the data (the caller then decodes the whole
+    image, which reports damage as before). Pixel for pixel the crop of the whole 1/k decode with
+    ``fast_upsample``; with smooth upsampling a few pixels on the crop's edge differ by a few grey
+    levels (0.0006 on average over the sample crops), where libjpeg-turbo has no neighbour
+    outside the crop to interpolate from. Files that do not end with the end-of-image marker
+    (truncated, or with bytes appended) take the whole-image path."""
+    # A region decode stops at the crop's last row, so a truncated file whose crop lies above the
+    # cut would decode; without the end-of-image marker the whole-image path decides instead, and
+    # a truncated file is an error for every crop, not only for some draws.
+    if _decode_region is None or bytes(data[-2:]) != _JPEG_END:
+        return None
+    try:
+        pixels = _decode_region(data, k, box.top, box.left, box.height, box.width, fast_upsample)
+    except ValueError:
+        return None
+    return np.frombuffer(pixels, dtype=np.uint8).reshape(box.height, box.width, 3)
 
 
 def _decode_pil(data: ImageBytes, source: str) -> np.ndarray:
@@ -185,6 +232,11 @@ class ImageDecoder:
         size = _jpeg_size(data)
         if size is not None:
             plan = self._plan(*size)
+            if plan.resize is None:
+                box = _decoded_box(plan.box, size, _decoded_size(*size, plan.k))
+                crop = _decode_jpeg_crop(data, box, plan.k, self.fast_upsample)
+                if crop is not None:
+                    return self._resize_and_flip(crop, plan.flip)
             array = _decode_jpeg(data, size[0], size[1], plan.k, self.fast_upsample)
             if array is not None:
                 return self._finish(array, size, plan)
@@ -218,18 +270,16 @@ class ImageDecoder:
             image = _resize(torch.from_numpy(array).permute(2, 0, 1).unsqueeze(0), plan.resize)
             box = plan.box
             return image[0, :, box.top:box.top + box.height, box.left:box.left + box.width].contiguous()
-        # The crop in decoded pixels: a 1/k decode maps full-size pixel p to p / k; snapping the
-        # edges to that grid moves them by at most k / 2 full-size pixels.
-        sy, sx = array.shape[0] / full_size[0], array.shape[1] / full_size[1]
-        box = plan.box
-        top, left = round(box.top * sy), round(box.left * sx)
-        bottom = max(min(round((box.top + box.height) * sy), array.shape[0]), top + 1)
-        right = max(min(round((box.left + box.width) * sx), array.shape[1]), left + 1)
+        box = _decoded_box(plan.box, full_size, array.shape[:2])
         # A contiguous copy of the crop first: torch's uint8 kernel reads a strided view much more
         # slowly, and the copy (~0.02 ms) saved ~0.045 ms per image, with identical output.
-        crop = np.ascontiguousarray(array[top:bottom, left:right])
+        crop = np.ascontiguousarray(array[box.top:box.top + box.height, box.left:box.left + box.width])
+        return self._resize_and_flip(crop, plan.flip)
+
+    def _resize_and_flip(self, crop: np.ndarray, flip: bool) -> torch.Tensor:
+        """A contiguous ``(h, w, 3)`` crop -> contiguous ``(3, size, size)``, flipped if asked."""
         out = _resize(torch.from_numpy(crop).permute(2, 0, 1).unsqueeze(0), (self.size, self.size))[0]
-        return out.flip(-1) if plan.flip else out.contiguous()
+        return out.flip(-1) if flip else out.contiguous()
 
 
 def _resize(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:

@@ -1,0 +1,236 @@
+"""fastpipe._jpeg: crop-only JPEG decoding with libjpeg-turbo, against simplejpeg's whole decode.
+
+The module is built when libjpeg-turbo's headers are present (setup.py). Without it these tests
+skip, unless FASTPIPE_REQUIRE_JPEG=1 (CI installs the headers, so there a missing module fails).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+import simplejpeg
+import torch
+from cpu_path_helpers import encode, large_jpeg, sample_files
+from PIL import Image
+
+from fastpipe.data import CorruptImageError, ImageDecoder, _decode
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def region():
+    try:
+        from fastpipe._jpeg import decode_region
+    except ImportError as exc:
+        message = f"fastpipe._jpeg is not built ({exc}); install libjpeg-turbo's headers and rebuild"
+        if os.environ.get("FASTPIPE_REQUIRE_JPEG") == "1":
+            pytest.fail(f"{message} (FASTPIPE_REQUIRE_JPEG=1)")
+        pytest.skip(message)
+    return decode_region
+
+
+def _photo(height: int, width: int, seed: int = 0) -> Image.Image:
+    """Smooth colour gradients plus noise: sharp enough that chroma upsampling matters."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    base = np.stack([128 + 100 * np.sin(x / 17 + c) * np.cos(y / 23 - c) for c in range(3)], axis=-1)
+    noisy = base + rng.normal(0, 12, base.shape)
+    return Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8))
+
+
+# Every layout libjpeg-turbo's upsampler treats differently, odd sizes, progressive and greyscale.
+JPEG_KINDS = {
+    "420": lambda: encode(_photo(333, 517), quality=90, subsampling=2),
+    "422": lambda: encode(_photo(301, 402, 1), quality=90, subsampling=1),
+    "444": lambda: encode(_photo(250, 199, 2), quality=85, subsampling=0),
+    "420-progressive": lambda: encode(_photo(417, 289, 3), quality=90, progressive=True),
+    "grey": lambda: encode(_photo(211, 305, 4).convert("L"), quality=90),
+    "420-restart-markers": lambda: encode(_photo(260, 390, 5), quality=90, restart_marker_rows=1),
+}
+
+
+def _whole(data: bytes, k: int, fast_upsample: bool) -> np.ndarray:
+    height, width = simplejpeg.decode_jpeg_header(data)[:2]
+    return simplejpeg.decode_jpeg(data, colorspace="rgb", min_height=-(-height // k),
+                                  min_width=-(-width // k), fastupsample=fast_upsample)
+
+
+def _regions(height: int, width: int, rng: np.random.Generator) -> list[tuple[int, int, int, int]]:
+    """Whole image, corners, single row and column, 1x1, and random rectangles."""
+    fixed = [(0, 0, height, width), (0, 0, 1, 1), (height - 1, width - 1, 1, 1),
+             (height // 2, 0, 1, width), (0, width // 2, height, 1), (height - 7, 0, 7, width)]
+    fixed = [box for box in fixed if box[0] >= 0 and box[2] >= 1 and box[3] >= 1]
+    random = []
+    for _ in range(12):
+        top, left = int(rng.integers(0, height)), int(rng.integers(0, width))
+        random.append((top, left, int(rng.integers(1, height - top + 1)), int(rng.integers(1, width - left + 1))))
+    return fixed + random
+
+
+def _region_pixels(region, data, k, box, fast_upsample) -> np.ndarray:
+    top, left, height, width = box
+    pixels = region(data, k, top, left, height, width, fast_upsample)
+    assert isinstance(pixels, bytearray) and len(pixels) == height * width * 3
+    return np.frombuffer(pixels, dtype=np.uint8).reshape(height, width, 3)
+
+
+@pytest.mark.parametrize("kind", sorted(JPEG_KINDS))
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_region_equals_the_crop_of_the_whole_decode_with_fast_upsampling(region, kind, k):
+    data = JPEG_KINDS[kind]()
+    whole = _whole(data, k, fast_upsample=True)
+    rng = np.random.default_rng(k)
+    for box in _regions(*whole.shape[:2], rng):
+        top, left, height, width = box
+        got = _region_pixels(region, data, k, box, fast_upsample=True)
+        np.testing.assert_array_equal(got, whole[top:top + height, left:left + width], err_msg=f"{box}")
+
+
+@pytest.mark.parametrize("kind", sorted(JPEG_KINDS))
+@pytest.mark.parametrize("k", [1, 2, 8])
+def test_smooth_upsampling_differs_only_on_the_left_and_right_edges(region, kind, k):
+    """libjpeg-turbo has no chroma neighbour outside a cropped column range to interpolate from;
+    everything more than 2 columns inside the region is the whole decode's pixel."""
+    data = JPEG_KINDS[kind]()
+    whole = _whole(data, k, fast_upsample=False).astype(np.int32)
+    rng = np.random.default_rng(10 + k)
+    for box in _regions(*whole.shape[:2], rng):
+        top, left, height, width = box
+        reference = whole[top:top + height, left:left + width]
+        got = _region_pixels(region, data, k, box, fast_upsample=False).astype(np.int32)
+        np.testing.assert_array_equal(got[:, 2:-2], reference[:, 2:-2], err_msg=f"{box}")
+        if width >= 32:
+            assert np.abs(got - reference).mean() <= 0.5, box
+
+
+def test_region_rows_below_the_crop_are_not_needed(region):
+    """A crop above the damage decodes, a crop through it raises: decoding stops at the crop's
+    last row (which is why ImageDecoder requires the end-of-image marker, next test)."""
+    data = JPEG_KINDS["420"]()
+    cut = data[: len(data) * 2 // 3]
+    whole = _whole(data, 1, fast_upsample=True)
+    np.testing.assert_array_equal(_region_pixels(region, cut, 1, (0, 0, 32, 517), True), whole[:32])
+    with pytest.raises(ValueError, match="libjpeg-turbo: .*(premature|end)"):
+        region(cut, 1, 300, 0, 33, 517, True)
+
+
+def test_decoder_reports_a_truncated_jpeg_whatever_the_crop(region, sample_root):
+    """Every draw of a truncated file is an error naming it, also crops the region decode could
+    have finished above the cut."""
+    data = sample_files(sample_root)[0].read_bytes()
+    truncated = data[: len(data) * 9 // 10]
+    decoder = ImageDecoder(train=True, scale=(0.08, 0.1))  # small crops, many of them above the cut
+    torch.manual_seed(0)
+    for _ in range(30):
+        with pytest.raises(CorruptImageError, match="class_00/img.jpg"):
+            decoder(truncated, "class_00/img.jpg")
+
+
+@pytest.mark.parametrize("args, match", [
+    ((3, 0, 0, 1, 1, True), "scale_denom must be 1, 2, 4 or 8, got 3"),
+    ((1, -1, 0, 1, 1, True), "need top, left >= 0"),
+    ((1, 0, 0, 0, 5, True), "need top, left >= 0 and a size of 1 to 65535"),
+    ((1, 300, 0, 40, 10, True), r"region 40x10 at \(300, 0\) exceeds the decoded image, 333x517 at 1/1"),
+    ((2, 0, 250, 10, 10, True), r"exceeds the decoded image, 167x259 at 1/2"),
+])
+def test_bad_arguments_are_value_errors_that_say_what_is_wrong(region, args, match):
+    data = JPEG_KINDS["420"]()
+    with pytest.raises(ValueError, match=match):
+        region(data, *args)
+
+
+@pytest.mark.parametrize("payload", [b"", b"not a jpeg at all", b"\xff\xd8\xff\xe0" + b"\x00" * 40])
+def test_non_jpeg_bytes_are_value_errors(region, payload):
+    with pytest.raises(ValueError, match="libjpeg-turbo: "):
+        region(payload, 1, 0, 0, 1, 1, True)
+
+
+def test_cmyk_is_refused_so_pil_decodes_it(region):
+    data = encode(_photo(64, 64).convert("CMYK"), quality=90)
+    with pytest.raises(ValueError, match="colour space .* is not YCbCr, RGB or greyscale"):
+        region(data, 1, 0, 0, 8, 8, True)
+
+
+def test_any_byte_buffer_is_accepted(region):
+    data = JPEG_KINDS["444"]()
+    expected = region(data, 1, 5, 6, 20, 30, True)
+    for wrapped in (bytearray(data), memoryview(data), np.frombuffer(data, dtype=np.uint8)):
+        assert region(wrapped, 1, 5, 6, 20, 30, True) == expected
+
+
+def test_the_gil_is_released_while_decoding(region):
+    """Another Python thread runs while a large region decodes (thread-based loaders scale)."""
+    data = encode(_photo(2400, 3200), quality=95)
+    inside: list[tuple[float, float]] = []
+
+    def decode() -> None:
+        start = time.perf_counter()
+        region(data, 1, 0, 0, 2400, 3200, False)
+        inside.append((start, time.perf_counter()))
+
+    ticks: list[float] = []
+    worker = threading.Thread(target=decode)
+    worker.start()
+    while worker.is_alive():
+        ticks.append(time.perf_counter())
+    worker.join()
+    (start, end), = inside
+    assert end - start > 0.05, "the decode was too short to tell"
+    during = [t for t in ticks if start + 0.01 < t < end - 0.01]
+    assert len(during) > 100, f"the main thread ran {len(during)} times during a {end - start:.3f} s decode"
+
+
+# ---------------------------------------------------------------- through ImageDecoder
+
+def _outputs(decoder: ImageDecoder, images: list[bytes], seed: int) -> list[torch.Tensor]:
+    torch.manual_seed(seed)
+    return [decoder(data, "x.jpg") for data in images]
+
+
+@pytest.mark.parametrize("fast_upsample", [True, False])
+def test_train_outputs_equal_the_whole_image_path(region, sample_root, monkeypatch, fast_upsample):
+    """Same seed, same crops: the region path gives the whole-image path's train output, exactly
+    with fast upsampling and within a grey level on average with smooth upsampling. The large
+    images decode at 1/2-1/8 scale."""
+    images = [p.read_bytes() for p in sample_files(sample_root)[:16]]
+    images += [large_jpeg(sample_files(sample_root)[i]) for i in range(2)] * 4
+    images += [JPEG_KINDS[kind]() for kind in sorted(JPEG_KINDS)]
+    decoder = ImageDecoder(train=True, fast_upsample=fast_upsample)
+    scales = []
+
+    def recording(data, k, *rest):
+        scales.append(k)
+        return region(data, k, *rest)
+
+    monkeypatch.setattr(_decode, "_decode_region", recording)
+    with_region = _outputs(decoder, images, seed=3)
+    assert len(scales) == len(images) and {1, 2} <= set(scales), scales
+    monkeypatch.setattr(_decode, "_decode_region", None)
+    whole = _outputs(decoder, images, seed=3)
+    for a, b in zip(with_region, whole):
+        if fast_upsample:
+            assert torch.equal(a, b)
+        else:
+            assert (a.int() - b.int()).abs().float().mean() <= 0.1
+
+
+def test_train_path_uses_the_region_decoder(region, sample_root, monkeypatch):
+    """ImageDecoder calls fastpipe._jpeg for train crops (and falls back when it refuses)."""
+    calls = []
+
+    def counting(*args):
+        calls.append(args[1:])
+        return region(*args)
+
+    monkeypatch.setattr(_decode, "_decode_region", counting)
+    data = sample_files(sample_root)[0].read_bytes()
+    ImageDecoder(train=True)(data, "x.jpg")
+    ImageDecoder(train=False)(data, "x.jpg")  # eval decodes whole images (docs/cpu-path.md)
+    assert len(calls) == 1
+    k, top, left, height, width, fast_upsample = calls[0]
+    assert k == 1 and fast_upsample is True and height >= 1 and width >= 1
