@@ -266,6 +266,32 @@ def test_mix_lambda_is_beta_alpha_alpha(alpha):
         assert (ecdf - lam.sort().values).abs().max().item() < 1.95 / math.sqrt(lam.numel())
 
 
+@pytest.mark.parametrize("alpha", [0.001, 0.005])
+def test_mix_lambda_for_tiny_alpha_is_0_or_1_never_nan(alpha):
+    """Beta(alpha, alpha) for tiny alpha puts its mass next to 0 and 1, half on each side; two
+    Gamma(alpha) draws that both underflow to 0 must not make it 0 / 0. Near the ends its CDF is
+    ~x**alpha / 2, so P(lam < x or lam > 1 - x) ~ x**alpha."""
+    g = _gen(5)
+    lam = torch.stack([_params.beta(alpha, g) for _ in range(4000)])
+    assert not bool(lam.isnan().any())
+    for x in (1e-6, 1e-3):
+        expected = x**alpha
+        share = float(((lam < x) | (lam > 1 - x)).double().mean())
+        assert abs(share - expected) < 4 * math.sqrt(expected * (1 - expected) / lam.numel()) + 1e-3
+    above = int((lam > 0.5).sum())
+    assert abs(above - 2000) < 4 * math.sqrt(4000 * 0.25)
+
+
+@pytest.mark.parametrize("name", ["mixup", "cutmix"])
+def test_tiny_alpha_mixes_without_error(backend, name):
+    images = torch.rand(4, 3, 8, 8)
+    targets = torch.tensor([0, 1, 2, 3])
+    for seed in range(30):
+        mixed, soft = getattr(ops, name)(images, targets, 0.001, num_classes=4, generator=_gen(seed))
+        assert not bool(mixed.isnan().any()) and not bool(soft.isnan().any())
+        torch.testing.assert_close(soft.sum(1), torch.ones(4))
+
+
 def test_mixup_uses_the_same_lambda_for_images_and_targets(backend):
     images = torch.stack((torch.zeros(3, 4, 4), torch.ones(3, 4, 4)))
     targets = torch.tensor([0, 1])

@@ -113,11 +113,19 @@ def erasing_boxes(
 
 
 def beta(alpha: float, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One draw of Beta(alpha, alpha) as a 0-d float64 tensor, from two Gamma(alpha) draws."""
-    gammas = torch._standard_gamma(
-        torch.full((2,), float(alpha), dtype=torch.float64), generator=generator
-    )
-    return gammas[0] / (gammas[0] + gammas[1])
+    """One draw of Beta(alpha, alpha) as a 0-d float64 tensor: ``X / (X + Y)`` for ``X, Y``
+    independent Gamma(alpha), computed in log space so that it is never 0 / 0.
+
+    Each Gamma(alpha) draw is ``Gamma(alpha + 1) * U ** (1 / alpha)`` with ``U`` uniform on (0, 1]
+    (the identity torch's own sampler uses for alpha < 1). For small alpha ``U ** (1 / alpha)``
+    underflows (below alpha ~0.005 both draws are often exactly 0, and their ratio NaN), so the
+    weight is taken as ``sigmoid(log X - log Y)`` instead: the same distribution, for any alpha.
+    """
+    alpha = float(alpha)
+    gammas = torch._standard_gamma(torch.full((2,), alpha + 1.0, dtype=torch.float64), generator=generator)
+    uniforms = 1.0 - torch.rand(2, dtype=torch.float64, generator=generator)  # (0, 1]: log is finite
+    log_draws = gammas.log() + uniforms.log() / alpha
+    return torch.sigmoid(log_draws[0] - log_draws[1])
 
 
 def cutmix_box(
