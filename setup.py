@@ -137,6 +137,24 @@ def _jpeg_extension():
     )
 
 
+def _build_extension_class():
+    """torch's BuildExtension, naming fastpipe._C without the Python ABI tag (it is built on the
+    stable ABI) and fastpipe._jpeg with it (it uses the full C API of one Python version)."""
+    from setuptools.command.build_ext import build_ext as setuptools_build_ext
+    from torch.utils import cpp_extension
+
+    class BuildExtension(cpp_extension.BuildExtension):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, no_python_abi_suffix=True, **kwargs)
+
+        def get_ext_filename(self, ext_name):
+            if ext_name.split(".")[-1] == "_jpeg":  # distutils passes the last part only
+                return setuptools_build_ext.get_ext_filename(self, ext_name)
+            return super().get_ext_filename(ext_name)
+
+    return BuildExtension
+
+
 def _extensions():
     if os.environ.get("FASTPIPE_NO_EXTENSION") == "1":
         return [], {}
@@ -184,8 +202,7 @@ def _extensions():
         ext = cpp_extension.CppExtension(
             "fastpipe._C", sources, extra_compile_args={"cxx": CXX_FLAGS}, **common
         )
-    build_ext = cpp_extension.BuildExtension.with_options(no_python_abi_suffix=True)
-    return [ext] + ([jpeg] if jpeg is not None else []), {"build_ext": build_ext}
+    return [ext] + ([jpeg] if jpeg is not None else []), {"build_ext": _build_extension_class()}
 
 
 ext_modules, cmdclass = _extensions()

@@ -106,10 +106,12 @@ def _decode_jpeg_crop(
     """Only ``box`` (in ``1/k``-decoded pixels) of the JPEG, ``(h, w, 3)`` uint8 contiguous, or
     None when fastpipe._jpeg is not built or refuses the data (the caller then decodes the whole
     image, which reports damage as before). Pixel for pixel the crop of the whole 1/k decode with
-    ``fast_upsample``; with smooth upsampling a few pixels on the crop's edge differ by a few grey
-    levels (0.0006 on average over the sample crops), where libjpeg-turbo has no neighbour
-    outside the crop to interpolate from. Files that do not end with the end-of-image marker
-    (truncated, or with bytes appended) take the whole-image path."""
+    ``fast_upsample``; with smooth upsampling the two columns at each side edge can differ (by up
+    to ~20 grey levels, 0.0006 on average over the benchmark's crops), where libjpeg-turbo has no
+    chroma neighbour outside the crop to interpolate from. The module refuses what it cannot crop
+    exactly: progressive files missing scans, and chroma subsampled more than 2x with smooth
+    upsampling. Files that do not end with the end-of-image marker (truncated, or with bytes
+    appended) take the whole-image path."""
     # A region decode stops at the crop's last row, so a truncated file whose crop lies above the
     # cut would decode; without the end-of-image marker the whole-image path decides instead, and
     # a truncated file is an error for every crop, not only for some draws.

@@ -2,7 +2,6 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
@@ -10,11 +9,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <type_traits>
-
-#if defined(__linux__)
-#include <sys/mman.h>
-#include <unistd.h>
-#endif
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -41,35 +35,6 @@ void with_image_type(at::ScalarType dtype, const char* op, Body&& body) {
     default:
       TORCH_CHECK(false, "fastpipe::", op, ": unsupported dtype ", dtype);
   }
-}
-
-// Outputs at least this large are offered transparent huge pages (empty_output).
-constexpr size_t kHugePageOutputBytes = size_t{2} << 20;
-
-// The output tensor of a batch op. A batch output is tens of MB, and with glibc's defaults it is
-// often fresh memory: glibc gives allocations over 32 MiB (and, by its dynamic threshold, some
-// smaller ones) their own mapping and unmaps it on free, so every batch pays a page fault per
-// 4 KiB page as the kernel first writes it. Advising transparent huge pages (a hint the kernel may
-// ignore; THP "never" turns it off) makes that one fault per 2 MiB. Measured on the 2-core
-// development machine (THP in madvise mode): normalizing 64x3x224x224 uint8 to a fresh float32
-// output took 16.9 ms with 4 KiB pages and 6-7 ms with huge pages; reused memory is already
-// mapped and unaffected. torch's own opt-in, THP_MEM_ALLOC_ENABLE=1, does this for every
-// allocation; this does it for fastpipe's outputs only.
-inline at::Tensor empty_output(at::IntArrayRef sizes, const at::TensorOptions& options,
-                               at::MemoryFormat format) {
-  at::Tensor out = at::empty(sizes, options, format);
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  const size_t nbytes = out.nbytes();
-  if (nbytes >= kHugePageOutputBytes) {
-    static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    const uintptr_t data = reinterpret_cast<uintptr_t>(out.data_ptr());
-    const uintptr_t start = (data + page - 1) & ~(page - 1), end = (data + nbytes) & ~(page - 1);
-    if (end > start) {
-      madvise(reinterpret_cast<void*>(start), end - start, MADV_HUGEPAGE);  // a hint: errors ignored
-    }
-  }
-#endif
-  return out;
 }
 
 template <typename T>

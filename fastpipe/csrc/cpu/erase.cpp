@@ -198,7 +198,7 @@ at::Tensor erase_cpu(const at::Tensor& images, const at::Tensor& boxes, const at
                      const std::optional<at::Tensor>& seeds) {
   check_erase_args(images, boxes, fill, seeds);
   const auto format = output_format(images);
-  at::Tensor out = empty_output(images.sizes(), images.options(), format);
+  at::Tensor out = at::empty(images.sizes(), images.options(), format);
   if (!seeds.has_value() && out.numel() > 0 && images.is_contiguous(format)) {
     with_image_type(images.scalar_type(), "erase", [&](auto tag) {
       erase_dense<decltype(tag)>(images, out, boxes, fill,

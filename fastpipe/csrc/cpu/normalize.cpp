@@ -126,7 +126,7 @@ at::Tensor normalize_cpu(const at::Tensor& images, const at::Tensor& mean, const
                          at::ScalarType dtype, bool channels_last) {
   check_normalize_args(images, mean, std, dtype);
   const auto format = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
-  at::Tensor out = empty_output(images.sizes(), images.options().dtype(dtype), format);
+  at::Tensor out = at::empty(images.sizes(), images.options().dtype(dtype), format);
   if (out.numel() == 0) {
     return out;
   }

@@ -52,40 +52,100 @@ struct region_request {
     unsigned char *out; /* height * width * 3 bytes, RGB, row-major */
 };
 
-/* 0 on success; otherwise -1 with a message in err->message. Runs without the GIL. */
-static int decode_region(const struct region_request *req, struct strict_error_mgr *err) {
-    struct jpeg_decompress_struct cinfo;
-    cinfo.err = jpeg_std_error(&err->pub);
+static void begin_error_handling(jpeg_decompress_struct *cinfo, strict_error_mgr *err) {
+    cinfo->err = jpeg_std_error(&err->pub);
     err->pub.error_exit = fail;
     err->pub.emit_message = fail_on_warning;
     err->message[0] = '\0';
+}
+
+/* Reads the header and sets the decode parameters; -1 with a message for images whose crop could
+ * differ from the crop of the whole decode, so the caller decodes them whole. libjpeg errors
+ * longjmp to the caller's setjmp. */
+static int configure(jpeg_decompress_struct *cinfo, const region_request *req, strict_error_mgr *err) {
+    jpeg_mem_src(cinfo, req->data, req->size);
+    jpeg_read_header(cinfo, TRUE);
+    if (cinfo->jpeg_color_space != JCS_YCbCr && cinfo->jpeg_color_space != JCS_GRAYSCALE &&
+        cinfo->jpeg_color_space != JCS_RGB) {
+        snprintf(err->message, sizeof err->message,
+                 "colour space %d is not YCbCr, RGB or greyscale", (int)cinfo->jpeg_color_space);
+        return -1;
+    }
+    if (!req->fast_upsample) {
+        /* Smooth upsampling of chroma subsampled more than 2x along an axis gives wrong pixels
+         * inside a cropped column range (found with 4x2 and 2x4 luma sampling at 1/2 and 1/4
+         * scale, libjpeg-turbo 2.1.5); replicated chroma (fast_upsample) matches. */
+        for (int ci = 0; ci < cinfo->num_components; ++ci) {
+            const jpeg_component_info &comp = cinfo->comp_info[ci];
+            if (comp.h_samp_factor < 1 || comp.v_samp_factor < 1 ||
+                cinfo->max_h_samp_factor > 2 * comp.h_samp_factor ||
+                cinfo->max_v_samp_factor > 2 * comp.v_samp_factor) {
+                snprintf(err->message, sizeof err->message,
+                         "sampling factors %dx%d against %dx%d: smooth upsampling needs the whole "
+                         "image", comp.h_samp_factor, comp.v_samp_factor, cinfo->max_h_samp_factor,
+                         cinfo->max_v_samp_factor);
+                return -1;
+            }
+        }
+    }
+    cinfo->out_color_space = JCS_RGB;
+    cinfo->scale_num = 1;
+    cinfo->scale_denom = (unsigned int)req->scale_denom;
+    cinfo->dct_method = JDCT_ISLOW;
+    cinfo->do_fancy_upsampling = req->fast_upsample ? FALSE : TRUE;
+    jpeg_calc_output_dimensions(cinfo);
+    if (req->top + req->height > cinfo->output_height || req->left + req->width > cinfo->output_width) {
+        snprintf(err->message, sizeof err->message,
+                 "region %ux%u at (%u, %u) exceeds the decoded image, %ux%u at 1/%d scale",
+                 req->height, req->width, req->top, req->left, cinfo->output_height,
+                 cinfo->output_width, req->scale_denom);
+        return -1;
+    }
+    return 0;
+}
+
+/* Header checks only, before the output is allocated: 0, or -1 with a message. No GIL needed. */
+static int check_region(const region_request *req, strict_error_mgr *err) {
+    jpeg_decompress_struct cinfo;
+    begin_error_handling(&cinfo, err);
     if (setjmp(err->jump)) {
         jpeg_destroy_decompress(&cinfo);
         return -1;
     }
     jpeg_create_decompress(&cinfo);
-    jpeg_mem_src(&cinfo, req->data, req->size);
-    jpeg_read_header(&cinfo, TRUE);
-    if (cinfo.jpeg_color_space != JCS_YCbCr && cinfo.jpeg_color_space != JCS_GRAYSCALE &&
-        cinfo.jpeg_color_space != JCS_RGB) {
-        snprintf(err->message, sizeof err->message,
-                 "colour space %d is not YCbCr, RGB or greyscale", (int)cinfo.jpeg_color_space);
+    const int status = configure(&cinfo, req, err);
+    jpeg_destroy_decompress(&cinfo);
+    return status;
+}
+
+/* 0 on success; otherwise -1 with a message in err->message. Runs without the GIL. */
+static int decode_region(const region_request *req, strict_error_mgr *err) {
+    jpeg_decompress_struct cinfo;
+    begin_error_handling(&cinfo, err);
+    if (setjmp(err->jump)) {
         jpeg_destroy_decompress(&cinfo);
         return -1;
     }
-    cinfo.out_color_space = JCS_RGB;
-    cinfo.scale_num = 1;
-    cinfo.scale_denom = (unsigned int)req->scale_denom;
-    cinfo.dct_method = JDCT_ISLOW;
-    cinfo.do_fancy_upsampling = req->fast_upsample ? FALSE : TRUE;
-    jpeg_start_decompress(&cinfo);
-    if (req->top + req->height > cinfo.output_height || req->left + req->width > cinfo.output_width) {
-        snprintf(err->message, sizeof err->message,
-                 "region %ux%u at (%u, %u) exceeds the decoded image, %ux%u at 1/%d scale",
-                 req->height, req->width, req->top, req->left, cinfo.output_height,
-                 cinfo.output_width, req->scale_denom);
+    jpeg_create_decompress(&cinfo);
+    if (configure(&cinfo, req, err) != 0) {
         jpeg_destroy_decompress(&cinfo);
         return -1;
+    }
+    jpeg_start_decompress(&cinfo);
+    if (cinfo.progressive_mode && cinfo.coef_bits != nullptr) {
+        /* A progressive file may end before its last scans (valid, no warning). libjpeg then
+         * smooths the missing detail from neighbouring blocks, which a crop does not have. The
+         * whole file was read by jpeg_start_decompress, so coef_bits is final: 0 is complete. */
+        for (int ci = 0; ci < cinfo.num_components; ++ci) {
+            for (int k = 0; k < DCTSIZE2; ++k) {
+                if (cinfo.coef_bits[ci][k] != 0) {
+                    snprintf(err->message, sizeof err->message,
+                             "progressive JPEG without all its scans: decode it whole");
+                    jpeg_destroy_decompress(&cinfo);
+                    return -1;
+                }
+            }
+        }
     }
     /* Widens the column range to whole iMCUs; the rows then hold columns [xoffset, +width). */
     JDIMENSION xoffset = req->left, width = req->width;
@@ -151,11 +211,6 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args) {
                             "region %ldx%ld at (%ld, %ld): need top, left >= 0 and a size of "
                             "1 to 65535 pixels a side", height, width, top, left);
     }
-    PyObject *out = PyByteArray_FromStringAndSize(nullptr, (Py_ssize_t)height * width * 3);
-    if (out == nullptr) {
-        PyBuffer_Release(&view);
-        return nullptr;
-    }
     region_request req;
     req.data = static_cast<const unsigned char *>(view.buf);
     req.size = (unsigned long)view.len;
@@ -165,9 +220,23 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args) {
     req.height = (unsigned int)height;
     req.width = (unsigned int)width;
     req.fast_upsample = fast_upsample;
-    req.out = reinterpret_cast<unsigned char *>(PyByteArray_AS_STRING(out));
-    struct strict_error_mgr err;
+    req.out = nullptr;
+    strict_error_mgr err;
     int status;
+    /* The header first: a region that does not fit is refused before its buffer is allocated. */
+    Py_BEGIN_ALLOW_THREADS
+    status = check_region(&req, &err);
+    Py_END_ALLOW_THREADS
+    if (status != 0) {
+        PyBuffer_Release(&view);
+        return PyErr_Format(PyExc_ValueError, "libjpeg-turbo: %s", err.message);
+    }
+    PyObject *out = PyByteArray_FromStringAndSize(nullptr, (Py_ssize_t)height * width * 3);
+    if (out == nullptr) {
+        PyBuffer_Release(&view);
+        return nullptr;
+    }
+    req.out = reinterpret_cast<unsigned char *>(PyByteArray_AS_STRING(out));
     Py_BEGIN_ALLOW_THREADS
     status = decode_region(&req, &err);
     Py_END_ALLOW_THREADS
