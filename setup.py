@@ -177,9 +177,9 @@ def _extensions():
     sources = sorted(
         glob.glob(os.path.join(csrc, "*.cpp")) + glob.glob(os.path.join(csrc, "cpu", "*.cpp"))
     )
-    jpeg = _jpeg_extension()
     if not sources:
         return [], {}
+    jpeg = _jpeg_extension()
     common = dict(
         include_dirs=[os.path.join(here, csrc)],
         extra_link_args=["-fopenmp"],

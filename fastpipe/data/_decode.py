@@ -66,6 +66,12 @@ def _jpeg_size(data: ImageBytes) -> tuple[int, int] | None:
     return height, width
 
 
+def _decoded_size(height: int, width: int, k: int) -> tuple[int, int]:
+    """The size of a ``1/k`` DCT-scaled decode (libjpeg rounds up, simplejpeg and fastpipe._jpeg
+    alike)."""
+    return -(-height // k), -(-width // k)
+
+
 def _decode_jpeg(
     data: ImageBytes, height: int, width: int, k: int, fast_upsample: bool = False
 ) -> np.ndarray | None:
@@ -74,19 +80,14 @@ def _decode_jpeg(
     ``fast_upsample`` replicates chroma samples instead of interpolating them (see ImageDecoder)."""
     import simplejpeg
 
+    min_height, min_width = _decoded_size(height, width, k)
     try:
         return simplejpeg.decode_jpeg(
-            data, colorspace="rgb", min_height=-(-height // k), min_width=-(-width // k),
+            data, colorspace="rgb", min_height=min_height, min_width=min_width,
             strict=True, fastupsample=fast_upsample,
         )
     except ValueError:
         return None
-
-
-def _decoded_size(height: int, width: int, k: int) -> tuple[int, int]:
-    """The size of a ``1/k`` DCT-scaled decode (libjpeg rounds up, simplejpeg and fastpipe._jpeg
-    alike)."""
-    return -(-height // k), -(-width // k)
 
 
 def _decoded_box(box: _crop.Box, full_size: tuple[int, int], decoded_size: tuple[int, int]) -> _crop.Box:

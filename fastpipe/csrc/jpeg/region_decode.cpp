@@ -104,21 +104,9 @@ static int configure(jpeg_decompress_struct *cinfo, const region_request *req, s
     return 0;
 }
 
-/* Header checks only, before the output is allocated: 0, or -1 with a message. No GIL needed. */
-static int check_region(const region_request *req, strict_error_mgr *err) {
-    jpeg_decompress_struct cinfo;
-    begin_error_handling(&cinfo, err);
-    if (setjmp(err->jump)) {
-        jpeg_destroy_decompress(&cinfo);
-        return -1;
-    }
-    jpeg_create_decompress(&cinfo);
-    const int status = configure(&cinfo, req, err);
-    jpeg_destroy_decompress(&cinfo);
-    return status;
-}
-
-/* 0 on success; otherwise -1 with a message in err->message. Runs without the GIL. */
+/* 0 on success; otherwise -1 with a message in err->message. Runs without the GIL. With
+ * req->out null it stops after the header checks, so the caller can refuse a region before
+ * allocating its buffer (reading the header again costs a few microseconds). */
 static int decode_region(const region_request *req, strict_error_mgr *err) {
     jpeg_decompress_struct cinfo;
     begin_error_handling(&cinfo, err);
@@ -127,9 +115,10 @@ static int decode_region(const region_request *req, strict_error_mgr *err) {
         return -1;
     }
     jpeg_create_decompress(&cinfo);
-    if (configure(&cinfo, req, err) != 0) {
+    const int status = configure(&cinfo, req, err);
+    if (status != 0 || req->out == nullptr) {
         jpeg_destroy_decompress(&cinfo);
-        return -1;
+        return status;
     }
     jpeg_start_decompress(&cinfo);
     if (cinfo.progressive_mode && cinfo.coef_bits != nullptr) {
@@ -225,7 +214,7 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args) {
     int status;
     /* The header first: a region that does not fit is refused before its buffer is allocated. */
     Py_BEGIN_ALLOW_THREADS
-    status = check_region(&req, &err);
+    status = decode_region(&req, &err);  /* req.out is null: the header checks only */
     Py_END_ALLOW_THREADS
     if (status != 0) {
         PyBuffer_Release(&view);
