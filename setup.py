@@ -1,9 +1,12 @@
-"""Builds fastpipe and its extensions fastpipe._C and fastpipe._jpeg.
+"""Builds fastpipe and its extensions fastpipe._C, fastpipe._resize and fastpipe._jpeg.
 
 The CPU kernels (fastpipe/csrc/*.cpp, fastpipe/csrc/cpu/*.cpp) are always built. The CUDA kernels
 (fastpipe/csrc/cuda/*.cu, plain CUDA without torch headers so they compile in seconds) and their
 torch glue (fastpipe/csrc/cuda/*.cpp) are added when torch is a CUDA build and nvcc is found
 (CUDA_HOME, or nvcc on PATH), for TORCH_CUDA_ARCH_LIST (default "8.0;9.0").
+
+fastpipe._resize (fastpipe/csrc/image/resize.cpp, no torch headers, no libraries) resizes the CPU
+image path's crops straight into (3, H, W) planes; it is built with fastpipe._C.
 
 fastpipe._jpeg (fastpipe/csrc/jpeg/region_decode.cpp, no torch headers) decodes only the crop of a
 JPEG with libjpeg-turbo's own API; it is built when libjpeg-turbo's headers and library are found
@@ -14,8 +17,8 @@ simplejpeg, about 20% more decode time for a train crop.
 Build against the installed torch:    pip install --no-build-isolation -e .
 In place, for development:            python setup.py build_ext --inplace
 
-Environment switches: FASTPIPE_NO_EXTENSION=1 skips both extensions (fastpipe then uses its
-pure-PyTorch ops and whole-image decoding), FASTPIPE_NO_CUDA=1 builds the CPU kernels only,
+Environment switches: FASTPIPE_NO_EXTENSION=1 skips all extensions (fastpipe then uses its
+pure-PyTorch ops, torch's resize and whole-image decoding), FASTPIPE_NO_CUDA=1 builds the CPU kernels only,
 FASTPIPE_NO_JPEG=1 skips fastpipe._jpeg, MAX_JOBS=N limits parallel compiles (ninja).
 """
 
@@ -137,9 +140,22 @@ def _jpeg_extension():
     )
 
 
+def _resize_extension():
+    # -ffp-contract=off: no fused multiply-adds, so every machine computes the same pixels.
+    return Extension(
+        "fastpipe._resize",
+        [os.path.join("fastpipe", "csrc", "image", "resize.cpp")],
+        extra_compile_args=["-O3", "-g0", "-ffp-contract=off"],
+    )
+
+
+# Extensions on the full C API of one Python version, named with its ABI tag.
+_VERSIONED_EXTENSIONS = ("_jpeg", "_resize")
+
+
 def _build_extension_class():
     """torch's BuildExtension, naming fastpipe._C without the Python ABI tag (it is built on the
-    stable ABI) and fastpipe._jpeg with it (it uses the full C API of one Python version)."""
+    stable ABI) and the plain CPython modules with it."""
     from setuptools.command.build_ext import build_ext as setuptools_build_ext
     from torch.utils import cpp_extension
 
@@ -148,7 +164,7 @@ def _build_extension_class():
             super().__init__(*args, no_python_abi_suffix=True, **kwargs)
 
         def get_ext_filename(self, ext_name):
-            if ext_name.split(".")[-1] == "_jpeg":  # distutils passes the last part only
+            if ext_name.split(".")[-1] in _VERSIONED_EXTENSIONS:  # distutils passes the last part only
                 return setuptools_build_ext.get_ext_filename(self, ext_name)
             return super().get_ext_filename(ext_name)
 
@@ -202,7 +218,8 @@ def _extensions():
         ext = cpp_extension.CppExtension(
             "fastpipe._C", sources, extra_compile_args={"cxx": CXX_FLAGS}, **common
         )
-    return [ext] + ([jpeg] if jpeg is not None else []), {"build_ext": _build_extension_class()}
+    extensions = [ext, _resize_extension()] + ([jpeg] if jpeg is not None else [])
+    return extensions, {"build_ext": _build_extension_class()}
 
 
 ext_modules, cmdclass = _extensions()

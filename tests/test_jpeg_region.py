@@ -77,9 +77,11 @@ def _regions(height: int, width: int, rng: np.random.Generator) -> list[tuple[in
 
 def _region_pixels(region, data, k, box, fast_upsample) -> np.ndarray:
     top, left, height, width = box
-    pixels = region(data, k, top, left, height, width, fast_upsample)
-    assert isinstance(pixels, bytearray) and len(pixels) == height * width * 3
-    return np.frombuffer(pixels, dtype=np.uint8).reshape(height, width, 3)
+    pixels, row_stride, column = region(data, k, top, left, height, width, fast_upsample)
+    assert isinstance(pixels, bytearray) and row_stride % 3 == 0 and row_stride >= 3 * (column + width)
+    assert len(pixels) >= height * row_stride
+    rows = np.frombuffer(pixels, dtype=np.uint8, count=height * row_stride)
+    return rows.reshape(height, row_stride // 3, 3)[:, column:column + width]
 
 
 @pytest.mark.parametrize("kind", sorted(JPEG_KINDS))
@@ -161,9 +163,9 @@ def test_cmyk_is_refused_so_pil_decodes_it(region):
 
 def test_any_byte_buffer_is_accepted(region):
     data = JPEG_KINDS["444"]()
-    expected = region(data, 1, 5, 6, 20, 30, True)
+    expected = _region_pixels(region, data, 1, (5, 6, 20, 30), True)
     for wrapped in (bytearray(data), memoryview(data), np.frombuffer(data, dtype=np.uint8)):
-        assert region(wrapped, 1, 5, 6, 20, 30, True) == expected
+        np.testing.assert_array_equal(_region_pixels(region, wrapped, 1, (5, 6, 20, 30), True), expected)
 
 
 def test_the_gil_is_released_while_decoding(region):
@@ -285,8 +287,9 @@ def test_train_outputs_equal_the_whole_image_path(region, sample_root, monkeypat
             assert (a.int() - b.int()).abs().float().mean() <= 0.1
 
 
-def test_train_path_uses_the_region_decoder(region, sample_root, monkeypatch):
-    """ImageDecoder calls fastpipe._jpeg for train crops (and falls back when it refuses)."""
+def test_train_and_eval_paths_use_the_region_decoder(region, sample_root, monkeypatch):
+    """ImageDecoder calls fastpipe._jpeg for train crops and for the pixels eval's centre crop
+    reads (and falls back when it refuses)."""
     calls = []
 
     def counting(*args):
@@ -295,8 +298,33 @@ def test_train_path_uses_the_region_decoder(region, sample_root, monkeypatch):
 
     monkeypatch.setattr(_decode, "_decode_region", counting)
     data = sample_files(sample_root)[0].read_bytes()
+    height, width = simplejpeg.decode_jpeg_header(data)[:2]
     ImageDecoder(train=True)(data, "x.jpg")
-    ImageDecoder(train=False)(data, "x.jpg")  # eval decodes whole images (docs/cpu-path.md)
-    assert len(calls) == 1
-    k, top, left, height, width, fast_upsample = calls[0]
-    assert k == 1 and fast_upsample is True and height >= 1 and width >= 1
+    ImageDecoder(train=False)(data, "x.jpg")
+    assert len(calls) == 2
+    k, top, left, rows, cols, fast_upsample = calls[1]
+    assert (k, fast_upsample) == (1, False)
+    assert rows * cols < 0.9 * height * width, "eval decoded (nearly) the whole image"
+
+
+@pytest.mark.parametrize("fast_upsample", [True, False])
+def test_eval_outputs_equal_the_whole_image_path(region, sample_root, monkeypatch, fast_upsample):
+    """Eval decodes only the pixels its centre crop reads, plus a margin of columns where smooth
+    upsampling differs at a region's edges: the output is the whole-image path's, pixel for pixel,
+    at full and reduced DCT scale and for every JPEG layout."""
+    images = [p.read_bytes() for p in sample_files(sample_root)[:8]]
+    images += [large_jpeg(sample_files(sample_root)[i]) for i in range(2)]
+    images += [JPEG_KINDS[kind]() for kind in sorted(JPEG_KINDS)]
+    decoder = ImageDecoder(train=False, fast_upsample=fast_upsample)
+    scales = []
+
+    def recording(data, k, *rest):
+        scales.append(k)
+        return region(data, k, *rest)
+
+    monkeypatch.setattr(_decode, "_decode_region", recording)
+    with_region = [decoder(data, "x.jpg") for data in images]
+    assert len(scales) == len(images) and {1, 2} <= set(scales), scales
+    monkeypatch.setattr(_decode, "_decode_region", None)
+    for data, got in zip(images, with_region):
+        assert torch.equal(got, decoder(data, "x.jpg"))

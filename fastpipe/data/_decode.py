@@ -1,11 +1,13 @@
 """The CPU image fast path: decode at a reduced DCT scale, then crop, resize and flip in uint8.
 
-Train crops of JPEGs decode through fastpipe._jpeg when it was built (libjpeg-turbo's own API: only
-the crop's rows and columns, see fastpipe/csrc/jpeg/region_decode.cpp), whole JPEGs through
-simplejpeg (libjpeg-turbo bundled in its wheel); anything else, and the rare JPEG that both refuse
-(CMYK, recoverable damage), through PIL. The crop is drawn from the image header before decoding,
-so the decoder can skip the detail the resize would throw away and the pixels outside the crop.
-See docs/cpu-path.md for the measurements behind each choice.
+JPEGs decode through fastpipe._jpeg when it was built (libjpeg-turbo's own API: only the rows and
+columns the output needs, see fastpipe/csrc/jpeg/region_decode.cpp), or whole through simplejpeg
+(libjpeg-turbo bundled in its wheel); anything else, and the rare JPEG that both refuse (CMYK,
+recoverable damage), through PIL. The crop is drawn from the image header before decoding, so the
+decoder can skip the detail the resize would throw away and the pixels outside the crop.
+fastpipe._resize (fastpipe/csrc/image/resize.cpp) then resizes straight into the (3, H, W)
+output, flipped if asked; without it, torch's resize. See docs/cpu-path.md for the measurements
+behind each choice.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ try:
     from fastpipe._jpeg import decode_region as _decode_region
 except ImportError:  # built without libjpeg-turbo's headers (setup.py says so): whole-image decode
     _decode_region = None
+try:
+    from fastpipe._resize import input_box as _input_box
+    from fastpipe._resize import resize as _resize_pixels
+except ImportError:  # installed without extensions: torch's resize
+    _input_box = _resize_pixels = None
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _JPEG_END = b"\xff\xd9"
@@ -104,7 +111,8 @@ def _decoded_box(box: _crop.Box, full_size: tuple[int, int], decoded_size: tuple
 def _decode_jpeg_crop(
     data: ImageBytes, box: _crop.Box, k: int, fast_upsample: bool
 ) -> np.ndarray | None:
-    """Only ``box`` (in ``1/k``-decoded pixels) of the JPEG, ``(h, w, 3)`` uint8 contiguous, or
+    """Only ``box`` (in ``1/k``-decoded pixels) of the JPEG, an ``(h, w, 3)`` uint8 view (rows
+    strided: libjpeg-turbo decodes whole iMCU columns, and the rows are not copied out), or
     None when fastpipe._jpeg is not built or refuses the data (the caller then decodes the whole
     image, which reports damage as before). Pixel for pixel the crop of the whole 1/k decode with
     ``fast_upsample``; with smooth upsampling the two columns at each side edge can differ (by up
@@ -119,10 +127,13 @@ def _decode_jpeg_crop(
     if _decode_region is None or bytes(data[-2:]) != _JPEG_END:
         return None
     try:
-        pixels = _decode_region(data, k, box.top, box.left, box.height, box.width, fast_upsample)
+        pixels, row_stride, column = _decode_region(
+            data, k, box.top, box.left, box.height, box.width, fast_upsample
+        )
     except ValueError:
         return None
-    return np.frombuffer(pixels, dtype=np.uint8).reshape(box.height, box.width, 3)
+    rows = np.frombuffer(pixels, dtype=np.uint8, count=box.height * row_stride)
+    return rows.reshape(box.height, row_stride // 3, 3)[:, column:column + box.width]
 
 
 def _decode_pil(data: ImageBytes, source: str) -> np.ndarray:
@@ -160,6 +171,31 @@ class _Plan(NamedTuple):
     resize: tuple[int, int] | None
     flip: bool
     k: int
+
+
+class _Pixels(NamedTuple):
+    """Decoded pixels: ``array``, ``(h, w, 3)`` uint8 (rows may be strided, as in a crop view),
+    is the box at ``at`` = (top, left) of an image of ``image_size`` = (height, width)."""
+
+    array: np.ndarray
+    at: tuple[int, int]
+    image_size: tuple[int, int]
+
+    @classmethod
+    def whole(cls, array: np.ndarray) -> _Pixels:
+        return cls(array, (0, 0), array.shape[:2])
+
+    @classmethod
+    def crop_of(cls, array: np.ndarray, box: _crop.Box) -> _Pixels:
+        """``box`` of ``array`` as an image of its own (a view, no copy)."""
+        view = array[box.top:box.top + box.height, box.left:box.left + box.width]
+        return cls.whole(view)
+
+
+# Columns decoded on each side of an eval region beyond those the resize reads: with smooth chroma
+# upsampling libjpeg-turbo gets the two columns at a region's side edges differently from a whole
+# decode (it has no neighbour outside to interpolate from), so those are decoded but never read.
+_EVAL_REGION_MARGIN = 4
 
 
 class ImageDecoder:
@@ -235,18 +271,18 @@ class ImageDecoder:
         size = _jpeg_size(data)
         if size is not None:
             plan = self._plan(*size)
-            if plan.resize is None:
-                box = _decoded_box(plan.box, size, _decoded_size(*size, plan.k))
-                crop = _decode_jpeg_crop(data, box, plan.k, self.fast_upsample)
-                if crop is not None:
-                    return self._resize_and_flip(crop, plan.flip)
-            array = _decode_jpeg(data, size[0], size[1], plan.k, self.fast_upsample)
-            if array is not None:
-                return self._finish(array, size, plan)
-            # simplejpeg refused it: PIL decodes recoverable damage, or raises naming the source.
-            return self._finish(_decode_pil(data, source), size, plan._replace(k=1))
-        array = _decode_pil(data, source)
-        return self._finish(array, array.shape[:2], self._plan(*array.shape[:2]))
+            pixels = self._decode_region(data, size, plan)
+            if pixels is None:
+                array = _decode_jpeg(data, size[0], size[1], plan.k, self.fast_upsample)
+                if array is None:
+                    # simplejpeg refused it: PIL decodes recoverable damage, or raises naming the source.
+                    array, plan = _decode_pil(data, source), plan._replace(k=1)
+                pixels = self._pixels_of(array, size, plan)
+        else:
+            array = _decode_pil(data, source)
+            plan = self._plan(*array.shape[:2])
+            pixels = self._pixels_of(array, array.shape[:2], plan)
+        return self._resized(pixels, plan)
 
     def _plan(self, height: int, width: int) -> _Plan:
         if self.train:
@@ -263,30 +299,68 @@ class ImageDecoder:
         gap = self.reducing_gap
         return _crop.dct_scale(height, width, need[0] * gap, need[1] * gap)
 
-    def _finish(self, array: np.ndarray, full_size: tuple[int, int], plan: _Plan) -> torch.Tensor:
-        """Crop, resize and flip the decoded ``(h, w, 3)`` array to a ``(3, size, size)`` tensor.
+    def _decode_region(self, data: ImageBytes, full_size: tuple[int, int], plan: _Plan) -> _Pixels | None:
+        """Only the pixels the output needs, through fastpipe._jpeg, or None (decode whole).
 
-        torch's antialiased bilinear resize has a uint8 SIMD path (the one torchvision.transforms.v2
-        uses) that matches PIL's to within a grey level and measured ~2.5x faster than PIL here.
+        Train: the crop. Eval: the input pixels the centre crop of the resized image reads, plus
+        :data:`_EVAL_REGION_MARGIN` columns each side, so the output equals the whole image's
+        pixel for pixel; that needs fastpipe._resize, which resizes from a region.
         """
+        decoded_size = _decoded_size(*full_size, plan.k)
+        if plan.resize is None:
+            box = _decoded_box(plan.box, full_size, decoded_size)
+            crop = _decode_jpeg_crop(data, box, plan.k, self.fast_upsample)
+            return None if crop is None else _Pixels.whole(crop)
+        if _input_box is None:
+            return None
+        top, left, height, width = _input_box(decoded_size, plan.resize, plan.box[:2], plan.box[2:])
+        right = min(left + width + _EVAL_REGION_MARGIN, decoded_size[1])
+        left = max(left - _EVAL_REGION_MARGIN, 0)
+        region = _crop.Box(top, left, height, right - left)
+        crop = _decode_jpeg_crop(data, region, plan.k, self.fast_upsample)
+        return None if crop is None else _Pixels(crop, (top, left), decoded_size)
+
+    def _pixels_of(self, array: np.ndarray, full_size: tuple[int, int], plan: _Plan) -> _Pixels:
+        """What to resize from a whole decoded ``(h, w, 3)`` array (at the plan's DCT scale): the
+        crop in train mode, the whole image in eval mode."""
         if plan.resize is not None:
-            image = _resize(torch.from_numpy(array).permute(2, 0, 1).unsqueeze(0), plan.resize)
-            box = plan.box
-            return image[0, :, box.top:box.top + box.height, box.left:box.left + box.width].contiguous()
-        box = _decoded_box(plan.box, full_size, array.shape[:2])
-        # A contiguous copy of the crop first: torch's uint8 kernel reads a strided view much more
-        # slowly, and the copy (~0.02 ms) saved ~0.045 ms per image, with identical output.
-        crop = np.ascontiguousarray(array[box.top:box.top + box.height, box.left:box.left + box.width])
-        return self._resize_and_flip(crop, plan.flip)
+            return _Pixels.whole(array)
+        return _Pixels.crop_of(array, _decoded_box(plan.box, full_size, array.shape[:2]))
 
-    def _resize_and_flip(self, crop: np.ndarray, flip: bool) -> torch.Tensor:
-        """A contiguous ``(h, w, 3)`` crop -> contiguous ``(3, size, size)``, flipped if asked."""
-        out = _resize(torch.from_numpy(crop).permute(2, 0, 1).unsqueeze(0), (self.size, self.size))[0]
-        return out.flip(-1) if flip else out.contiguous()
+    def _finish(self, array: np.ndarray, full_size: tuple[int, int], plan: _Plan) -> torch.Tensor:
+        """The output from a whole decoded ``(h, w, 3)`` array (at the plan's DCT scale)."""
+        return self._resized(self._pixels_of(array, full_size, plan), plan)
+
+    def _resized(self, pixels: _Pixels, plan: _Plan) -> torch.Tensor:
+        """Train: ``pixels`` (the crop) resized to ``size x size`` and flipped if planned. Eval:
+        the planned centre crop of the image ``pixels`` belong to, resized to ``plan.resize``.
+
+        Into a fresh tensor: decoding straight into the rows of a shared-memory batch (skipping
+        fast_collate's copy) measured ~7% slower per image, the resize's scattered stores then
+        landing in cold memory instead of a buffer the allocator just freed, still in cache.
+        """
+        if plan.resize is None:
+            resized_size, window = (self.size, self.size), _crop.Box(0, 0, self.size, self.size)
+        else:
+            resized_size, window = plan.resize, plan.box
+        if _resize_pixels is None:
+            return _torch_resized(pixels, resized_size, window, plan.flip)
+        out = torch.empty((3, window.height, window.width), dtype=torch.uint8)
+        _resize_pixels(pixels.array, pixels.at, pixels.image_size, out.numpy(), window[:2],
+                       resized_size, plan.flip)
+        return out
 
 
-def _resize(image: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-    """``(1, 3, h, w)`` uint8 -> ``(1, 3, *size)`` uint8, antialiased bilinear like PIL's."""
-    if tuple(image.shape[-2:]) == size:
-        return image
-    return F.interpolate(image, size=size, mode="bilinear", antialias=True, align_corners=False)
+def _torch_resized(pixels: _Pixels, size: tuple[int, int], window: _crop.Box, flip: bool) -> torch.Tensor:
+    """The fallback without fastpipe._resize: torch's antialiased bilinear resize of the whole
+    ``pixels`` (its uint8 SIMD kernel, the one torchvision.transforms.v2 uses, within a grey level
+    of PIL's), then the window, flipped if asked; ``(3, h, w)`` contiguous."""
+    if pixels.at != (0, 0) or pixels.array.shape[:2] != tuple(pixels.image_size):
+        raise ValueError("torch's resize needs the whole image; a region needs fastpipe._resize")
+    # A contiguous copy first: torch's uint8 kernel reads a strided view much more slowly, and the
+    # copy (~0.02 ms) saved ~0.045 ms per image, with identical output.
+    image = torch.from_numpy(np.ascontiguousarray(pixels.array)).permute(2, 0, 1).unsqueeze(0)
+    if tuple(image.shape[-2:]) != tuple(size):
+        image = F.interpolate(image, size=size, mode="bilinear", antialias=True, align_corners=False)
+    out = image[0, :, window.top:window.top + window.height, window.left:window.left + window.width]
+    return out.flip(-1) if flip else out.contiguous()

@@ -10,6 +10,7 @@
 
 #include "common.h"
 #include "cpu/cpu_utils.h"
+#include "cpu/kept_memory.h"
 
 namespace fastpipe {
 namespace cpu {
@@ -198,7 +199,7 @@ at::Tensor erase_cpu(const at::Tensor& images, const at::Tensor& boxes, const at
                      const std::optional<at::Tensor>& seeds) {
   check_erase_args(images, boxes, fill, seeds);
   const auto format = output_format(images);
-  at::Tensor out = at::empty(images.sizes(), images.options(), format);
+  at::Tensor out = empty_output(images.sizes(), images.scalar_type(), format);
   if (!seeds.has_value() && out.numel() > 0 && images.is_contiguous(format)) {
     with_image_type(images.scalar_type(), "erase", [&](auto tag) {
       erase_dense<decltype(tag)>(images, out, boxes, fill,

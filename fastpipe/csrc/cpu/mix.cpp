@@ -7,6 +7,7 @@
 
 #include "common.h"
 #include "cpu/cpu_utils.h"
+#include "cpu/kept_memory.h"
 
 namespace fastpipe {
 namespace cpu {
@@ -53,7 +54,7 @@ struct MixPairRun {
 at::Tensor mixup_cpu(const at::Tensor& images, const at::Tensor& lam) {
   check_mixup_args(images, lam);
   const auto format = output_format(images);
-  at::Tensor out = at::empty(images.sizes(), images.options(), format);
+  at::Tensor out = empty_output(images.sizes(), images.scalar_type(), format);
   if (out.numel() == 0) {
     return out;
   }
@@ -117,7 +118,7 @@ void cutmix_dense(const at::Tensor& images, at::Tensor& out, const int64_t* all_
 at::Tensor cutmix_cpu(const at::Tensor& images, const at::Tensor& boxes) {
   check_cutmix_args(images, boxes);
   const auto format = output_format(images);
-  at::Tensor out = at::empty(images.sizes(), images.options(), format);
+  at::Tensor out = empty_output(images.sizes(), images.scalar_type(), format);
   if (out.numel() == 0) {
     return out;
   }

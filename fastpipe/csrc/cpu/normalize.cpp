@@ -9,6 +9,7 @@
 
 #include "common.h"
 #include "cpu/cpu_utils.h"
+#include "cpu/kept_memory.h"
 
 namespace fastpipe {
 namespace cpu {
@@ -126,7 +127,7 @@ at::Tensor normalize_cpu(const at::Tensor& images, const at::Tensor& mean, const
                          at::ScalarType dtype, bool channels_last) {
   check_normalize_args(images, mean, std, dtype);
   const auto format = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
-  at::Tensor out = at::empty(images.sizes(), images.options().dtype(dtype), format);
+  at::Tensor out = empty_output(images.sizes(), dtype, format);
   if (out.numel() == 0) {
     return out;
   }

@@ -25,6 +25,12 @@
 
 #include <jpeglib.h>  // libjpeg-turbo's own header wraps itself in extern "C"
 
+/* Rows one jpeg_read_scanlines call is asked for (libjpeg's preferred batch, at most 16). */
+static JDIMENSION max_batch_rows(const jpeg_decompress_struct *cinfo) {
+    const JDIMENSION batch = cinfo->rec_outbuf_height > 0 ? (JDIMENSION)cinfo->rec_outbuf_height : 1;
+    return batch < 16 ? batch : 16;
+}
+
 struct strict_error_mgr {
     struct jpeg_error_mgr pub;
     jmp_buf jump;
@@ -49,7 +55,13 @@ struct region_request {
     int scale_denom;
     unsigned int top, left, height, width;
     int fast_upsample;
-    unsigned char *out; /* height * width * 3 bytes, RGB, row-major */
+    /* Set by the header checks: the bytes `out` needs (rows of the region widened to whole
+     * iMCUs, plus the rows libjpeg may write past the last one in its last call). */
+    size_t capacity;
+    unsigned char *out; /* capacity bytes; RGB rows of row_pixels pixels, row-major */
+    /* Set by the decode: the region's rows in `out` are row_pixels wide, its columns start at
+     * `column` of each. */
+    unsigned int row_pixels, column;
 };
 
 static void begin_error_handling(jpeg_decompress_struct *cinfo, strict_error_mgr *err) {
@@ -104,10 +116,18 @@ static int configure(jpeg_decompress_struct *cinfo, const region_request *req, s
     return 0;
 }
 
+/* An upper bound of the region's width once jpeg_crop_scanline has widened it to whole iMCUs
+ * (at most max_h_samp_factor * 8 pixels, at any scale, each side), and of the rows written. */
+static size_t region_capacity(const jpeg_decompress_struct *cinfo, const region_request *req) {
+    const size_t wide = (size_t)req->width + 16 * (size_t)cinfo->max_h_samp_factor;
+    const size_t row_pixels = wide < cinfo->output_width ? wide : cinfo->output_width;
+    return (req->height + max_batch_rows(cinfo)) * row_pixels * 3;
+}
+
 /* 0 on success; otherwise -1 with a message in err->message. Runs without the GIL. With
- * req->out null it stops after the header checks, so the caller can refuse a region before
- * allocating its buffer (reading the header again costs a few microseconds). */
-static int decode_region(const region_request *req, strict_error_mgr *err) {
+ * req->out null it stops after the header checks and sets req->capacity, so the caller can refuse
+ * a region before allocating its buffer (reading the header again costs a few microseconds). */
+static int decode_region(region_request *req, strict_error_mgr *err) {
     jpeg_decompress_struct cinfo;
     begin_error_handling(&cinfo, err);
     if (setjmp(err->jump)) {
@@ -117,6 +137,7 @@ static int decode_region(const region_request *req, strict_error_mgr *err) {
     jpeg_create_decompress(&cinfo);
     const int status = configure(&cinfo, req, err);
     if (status != 0 || req->out == nullptr) {
+        req->capacity = status == 0 ? region_capacity(&cinfo, req) : 0;
         jpeg_destroy_decompress(&cinfo);
         return status;
     }
@@ -142,26 +163,26 @@ static int decode_region(const region_request *req, strict_error_mgr *err) {
     if (req->top > 0) {
         jpeg_skip_scanlines(&cinfo, req->top);
     }
-    /* libjpeg writes each scanline straight into a region-sized scratch buffer, and the window
-     * is copied out while the rows are still in cache. Decoding into one small reused row buffer
-     * instead measured ~10% slower for the whole decode (libjpeg-turbo 2.1.5, AVX-512 Xeon). */
-    const JDIMENSION batch = cinfo.rec_outbuf_height > 0 ? (JDIMENSION)cinfo.rec_outbuf_height : 1;
-    const size_t stride = (size_t)width * 3, skip = (size_t)(req->left - xoffset) * 3;
-    const size_t row_bytes = (size_t)req->width * 3;
-    JSAMPLE *scratch = static_cast<JSAMPLE *>((*cinfo.mem->alloc_large)(
-        (j_common_ptr)&cinfo, JPOOL_IMAGE, stride * (req->height + batch)));
+    /* libjpeg writes the rows straight into the caller's buffer, widened to whole iMCUs: the
+     * caller reads the region as a strided view, so nothing is copied. */
+    const JDIMENSION batch = max_batch_rows(&cinfo);
+    const size_t stride = (size_t)width * 3;
+    if ((req->height + batch) * stride > req->capacity) {
+        snprintf(err->message, sizeof err->message,
+                 "internal error: the widened region (%u columns) exceeds its buffer", width);
+        jpeg_destroy_decompress(&cinfo);
+        return -1;
+    }
+    req->row_pixels = width;
+    req->column = req->left - xoffset;
     JSAMPROW rows[16];
     const JDIMENSION bottom = req->top + req->height;
     while (cinfo.output_scanline < bottom) {
         const JDIMENSION first = cinfo.output_scanline;
-        const JDIMENSION lines = batch < 16 ? batch : 16;
-        for (JDIMENSION i = 0; i < lines; ++i) {
-            rows[i] = scratch + (size_t)(first - req->top + i) * stride;
+        for (JDIMENSION i = 0; i < batch; ++i) {
+            rows[i] = req->out + (size_t)(first - req->top + i) * stride;
         }
-        const JDIMENSION got = jpeg_read_scanlines(&cinfo, rows, lines);
-        for (JDIMENSION i = 0; i < got && first + i < bottom; ++i) {
-            std::memcpy(req->out + (size_t)(first + i - req->top) * row_bytes, rows[i] + skip, row_bytes);
-        }
+        jpeg_read_scanlines(&cinfo, rows, batch);
     }
     /* A baseline JPEG's rows below the region are never entropy-decoded (a progressive one was
      * entropy-decoded whole by jpeg_start_decompress). */
@@ -171,14 +192,19 @@ static int decode_region(const region_request *req, strict_error_mgr *err) {
 }
 
 PyDoc_STRVAR(decode_region_doc,
-"decode_region(data, scale_denom, top, left, height, width, fast_upsample) -> bytearray\n"
+"decode_region(data, scale_denom, top, left, height, width, fast_upsample)\n"
+"    -> (pixels: bytearray, row_stride: int, column: int)\n"
 "\n"
-"The RGB pixels (height * width * 3 bytes, row-major) of the rectangle at (top, left) of the\n"
-"JPEG ``data`` decoded at 1/scale_denom of its size (1, 2, 4 or 8; the decoded image is\n"
-"ceil(H / scale_denom) x ceil(W / scale_denom)). Accurate integer DCT; fast_upsample replicates\n"
-"chroma samples instead of interpolating them. Raises ValueError for anything libjpeg-turbo\n"
-"warns about or rejects (strict, like simplejpeg's strict=True), for colour spaces other than\n"
-"YCbCr, RGB and greyscale, and for a rectangle outside the decoded image.");
+"The RGB pixels of the rectangle at (top, left) of the JPEG ``data`` decoded at 1/scale_denom\n"
+"of its size (1, 2, 4 or 8; the decoded image is ceil(H / scale_denom) x ceil(W / scale_denom)).\n"
+"Row r of the rectangle starts at byte r * row_stride + 3 * column of ``pixels``: libjpeg-turbo\n"
+"decodes whole iMCU columns, and the rows are returned as it wrote them, not copied; with\n"
+"numpy, ``np.frombuffer(pixels, np.uint8, height * row_stride).reshape(height, -1, 3)\n"
+"[:, column:column + width]``. The other bytes of ``pixels`` are unspecified.\n"
+"Accurate integer DCT; fast_upsample replicates chroma samples instead of interpolating them.\n"
+"Raises ValueError for anything libjpeg-turbo warns about or rejects (strict, like simplejpeg's\n"
+"strict=True), for colour spaces other than YCbCr, RGB and greyscale, and for a rectangle\n"
+"outside the decoded image.");
 
 static PyObject *py_decode_region(PyObject *self, PyObject *args) {
     (void)self;
@@ -209,7 +235,9 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args) {
     req.height = (unsigned int)height;
     req.width = (unsigned int)width;
     req.fast_upsample = fast_upsample;
+    req.capacity = 0;
     req.out = nullptr;
+    req.row_pixels = req.column = 0;
     strict_error_mgr err;
     int status;
     /* The header first: a region that does not fit is refused before its buffer is allocated. */
@@ -220,7 +248,7 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args) {
         PyBuffer_Release(&view);
         return PyErr_Format(PyExc_ValueError, "libjpeg-turbo: %s", err.message);
     }
-    PyObject *out = PyByteArray_FromStringAndSize(nullptr, (Py_ssize_t)height * width * 3);
+    PyObject *out = PyByteArray_FromStringAndSize(nullptr, (Py_ssize_t)req.capacity);
     if (out == nullptr) {
         PyBuffer_Release(&view);
         return nullptr;
@@ -234,7 +262,7 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args) {
         Py_DECREF(out);
         return PyErr_Format(PyExc_ValueError, "libjpeg-turbo: %s", err.message);
     }
-    return out;
+    return Py_BuildValue("(Nnn)", out, (Py_ssize_t)req.row_pixels * 3, (Py_ssize_t)req.column);
 }
 
 static PyMethodDef methods[] = {
