@@ -86,15 +86,17 @@ SHAPES = [((300, 300), (224, 224)), ((150, 170), (224, 224)), ((480, 500), (224,
 
 @pytest.mark.parametrize("in_size, out_size", SHAPES)
 def test_equals_the_exact_filter_rounded_half_up(module, in_size, out_size):
-    """One float32 sum per value and one rounding: equal to the float64 result rounded half up,
-    except within 1e-3 of a rounding boundary (float32 sums), where it may be either neighbour."""
+    """Rows are summed with 14-bit fixed-point weights (exactly), columns in float, and rounded once:
+    every value is the float64 result rounded half up, except where that result lies within 0.05
+    of a rounding boundary (the weights' quantization), where it may be the other neighbour."""
     pixels = _image(*in_size)
     exact = _reference(pixels, out_size)
     got = _resize(module, pixels, out_size).astype(np.float64)
     rounded = np.floor(exact + 0.5)
-    near_boundary = np.abs(exact - np.floor(exact) - 0.5) < 1e-3
-    assert np.all((got == rounded) | (near_boundary & (np.abs(got - exact) < 0.51)))
-    assert near_boundary.mean() < 0.05  # the exception stays rare (upscaling makes exact halves)
+    assert np.abs(got - exact).max() <= 0.55
+    near_boundary = np.abs(exact - np.floor(exact) - 0.5) < 0.05
+    assert np.all((got == rounded) | near_boundary)
+    assert (got != rounded).mean() < 0.02  # the exception stays rare
 
 
 @pytest.mark.parametrize("in_size, out_size", SHAPES[:6])

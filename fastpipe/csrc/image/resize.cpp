@@ -2,17 +2,19 @@
  *
  * The filter is PIL's and torch's antialiased bilinear (F.interpolate(mode="bilinear",
  * antialias=True), torchvision.transforms.v2.Resize): a triangle stretched by the scale when
- * shrinking, with the same taps and weights. It differs in how the sum is rounded: one float
- * sum per output value and one rounding at the end, where PIL rounds a fixed-point result after
- * each pass and torch's uint8 kernel uses 16-bit fixed-point weights. Outputs agree with both to
- * within a grey level.
+ * shrinking, with the same taps and weights. It differs in how the sum is rounded: the rows are
+ * summed exactly with 14-bit fixed-point weights, the columns in float, and each value is rounded
+ * once at the end, where PIL rounds a fixed-point result after each pass and torch's uint8 kernel
+ * rounds after each pass too. Outputs are within 0.05 of the exact filter before that rounding,
+ * and within a grey level of both.
  *
  * Why not torch's kernel: for the CPU image path this resize is a fifth of a train sample's CPU
  * time, and torch's uint8 kernel first repacks 3-channel pixels into 4-channel ones, resizes
  * horizontally over every input row, and returns channels-last pixels that need another copy
- * to become (3, H, W). Here each output row is one vertical pass over the rows it needs (a
- * contiguous, vectorized loop into a float row in L1 cache) and one horizontal pass over that row
- * (RGB as one 4-float vector), written straight into the three planes, mirrored when flipping.
+ * to become (3, H, W). Here each output row is one vertical pass over the rows it needs (16-bit
+ * multiply-adds over contiguous bytes, into a float row that stays in L1 cache) and one horizontal
+ * pass over that row (RGB as one 4-float vector), written straight into the three planes,
+ * mirrored when flipping.
  *
  * No torch headers: the caller passes buffers (bytes, bytearray, numpy arrays, a tensor's numpy
  * view), and the GIL is released while resizing.
@@ -28,6 +30,10 @@
 #include <new>
 #include <type_traits>
 #include <vector>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace {
 
@@ -105,21 +111,66 @@ void with_taps(int taps, Body &&body) {
     }
 }
 
-/* row[j] = sum_k weights[k] * in[k * row_stride + j] over the `values` bytes of the input rows
- * one output row needs, one input row at a time: contiguous, so each loop vectorizes. (Summing
- * all taps in registers instead, with the tap count fixed at compile time, measured slower.) */
-void vertical_pass(const uint8_t *__restrict__ in, long row_stride, int taps,
-                   const float *__restrict__ weights, long values, float *__restrict__ row) {
-    const float first = weights[0];
-    for (long j = 0; j < values; ++j) {
-        row[j] = first * in[j];
-    }
-    for (int k = 1; k < taps; ++k) {
-        const uint8_t *line = in + k * row_stride;
-        const float w = weights[k];
-        for (long j = 0; j < values; ++j) {
-            row[j] += w * line[j];
+/* Vertical weights in fixed point: 14 fraction bits, each output row's summing to exactly 1 << 14,
+ * so that 16-bit multiply-adds can sum two input rows at a time. */
+constexpr int kFractionBits = 14;
+constexpr float kUnit = 1.0f / (1 << kFractionBits);
+
+std::vector<int16_t> fixed_point(const Taps &taps) {
+    std::vector<int16_t> fixed(taps.weights.size(), 0);
+    for (size_t i = 0; i < taps.count.size(); ++i) {
+        const float *w = &taps.weights[i * taps.max_taps];
+        int16_t *q = &fixed[i * taps.max_taps];
+        int total = 0, largest = 0;
+        for (int k = 0; k < taps.count[i]; ++k) {
+            q[k] = static_cast<int16_t>(std::lround(w[k] * (1 << kFractionBits)));
+            total += q[k];
+            largest = q[k] > q[largest] ? k : largest;
         }
+        q[largest] = static_cast<int16_t>(q[largest] + ((1 << kFractionBits) - total));
+    }
+    return fixed;
+}
+
+/* row[j] = sum_k weights[k] * in[k * row_stride + j] / 2**14 over the `values` bytes of the
+ * input rows one output row needs: integer sums, so exact for the fixed-point weights, and the
+ * same on every machine. With SSE2 (every x86-64) two input rows at a time go through one 16-bit
+ * multiply-add per 4 values: about 2.4x fewer instructions than converting each byte to float for
+ * each tap. */
+void vertical_pass(const uint8_t *__restrict__ in, long row_stride, int taps,
+                   const int16_t *__restrict__ weights, long values, float *__restrict__ row) {
+    long j = 0;
+#if defined(__SSE2__)
+    const __m128i zero = _mm_setzero_si128();
+    for (; j + 16 <= values; j += 16) {
+        __m128i sums[4] = {zero, zero, zero, zero};
+        for (int k = 0; k < taps; k += 2) {
+            const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i *>(in + k * row_stride + j));
+            const bool pair = k + 1 < taps;
+            const __m128i b = pair ? _mm_loadu_si128(reinterpret_cast<const __m128i *>(
+                                         in + (k + 1) * row_stride + j))
+                                   : zero;
+            const uint32_t packed = static_cast<uint16_t>(weights[k]) |
+                                    (pair ? static_cast<uint32_t>(static_cast<uint16_t>(weights[k + 1])) << 16 : 0u);
+            const __m128i w = _mm_set1_epi32(static_cast<int>(packed));
+            const __m128i low = _mm_unpacklo_epi8(a, b), high = _mm_unpackhi_epi8(a, b);
+            sums[0] = _mm_add_epi32(sums[0], _mm_madd_epi16(_mm_unpacklo_epi8(low, zero), w));
+            sums[1] = _mm_add_epi32(sums[1], _mm_madd_epi16(_mm_unpackhi_epi8(low, zero), w));
+            sums[2] = _mm_add_epi32(sums[2], _mm_madd_epi16(_mm_unpacklo_epi8(high, zero), w));
+            sums[3] = _mm_add_epi32(sums[3], _mm_madd_epi16(_mm_unpackhi_epi8(high, zero), w));
+        }
+        const __m128 unit = _mm_set1_ps(kUnit);
+        for (int q = 0; q < 4; ++q) {
+            _mm_storeu_ps(row + j + 4 * q, _mm_mul_ps(_mm_cvtepi32_ps(sums[q]), unit));
+        }
+    }
+#endif
+    for (; j < values; ++j) {
+        int32_t sum = 0;
+        for (int k = 0; k < taps; ++k) {
+            sum += weights[k] * in[k * row_stride + j];
+        }
+        row[j] = static_cast<float>(sum) * kUnit;
     }
 }
 
@@ -187,6 +238,7 @@ bool resize_rgb_to_planes(const ResizeJob &job) {
     if (!taps_inside(rows, cols, in, out)) {
         return false;
     }
+    const std::vector<int16_t> row_weights = fixed_point(rows);
     pad_taps(cols);
     const int col_taps = cols.count[0];
     // Zeros on both sides of the row: padded taps may reach past the source box.
@@ -208,7 +260,7 @@ bool resize_rgb_to_planes(const ResizeJob &job) {
         for (long y = 0; y < out.height; ++y) {
             const long line = out.top + y;
             vertical_pass(job.src + (rows.start[line] - in.top) * job.row_stride, job.row_stride,
-                          rows.count[line], &rows.weights[static_cast<size_t>(line) * rows.max_taps],
+                          rows.count[line], &row_weights[static_cast<size_t>(line) * rows.max_taps],
                           values, padded_row.data() + margin);
             uint8_t *red = job.out + y * out.width;
             horizontal_pass<decltype(col_taps_constant)::value>(
