@@ -594,3 +594,18 @@ def test_kept_outputs_resize_share_and_free_like_any_tensor():
     for thread in threads:
         thread.join()
     assert torch.equal(ops.normalize(images, (0.5,) * 3, (0.25,) * 3)[0], first)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "sliced"])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+def test_large_float_outputs_written_around_the_cache_equal_the_reference(layout, dtype):
+    """float32 outputs of 16 MiB or more are written with non-temporal stores; odd row lengths
+    (333 floats) start rows off 16-byte alignment, which the stores must step around."""
+    g = torch.Generator().manual_seed(2)
+    images = _make((16, 3, 331, 333), dtype, layout, g)
+    mean, std = torch.tensor([0.4, 0.5, 0.6]), torch.tensor([0.2, 0.25, 0.3])
+    for channels_last in (False, True):
+        out = ops.normalize(images, mean, std, channels_last=channels_last)
+        assert out.nbytes >= 16 << 20
+        expected = _reference.normalize(images, mean, std, channels_last=channels_last)
+        assert torch.equal(out, expected)

@@ -104,6 +104,32 @@ FASTPIPE_ALWAYS_INLINE void store_floats(const float* src, float* dst, int64_t n
   std::memcpy(dst, src, n * sizeof(float));
 }
 
+// store_floats with non-temporal stores where the CPU has them (x86): for outputs far larger than
+// the caches, writing around them saves reading each line in before overwriting it. Callers end
+// their writes with stream_fence().
+FASTPIPE_ALWAYS_INLINE void stream_floats(const float* src, float* dst, int64_t n) {
+#ifdef FASTPIPE_X86
+  int64_t k = 0;
+  for (; k < n && (reinterpret_cast<uintptr_t>(dst + k) & 15) != 0; ++k) {
+    dst[k] = src[k];
+  }
+  for (; k + 4 <= n; k += 4) {
+    _mm_stream_ps(dst + k, _mm_loadu_ps(src + k));
+  }
+  for (; k < n; ++k) {
+    dst[k] = src[k];
+  }
+#else
+  std::memcpy(dst, src, n * sizeof(float));
+#endif
+}
+
+inline void stream_fence() {
+#ifdef FASTPIPE_X86
+  _mm_sfence();
+#endif
+}
+
 // round_to_byte for finite values (the kernels only store finite values as uint8): clamping to
 // 0-255 before rounding to nearest even gives the same byte as rounding first, and then the
 // conversion to int32 in the default rounding mode is the rounding. A NaN gives 0.
