@@ -345,10 +345,10 @@ class ImageDecoder:
             resized_size, window = plan.resize, plan.box
         if _resize_pixels is None:
             return _torch_resized(pixels, resized_size, window, plan.flip)
-        out = torch.empty((3, window.height, window.width), dtype=torch.uint8)
-        _resize_pixels(pixels.array, pixels.at, pixels.image_size, out.numpy(), window[:2],
-                       resized_size, plan.flip)
-        return out
+        out = np.empty((3, window.height, window.width), dtype=np.uint8)
+        _resize_pixels(pixels.array, pixels.at, pixels.image_size, out, window[:2], resized_size,
+                       plan.flip)
+        return torch.from_numpy(out)
 
 
 def _torch_resized(pixels: _Pixels, size: tuple[int, int], window: _crop.Box, flip: bool) -> torch.Tensor:

@@ -14,6 +14,23 @@ from fastpipe.data._decode import ImageDecoder
 from fastpipe.data._listing import IMG_EXTENSIONS, list_image_folder
 
 
+def _read_file(path: str) -> bytes:
+    """The file's bytes, with one open, fstat, read and close: ~2.5 us less than ``open().read()``,
+    which also builds a buffered file object, of ~8 us per small image."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    try:
+        size = os.fstat(fd).st_size
+        data = os.read(fd, size)
+        while len(data) < size:  # a short read (some network file systems)
+            more = os.read(fd, size - len(data))
+            if not more:
+                break
+            data += more
+        return data
+    finally:
+        os.close(fd)
+
+
 class ImageFolder(torch.utils.data.Dataset):
     """A map-style dataset over ``root/<class>/**/<image>``, giving ``(uint8 (3, size, size), label)``.
 
@@ -78,17 +95,17 @@ class ImageFolder(torch.utils.data.Dataset):
 
     def path(self, index: int) -> str:
         """The file of sample ``index``."""
-        index = self._check_index(index)
+        return self._path(self._check_index(index))
+
+    def _path(self, index: int) -> str:
         start, end = self._offsets[index], self._offsets[index + 1]
         return os.path.join(self.root, os.fsdecode(self._path_bytes[start:end].tobytes()))
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         """Sample ``index`` as ``(uint8 tensor (3, size, size), int label)``."""
         index = self._check_index(index)
-        path = self.path(index)
-        with open(path, "rb") as file:
-            data = file.read()
-        return self.decoder(data, path), int(self.targets[index])
+        path = self._path(index)
+        return self.decoder(_read_file(path), path), int(self.targets[index])
 
     def _check_index(self, index: int) -> int:
         index = operator.index(index)

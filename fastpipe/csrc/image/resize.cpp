@@ -175,12 +175,12 @@ void vertical_pass(const uint8_t *__restrict__ in, long row_stride, int taps,
 }
 
 /* One output row from the vertically filtered input row: RGB of each output pixel as one 4-float
- * vector (the 4th lane reads the next pixel's red, or the row's padding, and is ignored), written
- * to the three planes, mirrored when flipping. The weights are non-negative and sum to one, so
+ * vector (the 4th lane reads the next pixel's red, or the row's padding, and is ignored), rounded
+ * to one int4 per pixel, mirrored when flipping. The weights are non-negative and sum to one, so
  * sums stay within 0-255 and are rounded half up without clamping. */
 template <int TAPS>
 void horizontal_pass(const float *row, const int *offsets, int taps, const float4 *weights,
-                     long out_width, bool flip, uint8_t *red, uint8_t *green, uint8_t *blue) {
+                     long out_width, bool flip, int4 *pixels) {
     const int count = TAPS > 0 ? TAPS : taps;
     const float4 half = {0.5f, 0.5f, 0.5f, 0.5f};
     for (long x = 0; x < out_width; ++x) {
@@ -192,11 +192,39 @@ void horizontal_pass(const float *row, const int *offsets, int taps, const float
             std::memcpy(&rgb, pixel + 3 * k, sizeof rgb);
             sum += w[k] * rgb;
         }
-        const int4 value = __builtin_convertvector(sum, int4);
-        const long at = flip ? out_width - 1 - x : x;
-        red[at] = static_cast<uint8_t>(value[0]);
-        green[at] = static_cast<uint8_t>(value[1]);
-        blue[at] = static_cast<uint8_t>(value[2]);
+        pixels[flip ? out_width - 1 - x : x] = __builtin_convertvector(sum, int4);
+    }
+}
+
+/* The RGB lanes of one row of int4 pixels (values 0-255) into the three planes. With SSE2, 16
+ * pixels at a time are packed to bytes and transposed with unpacks, instead of three single-byte
+ * stores per pixel. */
+void planes_from_pixels(const int4 *pixels, long width, uint8_t *red, uint8_t *green, uint8_t *blue) {
+    long x = 0;
+#if defined(__SSE2__)
+    for (; x + 16 <= width; x += 16) {
+        __m128i rgbx[4];  // 4 pixels each, as bytes r g b x
+        for (int q = 0; q < 4; ++q) {
+            const __m128i *p = reinterpret_cast<const __m128i *>(pixels + x + 4 * q);
+            const __m128i low = _mm_packs_epi32(_mm_loadu_si128(p), _mm_loadu_si128(p + 1));
+            const __m128i high = _mm_packs_epi32(_mm_loadu_si128(p + 2), _mm_loadu_si128(p + 3));
+            rgbx[q] = _mm_packus_epi16(low, high);
+        }
+        const __m128i t0 = _mm_unpacklo_epi8(rgbx[0], rgbx[1]), t1 = _mm_unpackhi_epi8(rgbx[0], rgbx[1]);
+        const __m128i t2 = _mm_unpacklo_epi8(rgbx[2], rgbx[3]), t3 = _mm_unpackhi_epi8(rgbx[2], rgbx[3]);
+        const __m128i u0 = _mm_unpacklo_epi8(t0, t1), u1 = _mm_unpackhi_epi8(t0, t1);
+        const __m128i u2 = _mm_unpacklo_epi8(t2, t3), u3 = _mm_unpackhi_epi8(t2, t3);
+        const __m128i rg_low = _mm_unpacklo_epi8(u0, u1), bx_low = _mm_unpackhi_epi8(u0, u1);
+        const __m128i rg_high = _mm_unpacklo_epi8(u2, u3), bx_high = _mm_unpackhi_epi8(u2, u3);
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(red + x), _mm_unpacklo_epi64(rg_low, rg_high));
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(green + x), _mm_unpackhi_epi64(rg_low, rg_high));
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(blue + x), _mm_unpacklo_epi64(bx_low, bx_high));
+    }
+#endif
+    for (; x < width; ++x) {
+        red[x] = static_cast<uint8_t>(pixels[x][0]);
+        green[x] = static_cast<uint8_t>(pixels[x][1]);
+        blue[x] = static_cast<uint8_t>(pixels[x][2]);
     }
 }
 
@@ -255,6 +283,7 @@ bool resize_rgb_to_planes(const ResizeJob &job) {
     }
     const long values = in.width * 3;
     std::vector<float> padded_row(margin + values + margin, 0.0f);
+    std::vector<int4> pixels(out.width);
     const long plane = out.height * out.width;
     with_taps(col_taps, [&](auto col_taps_constant) {
         for (long y = 0; y < out.height; ++y) {
@@ -262,10 +291,11 @@ bool resize_rgb_to_planes(const ResizeJob &job) {
             vertical_pass(job.src + (rows.start[line] - in.top) * job.row_stride, job.row_stride,
                           rows.count[line], &row_weights[static_cast<size_t>(line) * rows.max_taps],
                           values, padded_row.data() + margin);
-            uint8_t *red = job.out + y * out.width;
             horizontal_pass<decltype(col_taps_constant)::value>(
                 padded_row.data(), offsets.data(), col_taps, col_weights.data(), out.width,
-                job.flip, red, red + plane, red + 2 * plane);
+                job.flip, pixels.data());
+            uint8_t *red = job.out + y * out.width;
+            planes_from_pixels(pixels.data(), out.width, red, red + plane, red + 2 * plane);
         }
     });
     return true;
