@@ -81,7 +81,8 @@ def _reference(pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 
 SHAPES = [((300, 300), (224, 224)), ((150, 170), (224, 224)), ((480, 500), (224, 224)),
           ((7, 5), (224, 224)), ((1, 1), (4, 3)), ((224, 224), (224, 224)), ((900, 40), (33, 100)),
-          ((2000, 1500), (224, 224)), ((256, 341), (256, 341))]
+          ((2000, 1500), (224, 224)), ((256, 341), (256, 341)), ((3000, 60), (50, 60)),
+          ((60, 3000), (60, 40))]  # the last two: rows shrunk past fixed point's range, columns 75x
 
 
 @pytest.mark.parametrize("in_size, out_size", SHAPES)

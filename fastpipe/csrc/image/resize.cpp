@@ -112,9 +112,12 @@ void with_taps(int taps, Body &&body) {
 }
 
 /* Vertical weights in fixed point: 14 fraction bits, each output row's summing to exactly 1 << 14,
- * so that 16-bit multiply-adds can sum two input rows at a time. */
+ * so that 16-bit multiply-adds can sum two input rows at a time. Rounding the weights moves a sum
+ * by up to about 255 * taps * 2**-15 grey levels (less in practice, the errors cancel), so fixed
+ * point is used up to kMaxFixedTaps taps (shrinking rows up to ~8x), float weights beyond. */
 constexpr int kFractionBits = 14;
 constexpr float kUnit = 1.0f / (1 << kFractionBits);
+constexpr int kMaxFixedTaps = 17;
 
 std::vector<int16_t> fixed_point(const Taps &taps) {
     std::vector<int16_t> fixed(taps.weights.size(), 0);
@@ -137,8 +140,8 @@ std::vector<int16_t> fixed_point(const Taps &taps) {
  * same on every machine. With SSE2 (every x86-64) two input rows at a time go through one 16-bit
  * multiply-add per 4 values: about 2.4x fewer instructions than converting each byte to float for
  * each tap. */
-void vertical_pass(const uint8_t *__restrict__ in, long row_stride, int taps,
-                   const int16_t *__restrict__ weights, long values, float *__restrict__ row) {
+void vertical_pass_fixed(const uint8_t *__restrict__ in, long row_stride, int taps,
+                         const int16_t *__restrict__ weights, long values, float *__restrict__ row) {
     long j = 0;
 #if defined(__SSE2__)
     const __m128i zero = _mm_setzero_si128();
@@ -171,6 +174,21 @@ void vertical_pass(const uint8_t *__restrict__ in, long row_stride, int taps,
             sum += weights[k] * in[k * row_stride + j];
         }
         row[j] = static_cast<float>(sum) * kUnit;
+    }
+}
+
+/* The same with float weights, one input row at a time (contiguous, so each loop vectorizes). */
+void vertical_pass_float(const uint8_t *__restrict__ in, long row_stride, int taps,
+                         const float *__restrict__ weights, long values, float *__restrict__ row) {
+    for (long j = 0; j < values; ++j) {
+        row[j] = weights[0] * in[j];
+    }
+    for (int k = 1; k < taps; ++k) {
+        const uint8_t *line = in + k * row_stride;
+        const float w = weights[k];
+        for (long j = 0; j < values; ++j) {
+            row[j] += w * line[j];
+        }
     }
 }
 
@@ -266,7 +284,8 @@ bool resize_rgb_to_planes(const ResizeJob &job) {
     if (!taps_inside(rows, cols, in, out)) {
         return false;
     }
-    const std::vector<int16_t> row_weights = fixed_point(rows);
+    const bool fixed = rows.max_taps <= kMaxFixedTaps;
+    const std::vector<int16_t> fixed_weights = fixed ? fixed_point(rows) : std::vector<int16_t>();
     pad_taps(cols);
     const int col_taps = cols.count[0];
     // Zeros on both sides of the row: padded taps may reach past the source box.
@@ -288,9 +307,15 @@ bool resize_rgb_to_planes(const ResizeJob &job) {
     with_taps(col_taps, [&](auto col_taps_constant) {
         for (long y = 0; y < out.height; ++y) {
             const long line = out.top + y;
-            vertical_pass(job.src + (rows.start[line] - in.top) * job.row_stride, job.row_stride,
-                          rows.count[line], &row_weights[static_cast<size_t>(line) * rows.max_taps],
-                          values, padded_row.data() + margin);
+            const uint8_t *first = job.src + (rows.start[line] - in.top) * job.row_stride;
+            const size_t at = static_cast<size_t>(line) * rows.max_taps;
+            if (fixed) {
+                vertical_pass_fixed(first, job.row_stride, rows.count[line], &fixed_weights[at],
+                                    values, padded_row.data() + margin);
+            } else {
+                vertical_pass_float(first, job.row_stride, rows.count[line], &rows.weights[at],
+                                    values, padded_row.data() + margin);
+            }
             horizontal_pass<decltype(col_taps_constant)::value>(
                 padded_row.data(), offsets.data(), col_taps, col_weights.data(), out.width,
                 job.flip, pixels.data());
