@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -106,6 +107,18 @@ def test_two_workers_see_every_sample_once_and_a_seed_reproduces_the_run(sample_
     assert all(images.shape[1:] == (3, 64, 64) and images.dtype == torch.uint8 for images, _ in first)
     assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, again, strict=True))
     assert not all(torch.equal(a[0], b[0]) for a, b in zip(first, other, strict=True))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc (Linux)")
+def test_files_whose_size_is_not_known_up_front_are_read_to_the_end(tmp_path):
+    """fstat reports 0 bytes for /proc files; the read goes on to the end, as open().read() does."""
+    from fastpipe.data.folder import _read_file
+
+    data = _read_file("/proc/self/status")
+    assert data.startswith(b"Name:") and data.endswith(b"\n") and len(data) > 100
+    path = tmp_path / "plain.bin"
+    path.write_bytes(bytes(range(256)) * 300)
+    assert _read_file(str(path)) == path.read_bytes()
 
 
 def test_missing_root_says_what_to_pass(tmp_path):

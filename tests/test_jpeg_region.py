@@ -161,6 +161,15 @@ def test_cmyk_is_refused_so_pil_decodes_it(region):
         region(data, 1, 0, 0, 8, 8, True)
 
 
+def test_bytes_after_the_regions_rows_are_zero(region):
+    """libjpeg may write a row past the region, and the buffer is sized by an upper bound: none of
+    that is handed out as old heap contents."""
+    data = JPEG_KINDS["420"]()
+    for k, box in ((1, (5, 6, 21, 30)), (2, (0, 0, 7, 9)), (8, (1, 1, 3, 3))):
+        pixels, row_stride, _ = region(data, k, *box, True)
+        assert not any(pixels[box[2] * row_stride:])
+
+
 def test_any_byte_buffer_is_accepted(region):
     data = JPEG_KINDS["444"]()
     expected = _region_pixels(region, data, 1, (5, 6, 20, 30), True)

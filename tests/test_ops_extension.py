@@ -609,3 +609,29 @@ def test_large_float_outputs_written_around_the_cache_equal_the_reference(layout
         assert out.nbytes >= 16 << 20
         expected = _reference.normalize(images, mean, std, channels_last=channels_last)
         assert torch.equal(out, expected)
+
+
+def _normalize_in_child(queue):
+    torch.set_num_threads(1)  # libgomp's pool does not survive fork (plain torch hangs too)
+    images = torch.randint(0, 256, KEPT_SHAPE, dtype=torch.uint8)
+    outputs = [ops.normalize(images, (0.5,) * 3, (0.25,) * 3) for _ in range(3)]
+    del outputs
+    out = ops.normalize(images, (0.5,) * 3, (0.25,) * 3)
+    queue.put(bool(torch.equal(out, _reference.normalize(images, torch.full((3,), 0.5), torch.full((3,), 0.25)))))
+
+
+@pytest.mark.timeout(120)
+def test_a_forked_child_allocates_and_frees_kept_outputs():
+    """The kept blocks' lock is taken around fork() (pthread_atfork), so a child (a DataLoader
+    worker) starts with it unlocked and can allocate and free large outputs."""
+    import multiprocessing
+
+    images = torch.randint(0, 256, KEPT_SHAPE, dtype=torch.uint8)
+    ops.normalize(images, (0.5,) * 3, (0.25,) * 3)  # freed at once: a kept block before the fork
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_normalize_in_child, args=(queue,))
+    child.start()
+    assert queue.get(timeout=60) is True
+    child.join(timeout=60)
+    assert child.exitcode == 0

@@ -158,6 +158,13 @@ def test_a_window_read_from_its_input_box_equals_that_window_of_the_whole_resize
                               np.empty((3, height, width), np.uint8), (top, left), resized, False)
 
 
+@pytest.mark.parametrize("at, shape", [((2**63 - 1, 0), (1, 1)), ((1, 0), (2**63 - 1, 1)),
+                                       ((0, 0), (0, 1)), ((-1, 0), (1, 1))])
+def test_input_box_refuses_boxes_outside_the_image(module, at, shape):
+    with pytest.raises(ValueError, match="out: "):
+        module.input_box((10, 10), (5, 5), at, shape)
+
+
 def test_input_box_is_the_span_of_the_filter(module):
     """Shrinking 1000 -> 100 (scale 10), output pixel i reads the inputs within 10 of its centre."""
     top, left, height, width = module.input_box((1000, 1000), (100, 100), (50, 50), (1, 1))
@@ -202,6 +209,9 @@ def test_read_only_output_is_refused(module):
     ((0, 0), (10, 10), (1, 0), (5, 5), r"out: a 5x5 box at \(1, 0\) does not fit an image of 5x5"),
     ((0, 0), (10, 10), (0, 0), (2**25, 5), "sides up to 2\\*\\*24"),
     ((-1, 0), (10, 10), (0, 0), (5, 5), "does not fit"),
+    ((0, 0), (10, 10), (2**63 - 1, 0), (5, 5), "does not fit"),  # top + height would overflow
+    ((0, 2**62), (10, 10), (0, 0), (5, 5), "does not fit"),
+    ((0, 0), (10, 10), (0, 2**63 - 2), (5, 5), "does not fit"),
 ])
 def test_boxes_outside_their_images_are_refused(module, at, image_size, out_at, out_size, message):
     with pytest.raises(ValueError, match=message):

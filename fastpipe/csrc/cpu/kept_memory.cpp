@@ -6,6 +6,8 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 
+#include <pthread.h>
+
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -25,8 +27,14 @@ struct KeptBlocks {
 };
 
 // Never destroyed: tensors may be freed during interpreter shutdown, after static destructors.
+// The lock is held across fork(), so a child never inherits it locked by a thread it does not have.
 KeptBlocks& kept() {
-  static KeptBlocks* blocks = new KeptBlocks();
+  static KeptBlocks* blocks = [] {
+    auto* made = new KeptBlocks();
+    pthread_atfork([] { kept().mutex.lock(); }, [] { kept().mutex.unlock(); },
+                   [] { kept().mutex.unlock(); });
+    return made;
+  }();
   return *blocks;
 }
 

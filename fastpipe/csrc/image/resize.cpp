@@ -376,8 +376,10 @@ bool get_planes(PyObject *object, Buffer &buffer, long *height, long *width) {
 /* A problem with a box, or nullptr. */
 const char *box_problem(const Box &box, const char *which) {
     static thread_local char message[160];
-    if (box.full_height < 1 || box.full_width < 1 || box.full_height > kMaxSide ||
-        box.full_width > kMaxSide || box.top < 0 || box.left < 0 ||
+    // Every number within 0..2**24 first, so that the sums below cannot overflow.
+    const auto within = [](long value, long lowest) { return value >= lowest && value <= kMaxSide; };
+    if (!within(box.full_height, 1) || !within(box.full_width, 1) || !within(box.top, 0) ||
+        !within(box.left, 0) || !within(box.height, 0) || !within(box.width, 0) ||
         box.top + box.height > box.full_height || box.left + box.width > box.full_width) {
         std::snprintf(message, sizeof message,
                       "%s: a %ldx%ld box at (%ld, %ld) does not fit an image of %ldx%ld (sides up "

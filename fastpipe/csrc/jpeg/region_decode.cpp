@@ -200,7 +200,7 @@ PyDoc_STRVAR(decode_region_doc,
 "Row r of the rectangle starts at byte r * row_stride + 3 * column of ``pixels``: libjpeg-turbo\n"
 "decodes whole iMCU columns, and the rows are returned as it wrote them, not copied; with\n"
 "numpy, ``np.frombuffer(pixels, np.uint8, height * row_stride).reshape(height, -1, 3)\n"
-"[:, column:column + width]``. The other bytes of ``pixels`` are unspecified.\n"
+"[:, column:column + width]``. Bytes after the last row are zero.\n"
 "Accurate integer DCT; fast_upsample replicates chroma samples instead of interpolating them.\n"
 "Raises ValueError for anything libjpeg-turbo warns about or rejects (strict, like simplejpeg's\n"
 "strict=True), for colour spaces other than YCbCr, RGB and greyscale, and for a rectangle\n"
@@ -262,6 +262,10 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args) {
         Py_DECREF(out);
         return PyErr_Format(PyExc_ValueError, "libjpeg-turbo: %s", err.message);
     }
+    /* The rows libjpeg wrote past the region, and the rest of the upper-bound capacity, are zeroed
+     * rather than handed to Python as whatever the heap held. */
+    const size_t used = (size_t)req.height * req.row_pixels * 3;
+    std::memset(req.out + used, 0, req.capacity - used);
     return Py_BuildValue("(Nnn)", out, (Py_ssize_t)req.row_pixels * 3, (Py_ssize_t)req.column);
 }
 
