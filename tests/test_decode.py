@@ -26,6 +26,11 @@ def big_jpeg(sample_root) -> bytes:
     return large_jpeg(sample_files(sample_root)[0])
 
 
+def _finish(decoder: ImageDecoder, array: np.ndarray, full_size: tuple[int, int], plan: _Plan) -> torch.Tensor:
+    """The decoder's output for a whole decoded array and a fixed plan (no random draw)."""
+    return decoder._resized(decoder._pixels_of(array, full_size, plan), plan)
+
+
 # ---------------------------------------------------------------- shapes and dtypes
 
 @pytest.mark.parametrize("train", [True, False])
@@ -114,7 +119,7 @@ def test_train_crop_at_full_scale_matches_torchvision_resized_crop(jpegs):
         for box in (_crop.Box(10, 20, 150, 180), _crop.Box(0, 0, image.height, image.width),
                     _crop.Box(33, 7, 300, 260)):
             array = _decode_jpeg(data, image.height, image.width, 1)
-            out = decoder._finish(array, (image.height, image.width), _Plan(box, None, False, 1))
+            out = _finish(decoder, array, (image.height, image.width), _Plan(box, None, False, 1))
             reference = TF.resized_crop(image, *box, [224, 224], T.InterpolationMode.BILINEAR)
             diff = np.abs(out.numpy().astype(np.int32) - chw(reference))
             assert diff.mean() <= 0.5 and diff.max() <= 2, (box, diff.mean(), diff.max())
@@ -147,8 +152,8 @@ def test_reduced_scale_crops_within_bound_of_full_decode_and_resize(big_jpeg, re
         box = _crop.Box(20, 30, side, side)
         k = decoder._dct_scale(height, width, (height * 224 / side, width * 224 / side))
         used.add(k)
-        out = decoder._finish(_decode_jpeg(big_jpeg, height, width, k), (height, width),
-                              _Plan(box, None, False, k))
+        out = _finish(decoder, _decode_jpeg(big_jpeg, height, width, k), (height, width),
+                      _Plan(box, None, False, k))
         reference = full.resize((224, 224), Image.BILINEAR,
                                 box=(box.left, box.top, box.left + side, box.top + side))
         diff = np.abs(out.numpy().astype(np.int32) - chw(reference)).mean()

@@ -327,10 +327,6 @@ class ImageDecoder:
             return _Pixels.whole(array)
         return _Pixels.crop_of(array, _decoded_box(plan.box, full_size, array.shape[:2]))
 
-    def _finish(self, array: np.ndarray, full_size: tuple[int, int], plan: _Plan) -> torch.Tensor:
-        """The output from a whole decoded ``(h, w, 3)`` array (at the plan's DCT scale)."""
-        return self._resized(self._pixels_of(array, full_size, plan), plan)
-
     def _resized(self, pixels: _Pixels, plan: _Plan) -> torch.Tensor:
         """Train: ``pixels`` (the crop) resized to ``size x size`` and flipped if planned. Eval:
         the planned centre crop of the image ``pixels`` belong to, resized to ``plan.resize``.
