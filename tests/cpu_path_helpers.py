@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import importlib
 import io
+import os
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
+import pytest
+import torch
 from PIL import Image
 
 
@@ -35,3 +40,21 @@ def pil_rgb(data: bytes) -> Image.Image:
 def chw(image: Image.Image) -> np.ndarray:
     """PIL image -> (3, H, W) int32, for differences without uint8 wrap-around."""
     return np.asarray(image, dtype=np.int32).transpose(2, 0, 1)
+
+
+def built_module(name: str, hint: str, required_by: str) -> ModuleType:
+    """The compiled module ``name``; skips the test when it is not built, and fails instead when
+    the environment variable ``required_by`` is 1 (CI builds it, so there it must exist)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        message = f"{name} is not built ({exc}); {hint}"
+        if os.environ.get(required_by) == "1":
+            pytest.fail(f"{message} ({required_by}=1)")
+        pytest.skip(message)
+
+
+def decoded(decoder, images: list[bytes], seed: int) -> list[torch.Tensor]:
+    """``decoder``'s outputs for ``images`` after ``torch.manual_seed(seed)`` (the same draws)."""
+    torch.manual_seed(seed)
+    return [decoder(data, "x.jpg") for data in images]

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import simplejpeg
 import torch
-from cpu_path_helpers import encode, large_jpeg, sample_files
+from cpu_path_helpers import built_module, decoded, encode, large_jpeg, sample_files
 from PIL import Image
 
 from fastpipe.data import CorruptImageError, ImageDecoder, _decode
@@ -27,14 +27,8 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def region():
-    try:
-        from fastpipe._jpeg import decode_region
-    except ImportError as exc:
-        message = f"fastpipe._jpeg is not built ({exc}); install libjpeg-turbo's headers and rebuild"
-        if os.environ.get("FASTPIPE_REQUIRE_JPEG") == "1":
-            pytest.fail(f"{message} (FASTPIPE_REQUIRE_JPEG=1)")
-        pytest.skip(message)
-    return decode_region
+    hint = "install libjpeg-turbo's headers and rebuild"
+    return built_module("fastpipe._jpeg", hint, "FASTPIPE_REQUIRE_JPEG").decode_region
 
 
 def _photo(height: int, width: int, seed: int = 0) -> Image.Image:
@@ -264,9 +258,17 @@ def test_chroma_subsampled_beyond_2x_is_refused_with_smooth_upsampling(region, s
 
 # ---------------------------------------------------------------- through ImageDecoder
 
-def _outputs(decoder: ImageDecoder, images: list[bytes], seed: int) -> list[torch.Tensor]:
-    torch.manual_seed(seed)
-    return [decoder(data, "x.jpg") for data in images]
+def _record_scales(region, monkeypatch) -> list[int]:
+    """Has ImageDecoder call ``region`` through a recorder; returns the list of DCT scales it is
+    called with, filled in as it decodes."""
+    scales: list[int] = []
+
+    def recording(data, k, *rest):
+        scales.append(k)
+        return region(data, k, *rest)
+
+    monkeypatch.setattr(_decode, "_decode_region", recording)
+    return scales
 
 
 @pytest.mark.parametrize("fast_upsample", [True, False])
@@ -278,17 +280,11 @@ def test_train_outputs_equal_the_whole_image_path(region, sample_root, monkeypat
     images += [large_jpeg(sample_files(sample_root)[i]) for i in range(2)] * 4
     images += [JPEG_KINDS[kind]() for kind in sorted(JPEG_KINDS)]
     decoder = ImageDecoder(train=True, fast_upsample=fast_upsample)
-    scales = []
-
-    def recording(data, k, *rest):
-        scales.append(k)
-        return region(data, k, *rest)
-
-    monkeypatch.setattr(_decode, "_decode_region", recording)
-    with_region = _outputs(decoder, images, seed=3)
+    scales = _record_scales(region, monkeypatch)
+    with_region = decoded(decoder, images, seed=3)
     assert len(scales) == len(images) and {1, 2} <= set(scales), scales
     monkeypatch.setattr(_decode, "_decode_region", None)
-    whole = _outputs(decoder, images, seed=3)
+    whole = decoded(decoder, images, seed=3)
     for a, b in zip(with_region, whole):
         if fast_upsample:
             assert torch.equal(a, b)
@@ -325,14 +321,8 @@ def test_eval_outputs_equal_the_whole_image_path(region, sample_root, monkeypatc
     images += [large_jpeg(sample_files(sample_root)[i]) for i in range(2)]
     images += [JPEG_KINDS[kind]() for kind in sorted(JPEG_KINDS)]
     decoder = ImageDecoder(train=False, fast_upsample=fast_upsample)
-    scales = []
-
-    def recording(data, k, *rest):
-        scales.append(k)
-        return region(data, k, *rest)
-
-    monkeypatch.setattr(_decode, "_decode_region", recording)
-    with_region = [decoder(data, "x.jpg") for data in images]
+    scales = _record_scales(region, monkeypatch)
+    with_region = decoded(decoder, images, seed=0)
     assert len(scales) == len(images) and {1, 2} <= set(scales), scales
     monkeypatch.setattr(_decode, "_decode_region", None)
     for data, got in zip(images, with_region):

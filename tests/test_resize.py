@@ -10,7 +10,6 @@ the extensions; without it these tests skip, unless FASTPIPE_REQUIRE_EXTENSION=1
 from __future__ import annotations
 
 import math
-import os
 import threading
 import time
 
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from cpu_path_helpers import large_jpeg, sample_files
+from cpu_path_helpers import built_module, decoded, large_jpeg, sample_files
 from PIL import Image
 
 from fastpipe.data import ImageDecoder, _decode
@@ -28,14 +27,7 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module")
 def module():
-    try:
-        from fastpipe import _resize
-    except ImportError as exc:
-        message = f"fastpipe._resize is not built ({exc}); rebuild the extensions"
-        if os.environ.get("FASTPIPE_REQUIRE_EXTENSION") == "1":
-            pytest.fail(f"{message} (FASTPIPE_REQUIRE_EXTENSION=1)")
-        pytest.skip(message)
-    return _resize
+    return built_module("fastpipe._resize", "rebuild the extensions", "FASTPIPE_REQUIRE_EXTENSION")
 
 
 def _image(height: int, width: int, seed: int = 0) -> np.ndarray:
@@ -44,11 +36,6 @@ def _image(height: int, width: int, seed: int = 0) -> np.ndarray:
     y, x = np.mgrid[0:height, 0:width].astype(np.float32)
     base = np.stack([128 + 110 * np.sin(x / 7 + c) * np.cos(y / 11 - c) for c in range(3)], -1)
     return np.clip(base + rng.normal(0, 20, base.shape), 0, 255).astype(np.uint8)
-
-
-def _outputs(decoder: ImageDecoder, images: list[bytes], seed: int) -> list[torch.Tensor]:
-    torch.manual_seed(seed)
-    return [decoder(data, "x.jpg") for data in images]
 
 
 def _resize(module, pixels: np.ndarray, size: tuple[int, int], flip: bool = False) -> np.ndarray:
@@ -268,11 +255,11 @@ def test_without_the_module_image_decoder_stays_within_a_grey_level(module, samp
     for train in (True, False):
         decoder = ImageDecoder(train=train)
         assert _decode._resize_pixels is module.resize
-        with_module = _outputs(decoder, images, seed=5)
+        with_module = decoded(decoder, images, seed=5)
         with monkeypatch.context() as patch:
             patch.setattr(_decode, "_resize_pixels", None)
             patch.setattr(_decode, "_input_box", None)
-            without = _outputs(decoder, images, seed=5)
+            without = decoded(decoder, images, seed=5)
         for a, b in zip(with_module, without):
             diff = (a.int() - b.int()).abs()
             assert a.shape == b.shape and diff.max() <= 1 and diff.float().mean() < 0.35
