@@ -5,6 +5,9 @@ from __future__ import annotations
 import importlib
 import io
 import os
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -58,3 +61,26 @@ def decoded(decoder, images: list[bytes], seed: int) -> list[torch.Tensor]:
     """``decoder``'s outputs for ``images`` after ``torch.manual_seed(seed)`` (the same draws)."""
     torch.manual_seed(seed)
     return [decoder(data, "x.jpg") for data in images]
+
+
+def turns_inside_calls(call: Callable[[], object], seconds: float = 0.3) -> tuple[int, float]:
+    """Runs ``call`` over and over in another thread for ``seconds`` while this thread spins;
+    returns how many of this thread's turns fell inside a call, and the seconds spent in calls.
+    A call that holds the GIL leaves no turn inside it; one that releases it leaves many."""
+    calls: list[tuple[float, float]] = []
+
+    def work() -> None:
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            start = time.perf_counter()
+            call()
+            calls.append((start, time.perf_counter()))
+
+    ticks: list[float] = []
+    worker = threading.Thread(target=work)
+    worker.start()
+    while worker.is_alive():
+        ticks.append(time.perf_counter())
+    worker.join()
+    inside = sum(1 for t in ticks for start, end in calls if start < t < end)
+    return inside, sum(end - start for start, end in calls)

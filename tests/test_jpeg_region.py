@@ -9,15 +9,20 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import simplejpeg
 import torch
-from cpu_path_helpers import built_module, decoded, encode, large_jpeg, sample_files
+from cpu_path_helpers import (
+    built_module,
+    decoded,
+    encode,
+    large_jpeg,
+    sample_files,
+    turns_inside_calls,
+)
 from PIL import Image
 
 from fastpipe.data import CorruptImageError, ImageDecoder, _decode
@@ -175,23 +180,7 @@ def test_the_gil_is_released_while_decoding(region):
     """Another Python thread runs while regions decode (thread-based loaders scale): the worker
     decodes for at least 0.3 s, and the main thread must get many turns inside the decode calls."""
     data = encode(_photo(1200, 1600), quality=95)
-    calls: list[tuple[float, float]] = []
-
-    def decode() -> None:
-        deadline = time.perf_counter() + 0.3
-        while time.perf_counter() < deadline:
-            start = time.perf_counter()
-            region(data, 1, 0, 0, 1200, 1600, False)
-            calls.append((start, time.perf_counter()))
-
-    ticks: list[float] = []
-    worker = threading.Thread(target=decode)
-    worker.start()
-    while worker.is_alive():
-        ticks.append(time.perf_counter())
-    worker.join()
-    inside = sum(1 for t in ticks for start, end in calls if start < t < end)
-    decoding = sum(end - start for start, end in calls)
+    inside, decoding = turns_inside_calls(lambda: region(data, 1, 0, 0, 1200, 1600, False))
     # Holding the GIL, the main thread would get no turn inside a call; released, it spins.
     assert inside > 1000 * decoding, f"{inside} main-thread turns in {decoding:.3f} s of decoding"
 
@@ -258,6 +247,14 @@ def test_chroma_subsampled_beyond_2x_is_refused_with_smooth_upsampling(region, s
 
 # ---------------------------------------------------------------- through ImageDecoder
 
+def _every_kind_of_jpeg(sample_root: Path, photos: int, copies_of_large: int) -> list[bytes]:
+    """Sample photos, two large photos (decoded at reduced scale) ``copies_of_large`` times each
+    (train crops differ per copy), and every layout of JPEG_KINDS."""
+    images = [p.read_bytes() for p in sample_files(sample_root)[:photos]]
+    images += [large_jpeg(sample_files(sample_root)[i]) for i in range(2)] * copies_of_large
+    return images + [JPEG_KINDS[kind]() for kind in sorted(JPEG_KINDS)]
+
+
 def _record_scales(region, monkeypatch) -> list[int]:
     """Has ImageDecoder call ``region`` through a recorder; returns the list of DCT scales it is
     called with, filled in as it decodes."""
@@ -276,9 +273,7 @@ def test_train_outputs_equal_the_whole_image_path(region, sample_root, monkeypat
     """Same seed, same crops: the region path gives the whole-image path's train output, exactly
     with fast upsampling and within a grey level on average with smooth upsampling. The large
     images decode at 1/2-1/8 scale."""
-    images = [p.read_bytes() for p in sample_files(sample_root)[:16]]
-    images += [large_jpeg(sample_files(sample_root)[i]) for i in range(2)] * 4
-    images += [JPEG_KINDS[kind]() for kind in sorted(JPEG_KINDS)]
+    images = _every_kind_of_jpeg(sample_root, photos=16, copies_of_large=4)
     decoder = ImageDecoder(train=True, fast_upsample=fast_upsample)
     scales = _record_scales(region, monkeypatch)
     with_region = decoded(decoder, images, seed=3)
@@ -317,9 +312,7 @@ def test_eval_outputs_equal_the_whole_image_path(region, sample_root, monkeypatc
     """Eval decodes only the pixels its centre crop reads, plus a margin of columns where smooth
     upsampling differs at a region's edges: the output is the whole-image path's, pixel for pixel,
     at full and reduced DCT scale and for every JPEG layout."""
-    images = [p.read_bytes() for p in sample_files(sample_root)[:8]]
-    images += [large_jpeg(sample_files(sample_root)[i]) for i in range(2)]
-    images += [JPEG_KINDS[kind]() for kind in sorted(JPEG_KINDS)]
+    images = _every_kind_of_jpeg(sample_root, photos=8, copies_of_large=1)
     decoder = ImageDecoder(train=False, fast_upsample=fast_upsample)
     scales = _record_scales(region, monkeypatch)
     with_region = decoded(decoder, images, seed=0)

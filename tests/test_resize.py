@@ -10,14 +10,12 @@ the extensions; without it these tests skip, unless FASTPIPE_REQUIRE_EXTENSION=1
 from __future__ import annotations
 
 import math
-import threading
-import time
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from cpu_path_helpers import built_module, decoded, large_jpeg, sample_files
+from cpu_path_helpers import built_module, decoded, large_jpeg, sample_files, turns_inside_calls
 from PIL import Image
 
 from fastpipe.data import ImageDecoder, _decode
@@ -218,23 +216,9 @@ def test_the_gil_is_released_while_resizing(module):
     """Another Python thread runs while resizes run (thread-based loaders scale): the worker
     resizes for at least 0.3 s, and the main thread must get many turns inside the calls."""
     pixels, out = _image(2000, 2000), np.empty((3, 1500, 1500), np.uint8)
-    calls: list[tuple[float, float]] = []
-
-    def work() -> None:
-        deadline = time.perf_counter() + 0.3
-        while time.perf_counter() < deadline:
-            start = time.perf_counter()
-            module.resize(pixels, (0, 0), (2000, 2000), out, (0, 0), (1500, 1500), False)
-            calls.append((start, time.perf_counter()))
-
-    ticks: list[float] = []
-    worker = threading.Thread(target=work)
-    worker.start()
-    while worker.is_alive():
-        ticks.append(time.perf_counter())
-    worker.join()
-    inside = sum(1 for t in ticks for start, end in calls if start < t < end)
-    busy = sum(end - start for start, end in calls)
+    inside, busy = turns_inside_calls(
+        lambda: module.resize(pixels, (0, 0), (2000, 2000), out, (0, 0), (1500, 1500), False)
+    )
     assert inside > 1000 * busy, f"{inside} main-thread turns in {busy:.3f} s of resizing"
 
 
