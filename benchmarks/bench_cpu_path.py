@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     args.warmup = 1 if args.quick else 4
     torch.set_num_threads(max(1, args.main_threads))
 
-    from fastpipe.datasets import sample_images
+    from fastpipe.data import sample_images
 
     args.root = str(args.root or sample_images(num_images=images))
     names = [n for n in PIPELINES if not args.only or any(w.lower() in n.lower() for w in args.only)]

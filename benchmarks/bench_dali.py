@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, help="write the results table to this file")
     args = parser.parse_args(argv)
 
-    from fastpipe.datasets import sample_images
+    from fastpipe.data import sample_images
 
     images = args.images or (64 if args.quick else 256)
     cfg = Config(

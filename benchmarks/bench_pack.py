@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from fastpipe.data import H5Dataset, ImageDecoder, LMDBDataset, pack
 from fastpipe.data._pack_dataset import decode_chw
-from fastpipe.datasets import sample_images
+from fastpipe.data import sample_images
 
 
 class MemmapDataset(Dataset):

@@ -15,10 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fastpipe._constants import IMAGENET_MEAN, IMAGENET_STD
 from fastpipe._optional import require
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class Skip(Exception):

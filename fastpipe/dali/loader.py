@@ -35,6 +35,7 @@ from nvidia.dali.pipeline import Pipeline
 from nvidia.dali.plugin.pytorch import feed_ndarray
 
 from fastpipe._background import BackgroundIterator
+from fastpipe._compat import shutdown_dali_pipeline
 from fastpipe.dali.pipelines import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -182,7 +183,7 @@ class _Runtime:
         pipe, self.pipe = self.pipe, None
         if pipe is not None:
             # Joins DALI's worker threads now rather than whenever the Pipeline is collected.
-            pipe._shutdown()
+            shutdown_dali_pipeline(pipe)
 
 
 class _State:

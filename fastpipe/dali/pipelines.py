@@ -15,10 +15,8 @@ import torch
 from nvidia.dali import pipeline_def
 from nvidia.dali.pipeline import Pipeline
 
+from fastpipe._constants import IMAGENET_MEAN, IMAGENET_STD
 from fastpipe.dali.sources import EncodedSource, FileList
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 _DALI_DTYPES = {torch.float32: types.FLOAT, torch.float16: types.FLOAT16, torch.uint8: types.UINT8}
 _DALI_LAYOUTS = {"NCHW": "CHW", "NHWC": "HWC"}

@@ -25,6 +25,7 @@ _EXPORTS = {
     "verify": "fastpipe.data._pack",
     "H5Dataset": "fastpipe.data.h5",
     "LMDBDataset": "fastpipe.data.lmdb",
+    "sample_images": "fastpipe.data.samples",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -16,6 +16,7 @@ import math
 import numpy as np
 import torch
 
+from fastpipe._compat import standard_gamma
 from fastpipe.ops import _extension
 
 # torchvision's RandomErasing and timm's make ten attempts at a box that fits, then give up.
@@ -122,7 +123,7 @@ def beta(alpha: float, generator: torch.Generator | None = None) -> torch.Tensor
     weight is taken as ``sigmoid(log X - log Y)`` instead: the same distribution, for any alpha.
     """
     alpha = float(alpha)
-    gammas = torch._standard_gamma(torch.full((2,), alpha + 1.0, dtype=torch.float64), generator=generator)
+    gammas = standard_gamma(torch.full((2,), alpha + 1.0, dtype=torch.float64), generator=generator)
     uniforms = 1.0 - torch.rand(2, dtype=torch.float64, generator=generator)  # (0, 1]: log is finite
     log_draws = gammas.log() + uniforms.log() / alpha
     return torch.sigmoid(log_draws[0] - log_draws[1])

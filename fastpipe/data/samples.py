@@ -39,11 +39,14 @@ def sample_images(
     dataset behind.
     """
     if num_images < 1 or num_classes < 1:
-        raise ValueError(f"num_images and num_classes must be >= 1, got {num_images}, {num_classes}")
+        raise ValueError(
+            f"num_images and num_classes must be >= 1, got {num_images}, {num_classes}"
+        )
     params = {"version": _VERSION, "num_images": num_images, "num_classes": num_classes,
               "seed": seed, "quality": quality}
     if root is None:
-        root = default_cache_dir() / f"sample-v{_VERSION}-n{num_images}-c{num_classes}-s{seed}-q{quality}"
+        name = f"sample-v{_VERSION}-n{num_images}-c{num_classes}-s{seed}-q{quality}"
+        root = default_cache_dir() / name
     root = Path(root)
     marker = root / _MARKER
     if marker.is_file():
@@ -54,7 +57,9 @@ def sample_images(
             "pass another root or delete it"
         )
     if root.exists() and any(root.iterdir()):
-        raise ValueError(f"{root} exists and is not a fastpipe sample dataset; pass an empty or new root")
+        raise ValueError(
+            f"{root} exists and is not a fastpipe sample dataset; pass an empty or new root"
+        )
 
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
