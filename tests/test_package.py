@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +32,52 @@ def test_import_fastpipe_loads_no_optional_dependency():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == []
+
+
+def test_subpackages_load_on_first_use_without_optional_dependencies():
+    code = (
+        "import sys, json; import fastpipe; "
+        "names = [fastpipe.data.ImageFolder, fastpipe.data.sample_images, fastpipe.ops.cutout, "
+        "fastpipe.image_loader]; "
+        f"print(json.dumps([m for m in {OPTIONAL!r} if m in sys.modules]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == []
+
+
+def test_dali_is_reachable_from_import_fastpipe_alone():
+    pytest.importorskip("nvidia.dali")
+    code = "import fastpipe; print(fastpipe.dali.DALILoader.__name__)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "DALILoader"
+
+
+def test_unknown_attributes_still_raise():
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        fastpipe.no_such_name  # noqa: B018
+    assert {"data", "ops", "dali", "image_loader"} <= set(dir(fastpipe))
+
+
+def test_one_home_for_the_imagenet_statistics():
+    from fastpipe import _constants
+
+    assert fastpipe.IMAGENET_MEAN == (0.485, 0.456, 0.406)
+    assert fastpipe.IMAGENET_STD == (0.229, 0.224, 0.225)
+    assert fastpipe.IMAGENET_MEAN is _constants.IMAGENET_MEAN
+    if importlib.util.find_spec("nvidia.dali") is not None:
+        from fastpipe.dali import pipelines
+
+        assert pipelines.IMAGENET_MEAN is _constants.IMAGENET_MEAN
+        assert pipelines.IMAGENET_STD is _constants.IMAGENET_STD
+
+
+def test_datasets_live_in_fastpipe_data_only():
+    # (Checked on the files: an editable install of another checkout could still resolve it.)
+    package = Path(fastpipe.__file__).parent
+    assert not (package / "datasets.py").exists() and not (package / "datasets").exists()
+    assert "sample_images" in fastpipe.data.__all__
 
 
 def test_missing_optional_dependency_names_the_extra():
