@@ -20,7 +20,9 @@ from fastpipe.prefetch import DataPrefetcher
 from fastpipe.profiling import profile
 
 if TYPE_CHECKING:
-    from fastpipe import dali, data, ops
+    from fastpipe import dali as dali
+    from fastpipe import data as data
+    from fastpipe import ops as ops
     from fastpipe.factory import image_loader
 
 __version__ = "0.1.0"
