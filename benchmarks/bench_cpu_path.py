@@ -38,8 +38,9 @@ from torch.utils.data import DataLoader, RandomSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
+from fastpipe import IMAGENET_MEAN as MEAN  # noqa: E402
+from fastpipe import IMAGENET_STD as STD  # noqa: E402
+
 BASELINES = ("torchvision + PIL", "torchvision v2 on decode_jpeg", "DALI CPU (fastpipe.dali)")
 
 

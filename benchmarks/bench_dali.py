@@ -37,8 +37,9 @@ from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
+from fastpipe import IMAGENET_MEAN as MEAN  # noqa: E402
+from fastpipe import IMAGENET_STD as STD  # noqa: E402
+
 BASELINE = "torchvision ImageFolder + PIL"
 
 

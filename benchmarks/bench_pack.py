@@ -27,9 +27,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from fastpipe.data import H5Dataset, ImageDecoder, LMDBDataset, pack
+from fastpipe.data import H5Dataset, ImageDecoder, LMDBDataset, pack, sample_images
 from fastpipe.data._pack_dataset import decode_chw
-from fastpipe.data import sample_images
 
 
 class MemmapDataset(Dataset):

@@ -370,3 +370,13 @@ def test_loader_attributes_and_set_epoch(indexed_root, backend, no_thread_leak):
 def test_image_loader_is_in_the_package_namespace():
     assert fastpipe.image_loader is image_loader
     assert "image_loader" in fastpipe.__all__
+
+
+def test_fastpipe_bench_has_a_row_for_the_factory(sample_root, no_thread_leak):
+    from fastpipe.bench import run_bench
+
+    report = run_bench(sample_root, batch_size=8, num_workers=0, size=32, seconds=0.2,
+                       rounds=1, variants=("dataloader", "factory"), min_batches=2)
+    row = next(r for r in report.rows if r.key == "factory")
+    assert row.skipped is None and row.images_per_second > 0
+    assert row.output.startswith("float32")

@@ -125,6 +125,13 @@ def build_dali(config: BenchConfig) -> Any:
                       num_threads=max(1, config.num_workers), device="cpu")
 
 
+def build_factory(config: BenchConfig) -> Any:
+    from fastpipe import image_loader
+
+    return image_loader(config.root, config.batch_size, train=True, size=config.size,
+                        num_workers=config.num_workers)
+
+
 VARIANTS: tuple[Variant, ...] = (
     Variant("dataloader", "DataLoader",
             "torchvision ImageFolder + transforms (ToTensor, Normalize in the workers), "
@@ -142,4 +149,7 @@ VARIANTS: tuple[Variant, ...] = (
             "fast_collate, DataLoaderX + DataPrefetcher", build_hdf5),
     Variant("dali", "DALI (CPU)",
             "fastpipe.dali.DALILoader(device='cpu'), num_threads = workers", build_dali),
+    Variant("factory", "image_loader",
+            "fastpipe.image_loader(root, train=True): the path it picks on this machine (DALI "
+            "with GPU decode on CUDA, else the fast CPU path)", build_factory),
 )
