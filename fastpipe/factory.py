@@ -23,6 +23,7 @@ import importlib.util
 import inspect
 import math
 import os
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -253,9 +254,27 @@ def _dali_installed() -> bool:
         return False
 
 
+def _dali_sees_a_gpu() -> bool:
+    from nvidia.dali import backend as dali_backend
+
+    try:
+        return int(dali_backend.GetCUDADeviceCount()) > 0
+    except Exception:  # noqa: BLE001 - a DALI build for another CUDA major version
+        return False
+
+
 def _choose_backend(backend: str, o: _Options) -> str:
     if backend == "auto":
-        return "dali" if o.device.type == "cuda" and _dali_installed() else "cpu"
+        if o.device.type != "cuda" or not _dali_installed():
+            return "cpu"
+        if not _dali_sees_a_gpu():
+            warnings.warn(
+                "image_loader: DALI is installed but sees no GPU (a wheel for another CUDA "
+                "version?), so the fast CPU path is used; install the DALI wheel for your CUDA "
+                "major version to decode on the GPU", RuntimeWarning, stacklevel=3,
+            )
+            return "cpu"
+        return "dali"
     if backend == "dali":
         if o.dtype not in _DALI_DTYPES:
             raise ValueError(

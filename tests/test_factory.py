@@ -303,6 +303,7 @@ def test_auto_picks_dali_gpu_decode_only_with_cuda_and_dali(monkeypatch, sample_
     # Stand-ins for a CUDA machine: what "auto" would choose there (no GPU here).
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(factory_module, "_dali_installed", lambda: dali)
+    monkeypatch.setattr(factory_module, "_dali_sees_a_gpu", lambda: True)
     options = factory_module._Options.check(
         source=sample_root, batch_size=8, train=True, size=224, device=None, backend="auto",
         scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip=0.5, auto_augment=None,
@@ -312,6 +313,26 @@ def test_auto_picks_dali_gpu_decode_only_with_cuda_and_dali(monkeypatch, sample_
     )
     assert options.backend == expected
     assert options.device.type == ("cuda" if cuda else "cpu")
+
+
+def test_auto_falls_back_to_the_cpu_path_when_dali_sees_no_gpu(monkeypatch, sample_root):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(factory_module, "_dali_installed", lambda: True)
+    monkeypatch.setattr(factory_module, "_dali_sees_a_gpu", lambda: False)
+    with pytest.warns(RuntimeWarning, match="DALI is installed but sees no GPU"):
+        options = factory_module._Options.check(
+            source=sample_root, batch_size=8, train=True, size=224, device=None,
+            backend="auto", scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip=0.5,
+            auto_augment=None, interpolation="bilinear", mean=IMAGENET_MEAN, std=IMAGENET_STD,
+            dtype=torch.float32, channels_last=False, rank=None, world_size=None, seed=0,
+            shuffle=None, drop_last=False, num_workers=2, prefetch_depth=2, crop_pct=0.875,
+        )
+    assert options.backend == "cpu"
+
+
+def test_dali_sees_no_gpu_here():
+    pytest.importorskip("nvidia.dali")
+    assert factory_module._dali_sees_a_gpu() is False  # the real query, on a machine without one
 
 
 @pytest.mark.parametrize("kwargs, error, match", [

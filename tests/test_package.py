@@ -99,3 +99,19 @@ def test_cli_rejects_an_unknown_subcommand():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "invalid choice" in done.stderr
+
+
+def test_sample_images_are_the_same_bytes_every_time(tmp_path):
+    first = fastpipe.data.sample_images(tmp_path / "a", num_images=4, num_classes=2)
+    second = fastpipe.data.sample_images(tmp_path / "b", num_images=4, num_classes=2)
+    files = sorted(p.relative_to(first) for p in first.rglob("*.jpg"))
+    assert [str(f) for f in files] == [
+        "class_00/img_00000.jpg", "class_00/img_00002.jpg",
+        "class_01/img_00001.jpg", "class_01/img_00003.jpg",
+    ]
+    assert all((first / f).read_bytes() == (second / f).read_bytes() for f in files)
+    assert fastpipe.data.sample_images(first, num_images=4, num_classes=2) == first  # cached
+    with pytest.raises(ValueError, match="made with other arguments"):
+        fastpipe.data.sample_images(first, num_images=5, num_classes=2)
+    with pytest.raises(TypeError, match="num_images must be a positive int, got the bool"):
+        fastpipe.data.sample_images(tmp_path / "c", num_images=True)
