@@ -80,7 +80,9 @@ def positive_float(name: str, value: Any) -> float:
     return number
 
 
-def pair(name: str, value: Any, *, low: float = 0.0, strict_low: bool = True) -> tuple[float, float]:
+def pair(
+    name: str, value: Any, *, low: float = 0.0, strict_low: bool = True
+) -> tuple[float, float]:
     """``value`` as a ``(low, high)`` range of floats with ``low <= high``, both above ``low``
     (or at it, with ``strict_low=False``): the shape of ``scale`` and ``ratio``."""
     if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):

@@ -207,7 +207,9 @@ def _mean_std(mean: Any, std: Any, dtype: torch.dtype) -> tuple[Any, Any]:
 
 def _rank_and_world_size(rank: Any, world_size: Any) -> tuple[int, int]:
     if (rank is None) != (world_size is None):
-        raise ValueError("pass both rank and world_size, or neither (then torch.distributed decides)")
+        raise ValueError(
+            "pass both rank and world_size, or neither (then torch.distributed decides)"
+        )
     if rank is None:
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized():
