@@ -106,7 +106,8 @@ def image_loader(
             evenly, as ``DistributedSampler(drop_last=True)``).
         num_workers: DataLoader worker processes (CPU backend) or DALI CPU threads; ``None``:
             this process's cores divided among the local ranks (``LOCAL_WORLD_SIZE``).
-        prefetch_depth: batches prepared ahead of the training step.
+        prefetch_depth: batches prepared ahead of the training step (DALI's prefetch queue, or
+            DataLoaderX's queue on the CPU backend, where the DataPrefetcher readies one more).
 
     Returns:
         An iterable of ``(images, labels)`` with ``len``, ``batch_size``, ``drop_last``,
