@@ -451,3 +451,24 @@ def test_fastpipe_bench_has_a_row_for_the_factory(sample_root, no_thread_leak):
     row = next(r for r in report.rows if r.key == "factory")
     assert row.skipped is None and row.images_per_second > 0
     assert row.output.startswith("float32")
+
+
+@pytest.mark.parametrize("num_items, world_size, drop_last, shuffle", [
+    (24, 1, False, True), (23, 4, False, True), (23, 4, True, True), (10, 3, False, False),
+])
+def test_cpu_sampler_orders_like_distributed_sampler(num_items, world_size, drop_last,
+                                                     shuffle):
+    from torch.utils.data.distributed import DistributedSampler
+
+    for rank in range(world_size):
+        ours = factory_module._EpochSampler(num_items, shuffle=shuffle, seed=9, rank=rank,
+                                            world_size=world_size, drop_last=drop_last)
+        theirs = DistributedSampler(range(num_items), num_replicas=world_size, rank=rank,
+                                    shuffle=shuffle, seed=9, drop_last=drop_last)
+        for epoch in range(3):  # ours advances by itself, DistributedSampler is told
+            theirs.set_epoch(epoch)
+            assert [int(i) for i in ours] == list(theirs)
+            assert len(ours) == len(theirs)
+        ours.set_epoch(1)
+        theirs.set_epoch(1)
+        assert [int(i) for i in ours] == list(theirs)
