@@ -2,7 +2,7 @@
 
 Measured in one run on the built-in sample dataset (photo-like JPEGs around 500x400):
 
-* packing: files/s of ``fastpipe.data.pack`` with 1 and 2 worker processes (target: 2 workers
+* packing: files/s of ``fastpipe.pack.pack`` with 1 and 2 worker processes (target: 2 workers
   at least 1.7x one);
 * random access in one process, samples/s: stored bytes only (the I/O part) and decoded;
 * through a DataLoader (shuffled, ``--batch-size``, 0 and ``--workers`` processes, second epoch
@@ -27,7 +27,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from fastpipe.data import H5Dataset, ImageDecoder, LMDBDataset, pack
+from fastpipe.data import H5Dataset, ImageDecoder, LMDBDataset
+from fastpipe.pack import pack
 from fastpipe.data._pack_dataset import decode_chw
 from fastpipe.datasets import sample_images
 

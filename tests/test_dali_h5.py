@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from fastpipe.dali import DALILoader
-from fastpipe.data import H5Dataset, pack
+from fastpipe.data import H5Dataset
+from fastpipe.pack import pack
 
 pytestmark = [pytest.mark.dali, pytest.mark.hdf5, pytest.mark.timeout(120)]
 

@@ -14,8 +14,8 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
 
 from fastpipe._cli import main  # noqa: E402
-from fastpipe.data import H5Dataset, ImageDecoder, pack, verify  # noqa: E402
-from fastpipe.data._pack import PackFormatError  # noqa: E402
+from fastpipe.data import H5Dataset, ImageDecoder, PackFormatError  # noqa: E402
+from fastpipe.pack import pack, verify  # noqa: E402
 from tests.pack_helpers import ArrayDataset, flip_byte, hflip  # noqa: E402
 
 pytestmark = pytest.mark.hdf5

@@ -15,8 +15,8 @@ pytest.importorskip("h5py")
 import h5py  # noqa: E402
 
 from fastpipe._cli import main  # noqa: E402
-from fastpipe.data import H5Dataset, decode_rgb, pack, verify  # noqa: E402
-from fastpipe.data._pack import CorruptInputError, PackError, PackFormatError, merge_packs  # noqa: E402
+from fastpipe.data import H5Dataset, PackFormatError, decode_rgb  # noqa: E402
+from fastpipe.pack import CorruptInputError, PackError, merge_packs, pack, verify  # noqa: E402
 from tests.pack_helpers import ArrayDataset, KillOnce, make_corrupt_folder  # noqa: E402
 
 pytestmark = pytest.mark.hdf5
@@ -320,7 +320,7 @@ def test_shards_from_several_machines_merge(sample_root, tmp_path):
     for i in range(3):
         part = tmp_path / f"part{i}.h5"
         # Part 1 is itself a virtual merge of 3 shards: a virtual merge maps straight to its files.
-        report = pack(sample_root, part, shard=f"{i}/3", merge="virtual" if i == 1 else "copy",
+        report = pack(sample_root, part, part=f"{i}/3", merge="virtual" if i == 1 else "copy",
                       workers=2 if i == 1 else 1, shard_size=6 if i == 1 else 100, progress=False)
         assert (report.inputs, report.shards) == (16, 3 if i == 1 else 1)
         parts.append(part)
@@ -337,7 +337,7 @@ def test_shards_from_several_machines_merge(sample_root, tmp_path):
     merge_packs(parts, tmp_path / "mc.h5", merge="copy", progress=False)
     assert_same_pack(H5Dataset(tmp_path / "mv.h5"), full)
     assert_same_pack(H5Dataset(tmp_path / "mc.h5"), full)
-    with pytest.raises(PackError, match="shards 1/3 are missing"):
+    with pytest.raises(PackError, match="parts 1/3 are missing"):
         merge_packs([parts[0], parts[2]], tmp_path / "bad.h5", progress=False)
     with pytest.raises(PackError, match="given twice"):
         merge_packs([parts[0], parts[0], parts[1]], tmp_path / "bad.h5", progress=False)
@@ -398,7 +398,7 @@ def test_bad_arguments_say_what_to_do(sample_root, tmp_path):
     with pytest.raises(ValueError, match="storage"):
         pack(sample_root, out, storage="jpeg")
     with pytest.raises(ValueError, match="0 <= i < n"):
-        pack(sample_root, out, shard="3/2")
+        pack(sample_root, out, part="3/2")
     with pytest.raises(ValueError, match="max_side applies to bytes"):
         pack(sample_root, out, storage="array", max_side=100)
     with pytest.raises(ValueError, match="shape applies to array"):
@@ -421,7 +421,7 @@ def test_cli_pack_merge_and_verify(sample_root, tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert (report["count"], report["shards"], report["merge"]) == (48, 3, "virtual")
     for i in range(2):
-        assert main(["pack", str(sample_root), str(tmp_path / f"s{i}.h5"), "--shard", f"{i}/2", "--quiet"]) == 0
+        assert main(["pack", str(sample_root), str(tmp_path / f"s{i}.h5"), "--part", f"{i}/2", "--quiet"]) == 0
     assert "packed 24 of 24 inputs" in capsys.readouterr().out
     assert main(["pack", "--merge-only", str(tmp_path / "m.h5"), str(tmp_path / "s0.h5"), str(tmp_path / "s1.h5"),
                  "--merge", "copy", "--quiet"]) == 0

@@ -3,12 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from fastpipe._cli import CommandError
 
 DATASET_HELP = ("an ImageFolder directory, a .h5 pack file (from `fastpipe pack`), or "
                 "module:function (or file.py:function) returning a map-style dataset")
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), not all the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def in_cli_spelling(text: str, spelling: Mapping[str, str]) -> str:
+    """A library message with each Python spelling of an option (``overwrite=True``) replaced
+    by the command's flag (``--overwrite``)."""
+    for python, flag in spelling.items():
+        text = text.replace(python, flag)
+    return text
 
 
 def int_list(text: str) -> list[int]:

@@ -20,7 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastpipe.data._pack import verify
+    from fastpipe.pack import verify
 
     if not Path(args.file).exists():
         raise CommandError(f"no such file: {args.file}")

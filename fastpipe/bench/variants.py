@@ -92,7 +92,7 @@ def build_fast_cpu(config: BenchConfig) -> Any:
 def pack_path(config: BenchConfig) -> Path:
     """The pack of the benchmark's folder, made on first use (not timed)."""
     from fastpipe import __version__
-    from fastpipe.data import pack
+    from fastpipe.pack import pack
 
     require("h5py", extra="hdf5", feature="the HDF5 variant of fastpipe bench")
     path = config.pack_dir / f"{config.root.name}-bytes-v{__version__}.h5"

@@ -261,7 +261,7 @@ class Processor:
             want = self.spec.sample_shape
             if self.spec.layout == "CHW":
                 got, want = got[1:], want[1:]
-            hint = " pass shape=(H, W) (--shape HxW) to resize images to one size" if self.spec.layout == "CHW" else ""
+            hint = " pass shape=(H, W) to resize images to one size" if self.spec.layout == "CHW" else ""
             raise PackError(
                 f"array storage needs one shape and dtype for all samples: {source} is {array.dtype} "
                 f"{got}, the pack holds {self.spec.dtype} {want};{hint}"
