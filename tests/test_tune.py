@@ -11,7 +11,8 @@ import torch
 from tune_helpers import SleepyDataset
 
 from fastpipe.profiling import LoaderSettings, resolve_dataset, tune
-from fastpipe.profiling.tuner import DatasetSource, default_worker_counts
+from fastpipe.profiling._datasets import DatasetSource
+from fastpipe.profiling.tuner import default_worker_counts
 
 
 @pytest.mark.timeout(90)

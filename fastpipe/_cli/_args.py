@@ -69,7 +69,7 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
 
 def resolve(args: argparse.Namespace):
     """The dataset named on the command line, or a CommandError saying what to pass."""
-    from fastpipe.profiling.tuner import resolve_dataset
+    from fastpipe.profiling import resolve_dataset
 
     try:
         return resolve_dataset(args.dataset, size=args.size, train=not args.eval)

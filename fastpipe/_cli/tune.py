@@ -39,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastpipe.profiling.tuner import WRAPPERS, tune
+    from fastpipe.profiling import tune
+    from fastpipe.profiling._settings import WRAPPERS
 
     wrappers = [w.strip() for w in args.wrappers.split(",") if w.strip()]
     if not wrappers or any(w not in WRAPPERS for w in wrappers):
