@@ -47,6 +47,19 @@ def test_tune_bad_arguments_exit_2_with_one_line(argv, message, capsys):
     assert err.startswith("fastpipe tune: error: ") and message in err and err.count("\n") == 1
 
 
+def test_tune_that_measures_nothing_is_one_line_not_a_traceback(capsys, monkeypatch):
+    import fastpipe.profiling
+
+    def measures_nothing(*args, **kwargs):
+        raise ValueError("no loader setting could be measured (the dataset gave no batch)")
+
+    monkeypatch.setattr(fastpipe.profiling, "tune", measures_nothing)
+    assert main(["tune", "tune_helpers:tiny_sleepy_dataset", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("fastpipe tune: error: no loader setting could be measured (the dataset gave "
+                   "no batch)\n")
+
+
 def test_tune_malformed_numbers_are_argparse_errors(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["tune", "x:y", "--workers", "two"])

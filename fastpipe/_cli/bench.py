@@ -68,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
     seconds = _pick(args.seconds, args.quick, "seconds", 4.0)
     if seconds <= 0:
         raise CommandError(f"--seconds must be more than 0, got {seconds:g}")
+    if args.size is not None and args.size < 8:
+        raise CommandError(f"--size must be >= 8, got {args.size}")
     if args.root is not None and args.num_images is not None:
         raise CommandError("--num-images applies to the sample dataset; leave it out with --root")
     variants = None

@@ -53,11 +53,15 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--prefetch-factors must be >= 1")
     check_plot(args.plot)
     source = resolve(args)
-    result = tune(
-        source, batch_size=args.batch_size, num_workers=args.workers, batch_sizes=args.batch_sizes,
-        prefetch_factors=args.prefetch_factors, wrappers=wrappers, budget=args.budget,
-        step_seconds=args.step_ms / 1000, progress=not args.no_progress,
-    )
+    try:
+        result = tune(
+            source, batch_size=args.batch_size, num_workers=args.workers,
+            batch_sizes=args.batch_sizes, prefetch_factors=args.prefetch_factors,
+            wrappers=wrappers, budget=args.budget, step_seconds=args.step_ms / 1000,
+            progress=not args.no_progress,
+        )
+    except ValueError as exc:  # nothing could be measured: the message says why
+        raise CommandError(str(exc)) from exc
     if args.plot:
         result.plot(args.plot)
     if args.json:
