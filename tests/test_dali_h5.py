@@ -20,7 +20,7 @@ def packs(sample_root, tmp_path_factory):
     made = {}
     for merge in ("virtual", "copy"):
         made[merge] = out / f"sample-{merge}.h5"
-        pack(sample_root, made[merge], storage="bytes", workers=2, merge=merge, progress=False)
+        pack(sample_root, made[merge], storage="bytes", num_workers=2, merge=merge, progress=False)
     made["array"] = out / "sample-array.h5"
     pack(sample_root, made["array"], storage="array", shape=(32, 32), progress=False)
     made["lmdb"] = out / "sample.lmdb"

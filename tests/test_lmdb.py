@@ -20,7 +20,7 @@ pytestmark = pytest.mark.hdf5
 
 def test_bytes_round_trip_is_bit_exact(sample_root, tmp_path):
     out = tmp_path / "p.lmdb"
-    report = pack(sample_root, out, workers=2, shard_size=20, progress=False)
+    report = pack(sample_root, out, num_workers=2, shard_size=20, progress=False)
     assert (report.format, report.merge, report.count) == ("lmdb", "copy", 48)
     assert out.is_file() and not (tmp_path / "p.lmdb-lock").exists() and not (tmp_path / "p.lmdb.shards").exists()
     files = sorted(sample_root.glob("class_*/*.jpg"), key=lambda p: (p.parent.name, p.name))

@@ -75,7 +75,7 @@ def test_array_round_trip_is_pixel_exact(tmp_path):
     assert np.array_equal(batch[2][0].numpy(), images.array(11).transpose(2, 0, 1))
     # Arrays that are not images (audio, features) come back exactly as stored.
     features = ArrayDataset(n=6, shape=(16, 5), dtype="float32")
-    pack(features, tmp_path / "feat.h5", storage="array", progress=False, workers=2, merge="copy")
+    pack(features, tmp_path / "feat.h5", storage="array", progress=False, num_workers=2, merge="copy")
     ds = H5Dataset(tmp_path / "feat.h5")
     assert ds.layout == "raw" and ds.meta["dtype"] == "float32"
     for i in range(6):
@@ -95,7 +95,7 @@ def reference_fit(image: np.ndarray, height: int, width: int) -> np.ndarray:
 
 
 def test_array_storage_of_a_folder_resizes_to_shape(sample_root, tmp_path):
-    report = pack(sample_root, tmp_path / "a.h5", storage="array", shape="48x64", workers=2, progress=False)
+    report = pack(sample_root, tmp_path / "a.h5", storage="array", shape="48x64", num_workers=2, progress=False)
     assert report.count == 48
     ds = H5Dataset(tmp_path / "a.h5")
     files = image_files(sample_root)
@@ -108,8 +108,8 @@ def test_array_storage_of_a_folder_resizes_to_shape(sample_root, tmp_path):
 
 @pytest.mark.timeout(90)
 def test_virtual_and_copy_merges_read_identically(sample_root, tmp_path):
-    pack(sample_root, tmp_path / "v.h5", workers=2, shard_size=10, progress=False)
-    copy = pack(sample_root, tmp_path / "c.h5", workers=2, shard_size=10, merge="copy", progress=False)
+    pack(sample_root, tmp_path / "v.h5", num_workers=2, shard_size=10, progress=False)
+    copy = pack(sample_root, tmp_path / "c.h5", num_workers=2, shard_size=10, merge="copy", progress=False)
     assert pack(sample_root, tmp_path / "s.h5", progress=False).merge == "none"
     assert (copy.shards, copy.merge) == (5, "copy")
     v, c, s = H5Dataset(tmp_path / "v.h5"), H5Dataset(tmp_path / "c.h5"), H5Dataset(tmp_path / "s.h5")
@@ -128,8 +128,8 @@ def test_virtual_and_copy_merges_read_identically(sample_root, tmp_path):
     assert_same_pack(H5Dataset(tmp_path / "moved.h5"), s)
     # Array storage merges alike.
     images = ArrayDataset(n=20)
-    pack(images, tmp_path / "av.h5", storage="array", workers=2, shard_size=6, progress=False)
-    pack(images, tmp_path / "ac.h5", storage="array", workers=2, shard_size=6, merge="copy", progress=False)
+    pack(images, tmp_path / "av.h5", storage="array", num_workers=2, shard_size=6, progress=False)
+    pack(images, tmp_path / "ac.h5", storage="array", num_workers=2, shard_size=6, merge="copy", progress=False)
     assert_same_pack(H5Dataset(tmp_path / "av.h5"), H5Dataset(tmp_path / "ac.h5"))
 
 
@@ -141,7 +141,7 @@ def test_killed_worker_then_resume_keeps_finished_shards(tmp_path, no_thread_lea
     out = tmp_path / "k.h5"
     shards = tmp_path / "k.h5.shards"
     with pytest.raises(PackError, match=r"exited with code -9.*resume=True"):
-        pack(source, out, storage="array", workers=2, shard_size=8, progress=False)
+        pack(source, out, storage="array", num_workers=2, shard_size=8, progress=False)
     assert not marker.exists() and not out.exists()
     assert multiprocessing.active_children() == []
     (shards,) = shards.iterdir()  # the folder of this run's plan
@@ -150,7 +150,7 @@ def test_killed_worker_then_resume_keeps_finished_shards(tmp_path, no_thread_lea
     assert len(finished) == 4
     before = {name: (os.stat(shards / name).st_ino, os.stat(shards / name).st_mtime_ns) for name in finished}
 
-    report = pack(source, out, storage="array", workers=2, shard_size=8, progress=False, resume=True)
+    report = pack(source, out, storage="array", num_workers=2, shard_size=8, progress=False, resume=True)
     assert (report.count, report.shards, report.resumed_shards) == (40, 5, 4)
     after = {name: (os.stat(shards / name).st_ino, os.stat(shards / name).st_mtime_ns) for name in finished}
     assert after == before  # kept, not rewritten
@@ -270,7 +270,7 @@ def test_a_virtual_pack_refuses_a_replaced_part_file(tmp_path):
 @pytest.mark.parametrize("workers", [1, 2])
 def test_corrupt_inputs_are_skipped_and_listed(sample_root, tmp_path, workers):
     bad = make_corrupt_folder(sample_root, tmp_path / "src")
-    report = pack(tmp_path / "src", tmp_path / "p.h5", workers=workers, shard_size=4, progress=False)
+    report = pack(tmp_path / "src", tmp_path / "p.h5", num_workers=workers, shard_size=4, progress=False)
     assert (report.inputs, report.count) == (12, 8)
     assert {s["source"]: s["reason"] for s in report.skipped}.keys() == bad.keys()
     for s in report.skipped:
@@ -286,7 +286,7 @@ def test_corrupt_inputs_are_skipped_and_listed(sample_root, tmp_path, workers):
 def test_strict_stops_at_the_first_corrupt_input(sample_root, tmp_path, workers, no_thread_leak):
     make_corrupt_folder(sample_root, tmp_path / "src")
     with pytest.raises(CorruptInputError, match=r"class_0\d/\w+\.jpg"):
-        pack(tmp_path / "src", tmp_path / "p.h5", workers=workers, strict=True, shard_size=4, progress=False)
+        pack(tmp_path / "src", tmp_path / "p.h5", num_workers=workers, strict=True, shard_size=4, progress=False)
     assert not (tmp_path / "p.h5").exists()
     assert multiprocessing.active_children() == []
 
@@ -303,7 +303,7 @@ def test_strict_run_does_not_reuse_shards_that_skipped_inputs(sample_root, tmp_p
 @pytest.mark.timeout(120)
 def test_spawned_workers_need_a_picklable_source(tmp_path):
     images = ArrayDataset(n=8)
-    pack(images, tmp_path / "s.h5", storage="array", workers=2, shard_size=4, start_method="spawn", progress=False)
+    pack(images, tmp_path / "s.h5", storage="array", num_workers=2, shard_size=4, start_method="spawn", progress=False)
     ds = H5Dataset(tmp_path / "s.h5")
     assert all(np.array_equal(ds[i][0].numpy(), images.array(i).transpose(2, 0, 1)) for i in range(8))
 
@@ -311,7 +311,7 @@ def test_spawned_workers_need_a_picklable_source(tmp_path):
         pass
 
     with pytest.raises(PackError, match="picklable"):
-        pack(Local(n=8), tmp_path / "l.h5", storage="array", workers=2, start_method="spawn", progress=False)
+        pack(Local(n=8), tmp_path / "l.h5", storage="array", num_workers=2, start_method="spawn", progress=False)
     assert multiprocessing.active_children() == []
 
 
@@ -321,7 +321,7 @@ def test_shards_from_several_machines_merge(sample_root, tmp_path):
         part = tmp_path / f"part{i}.h5"
         # Part 1 is itself a virtual merge of 3 shards: a virtual merge maps straight to its files.
         report = pack(sample_root, part, part=f"{i}/3", merge="virtual" if i == 1 else "copy",
-                      workers=2 if i == 1 else 1, shard_size=6 if i == 1 else 100, progress=False)
+                      num_workers=2 if i == 1 else 1, shard_size=6 if i == 1 else 100, progress=False)
         assert (report.inputs, report.shards) == (16, 3 if i == 1 else 1)
         parts.append(part)
     pack(sample_root, tmp_path / "full.h5", progress=False)

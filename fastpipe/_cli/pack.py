@@ -18,6 +18,8 @@ USAGE = """%(prog)s SOURCE OUTPUT [options]
 # The library's messages name options as Python spells them; the command names its flags.
 SPELLING = {
     "overwrite=True": "--overwrite",
+    "num_workers=1": "--workers 1",
+    "num_workers > 1": "--workers > 1",
     "shape=(H, W)": "--shape HxW",
     "max_side=N": "--max-side N",
     "merge='copy'": "--merge copy",
@@ -117,7 +119,7 @@ def _pack(args: argparse.Namespace):
                            "(to combine packs use --merge-only OUTPUT PACK ...)")
     source, output = args.paths
     return pack(source, output, storage=args.storage,
-                workers=args.workers if args.workers is not None else usable_cores(),
+                num_workers=args.workers if args.workers is not None else usable_cores(),
                 part=args.part, merge=args.merge, max_side=args.max_side, shape=args.shape,
                 strict=args.strict, progress=not args.quiet, format=args.format,
                 quality=args.quality, check=not args.no_check, shard_size=args.shard_size,

@@ -103,7 +103,7 @@ def pack_path(config: BenchConfig) -> Path:
         os.close(fd)
         os.unlink(staging)
         try:
-            pack(str(config.root), staging, storage="bytes", workers=1, progress=False)
+            pack(str(config.root), staging, storage="bytes", num_workers=1, progress=False)
             os.replace(staging, path)
         finally:
             if os.path.exists(staging):

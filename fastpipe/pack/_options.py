@@ -22,7 +22,7 @@ class PackOptions:
     """
 
     storage: str = "bytes"
-    workers: int = 1
+    num_workers: int = 1
     part: tuple[int, int] | None = None
     merge: str | None = None
     max_side: int | None = None
@@ -46,8 +46,9 @@ class PackOptions:
             raise ValueError(_NO_VIRTUAL_LMDB)
         if self.storage not in ("bytes", "array"):
             raise ValueError(f"storage must be 'bytes' or 'array', got {self.storage!r}")
-        if not isinstance(self.workers, int) or self.workers < 1:
-            raise ValueError(f"workers must be an int >= 1, got {self.workers!r}")
+        if (not isinstance(self.num_workers, int) or isinstance(self.num_workers, bool)
+                or self.num_workers < 1):
+            raise ValueError(f"num_workers must be an int >= 1, got {self.num_workers!r}")
         if not isinstance(self.shard_size, int) or self.shard_size < 1:
             raise ValueError(f"shard_size must be an int >= 1, got {self.shard_size!r}")
         self._set("part", parse_part(self.part))

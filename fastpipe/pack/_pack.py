@@ -47,7 +47,7 @@ def pack(
     output: str | os.PathLike,
     *,
     storage: str = "bytes",
-    workers: int = 1,
+    num_workers: int = 1,
     part: tuple[int, int] | str | None = None,
     merge: str | None = None,
     max_side: int | None = None,
@@ -72,7 +72,7 @@ def pack(
             per run; an older run's folder is removed once the new output is installed).
         storage: ``"bytes"`` keeps encoded files (JPEG/PNG) as they are; ``"array"`` stores
             decoded fixed-shape arrays (images as uint8 ``(3, H, W)``).
-        workers: processes packing shards in parallel (1 packs in this process).
+        num_workers: processes packing shards in parallel (1 packs in this process).
         part: ``(i, n)`` or ``"i/n"``: pack only part ``i`` of ``n`` of the inputs (one
             machine's share of a multi-machine pack); combine the parts later with
             :func:`merge_packs`.
@@ -105,9 +105,10 @@ def pack(
     started = time.perf_counter()
     output = Path(output)
     options = PackOptions(
-        storage=storage, workers=workers, part=part, merge=merge, max_side=max_side, shape=shape,
-        strict=strict, progress=progress, format=format, quality=quality, check=check,
-        shard_size=shard_size, overwrite=overwrite, resume=resume, start_method=start_method,
+        storage=storage, num_workers=num_workers, part=part, merge=merge, max_side=max_side,
+        shape=shape, strict=strict, progress=progress, format=format, quality=quality,
+        check=check, shard_size=shard_size, overwrite=overwrite, resume=resume,
+        start_method=start_method,
     ).for_output(output)
     fmt.h5py_module()  # shards are HDF5 for both formats
     if options.format == "lmdb":
@@ -169,7 +170,7 @@ class _Plan:
         job = Job(listing, processor, spec, meta, directory, options.strict,
                   _RERUN if listing.kind != "dataset" else _RERUN_DATASET)
         return cls(listing, output, options, lo, hi, job,
-                   shard_ranges(lo, hi, options.workers, options.shard_size), root, replacing)
+                   shard_ranges(lo, hi, options.num_workers, options.shard_size), root, replacing)
 
     @property
     def directory(self) -> Path:
@@ -206,10 +207,10 @@ def _pack_shards(plan: _Plan) -> tuple[dict[int, ShardResult], int]:
         if kept and options.progress:
             bar.write(f"resuming: {len(kept)} of {len(plan.ranges)} shards already packed in "
                       f"{plan.directory}")
-        if options.workers == 1:
+        if options.num_workers == 1:
             results = pack_here(plan.job, tasks, bar.update)
         elif tasks:
-            results = pack_in_workers(plan.job, tasks, options.workers, bar.update,
+            results = pack_in_workers(plan.job, tasks, options.num_workers, bar.update,
                                       options.start_method)
         else:
             results = {}

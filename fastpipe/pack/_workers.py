@@ -228,8 +228,8 @@ def _start_worker(ctx, job: Job, number: int) -> _Worker:
         parent.close()
         raise PackError(
             f"cannot start pack worker processes ({type(exc).__name__}: {exc}); the source must "
-            "be picklable for workers > 1 (define the dataset class at module level), or use "
-            "workers=1") from exc
+            "be picklable for num_workers > 1 (define the dataset class at module level), or use "
+            "num_workers=1") from exc
     child.close()
     return _Worker(process, parent)
 
