@@ -33,7 +33,8 @@ def int_list(text: str) -> list[int]:
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}") from None
     if not values or min(values) < 0:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {text!r}")
     return values

@@ -17,7 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from fastpipe.bench.variants import VARIANTS
 
     keys = ", ".join(v.key for v in VARIANTS)
-    parser.add_argument("--root", help="an ImageFolder directory to use instead of the sample dataset")
+    parser.add_argument("--root",
+                        help="an ImageFolder directory to use instead of the sample dataset")
     parser.add_argument("--num-images", type=positive_int, default=None,
                         help="sample dataset size (default 256; generated once and cached)")
     parser.add_argument("--batch-size", type=positive_int, default=None, help="(default 32)")

@@ -49,11 +49,13 @@ def _import_factory(spec: str) -> Any:
                 sys.path.insert(0, os.getcwd())
             module = importlib.import_module(module_name)
     except (ImportError, FileNotFoundError) as exc:
-        raise ValueError(f"cannot import {module_name!r} for the dataset factory {spec!r}: {exc}") from exc
+        raise ValueError(f"cannot import {module_name!r} for the dataset factory {spec!r}: "
+                         f"{exc}") from exc
     try:
         return getattr(module, attribute)
     except AttributeError:
-        raise ValueError(f"module {module_name!r} has no attribute {attribute!r} (from {spec!r})") from None
+        raise ValueError(f"module {module_name!r} has no attribute {attribute!r} (from "
+                         f"{spec!r})") from None
 
 
 def resolve_dataset(spec: str | os.PathLike, size: int = 224, train: bool = True) -> DatasetSource:
@@ -83,8 +85,8 @@ def _resolve(text: str, size: int, train: bool) -> DatasetSource:
         dataset = factory() if callable(factory) and not is_map_dataset(factory) else factory
         if not is_map_dataset(dataset):
             raise ValueError(
-                f"{text} returned {type(dataset).__name__}, not a map-style dataset; it must return "
-                "an object with __len__ and __getitem__ (a torch.utils.data.Dataset)"
+                f"{text} returned {type(dataset).__name__}, not a map-style dataset; it must "
+                "return an object with __len__ and __getitem__ (a torch.utils.data.Dataset)"
             )
         return DatasetSource(
             dataset, None, f"{type(dataset).__name__} from {text} ({len(dataset)} samples)",
@@ -106,7 +108,9 @@ def _resolve(text: str, size: int, train: bool) -> DatasetSource:
 
 
 def is_map_dataset(value: Any) -> bool:
-    return not isinstance(value, type) and hasattr(value, "__len__") and hasattr(value, "__getitem__")
+    if isinstance(value, type):
+        return False
+    return hasattr(value, "__len__") and hasattr(value, "__getitem__")
 
 
 def _folder_source(root: Path, size: int, train: bool) -> DatasetSource:
@@ -135,7 +139,8 @@ def _folder_source(root: Path, size: int, train: bool) -> DatasetSource:
     else:
         ops = [transforms.Resize(size * 8 // 7), transforms.CenterCrop(size)]
         ops_code = f"transforms.Resize({size * 8 // 7}), transforms.CenterCrop({size})"
-    dataset = datasets.ImageFolder(str(root), transform=transforms.Compose([*ops, transforms.PILToTensor()]))
+    transform = transforms.Compose([*ops, transforms.PILToTensor()])
+    dataset = datasets.ImageFolder(str(root), transform=transform)
     return DatasetSource(
         dataset, None, f"torchvision ImageFolder({root}) with uint8 output, {len(dataset)} images",
         code=(f"datasets.ImageFolder({str(root)!r}, transform=transforms.Compose(["

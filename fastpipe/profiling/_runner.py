@@ -59,8 +59,8 @@ def run_loader(
     profiler.loader_info = LoaderInfo.of(loader)  # not of the epoch generator
     from fastpipe._progress import progress_bar
 
-    bar = progress_bar(progress and steps is not None, only_on_terminal=True, total=(steps or 0) + 1, unit="step",
-                       desc="fastpipe profile")
+    bar = progress_bar(progress and steps is not None, only_on_terminal=True,
+                       total=(steps or 0) + 1, unit="step", desc="fastpipe profile")
     counted, first = 0, True
     deadline = hard_deadline = math.inf
     try:

@@ -51,7 +51,8 @@ class TuneResult:
         lines = [header, "-" * len(header)]
         for rank, t in enumerate(self.trials, 1):
             s = t.settings
-            rate = f"{t.samples_per_second:10.1f}" if t.samples_per_second is not None else f"{'-':>10}"
+            measured = t.samples_per_second is not None
+            rate = f"{t.samples_per_second:10.1f}" if measured else f"{'-':>10}"
             ratio = (f"{t.samples_per_second / best_rate:6.2f}x" if t.samples_per_second is not None
                      else f"{'-':>7}")
             first = f"{t.first_batch_seconds:.2f} s" if t.first_batch_seconds is not None else "-"
@@ -59,7 +60,8 @@ class TuneResult:
             persistent = str(s.persistent_workers) if s.num_workers else "-"
             mark = "*" if t is self.best else " "
             line = (f"{rank:>4}{mark}  {rate}  {ratio}  {s.num_workers:>7}  {s.batch_size:>5}  "
-                    f"{prefetch:>8}  {persistent:>10}  {s.pin_memory!s:>5}  {s.wrapper_name:<28}  {first}")
+                    f"{prefetch:>8}  {persistent:>10}  {s.pin_memory!s:>5}  "
+                    f"{s.wrapper_name:<28}  {first}")
             if t.skipped:
                 line += f"  (skipped: {t.skipped})"
             lines.append(line)
@@ -70,11 +72,13 @@ class TuneResult:
                  f"{self.min_gain:.0%} of it (differences that small are noise)."]
         if self.best.settings.batch_size != self.requested_batch_size:
             notes.append(
-                f"batch_size={self.best.settings.batch_size} loads fastest, but the batch size also "
-                f"changes training: keep {self.requested_batch_size} if it was chosen for the model."
+                f"batch_size={self.best.settings.batch_size} loads fastest, but the batch size "
+                f"also changes training: keep {self.requested_batch_size} if it was chosen for "
+                "the model."
             )
         if not torch.cuda.is_available():
-            notes.append("No CUDA here: pin_memory was not tried, and DataPrefetcher moved nothing.")
+            notes.append("No CUDA here: pin_memory was not tried, and DataPrefetcher moved "
+                         "nothing.")
         if self.step_seconds == 0:
             notes.append(
                 "Measured with no training step between batches (pass step_seconds / --step-ms to "
@@ -117,7 +121,10 @@ class TuneResult:
 def default_worker_counts(cores: int | None = None) -> list[int]:
     """0, 1, 2, 4, ... up to twice the usable cores (at most 32)."""
     if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        if hasattr(os, "sched_getaffinity"):
+            cores = len(os.sched_getaffinity(0))
+        else:
+            cores = os.cpu_count() or 1
     counts, n = [0], 1
     while n <= min(2 * cores, 32):
         counts.append(n)
@@ -161,83 +168,27 @@ def tune(
     Returns:
         A :class:`TuneResult`: ranked trials, ``best``, ``code`` to paste, ``plot()``.
     """
-    if isinstance(dataset, DatasetSource):
-        source = dataset
-    elif isinstance(dataset, (str, os.PathLike)):
-        source = resolve_dataset(dataset)
-    elif is_map_dataset(dataset):
-        source = DatasetSource(dataset, collate_fn, f"{type(dataset).__name__} ({len(dataset)} samples)",
-                               code="dataset")
-    else:
-        raise TypeError(
-            f"tune() needs a map-style dataset (with __len__ and __getitem__), a path or "
-            f"module:function, got {type(dataset).__name__}"
-        )
-    if collate_fn is not None:
-        source.collate_fn = collate_fn
+    source = _as_source(dataset, collate_fn)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if budget <= 0:
         raise ValueError(f"budget must be a positive number of seconds, got {budget}")
-    unknown = [w for w in wrappers if w not in WRAPPERS]
-    if unknown or not wrappers:
-        raise ValueError(f"wrappers must be among {WRAPPERS}, got {list(wrappers)}")
-    workers = sorted(set(num_workers if num_workers is not None else default_worker_counts()))
-    if not workers or min(workers) < 0:
-        raise ValueError(f"num_workers must be counts >= 0, got {list(workers)}")
-    if batch_sizes is None:
-        batch_sizes = sorted({max(1, batch_size // 2), batch_size, batch_size * 2})
-    if min(batch_sizes) < 1:
-        raise ValueError(f"batch sizes must be >= 1, got {list(batch_sizes)}")
-    if pin_memory is None:
-        pin_memory = (False, True) if torch.cuda.is_available() else (False,)
-
-    start_bs = batch_size if batch_size in batch_sizes else sorted(batch_sizes)[len(batch_sizes) // 2]
-    base = LoaderSettings(batch_size=start_bs, wrapper=wrappers[0])
-    stages: list[tuple[str, Callable[[LoaderSettings], list[LoaderSettings]]]] = [
-        ("num_workers", lambda b: [replace(b, num_workers=w, prefetch_factor=2 if w else None)
-                                   for w in workers]),
-        ("batch_size", lambda b: [replace(b, batch_size=n) for n in batch_sizes]),
-        ("prefetch_factor", lambda b: [replace(b, prefetch_factor=p) for p in prefetch_factors]
-         if b.num_workers else []),
-        ("persistent_workers", lambda b: [replace(b, persistent_workers=p) for p in persistent_workers]
-         if b.num_workers else []),
-        ("pin_memory", lambda b: [replace(b, pin_memory=p) for p in pin_memory]),
-        ("wrapper", lambda b: [replace(b, wrapper=w) for w in wrappers]),
-    ]
-    # Upper bound on the number of trials, to share the budget; a third of each share is
-    # left for starting and stopping workers.
-    planned = len(workers) + sum(max(len(v) - 1, 0) for v in (
-        batch_sizes, prefetch_factors, persistent_workers, pin_memory, wrappers))
-    trial_seconds = max(0.3, budget / planned * 2 / 3)
+    grid = _Grid.make(batch_size, num_workers, batch_sizes, prefetch_factors,
+                      persistent_workers, pin_memory, wrappers)
+    # Each trial gets an equal share of the budget; a third of each share is left for starting
+    # and stopping workers.
+    trial_seconds = max(0.3, budget / grid.planned * 2 / 3)
 
     from fastpipe._progress import progress_bar
 
-    bar = progress_bar(progress, only_on_terminal=True, total=planned, desc="fastpipe tune", unit="trial")
+    bar = progress_bar(progress, only_on_terminal=True, total=grid.planned,
+                       desc="fastpipe tune", unit="trial")
     started = time.perf_counter()
-    trials: dict[LoaderSettings, Trial] = {}
-    best: Trial | None = None
     try:
-        for stage, candidates in stages:
-            if best is None and stage != "num_workers":
-                break  # nothing measured to build on; reported below
-            for settings in candidates(best.settings if best is not None else base):
-                if settings in trials:
-                    continue
-                elapsed = time.perf_counter() - started
-                if best is not None and elapsed + trial_seconds > budget:
-                    trials[settings] = Trial(settings, stage, skipped="over the time budget")
-                    bar.update(1)
-                    continue
-                bar.set_postfix_str(_short(settings), refresh=False)
-                trial = measure(source, settings, trial_seconds, step_seconds, stage=stage)
-                trials[settings] = trial
-                bar.update(1)
-                if trial.samples_per_second is None:
-                    continue
-                if best is None or best.samples_per_second is None or (
-                        trial.samples_per_second > best.samples_per_second * (1 + min_gain)):
-                    best = trial
+        trials, best = _search(grid, grid.start(batch_size), started, budget,
+                               lambda settings, stage: measure(source, settings, trial_seconds,
+                                                               step_seconds, stage=stage),
+                               trial_seconds, min_gain, bar)
     finally:
         bar.close()
     if best is None:
@@ -249,6 +200,124 @@ def tune(
     ranked = sorted(trials.values(), key=lambda t: -(t.samples_per_second or -1.0))
     return TuneResult(ranked, best, source, budget, time.perf_counter() - started, step_seconds,
                       batch_size, min_gain)
+
+
+def _as_source(dataset: Any, collate_fn: Callable | None) -> DatasetSource:
+    if isinstance(dataset, DatasetSource):
+        source = dataset
+    elif isinstance(dataset, (str, os.PathLike)):
+        source = resolve_dataset(dataset)
+    elif is_map_dataset(dataset):
+        source = DatasetSource(dataset, collate_fn,
+                               f"{type(dataset).__name__} ({len(dataset)} samples)",
+                               code="dataset")
+    else:
+        raise TypeError(
+            f"tune() needs a map-style dataset (with __len__ and __getitem__), a path or "
+            f"module:function, got {type(dataset).__name__}"
+        )
+    if collate_fn is not None:
+        source.collate_fn = collate_fn
+    return source
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """The values each stage of the search tries, checked."""
+
+    workers: list[int]
+    batch_sizes: list[int]
+    prefetch_factors: Sequence[int]
+    persistent_workers: Sequence[bool]
+    pin_memory: Sequence[bool]
+    wrappers: Sequence[str]
+
+    @classmethod
+    def make(cls, batch_size: int, num_workers: Sequence[int] | None,
+             batch_sizes: Sequence[int] | None, prefetch_factors: Sequence[int],
+             persistent_workers: Sequence[bool], pin_memory: Sequence[bool] | None,
+             wrappers: Sequence[str]) -> _Grid:
+        unknown = [w for w in wrappers if w not in WRAPPERS]
+        if unknown or not wrappers:
+            raise ValueError(f"wrappers must be among {WRAPPERS}, got {list(wrappers)}")
+        workers = sorted(set(num_workers if num_workers is not None
+                             else default_worker_counts()))
+        if not workers or min(workers) < 0:
+            raise ValueError(f"num_workers must be counts >= 0, got {list(workers)}")
+        if batch_sizes is None:
+            batch_sizes = sorted({max(1, batch_size // 2), batch_size, batch_size * 2})
+        if min(batch_sizes) < 1:
+            raise ValueError(f"batch sizes must be >= 1, got {list(batch_sizes)}")
+        if pin_memory is None:
+            pin_memory = (False, True) if torch.cuda.is_available() else (False,)
+        return cls(workers, list(batch_sizes), prefetch_factors, persistent_workers, pin_memory,
+                   wrappers)
+
+    @property
+    def planned(self) -> int:
+        """An upper bound on the number of trials: every worker count, then each other value
+        but the one already measured."""
+        others = (self.batch_sizes, self.prefetch_factors, self.persistent_workers,
+                  self.pin_memory, self.wrappers)
+        return len(self.workers) + sum(max(len(v) - 1, 0) for v in others)
+
+    def start(self, batch_size: int) -> LoaderSettings:
+        """The settings the first stage varies: your batch size (or the middle one), the first
+        wrapper."""
+        sizes = self.batch_sizes
+        start = batch_size if batch_size in sizes else sorted(sizes)[len(sizes) // 2]
+        return LoaderSettings(batch_size=start, wrapper=self.wrappers[0])
+
+    def stages(self) -> list[tuple[str, Callable[[LoaderSettings], list[LoaderSettings]]]]:
+        """(name, the candidates around the best settings so far), in search order."""
+
+        def workers(b: LoaderSettings) -> list[LoaderSettings]:
+            return [replace(b, num_workers=w, prefetch_factor=2 if w else None)
+                    for w in self.workers]
+
+        def with_workers(field: str, values: Sequence[Any]):
+            # prefetch_factor and persistent_workers mean nothing without workers.
+            return lambda b: [replace(b, **{field: v}) for v in values] if b.num_workers else []
+
+        return [
+            ("num_workers", workers),
+            ("batch_size", lambda b: [replace(b, batch_size=n) for n in self.batch_sizes]),
+            ("prefetch_factor", with_workers("prefetch_factor", self.prefetch_factors)),
+            ("persistent_workers", with_workers("persistent_workers", self.persistent_workers)),
+            ("pin_memory", lambda b: [replace(b, pin_memory=p) for p in self.pin_memory]),
+            ("wrapper", lambda b: [replace(b, wrapper=w) for w in self.wrappers]),
+        ]
+
+
+def _search(grid: _Grid, base: LoaderSettings, started: float, budget: float,
+            run: Callable[[LoaderSettings, str], Trial], trial_seconds: float, min_gain: float,
+            bar: Any) -> tuple[dict[LoaderSettings, Trial], Trial | None]:
+    """Coordinate descent: each stage's candidates around the best so far; a candidate becomes
+    the best only when ``min_gain`` faster. Trials that no longer fit the budget are recorded as
+    skipped."""
+    trials: dict[LoaderSettings, Trial] = {}
+    best: Trial | None = None
+    for stage, candidates in grid.stages():
+        if best is None and stage != "num_workers":
+            break  # nothing measured to build on; the caller reports it
+        for settings in candidates(best.settings if best is not None else base):
+            if settings in trials:
+                continue
+            elapsed = time.perf_counter() - started
+            if best is not None and elapsed + trial_seconds > budget:
+                trials[settings] = Trial(settings, stage, skipped="over the time budget")
+                bar.update(1)
+                continue
+            bar.set_postfix_str(_short(settings), refresh=False)
+            trial = run(settings, stage)
+            trials[settings] = trial
+            bar.update(1)
+            if trial.samples_per_second is None:
+                continue
+            if best is None or best.samples_per_second is None or (
+                    trial.samples_per_second > best.samples_per_second * (1 + min_gain)):
+                best = trial
+    return trials, best
 
 
 def _short(s: LoaderSettings) -> str:
