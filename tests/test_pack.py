@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -445,3 +446,35 @@ def test_cli_errors(sample_root, tmp_path, capsys):
     assert "strict mode" in capsys.readouterr().err
     assert main(["pack", str(tmp_path / "src"), str(tmp_path / "o.h5"), "--quiet"]) == 0
     assert "skipped 4 inputs" in capsys.readouterr().out
+
+
+def test_pack_options_check_and_normalise_once():
+    from fastpipe.pack import PackOptions
+
+    options = PackOptions(storage="array", part="1/4", shape="48x64", quality=80.0)
+    assert (options.part, options.shape, options.quality) == ((1, 4), (48, 64), 80)
+    assert PackOptions(storage="array", shape=32).shape == (32, 32)
+    assert (options.format, options.merge) == (None, None)
+    assert (options.for_output("x.lmdb").format, options.for_output("x.lmdb").merge) == (
+        "lmdb", "copy")
+    assert (options.for_output("x.h5").format, options.for_output("x.h5").merge) == (
+        "hdf5", "virtual")
+    with pytest.raises(ValueError, match="num_workers must be an int >= 1, got True"):
+        PackOptions(num_workers=True)
+    with pytest.raises(ValueError, match="LMDB has no virtual"):
+        PackOptions(merge="virtual").for_output("x.lmdb")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.part = (0, 4)
+
+
+def test_packing_has_one_home():
+    import fastpipe.data
+    import fastpipe.pack
+
+    assert fastpipe.pack.__all__ == sorted(fastpipe.pack.__all__)
+    for name in ("pack", "merge_packs", "verify", "PackReport", "VerifyReport", "PackError",
+                 "CorruptInputError"):
+        assert name in fastpipe.pack.__all__ and name not in fastpipe.data.__all__
+        with pytest.raises(AttributeError):
+            getattr(fastpipe.data, name)
+    assert "PackFormatError" in fastpipe.data.__all__  # the readers' error, raised on open
