@@ -142,10 +142,10 @@ def run(args: argparse.Namespace) -> list[dict]:
         pack(root, work / "bytes.h5", merge="copy", progress=False)
         pack(root, work / "bytes-virtual.h5", num_workers=2, shard_size=max(1, n // 4), progress=False)
         pack(root, work / "bytes.lmdb", progress=False)
-        pack(root, work / "array.h5", storage="array", shape=size, num_workers=2, merge="copy", progress=False)
-        pack(root, work / "array-virtual.h5", storage="array", shape=size, num_workers=2,
+        pack(root, work / "array.h5", storage="array", size=size, num_workers=2, merge="copy", progress=False)
+        pack(root, work / "array-virtual.h5", storage="array", size=size, num_workers=2,
              shard_size=max(1, n // 4), progress=False)
-        pack(root, work / "array.lmdb", storage="array", shape=size, num_workers=2, progress=False)
+        pack(root, work / "array.lmdb", storage="array", size=size, num_workers=2, progress=False)
         arrays = H5Dataset(work / "array.h5")
         shape = (len(arrays), *arrays.sample_shape)
         memmap = np.memmap(work / "array.u8", np.uint8, "w+", shape=shape)

@@ -14,7 +14,7 @@ from fastpipe._cli._args import usable_cores  # noqa: E402
 
 pytestmark = pytest.mark.hdf5
 
-PYTHON_SPELLING = re.compile(r"[a-z_]=[\w('(]")  # overwrite=True, shape=(H, W), merge='copy'
+PYTHON_SPELLING = re.compile(r"[a-z_]=[\w('(]")  # overwrite=True, size=(H, W), merge='copy'
 
 
 def error_of(argv: list[str], capsys, code: int = 2) -> str:
@@ -29,10 +29,10 @@ def error_of(argv: list[str], capsys, code: int = 2) -> str:
     (["--part", "3/2"], "--part I/N needs 0 <= I < N, got (3, 2)"),
     (["--part", "half"], "--part must look like I/N"),
     (["--storage", "array", "--max-side", "100"],
-     "--max-side applies to bytes storage; for array storage pass --shape HxW"),
-    (["--shape", "10x10"], "--shape applies to array storage; for bytes storage pass --max-side N"),
-    (["--storage", "array", "--shape", "tall"], "--shape must look like HxW"),
-    (["--storage", "array", "--shape", "0x10"], "--shape must be positive"),
+     "--max-side applies to bytes storage; for array storage pass --size HxW"),
+    (["--size", "10x10"], "--size applies to array storage; for bytes storage pass --max-side N"),
+    (["--storage", "array", "--size", "tall"], "--size must look like HxW"),
+    (["--storage", "array", "--size", "0x10"], "--size must be positive"),
     (["--format", "lmdb", "--merge", "virtual"],
      "LMDB has no virtual datasets: use --merge copy (the default for LMDB)"),
 ])
@@ -52,7 +52,7 @@ def test_pack_failures_name_the_flags(sample_root, tmp_path, capsys):
     # The sample photos differ in size: array storage needs one shape.
     err = error_of(["pack", str(sample_root), str(tmp_path / "a.h5"), "--storage", "array",
                     "--quiet"], capsys, code=1)
-    assert "array storage needs one shape" in err and "pass --shape HxW to resize" in err
+    assert "array storage needs one shape" in err and "pass --size HxW to resize" in err
     assert main(["pack", str(sample_root), str(tmp_path / "p0.h5"), "--part", "0/2",
                  "--quiet"]) == 0
     assert main(["pack", str(sample_root), str(tmp_path / "whole.h5"), "--quiet"]) == 0

@@ -22,7 +22,7 @@ def packs(sample_root, tmp_path_factory):
         made[merge] = out / f"sample-{merge}.h5"
         pack(sample_root, made[merge], storage="bytes", num_workers=2, merge=merge, progress=False)
     made["array"] = out / "sample-array.h5"
-    pack(sample_root, made["array"], storage="array", shape=(32, 32), progress=False)
+    pack(sample_root, made["array"], storage="array", size=(32, 32), progress=False)
     made["lmdb"] = out / "sample.lmdb"
     pack(sample_root, made["lmdb"], storage="bytes", progress=False)
     return made

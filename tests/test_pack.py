@@ -96,14 +96,14 @@ def reference_fit(image: np.ndarray, height: int, width: int) -> np.ndarray:
 
 
 def test_array_storage_of_a_folder_resizes_to_shape(sample_root, tmp_path):
-    report = pack(sample_root, tmp_path / "a.h5", storage="array", shape="48x64", num_workers=2, progress=False)
+    report = pack(sample_root, tmp_path / "a.h5", storage="array", size="48x64", num_workers=2, progress=False)
     assert report.count == 48
     ds = H5Dataset(tmp_path / "a.h5")
     files = image_files(sample_root)
     for i in (0, 17, 47):
         expected = reference_fit(decode_rgb(files[i].read_bytes()), 48, 64).transpose(2, 0, 1)
         assert np.array_equal(ds[i][0].numpy(), expected)
-    with pytest.raises(PackError, match="shape"):  # photos of different sizes need shape=
+    with pytest.raises(PackError, match="size"):  # photos of different sizes need size=
         pack(sample_root, tmp_path / "b.h5", storage="array", progress=False)
 
 
@@ -402,8 +402,8 @@ def test_bad_arguments_say_what_to_do(sample_root, tmp_path):
         pack(sample_root, out, part="3/2")
     with pytest.raises(ValueError, match="max_side applies to bytes"):
         pack(sample_root, out, storage="array", max_side=100)
-    with pytest.raises(ValueError, match="shape applies to array"):
-        pack(sample_root, out, shape=(10, 10))
+    with pytest.raises(ValueError, match="size applies to array"):
+        pack(sample_root, out, size=(10, 10))
     with pytest.raises(ValueError, match="LMDB has no virtual"):
         pack(sample_root, out, format="lmdb", merge="virtual")
     with pytest.raises(FileNotFoundError, match="does not exist"):
@@ -451,9 +451,9 @@ def test_cli_errors(sample_root, tmp_path, capsys):
 def test_pack_options_check_and_normalise_once():
     from fastpipe.pack import PackOptions
 
-    options = PackOptions(storage="array", part="1/4", shape="48x64", quality=80.0)
-    assert (options.part, options.shape, options.quality) == ((1, 4), (48, 64), 80)
-    assert PackOptions(storage="array", shape=32).shape == (32, 32)
+    options = PackOptions(storage="array", part="1/4", size="48x64", quality=80.0)
+    assert (options.part, options.size, options.quality) == ((1, 4), (48, 64), 80)
+    assert PackOptions(storage="array", size=32).size == (32, 32)
     assert (options.format, options.merge) == (None, None)
     assert (options.for_output("x.lmdb").format, options.for_output("x.lmdb").merge) == (
         "lmdb", "copy")

@@ -20,16 +20,17 @@ SPELLING = {
     "overwrite=True": "--overwrite",
     "num_workers=1": "--workers 1",
     "num_workers > 1": "--workers > 1",
-    "shape=(H, W)": "--shape HxW",
+    "size=(H, W)": "--size HxW",
     "max_side=N": "--max-side N",
     "merge='copy'": "--merge copy",
     "part=(i, n)": "--part I/N",
     "max_side applies": "--max-side applies",
-    "shape applies": "--shape applies",
+    "size applies": "--size applies",
     "part must look like 'i/n'": "--part must look like I/N",
     "part (i, n) needs 0 <= i < n": "--part I/N needs 0 <= I < N",
-    "shape must look like 'HxW'": "--shape must look like HxW",
-    "shape must be positive": "--shape must be positive",
+    "size must look like 'HxW'": "--size must look like HxW",
+    "size must be positive": "--size must be positive",
+    "pack arrays without size": "pack arrays without --size",
 }
 
 
@@ -63,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-side", type=positive_int, metavar="N",
                         help="bytes storage: re-encode images whose shorter side exceeds N so "
                              "it equals N")
-    parser.add_argument("--shape", metavar="HxW",
+    parser.add_argument("--size", metavar="HxW",
                         help="array storage: resize and centre-crop images to HxW")
     parser.add_argument("--quality", type=quality, default=90,
                         help="JPEG quality when re-encoding (default 90)")
@@ -101,7 +102,7 @@ def _merge(args: argparse.Namespace):
     if len(args.paths) < 2:
         raise CommandError("--merge-only needs OUTPUT and at least one PACK")
     given = (("--storage", args.storage != "bytes"), ("--workers", args.workers is not None),
-             ("--part", args.part), ("--max-side", args.max_side), ("--shape", args.shape),
+             ("--part", args.part), ("--max-side", args.max_side), ("--size", args.size),
              ("--strict", args.strict))
     ignored = [flag for flag, value in given if value]
     if ignored:
@@ -120,7 +121,7 @@ def _pack(args: argparse.Namespace):
     source, output = args.paths
     return pack(source, output, storage=args.storage,
                 num_workers=args.workers if args.workers is not None else usable_cores(),
-                part=args.part, merge=args.merge, max_side=args.max_side, shape=args.shape,
+                part=args.part, merge=args.merge, max_side=args.max_side, size=args.size,
                 strict=args.strict, progress=not args.quiet, format=args.format,
                 quality=args.quality, check=not args.no_check, shard_size=args.shard_size,
                 overwrite=args.overwrite)

@@ -16,7 +16,7 @@ class PackOptions:
     """How :func:`~fastpipe.pack.pack` packs; the arguments of ``pack`` after ``output``.
 
     Building one checks every value and normalises the spellings (``part="1/4"`` becomes
-    ``(1, 4)``, ``shape="224x224"`` or ``224`` becomes ``(224, 224)``); a bad value raises
+    ``(1, 4)``, ``size="224x224"`` or ``224`` becomes ``(224, 224)``); a bad value raises
     ``ValueError`` naming the option and the fix. ``format`` and ``merge`` stay ``None`` (the
     default for the output) until :meth:`for_output` fills them in.
     """
@@ -26,7 +26,7 @@ class PackOptions:
     part: tuple[int, int] | None = None
     merge: str | None = None
     max_side: int | None = None
-    shape: tuple[int, int] | None = None
+    size: tuple[int, int] | None = None
     strict: bool = False
     progress: bool = True
     format: str | None = None
@@ -52,16 +52,16 @@ class PackOptions:
         if not isinstance(self.shard_size, int) or self.shard_size < 1:
             raise ValueError(f"shard_size must be an int >= 1, got {self.shard_size!r}")
         self._set("part", parse_part(self.part))
-        self._set("shape", parse_shape(self.shape))
+        self._set("size", parse_size(self.size))
         if self.max_side is not None:
             if self.storage != "bytes":
                 raise ValueError("max_side applies to bytes storage; for array storage pass "
-                                 "shape=(H, W)")
+                                 "size=(H, W)")
             if int(self.max_side) < 1:
                 raise ValueError(f"max_side must be >= 1, got {self.max_side}")
             self._set("max_side", int(self.max_side))
-        if self.shape is not None and self.storage != "array":
-            raise ValueError("shape applies to array storage; for bytes storage pass max_side=N")
+        if self.size is not None and self.storage != "array":
+            raise ValueError("size applies to array storage; for bytes storage pass max_side=N")
         if not 1 <= int(self.quality) <= 100:
             raise ValueError(f"quality must be in 1..100, got {self.quality}")
         self._set("quality", int(self.quality))
@@ -82,7 +82,7 @@ class PackOptions:
         """
         return {"max_side": self.max_side,
                 "quality": self.quality if self.max_side is not None else None,
-                "shape": list(self.shape) if self.shape is not None else None,
+                "shape": list(self.size) if self.size is not None else None,
                 "check": bool(self.check), "strict": bool(self.strict)}
 
 
@@ -132,22 +132,22 @@ def parse_part(part: Any) -> tuple[int, int] | None:
     return i, n
 
 
-def parse_shape(shape: Any) -> tuple[int, int] | None:
+def parse_size(size: Any) -> tuple[int, int] | None:
     """``(H, W)``, ``"HxW"`` or one int for a square."""
-    if shape is None:
+    if size is None:
         return None
-    if isinstance(shape, str):
+    if isinstance(size, str):
         try:
-            h, w = (int(x) for x in shape.lower().split("x"))
+            h, w = (int(x) for x in size.lower().split("x"))
         except ValueError as exc:
-            raise ValueError(f"shape must look like 'HxW' (e.g. 224x224), got {shape!r}") from exc
-    elif isinstance(shape, int):
-        h = w = shape
+            raise ValueError(f"size must look like 'HxW' (e.g. 224x224), got {size!r}") from exc
+    elif isinstance(size, int):
+        h = w = size
     else:
         try:
-            h, w = (int(x) for x in shape)
+            h, w = (int(x) for x in size)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"shape must be (H, W), got {shape!r}") from exc
+            raise ValueError(f"size must be (H, W), got {size!r}") from exc
     if h < 1 or w < 1:
-        raise ValueError(f"shape must be positive, got ({h}, {w})")
+        raise ValueError(f"size must be positive, got ({h}, {w})")
     return h, w

@@ -51,7 +51,7 @@ def pack(
     part: tuple[int, int] | str | None = None,
     merge: str | None = None,
     max_side: int | None = None,
-    shape: tuple[int, int] | str | int | None = None,
+    size: tuple[int, int] | str | int | None = None,
     strict: bool = False,
     progress: bool = True,
     format: str | None = None,
@@ -81,8 +81,9 @@ def pack(
             contiguous file, the fastest to read; LMDB always copies).
         max_side: bytes storage: re-encode images whose shorter side exceeds this so it equals
             it (smaller images keep their original bytes).
-        shape: array storage: ``(H, W)`` to which each image is resized (aspect kept) and centre
-            cropped. Without it all samples must share the first sample's shape.
+        size: array storage: ``(H, W)`` (or one int for a square, or ``"HxW"``) to which each
+            image is resized (aspect kept) and centre cropped. Without it all samples must
+            share the first sample's shape.
         strict: stop at the first unreadable or corrupt input (:class:`CorruptInputError`)
             instead of skipping and listing it.
         progress: show a tqdm progress bar (files/s, ETA) on stderr.
@@ -106,7 +107,7 @@ def pack(
     output = Path(output)
     options = PackOptions(
         storage=storage, num_workers=num_workers, part=part, merge=merge, max_side=max_side,
-        shape=shape, strict=strict, progress=progress, format=format, quality=quality,
+        size=size, strict=strict, progress=progress, format=format, quality=quality,
         check=check, shard_size=shard_size, overwrite=overwrite, resume=resume,
         start_method=start_method,
     ).for_output(output)
@@ -144,7 +145,7 @@ class _Plan:
             i, n = options.part
             lo, hi = i * listing.count // n, (i + 1) * listing.count // n
         # The sample spec comes from the start of the whole source, so every part agrees on it.
-        spec = probe_spec(listing, options.storage, 0, listing.count, options.shape)
+        spec = probe_spec(listing, options.storage, 0, listing.count, options.size)
         plan = hashlib.sha256(json.dumps(
             [listing.fingerprint, options.storage, spec.to_json(), options.plan_json()],
             sort_keys=True).encode()).hexdigest()[:24]
@@ -165,7 +166,7 @@ class _Plan:
         replacing = output.exists()
         root = output.with_name(output.name + ".shards")
         directory = root / (f"{plan}-{secrets.token_hex(4)}" if replacing else plan)
-        processor = Processor(spec, options.max_side, options.shape, options.quality,
+        processor = Processor(spec, options.max_side, options.size, options.quality,
                               options.check)
         job = Job(listing, processor, spec, meta, directory, options.strict,
                   _RERUN if listing.kind != "dataset" else _RERUN_DATASET)

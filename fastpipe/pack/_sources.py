@@ -273,7 +273,7 @@ class Processor:
                 got, want = got[1:], want[1:]
             hint = ""
             if self.spec.layout == "CHW":
-                hint = " pass shape=(H, W) to resize images to one size"
+                hint = " pass size=(H, W) to resize images to one size"
             raise PackError(
                 f"array storage needs one shape and dtype for all samples: {source} is "
                 f"{array.dtype} {got}, the pack holds {self.spec.dtype} {want};{hint}"
@@ -351,8 +351,8 @@ def probe_spec(listing: Listing, storage: str, start: int, stop: int, shape: tup
             h, w = shape if shape is not None else array.shape[:2]
             return Spec("array", "CHW", (3, int(h), int(w)), "uint8")
         if shape is not None:
-            raise PackError(f"shape=(H, W) resizes images, but {name} is a {array.dtype} array of "
-                            f"shape {array.shape}; pack arrays without shape")
+            raise PackError(f"size=(H, W) resizes images, but {name} is a {array.dtype} array of "
+                            f"shape {array.shape}; pack arrays without size")
         if array.dtype.hasobject:
             raise PackError(f"{name} is an object array; array storage holds plain numeric arrays")
         return Spec("array", "raw", tuple(int(s) for s in array.shape), array.dtype.name)
