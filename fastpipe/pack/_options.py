@@ -65,6 +65,8 @@ class PackOptions:
         if not 1 <= int(self.quality) <= 100:
             raise ValueError(f"quality must be in 1..100, got {self.quality}")
         self._set("quality", int(self.quality))
+        for flag in ("strict", "progress", "check", "overwrite"):
+            self._set(flag, bool(getattr(self, flag)))
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
