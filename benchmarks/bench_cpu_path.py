@@ -127,9 +127,10 @@ def fastpipe_h5(cfg) -> Iterable[torch.Tensor]:
     if importlib.util.find_spec("h5py") is None:
         raise Skip("h5py is not installed (pip install 'fastpipe[hdf5]')")
     try:
-        from fastpipe.data import H5Dataset, ImageDecoder, fast_collate, pack
+        from fastpipe.data import H5Dataset, ImageDecoder, fast_collate
+        from fastpipe.pack import pack
     except (ImportError, AttributeError) as exc:
-        raise Skip(f"fastpipe.data.pack / H5Dataset are not available in this checkout ({exc})") from None
+        raise Skip(f"fastpipe.pack / H5Dataset are not available in this checkout ({exc})") from None
     out = Path(cfg.workdir) / "sample-bytes.h5"
     if not out.exists():
         pack(cfg.root, out, storage="bytes")

@@ -69,6 +69,10 @@ class DataLoaderX(DataLoader):
             epoch.close()
         self._epoch = None
 
+    def _fastpipe_describe(self) -> dict[str, Any]:
+        """Tells ``fastpipe.profile`` what this is (it reads the DataLoader settings itself)."""
+        return {"kind": "DataLoaderX"}
+
 
 def _batches(base: Iterator[Any], shut_down_workers: bool) -> Iterator[Any]:
     try:

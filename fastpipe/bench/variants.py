@@ -90,7 +90,7 @@ def build_fast_cpu(config: BenchConfig) -> Any:
 def pack_path(config: BenchConfig) -> Path:
     """The pack of the benchmark's folder, made on first use (not timed)."""
     from fastpipe import __version__
-    from fastpipe.data import pack
+    from fastpipe.pack import pack
 
     require("h5py", extra="hdf5", feature="the HDF5 variant of fastpipe bench")
     path = config.pack_dir / f"{config.root.name}-bytes-v{__version__}.h5"
@@ -101,7 +101,7 @@ def pack_path(config: BenchConfig) -> Path:
         os.close(fd)
         os.unlink(staging)
         try:
-            pack(str(config.root), staging, storage="bytes", workers=1, progress=False)
+            pack(str(config.root), staging, storage="bytes", num_workers=1, progress=False)
             os.replace(staging, path)
         finally:
             if os.path.exists(staging):

@@ -447,6 +447,11 @@ class DALILoader:
             f"device={self.device}, shard {self.shard_id}/{self.num_shards})"
         )
 
+    def _fastpipe_describe(self) -> dict[str, Any]:
+        """Tells ``fastpipe.profile`` what this is and the settings its advice uses."""
+        return {"kind": "DALILoader", "batch_size": self.batch_size,
+                "dataset": type(self.dataset).__name__}
+
 
 class _EpochIterator:
     """One epoch of a :class:`DALILoader`; ``len()`` is the number of batches left."""
