@@ -1,4 +1,5 @@
-"""Batch ops for image tensors, on CPU and CUDA: normalize, cutout, random_erasing, mixup, cutmix.
+"""Batch ops for image tensors, on CPU and CUDA: normalize, cutout, random_erasing, mixup, cutmix,
+and the timm-style batch transform Mixup.
 
 The ops run as PyTorch custom operators (``torch.ops.fastpipe.*``) from the compiled extension
 ``fastpipe._C`` when it is built, and fall back to a pure-PyTorch reference with the same results
@@ -17,8 +18,17 @@ from fastpipe.ops._functional import (
     normalize,
     random_erasing,
 )
+from fastpipe.ops._mixup import Mixup
 
 if _extension.LOADED:
     from fastpipe.ops import _autograd, _fake  # noqa: F401  (register on torch.ops.fastpipe)
 
-__all__ = ["cutmix", "cutout", "extension_available", "mixup", "normalize", "random_erasing"]
+__all__ = [
+    "Mixup",
+    "cutmix",
+    "cutout",
+    "extension_available",
+    "mixup",
+    "normalize",
+    "random_erasing",
+]
