@@ -1,5 +1,5 @@
 """Batch ops for image tensors, on CPU and CUDA: normalize, cutout, random_erasing, mixup, cutmix,
-and the timm-style batch transform Mixup.
+and the timm-style batch transforms Mixup and RandomErasing.
 
 The ops run as PyTorch custom operators (``torch.ops.fastpipe.*``) from the compiled extension
 ``fastpipe._C`` when it is built, and fall back to a pure-PyTorch reference with the same results
@@ -10,6 +10,7 @@ so a seed gives the same result on every device. See docs/ops.md.
 from __future__ import annotations
 
 from fastpipe.ops import _extension
+from fastpipe.ops._erasing import RandomErasing
 from fastpipe.ops._functional import (
     cutmix,
     cutout,
@@ -25,6 +26,7 @@ if _extension.LOADED:
 
 __all__ = [
     "Mixup",
+    "RandomErasing",
     "cutmix",
     "cutout",
     "extension_available",

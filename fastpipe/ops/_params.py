@@ -66,15 +66,16 @@ def erasing_boxes(
     ratio: tuple[float, float],
     max_count: int,
     generator: torch.Generator | None = None,
+    min_count: int = 1,
 ) -> torch.Tensor:
     """``(batch, max_count, 4)`` boxes with torchvision's and timm's RandomErasing semantics.
 
-    A sample is erased with probability ``p``, with ``count`` boxes (uniform in 1..max_count, timm's
-    ``count``). Each box tries up to ten times: area ``uniform(scale) * H * W / count``, aspect
-    ratio ``exp(uniform(log ratio))``, ``h = round(sqrt(area * aspect))``,
-    ``w = round(sqrt(area / aspect))``, accepted when ``h < H`` and ``w < W``; its top-left
-    corner is then uniform over the positions where it fits. A box with no accepted attempt is
-    empty (the sample is left as is, as in torchvision).
+    A sample is erased with probability ``p``, with ``count`` boxes (uniform in
+    ``min_count..max_count``, timm's ``count``). Each box tries up to ten times: area
+    ``uniform(scale) * H * W / count``, aspect ratio ``exp(uniform(log ratio))``,
+    ``h = round(sqrt(area * aspect))``, ``w = round(sqrt(area / aspect))``, accepted when
+    ``h < H`` and ``w < W``; its top-left corner is then uniform over the positions where it
+    fits. A box with no accepted attempt is empty (the sample is left as is, as in torchvision).
     """
     # One draw of all the uniforms: per sample apply and count, per box 10 areas, 10 ratios and a
     # position. Their geometry costs less than the overhead of the ~50 small ops below (0.2-0.3 ms
@@ -86,10 +87,11 @@ def erasing_boxes(
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
     if not torch.compiler.is_compiling() and _extension.has_kernel("erasing_boxes", _CPU):
         return torch.ops.fastpipe.erasing_boxes(
-            u, height, width, max_count, p, scale[0], scale[1], log_lo, log_hi
+            u, height, width, max_count, p, scale[0], scale[1], log_lo, log_hi, min_count
         )
     apply = u[:, 0] < p
-    count = torch.floor(u[:, 1] * max_count) + 1  # uniform in 1..max_count
+    # uniform in min_count..max_count
+    count = torch.floor(u[:, 1] * (max_count - min_count + 1)) + min_count
     boxes_u = u[:, 2:].view(batch, k, 2 * a + 2)
     area = (boxes_u[..., :a] * (scale[1] - scale[0]) + scale[0]) * (
         (height * width) / count.view(-1, 1, 1)
