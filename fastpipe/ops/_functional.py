@@ -472,9 +472,10 @@ def cutmix(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """CutMix (Yun et al., 2019) of a batch with its reverse, as timm's Mixup in 'batch' mode.
 
-    One ``lam ~ Beta(alpha, alpha)`` per call gives one box for the whole batch: sides
-    ``H * sqrt(1 - lam)`` and ``W * sqrt(1 - lam)``, centre uniform over the pixels, clipped at the
-    border. Sample n gets that box from sample ``N - 1 - n``; targets are mixed with the corrected
+    One ``lam ~ Beta(alpha, alpha)`` per call gives one box for the whole batch, timm 1.0's
+    ``rand_bbox``: side ``cut = int(H * sqrt(1 - lam))``, rows ``cy - cut // 2`` to
+    ``cy + (cut + 1) // 2`` around a centre uniform over the pixels (columns alike), clipped at
+    the border. Sample n gets that box from sample ``N - 1 - n``; targets are mixed with the corrected
     weight ``1 - box area / (H * W)`` (timm's ``correct_lam=True``).
 
     Args:
