@@ -59,7 +59,9 @@ class RandomErasing:
     ) -> None:
         op = "RandomErasing"
         if not isinstance(mode, str) or mode.lower() not in _MODES:
-            raise ValueError(f"{op}: mode must be 'const', 'rand' or 'pixel' (timm's), got {mode!r}")
+            raise ValueError(
+                f"{op}: mode must be 'const', 'rand' or 'pixel' (timm's), got {mode!r}"
+            )
         if not isinstance(min_aspect, numbers.Real) or not min_aspect > 0:
             raise ValueError(f"{op}: min_aspect must be a number > 0, got {min_aspect!r}")
         self.probability = probability

@@ -475,8 +475,8 @@ def cutmix(
     One ``lam ~ Beta(alpha, alpha)`` per call gives one box for the whole batch, timm 1.0's
     ``rand_bbox``: side ``cut = int(H * sqrt(1 - lam))``, rows ``cy - cut // 2`` to
     ``cy + (cut + 1) // 2`` around a centre uniform over the pixels (columns alike), clipped at
-    the border. Sample n gets that box from sample ``N - 1 - n``; targets are mixed with the corrected
-    weight ``1 - box area / (H * W)`` (timm's ``correct_lam=True``).
+    the border. Sample n gets that box from sample ``N - 1 - n``; targets are mixed with the
+    corrected weight ``1 - box area / (H * W)`` (timm's ``correct_lam=True``).
 
     Args:
         images: ``(N, C, H, W)`` uint8, float32, float16 or bfloat16, any memory layout.

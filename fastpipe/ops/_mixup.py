@@ -302,21 +302,24 @@ class Mixup:
             return self._mixup(images, lam) if bool(blended.any()) else images
         if not bool(blended.any()):
             return self._cutmix(images, boxes)
-        # Some samples blended, some with a box: both read the partners' values before any
-        # mixing. Blending with lam 1 and an empty box leave a sample as it is, so each kernel
-        # runs over the batch and every sample takes its own kind's result.
-        lam = torch.where(use_cutmix, torch.ones_like(lam), lam)
-        pasted = _functional._run(
-            "cutmix", images, _functional._to_device(boxes.contiguous(), images.device)
-        )
-        which = _functional._to_device(use_cutmix.view(-1, 1, 1, 1), images.device)
-        if self.inplace:
-            self._mixup(images, lam)
-            return images.copy_(torch.where(which, pasted, images))
-        return torch.where(which, pasted, self._mixup(images, lam))
+        # Some samples blended, some with a box. The mixup kernel leaves a sample of weight 1 as
+        # it is, and reads both samples of a pair before writing either; the boxes are then
+        # pasted from the partners' pixels before mixing, copying only their area.
+        n = images.shape[0]
+        pastes = []
+        for i, (top, left, bottom, right) in enumerate(boxes.tolist()):
+            if bool(use_cutmix[i]) and bottom > top and right > left:
+                rows, cols = slice(top, bottom), slice(left, right)
+                source = images[n - 1 - i, :, rows, cols]
+                pastes.append((i, rows, cols, source.clone() if self.inplace else source))
+        mixed = self._mixup(images, torch.where(use_cutmix, torch.ones_like(lam), lam))
+        for i, rows, cols, source in pastes:
+            mixed[i, :, rows, cols] = source
+        return mixed
 
     def _per_sample_targets(self, targets: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
-        """timm's mixup_target with an ``(N, 1)`` float32 lam: ``y * lam + y.flip(0) * (1 - lam)``."""
+        """timm's mixup_target with per-sample float32 weights ``lam`` (``(N,)``):
+        ``y * lam + y.flip(0) * (1 - lam)``."""
         off = self.label_smoothing / self.num_classes
         if targets.dtype.is_floating_point:
             y = targets.to(torch.float32) * (1.0 - self.label_smoothing) + off
