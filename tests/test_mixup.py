@@ -264,3 +264,9 @@ def test_bad_targets_are_named():
     mixer = ops.Mixup(num_classes=3)
     with pytest.raises(ValueError, match="class indices in"):
         mixer(torch.rand(2, 3, 4, 4), torch.tensor([0, 5]))
+
+
+def test_cutmix_minmax_too_narrow_for_the_images_is_named():
+    mixer = ops.Mixup(0.0, 1.0, cutmix_minmax=(0.3, 0.45), num_classes=NUM_CLASSES)
+    with pytest.raises(ValueError, match="gives no box side for 4x4 images"):
+        mixer(torch.rand(2, 3, 4, 4), torch.tensor([0, 1]))
