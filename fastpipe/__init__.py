@@ -3,8 +3,9 @@
 The public API is small: :func:`image_loader` (normalized training batches on your device, by the
 fastest path this machine has), :class:`DataLoaderX`, :class:`DataPrefetcher`, :func:`profile`,
 the ImageNet statistics :data:`IMAGENET_MEAN` / :data:`IMAGENET_STD`, and the subpackages
-``fastpipe.data`` (datasets, collation, packing, the sample set), ``fastpipe.ops`` (batch ops) and
-``fastpipe.dali`` (needs the ``dali`` extra). The subpackages load on first use
+``fastpipe.data`` (datasets, samplers, collation, the sample set), ``fastpipe.pack`` (packing a
+folder into HDF5 or LMDB), ``fastpipe.ops`` (batch ops) and ``fastpipe.dali`` (needs the ``dali``
+extra). The subpackages load on first use
 (``fastpipe.data.ImageFolder`` works after ``import fastpipe``), so importing fastpipe imports
 torch and numpy only. Names follow docs/vocabulary.md.
 """
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
     from fastpipe import dali as dali
     from fastpipe import data as data
     from fastpipe import ops as ops
+    from fastpipe import pack as pack
     from fastpipe.factory import image_loader
 
 __version__ = "0.1.0"
@@ -39,7 +41,7 @@ __all__ = [
 
 # Loaded on first attribute access (PEP 562): optional dependencies (h5py, lmdb, DALI) stay
 # unimported until the part that needs them is used.
-_SUBPACKAGES = ("bench", "dali", "data", "ops", "profiling")
+_SUBPACKAGES = ("bench", "dali", "data", "ops", "pack", "profiling")
 _LAZY = {"image_loader": "fastpipe.factory"}
 
 

@@ -321,10 +321,10 @@ def test_same_seed_same_batches(indexed_root, backend, no_thread_leak):
 def test_a_pack_file_gives_the_same_epochs_as_its_folder(sample_root, tmp_path, backend,
                                                           no_thread_leak):
     pytest.importorskip("h5py")
-    from fastpipe.data import pack
+    from fastpipe.pack import pack
 
     path = tmp_path / "sample.h5"
-    pack(str(sample_root), str(path), storage="bytes", workers=1, progress=False)
+    pack(str(sample_root), str(path), storage="bytes", num_workers=1, progress=False)
     loader = _loader(path, backend, batch_size=16, shuffle=False)
     try:
         batches = _epoch(loader)

@@ -1,6 +1,6 @@
 """Every public signature held to the vocabulary table (docs/vocabulary.md).
 
-For every name in ``__all__`` of fastpipe, fastpipe.data, fastpipe.ops and fastpipe.dali (the
+For every name in ``__all__`` of fastpipe, fastpipe.data, fastpipe.ops, fastpipe.dali and fastpipe.pack (the
 factory ``image_loader`` is in fastpipe's): no parameter, and no public attribute or method of a
 public class, may use another spelling of a concept the table names (``max_prefetch`` for
 ``prefetch_depth``, ``flip`` for ``hflip``, ...), and every table name that appears has the
@@ -119,9 +119,11 @@ EXEMPT = {
     ("extension_available", "device"): "a question about one device type, not a destination",
     ("H5Dataset", "layout"): "the stored array layout of a pack file, not a memory format",
     ("LMDBDataset", "layout"): "the stored array layout of a pack file, not a memory format",
+    ("pack", "size"): "the stored arrays' size (None keeps each image's own), not an output size",
+    ("PackOptions", "size"): "the stored arrays' size (None keeps each image's own)",
 }
 
-MODULES = ["fastpipe", "fastpipe.data", "fastpipe.ops", "fastpipe.dali"]
+MODULES = ["fastpipe", "fastpipe.data", "fastpipe.ops", "fastpipe.dali", "fastpipe.pack"]
 VOCABULARY_PAGE = Path(__file__).resolve().parents[1] / "docs" / "vocabulary.md"
 
 
