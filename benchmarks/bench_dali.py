@@ -55,8 +55,8 @@ def fastpipe_dali(cfg: Config, dtype: torch.dtype = torch.float32) -> Iterable[t
     from fastpipe.dali import DALILoader
 
     loader = DALILoader(
-        cfg.root, batch_size=cfg.batch_size, train=True, size=cfg.size, num_threads=cfg.workers,
-        device="cpu", dtype=dtype, mean=MEAN, std=STD,
+        cfg.root, batch_size=cfg.batch_size, train=True, size=cfg.size, num_workers=cfg.workers,
+        device="cpu", dtype=dtype, **({} if dtype == torch.uint8 else {"mean": MEAN, "std": STD}),
     )
     try:
         for _ in range(cfg.epochs):

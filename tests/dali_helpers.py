@@ -75,7 +75,7 @@ def ddp_worker(rank: int, world_size: int, init_file: str, list_file: str, out_d
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
         loader = DALILoader(
-            list_file, batch_size=5, train=False, shuffle=True, size=32, num_threads=1,
+            list_file, batch_size=5, train=False, shuffle=True, size=32, num_workers=1,
             device="cpu", seed=3,
         )
         epochs = []
@@ -85,7 +85,7 @@ def ddp_worker(rank: int, world_size: int, init_file: str, list_file: str, out_d
         steps = torch.tensor([len(loader)])
         dist.all_reduce(steps)
         result = {
-            "shard": [loader.shard_id, loader.num_shards], "len": len(loader),
+            "shard": [loader.rank, loader.world_size], "len": len(loader),
             "total_steps": int(steps), "epochs": epochs,
         }
         loader.close()

@@ -88,7 +88,8 @@ def test_eval_output_matches_a_pil_reference(sample_root):
     # difference measured), so what remains is DALI's antialiased linear resize against PIL's
     # bilinear; measured: mean |difference| <= 1.6 per image, 99th percentile <= 10 levels.
     files = image_files(sample_root)[:12]
-    with DALILoader(FileList(files, range(12)), batch_size=6, train=False, size=64, device="cpu") as loader:
+    with DALILoader(FileList(files, range(12)), batch_size=6, train=False, size=64, device="cpu",
+                    mean=IMAGENET_MEAN, std=IMAGENET_STD) as loader:
         images = torch.cat([batch for batch, _ in loader])
     std = torch.tensor(IMAGENET_STD)[:, None, None]
     for image, path in zip(images, files, strict=True):
@@ -142,8 +143,8 @@ def test_batches_stay_valid_while_later_batches_are_produced(index_list):
         assert torch.equal(images, snapshot) and torch.equal(labels, label_snapshot)
 
 
-def test_reading_in_the_calling_thread(index_list, no_thread_leak):
-    with DALILoader(index_list, batch_size=16, size=SIZE, device="cpu", read_ahead=0, seed=0) as loader:
+def test_prefetch_depth_one(index_list, no_thread_leak):
+    with DALILoader(index_list, batch_size=16, size=SIZE, device="cpu", prefetch_depth=1, seed=0) as loader:
         for _ in loader:
             break
         assert sorted(run_epoch(loader)[0]) == list(range(48))
@@ -199,28 +200,40 @@ def test_same_seed_gives_the_same_batches(index_list):
     assert not torch.equal(a[0][0], c[0][0])
 
 
-def test_float16_nhwc_and_uint8_outputs(index_list):
+def test_float16_channels_last_uint8_and_unnormalized_outputs(index_list):
     files = [line.split()[0] for line in index_list.read_text().splitlines()[:8]]
     sources = FileList(files, range(8))
-    with DALILoader(sources, batch_size=8, train=False, size=SIZE, device="cpu", dtype=torch.float16, layout="NHWC") as loader:
-        (half, _), = list(loader)
-    with DALILoader(sources, batch_size=8, train=False, size=SIZE, device="cpu", dtype=torch.uint8) as loader:
-        (raw, _), = list(loader)
-    with DALILoader(sources, batch_size=8, train=False, size=SIZE, device="cpu") as loader:
-        (full, _), = list(loader)
-    assert half.shape == (8, SIZE, SIZE, 3) and half.dtype == torch.float16
-    assert raw.shape == (8, 3, SIZE, SIZE) and raw.dtype == torch.uint8
+    normalize = {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}
+
+    def batch(**kwargs):
+        with DALILoader(sources, batch_size=8, train=False, size=SIZE, device="cpu", **kwargs) as loader:
+            (images, _), = list(loader)
+        return images
+
+    half = batch(dtype=torch.float16, channels_last=True, **normalize)
+    raw = batch(dtype=torch.uint8)
+    full = batch(**normalize)
+    plain = batch()
+    # channels_last: NCHW shape with channels_last strides (DALI's HWC output, not copied).
+    assert half.shape == (8, 3, SIZE, SIZE) and half.dtype == torch.float16
+    assert half.is_contiguous(memory_format=torch.channels_last) and not half.is_contiguous()
+    assert raw.shape == (8, 3, SIZE, SIZE) and raw.dtype == torch.uint8 and raw.is_contiguous()
     mean = torch.tensor(IMAGENET_MEAN)[:, None, None]
     std = torch.tensor(IMAGENET_STD)[:, None, None]
     # uint8 output is the same crop, unnormalized: normalizing it gives the float32 output.
     torch.testing.assert_close((raw.float() / 255 - mean) / std, full, atol=1e-4, rtol=0)
-    torch.testing.assert_close(half.permute(0, 3, 1, 2).float(), full, atol=2e-2, rtol=0)
+    torch.testing.assert_close(half.float(), full, atol=2e-2, rtol=0)
+    # No mean/std (the default): 0-1 floats.
+    assert 0 <= plain.min() and plain.max() <= 1 and plain.max() > 0.9
+    torch.testing.assert_close(raw.float() / 255, plain, atol=1e-6, rtol=0)
 
 
 def test_cutout_erases_a_square_per_sample(index_list):
-    with DALILoader(index_list, batch_size=16, size=SIZE, device="cpu", seed=0, cutout=1.0, cutout_size=0.5) as loader:
+    normalize = {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}  # erased pixels: exactly 0
+    with DALILoader(index_list, batch_size=16, size=SIZE, device="cpu", seed=0, cutout_holes=1,
+                    cutout_size=24, **normalize) as loader:
         images = torch.cat(run_epoch(loader)[1])
-    with DALILoader(index_list, batch_size=16, size=SIZE, device="cpu", seed=0) as loader:
+    with DALILoader(index_list, batch_size=16, size=SIZE, device="cpu", seed=0, **normalize) as loader:
         plain = torch.cat(run_epoch(loader)[1])
     erased = (images == 0).all(dim=1)  # (N, H, W): pixels zero in all three channels
     # The square's centre is uniform and the square is clipped at the borders, so at least a
@@ -246,7 +259,7 @@ def test_encoded_dataset_source(sample_root):
 
 def test_threads_end_after_close_break_and_garbage_collection(index_list, no_thread_leak):
     def loader():
-        return DALILoader(index_list, batch_size=8, size=SIZE, device="cpu", num_threads=2)
+        return DALILoader(index_list, batch_size=8, size=SIZE, device="cpu", num_workers=2)
 
     # DALI keeps a few process-wide threads after its first pipeline; measure after one.
     warm = loader()
@@ -373,13 +386,21 @@ def test_gpu_request_without_gpu_is_a_clear_fastpipe_error(index_list):
     "kwargs, message",
     [
         ({"batch_size": 0}, "batch_size"),
-        ({"batch_size": 4, "layout": "CHW"}, "layout"),
+        ({"batch_size": 4, "channels_last": "NHWC"}, "channels_last"),
+        ({"batch_size": 4, "mean": IMAGENET_MEAN}, "both mean and std"),
+        ({"batch_size": 4, "dtype": torch.uint8, "mean": IMAGENET_MEAN, "std": IMAGENET_STD}, "float dtype"),
+        ({"batch_size": 4, "cutout_holes": -1}, "cutout_holes"),
+        ({"batch_size": 4, "cutout_size": 0.5}, "cutout_size"),
+        ({"batch_size": 4, "prefetch_depth": 0}, "prefetch_depth"),
+        ({"batch_size": 4, "num_workers": 0}, "num_workers"),
+        ({"batch_size": 4, "interpolation": "lanczos"}, "interpolation"),
         ({"batch_size": 4, "dtype": torch.float64}, "dtype"),
         ({"batch_size": 4, "scale": (0.5, 0.1)}, "scale"),
-        ({"batch_size": 4, "flip": 2}, "flip"),
+        ({"batch_size": 4, "hflip": 2}, "hflip"),
         ({"batch_size": 4, "color_jitter": (0.4, 0.4)}, "color_jitter"),
-        ({"batch_size": 4, "shard_id": 2, "num_shards": 2}, "shard_id"),
-        ({"batch_size": 4, "shard_id": 0}, "both shard_id and num_shards"),
+        ({"batch_size": 4, "rank": 2, "world_size": 2}, "rank"),
+        ({"batch_size": 4, "rank": 0}, "both rank and world_size"),
+        ({"batch_size": 4, "device": "auto"}, "device must be None"),
         ({"batch_size": 4, "device": "tpu"}, "device must be"),
     ],
 )

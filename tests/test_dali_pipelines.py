@@ -32,7 +32,7 @@ def epoch_labels(iterator) -> tuple[list[int], list[int]]:
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_file_reader_pipeline_with_dalis_iterator_gives_exact_epochs(index_list, shuffle):
     # The documented standalone recipe: pad_last_batch in the pipeline + PARTIAL in the iterator.
-    pipe = image_pipeline(index_list, batch_size=10, size=32, device="cpu", seed=1, shuffle=shuffle, num_threads=1)
+    pipe = image_pipeline(index_list, batch_size=10, size=32, device="cpu", seed=1, shuffle=shuffle, num_workers=1)
     iterator = DALIGenericIterator(
         [pipe], ["images", "labels"], reader_name="Reader",
         last_batch_policy=LastBatchPolicy.PARTIAL, auto_reset=True,
@@ -49,7 +49,7 @@ def test_file_reader_pipeline_with_dalis_iterator_gives_exact_epochs(index_list,
 
 
 def test_folder_source_labels_follow_sorted_class_folders(sample_root):
-    pipe = image_pipeline(sample_root, batch_size=12, train=False, size=32, device="cpu", num_threads=1)
+    pipe = image_pipeline(sample_root, batch_size=12, train=False, size=32, device="cpu", num_workers=1)
     try:
         pipe.build()
         images, labels = pipe.run()
@@ -62,7 +62,7 @@ def test_folder_source_labels_follow_sorted_class_folders(sample_root):
 
 def test_encoded_source_pipeline_partial_batches_and_new_epochs(sample_root):
     source = EncodedSource(JpegBytes(image_files(sample_root)), batch_size=20, shuffle=True, seed=5)
-    pipe = image_pipeline(source, batch_size=20, size=32, device="cpu", num_threads=1)
+    pipe = image_pipeline(source, batch_size=20, size=32, device="cpu", num_workers=1)
     iterator = DALIGenericIterator([pipe], ["images", "labels"], auto_reset=True)
     try:
         first, sizes = epoch_labels(iterator)
@@ -78,7 +78,7 @@ def test_encoded_source_pipeline_partial_batches_and_new_epochs(sample_root):
 def test_encoded_dataset_is_wrapped_with_the_pipeline_shard_arguments(sample_root):
     pipe = image_pipeline(
         JpegBytes(image_files(sample_root)), batch_size=30, train=False, size=32, device="cpu",
-        shard_id=1, num_shards=2, num_threads=1,
+        rank=1, world_size=2, num_workers=1,
     )
     try:
         pipe.build()
@@ -92,7 +92,7 @@ def test_encoded_dataset_is_wrapped_with_the_pipeline_shard_arguments(sample_roo
 def test_copying_conversion_matches_the_zero_copy_one(sample_root, dtype):
     # The copy is what GPU batches go through (feed_ndarray); on the CPU it must give what the
     # zero-copy path gives.
-    pipe = image_pipeline(sample_root, batch_size=4, train=False, size=32, device="cpu", dtype=dtype, num_threads=1)
+    pipe = image_pipeline(sample_root, batch_size=4, train=False, size=32, device="cpu", dtype=dtype, num_workers=1)
     try:
         pipe.build()
         images, labels = pipe.run()
@@ -116,9 +116,9 @@ def test_gpu_graph_decodes_mixed_keeps_images_and_labels_on_gpu_and_serializes(s
     """Proves the GPU graph is well formed: ``device="mixed"`` decode, every image op after it
     on the GPU, both outputs on the GPU, and DALI accepts every argument of those ops (the
     serializer checks them against the operator schemas). It does not prove it runs."""
-    transform = Transform.create(train=train, color_jitter=0.4, cutout=0.5)
+    transform = Transform.create(train=train, color_jitter=0.4, cutout_holes=1)
     pipe = build_pipeline(
-        sample_root, transform=transform, batch_size=8, num_threads=2, device_id=None,
+        sample_root, transform=transform, batch_size=8, num_workers=2, device_id=None,
         decode_device="mixed",
     )
     ops = graph_ops(pipe)
@@ -133,8 +133,8 @@ def test_gpu_graph_decodes_mixed_keeps_images_and_labels_on_gpu_and_serializes(s
 
 def test_cpu_graph_has_no_gpu_operator(sample_root):
     pipe = build_pipeline(
-        sample_root, transform=Transform.create(train=True, cutout=0.5), batch_size=8,
-        num_threads=2, device_id=None, decode_device="cpu",
+        sample_root, transform=Transform.create(train=True, cutout_holes=1), batch_size=8,
+        num_workers=2, device_id=None, decode_device="cpu",
     )
     assert {device for _, device in graph_ops(pipe)} == {"cpu"}
     assert graph_output_devices(pipe) == ["cpu", "cpu"]
@@ -151,7 +151,7 @@ def fake_cuda(monkeypatch):
 
 
 def test_device_resolution_with_a_gpu_stand_in(fake_cuda):
-    assert resolve_device("auto") == 1  # torch's current device
+    assert resolve_device(None) == 1  # torch's current device
     assert resolve_device("gpu") == resolve_device("cuda") == 1
     assert resolve_device("cuda:0") == resolve_device(0) == resolve_device(torch.device("cuda", 0)) == 0
     assert resolve_device("cpu") is None and resolve_device(torch.device("cpu")) is None
@@ -162,7 +162,7 @@ def test_device_resolution_with_a_gpu_stand_in(fake_cuda):
 def test_device_resolution_when_torch_sees_a_gpu_but_dali_does_not(fake_cuda):
     fake_cuda["count"] = 0
     with pytest.warns(RuntimeWarning, match="DALI does not"):
-        assert resolve_device("auto") is None
+        assert resolve_device(None) is None
     with pytest.raises(RuntimeError, match="nvidia-dali-cuda120"):
         resolve_device("cuda")
 
@@ -177,7 +177,7 @@ def test_loader_on_a_gpu_stand_in_builds_a_mixed_pipeline_for_that_device(index_
 
 
 def test_device_resolution_on_this_machine():
-    assert resolve_device("auto") is None  # no GPU here: DALI's CPU mode
+    assert resolve_device(None) is None  # no GPU here: DALI's CPU mode
     with pytest.raises(RuntimeError, match="torch sees no CUDA device"):
         resolve_device("gpu")
     with pytest.raises(ValueError, match="device must be"):
