@@ -93,3 +93,38 @@ def ddp_worker(rank: int, world_size: int, init_file: str, list_file: str, out_d
     finally:
         dist.destroy_process_group()
 
+
+
+RESUME_SCRIPT = """
+import sys, torch
+from fastpipe.dali import DALILoader
+source, state_file, out_file, kwargs = sys.argv[1], sys.argv[2], sys.argv[3], eval(sys.argv[4])
+with DALILoader(source, **kwargs) as loader:
+    loader.load_state_dict(torch.load(state_file, weights_only=True))
+    batches = [(images.clone(), labels.clone()) for images, labels in loader]
+    batches += [(images.clone(), labels.clone()) for images, labels in loader]
+torch.save(batches, out_file)
+"""
+
+
+def restore_in_fresh_process(source, state, kwargs: dict, tmp_path: Path, name: str) -> list:
+    """Saves ``state``, restores it in a new Python process into ``DALILoader(source,
+    **kwargs)``, and returns what that loader yields: the rest of the epoch, then one more.
+
+    ``kwargs`` must be a literal (``repr`` round-trips it, torch dtypes excepted).
+    """
+    import subprocess
+    import sys
+
+    import torch
+
+    state_file, out_file = tmp_path / f"{name}.state", tmp_path / f"{name}.batches"
+    torch.save(state, state_file)
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, "-c", RESUME_SCRIPT, str(source), str(state_file), str(out_file),
+         repr(kwargs)],
+        cwd=root, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return torch.load(out_file, weights_only=True)

@@ -437,3 +437,36 @@ def test_import_fastpipe_dali_without_dali_names_the_extra():
     assert result.returncode == 0, result.stderr
     assert "pip install 'fastpipe[dali]'" in result.stdout
     assert "nvidia-dali-cuda130" in result.stdout
+
+
+# ---- what code around a DataLoader reads ---------------------------------------------------
+
+
+def evaluate(model, data_loader) -> float:
+    """The shape of torchvision's reference evaluate(): it reads data_loader.dataset."""
+    correct = 0
+    for images, labels in data_loader:
+        correct += int((model(images) == labels).sum())
+    return correct / len(data_loader.dataset)
+
+
+def test_loader_attributes_like_a_dataloader(index_list):
+    with DALILoader(index_list, batch_size=10, size=SIZE, device="cpu", seed=4, num_workers=1,
+                    drop_last=True, rank=1, world_size=2) as loader:
+        assert len(loader.dataset) == 48 and isinstance(loader.dataset, FileList)
+        assert (loader.batch_size, loader.drop_last, loader.num_workers) == (10, True, 1)
+        assert loader.batch_sampler is None
+        assert len(loader) == 2 and len(loader.sampler) == 24
+        assert evaluate(lambda images: torch.zeros(len(images), dtype=torch.int64), loader) == 0
+        # The sampler describes the order of the next epoch, as DistributedSampler would.
+        assert list(loader.sampler) == shard_indices(
+            48, epoch=1, seed=4, shuffle=True, rank=1, world_size=2, drop_last=True
+        ).tolist()
+        # Lightning calls sampler.set_epoch(epoch) before each epoch.
+        loader.sampler.set_epoch(3)
+        assert loader.epoch == 3
+        labels = torch.cat([labels for _, labels in loader]).tolist()
+        assert labels == shard_indices(
+            48, epoch=3, seed=4, shuffle=True, rank=1, world_size=2, drop_last=True
+        ).tolist()[:20]
+        assert "rank 1/2" in repr(loader.sampler)

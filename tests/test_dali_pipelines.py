@@ -195,3 +195,128 @@ def test_pipeline_argument_checks(sample_root):
         image_pipeline(42, batch_size=2)
     with pytest.raises(ValueError, match="root= applies"):
         image_pipeline(sample_root, batch_size=2, root=sample_root)
+
+
+@pytest.mark.parametrize(
+    "local_rank, current, count, expected, warns",
+    [
+        ("1", 0, 2, 1, True),  # torchrun rank 1, script never called set_device
+        ("1", 1, 2, 1, False),  # the script chose its device
+        ("1", 0, 1, 0, False),  # one visible GPU per process: LOCAL_RANK does not number it
+        ("0", 0, 2, 0, False),
+        (None, 0, 2, 0, False),
+    ],
+)
+def test_device_follows_local_rank_when_the_script_did_not_choose_one(
+    fake_cuda, monkeypatch, local_rank, current, count, expected, warns
+):
+    fake_cuda.update(count=count, current=current)
+    if local_rank is None:
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+    for device in (None, "cuda"):
+        if warns:
+            with pytest.warns(RuntimeWarning, match=r"torch.cuda.set_device\(1\)"):
+                assert resolve_device(device) == expected
+        else:
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                assert resolve_device(device) == expected
+    assert resolve_device("cuda:0") == 0  # an explicit index is never overridden
+
+
+# ---- the GPU hand-off, with recording stand-ins --------------------------------------------
+
+
+class RecordingDense:
+    """A DALI TensorGPU stand-in: hands out a torch buffer through DLPack, records the stream."""
+
+    def __init__(self, tensor: torch.Tensor, log: list) -> None:
+        self.tensor, self.log = tensor, log
+
+    def __dlpack__(self, stream=None, **kwargs):
+        self.log.append(("dlpack", stream))
+        return self.tensor.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.tensor.__dlpack_device__()
+
+
+class RecordingOutput:
+    def __init__(self, dense: RecordingDense) -> None:
+        self.dense = dense
+
+    def as_tensor(self):
+        return self.dense
+
+
+class RecordingPipe:
+    """share_outputs/release_outputs/schedule_run of a DALI pipeline with the dynamic executor."""
+
+    exec_dynamic = True
+
+    def __init__(self, log: list) -> None:
+        self.log = log
+        self.images = torch.arange(2 * 4 * 4 * 3, dtype=torch.uint8).reshape(2, 4, 4, 3)
+        self.labels = torch.tensor([3, 5])
+
+    def share_outputs(self, cuda_stream=None):
+        self.log.append(("share_outputs", cuda_stream))
+        return [RecordingOutput(RecordingDense(self.images, self.log)),
+                RecordingOutput(RecordingDense(self.labels, self.log))]
+
+    def release_outputs(self):
+        self.log.append(("release_outputs", None))
+
+    def schedule_run(self):
+        self.log.append(("schedule_run", None))
+
+
+def test_gpu_outputs_are_bound_to_torchs_current_stream_without_a_host_sync(monkeypatch):
+    """On the GPU, DALI's outputs are shared on torch's current stream of the loader's device
+    (``share_outputs(cuda_stream=...)``, as DALI's own iterator orders its copy) and handed to
+    torch through DLPack: no copy, no host synchronisation, and DALI's buffer lives as long
+    as the torch tensor. The old code shared without a stream (a host sync) and copied."""
+    import collections
+
+    from fastpipe.dali.loader import _Runtime, _Tag
+
+    log: list = []
+    streams = {}
+
+    def current_stream(device=None):
+        streams.setdefault(device, object())
+        log.append(("current_stream", device))
+        return streams[device]
+
+    def no_sync(*args, **kwargs):
+        raise AssertionError("the hand-off must not synchronise the host")
+
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    monkeypatch.setattr(torch.cuda, "synchronize", no_sync)
+    monkeypatch.setattr(torch.cuda.Stream, "synchronize", no_sync, raising=False)
+    monkeypatch.setattr(torch.cuda.Event, "synchronize", no_sync, raising=False)
+
+    class Feeder:
+        generation = 1
+        in_flight = collections.deque([_Tag(1, 0, 0, np.arange(2))])
+
+    pipe = RecordingPipe(log)
+    device = torch.device("cuda", 1)
+    runtime = _Runtime(pipe, Feeder(), device)
+    tag, images, labels = runtime.next_batch()
+    assert tag.batch == 0
+    shared = [entry for entry in log if entry[0] == "share_outputs"]
+    assert shared == [("share_outputs", streams[device])], "outputs bound to torch's stream"
+    assert ("current_stream", device) in log
+    # Zero-copy: the tensors are DALI's buffers (the stand-in's), not copies.
+    assert images.data_ptr() == pipe.images.data_ptr()
+    assert labels.data_ptr() == pipe.labels.data_ptr() and labels.tolist() == [3, 5]
+    # DALI's buffers stay referenced by the torch tensors after release_outputs().
+    assert log.index(("release_outputs", None)) > max(
+        i for i, entry in enumerate(log) if entry[0] == "dlpack"
+    )
+    runtime.pipe = None  # nothing to shut down

@@ -43,12 +43,7 @@ from nvidia.dali.pipeline import Pipeline
 from nvidia.dali.plugin.pytorch import feed_ndarray
 
 from fastpipe._background import BackgroundIterator
-from fastpipe.dali.pipelines import (
-    _DALI_OWN_DEPRECATION,
-    Transform,
-    build_pipeline,
-    resolve_device,
-)
+from fastpipe.dali.pipelines import Transform, build_pipeline, resolve_device
 from fastpipe.dali.sources import EncodedSource, FileList, open_source
 
 _TORCH_DTYPES = {
@@ -174,9 +169,6 @@ class _Runtime:
             with warnings.catch_warnings():
                 # The source is ours: the loader restores its position itself.
                 warnings.filterwarnings("ignore", message=_SOURCE_WARNING)
-                warnings.filterwarnings(
-                    "ignore", message=_DALI_OWN_DEPRECATION, category=DeprecationWarning
-                )
                 self.pipe.build()
             self.started = True
             self._dali(self.pipe.schedule_run)  # fills DALI's prefetch queue

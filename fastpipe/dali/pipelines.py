@@ -148,7 +148,6 @@ def _count(name: str, value: int, low: int) -> int:
     return value
 
 
-_DALI_OWN_DEPRECATION = r"(?s).*nvidia\.dali\.fn\.experimental\."
 _INTERPOLATIONS = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC}
 _CPU_ONLY_POLICIES = {
     "augmix": "AugMix is not in nvidia.dali.auto_aug; run it on the fast CPU path "
@@ -632,14 +631,9 @@ def build_pipeline(
             f"dataset (__len__ and encoded(i)) or a batch callable; got {type(source).__name__}"
         )
     make = _conditional_pipeline if transform.needs_conditionals else _classification_pipeline
-    with warnings.catch_warnings():
-        # DALI's automatic augmentations still call its own deprecated experimental aliases.
-        warnings.filterwarnings(
-            "ignore", message=_DALI_OWN_DEPRECATION, category=DeprecationWarning
-        )
-        return make(
-            source, transform, decode_device, reader,
-            batch_size=batch_size, num_threads=num_workers, device_id=device_id,
-            seed=None if seed is None else int(seed), prefetch_queue_depth=prefetch_depth,
-            **pipeline_kwargs,
-        )
+    return make(
+        source, transform, decode_device, reader,
+        batch_size=batch_size, num_threads=num_workers, device_id=device_id,
+        seed=None if seed is None else int(seed), prefetch_queue_depth=prefetch_depth,
+        **pipeline_kwargs,
+    )
