@@ -162,3 +162,24 @@ def test_other_world_size_and_version_are_refused(index_list, saved_state):
         loader.load_state_dict({"epoch": 0})
     with pytest.warns(RuntimeWarning, match="saved with DALI 0.1"):
         loader.load_state_dict({**saved_state, "dali_version": "0.1"})
+
+
+@pytest.mark.parametrize(
+    "saved, restored",
+    [
+        ({"num_workers": 2}, {"num_workers": 1}),
+        ({"prefetch_depth": 2}, {"prefetch_depth": 3}),
+        ({"auto_augment": "ta_wide"}, {"auto_augment": "ta_wide"}),
+    ],
+    ids=["other num_workers", "other prefetch_depth", "auto_augment policy"],
+)
+def test_resume_with_other_threads_queue_depth_or_a_policy(index_list, saved, restored):
+    base = {"batch_size": 8, "size": 32, "device": "cpu", "seed": 2, "cutout_holes": 1}
+    with DALILoader(index_list, **base, **saved) as loader:
+        iterator = iter(loader)
+        next(iterator), next(iterator)
+        state = loader.state_dict()
+        expected = list(iterator) + list(loader)
+    with DALILoader(index_list, **base, **restored) as other:
+        other.load_state_dict(state)
+        assert_same_batches(list(other) + list(other), expected)
