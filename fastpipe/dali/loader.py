@@ -498,7 +498,8 @@ class DALILoader:
         # [epoch, batches delivered] of the latest epoch iterator.
         self._progress: list[int] | None = None
         self._state = _State()
-        self._finalizer = weakref.finalize(self, self._state.close)
+        # A collected loader has no one to resume it: no checkpoint to save.
+        self._finalizer = weakref.finalize(self, self._state.close, False)
 
     @property
     def num_samples(self) -> int:
