@@ -232,17 +232,17 @@ def test_device_follows_local_rank_when_the_script_did_not_choose_one(
 
 
 class RecordingDense:
-    """A DALI TensorGPU stand-in: hands out a torch buffer through DLPack, records the stream."""
+    """A DALI TensorGPU stand-in: records the copy DALI is asked to make."""
 
     def __init__(self, tensor: torch.Tensor, log: list) -> None:
         self.tensor, self.log = tensor, log
+        self.dtype = type("DALIDataType", (), {"name": {torch.uint8: "UINT8"}.get(tensor.dtype, "INT64")})
 
-    def __dlpack__(self, stream=None, **kwargs):
-        self.log.append(("dlpack", stream))
-        return self.tensor.__dlpack__()
+    def shape(self):
+        return list(self.tensor.shape)
 
-    def __dlpack_device__(self):
-        return self.tensor.__dlpack_device__()
+    def copy_to_external(self, ptr, cuda_stream=None, non_blocking=False):
+        self.log.append(("copy", ptr.value, cuda_stream.value, non_blocking))
 
 
 class RecordingOutput:
@@ -260,26 +260,25 @@ class RecordingPipe:
 
     def __init__(self, log: list) -> None:
         self.log = log
-        self.images = torch.arange(2 * 4 * 4 * 3, dtype=torch.uint8).reshape(2, 4, 4, 3)
-        self.labels = torch.tensor([3, 5])
 
     def share_outputs(self, cuda_stream=None):
         self.log.append(("share_outputs", cuda_stream))
-        return [RecordingOutput(RecordingDense(self.images, self.log)),
-                RecordingOutput(RecordingDense(self.labels, self.log))]
+        images = torch.zeros(2, 3, 4, 4, dtype=torch.uint8)
+        return [RecordingOutput(RecordingDense(images, self.log)),
+                RecordingOutput(RecordingDense(torch.zeros(2, dtype=torch.int64), self.log))]
 
     def release_outputs(self):
-        self.log.append(("release_outputs", None))
+        self.log.append(("release_outputs",))
 
     def schedule_run(self):
-        self.log.append(("schedule_run", None))
+        self.log.append(("schedule_run",))
 
 
-def test_gpu_outputs_are_bound_to_torchs_current_stream_without_a_host_sync(monkeypatch):
-    """On the GPU, DALI's outputs are shared on torch's current stream of the loader's device
-    (``share_outputs(cuda_stream=...)``, as DALI's own iterator orders its copy) and handed to
-    torch through DLPack: no copy, no host synchronisation, and DALI's buffer lives as long
-    as the torch tensor. The old code shared without a stream (a host sync) and copied."""
+def test_gpu_outputs_are_copied_on_torchs_current_stream_without_a_host_sync(monkeypatch):
+    """On the GPU, DALI's outputs are shared bound to torch's current stream of the loader's
+    device (``share_outputs(cuda_stream=...)``) and copied, non-blocking, on that stream into
+    tensors of torch's allocator (so ``record_stream`` works on them), before DALI gets its
+    buffers back. The old code shared without a stream, which synchronises the host."""
     import collections
 
     from fastpipe.dali.loader import _Runtime, _Tag
@@ -287,36 +286,48 @@ def test_gpu_outputs_are_bound_to_torchs_current_stream_without_a_host_sync(monk
     log: list = []
     streams = {}
 
+    class Stream:
+        def __init__(self, handle):
+            self.cuda_stream = handle
+
     def current_stream(device=None):
-        streams.setdefault(device, object())
-        log.append(("current_stream", device))
-        return streams[device]
+        return streams.setdefault(device, Stream(1000 + len(streams)))
 
     def no_sync(*args, **kwargs):
         raise AssertionError("the hand-off must not synchronise the host")
+
+    real_empty = torch.empty
+    allocated = []
+
+    def empty(*shape, dtype=None, device=None):
+        allocated.append(torch.device(device))
+        out = real_empty(*shape, dtype=dtype)  # CPU memory standing in for the GPU's
+        log.append(("allocate", out.data_ptr()))
+        return out
 
     monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
     monkeypatch.setattr(torch.cuda, "synchronize", no_sync)
     monkeypatch.setattr(torch.cuda.Stream, "synchronize", no_sync, raising=False)
     monkeypatch.setattr(torch.cuda.Event, "synchronize", no_sync, raising=False)
+    monkeypatch.setattr(torch, "empty", empty)
 
     class Feeder:
         generation = 1
         in_flight = collections.deque([_Tag(1, 0, 0, np.arange(2))])
 
-    pipe = RecordingPipe(log)
     device = torch.device("cuda", 1)
-    runtime = _Runtime(pipe, Feeder(), device)
+    runtime = _Runtime(RecordingPipe(log), Feeder(), device)
     tag, images, labels = runtime.next_batch()
-    assert tag.batch == 0
-    shared = [entry for entry in log if entry[0] == "share_outputs"]
-    assert shared == [("share_outputs", streams[device])], "outputs bound to torch's stream"
-    assert ("current_stream", device) in log
-    # Zero-copy: the tensors are DALI's buffers (the stand-in's), not copies.
-    assert images.data_ptr() == pipe.images.data_ptr()
-    assert labels.data_ptr() == pipe.labels.data_ptr() and labels.tolist() == [3, 5]
-    # DALI's buffers stay referenced by the torch tensors after release_outputs().
-    assert log.index(("release_outputs", None)) > max(
-        i for i, entry in enumerate(log) if entry[0] == "dlpack"
-    )
+    monkeypatch.undo()
+    stream = streams[device]
+    assert list(streams) == [device], "the stream of the loader's device, not the default one"
+    assert log[0] == ("share_outputs", stream), "outputs bound to torch's current stream"
+    copies = [entry for entry in log if entry[0] == "copy"]
+    assert [(ptr, handle, blocking) for _, ptr, handle, blocking in copies] == [
+        (images.data_ptr(), stream.cuda_stream, True),
+        (labels.data_ptr(), stream.cuda_stream, True),
+    ], "non-blocking copies on that stream into the returned tensors"
+    assert allocated == [device, device]
+    assert log.index(("release_outputs",)) > log.index(copies[-1])
+    assert images.shape == (2, 3, 4, 4) and labels.shape == (2,)
     runtime.pipe = None  # nothing to shut down

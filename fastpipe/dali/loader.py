@@ -28,6 +28,7 @@ batches still in DALI's prefetch queue are produced again, with the same draws, 
 from __future__ import annotations
 
 import collections
+import ctypes
 import hashlib
 import os
 import warnings
@@ -123,22 +124,34 @@ def _dali_reason(message: str) -> str:
     return " ".join(kept) or message.strip()
 
 
-def _to_torch(batch: Any, device: torch.device, zero_copy: bool) -> torch.Tensor:
+def _to_torch(
+    batch: Any, device: torch.device, zero_copy: bool, stream: Any = None
+) -> torch.Tensor:
     """A DALI output as a torch tensor on ``device``.
 
-    ``zero_copy``: through DLPack. Outputs of DALI's dynamic executor (its default) stay valid
-    as long as something references them, and the capsule does, so DALI's buffer lives until
-    torch frees the tensor. On the GPU, torch hands its current stream to ``__dlpack__`` and
-    DALI orders the buffer on it (an event wait, no host synchronisation).
-    Otherwise: a copy the way DALI's own PyTorch iterator makes it, on the GPU non-blocking on
-    torch's current stream.
+    ``zero_copy`` (CPU): through DLPack. Outputs of DALI's dynamic executor (its default) stay
+    valid as long as something references them, and the capsule does.
+    Otherwise a copy into memory of torch's allocator. On the GPU it is queued, non-blocking,
+    on ``stream`` (torch's current stream, to which the outputs were bound): no host
+    synchronisation; DALI frees its buffer in that stream's order, so after the copy; and the
+    result is an ordinary torch CUDA tensor, so ``record_stream`` works on it (a DLPack view of
+    DALI's memory would ignore ``record_stream``, and a consumer on another stream, such as
+    DataPrefetcher's side stream, could read a buffer DALI had reused).
     """
     dense = batch.as_tensor()
-    if zero_copy:
+    if zero_copy and device.type == "cpu":
         return torch.from_dlpack(dense)
     out = torch.empty(dense.shape(), dtype=_TORCH_DTYPES[dense.dtype.name], device=device)
-    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-    feed_ndarray(dense, out, cuda_stream=stream)
+    if device.type == "cuda":
+        if stream is None:
+            stream = torch.cuda.current_stream(device)
+        # The argument types of DALI's own feed_ndarray: raw pointers as ctypes.c_void_p.
+        dense.copy_to_external(
+            ctypes.c_void_p(out.data_ptr()), ctypes.c_void_p(stream.cuda_stream),
+            non_blocking=True,
+        )
+    else:
+        feed_ndarray(dense, out)
     return out
 
 
@@ -156,7 +169,7 @@ class _Runtime:
         self.pipe = pipe
         self.feeder = feeder
         self.device = device
-        self.zero_copy = bool(getattr(pipe, "exec_dynamic", False))
+        self.dynamic = bool(getattr(pipe, "exec_dynamic", False))
         self.started = False
         # (epoch, batch) that comes out next, when the stream is at an epoch start.
         self.aligned: tuple[int, int] | None = None
@@ -182,23 +195,25 @@ class _Runtime:
                 raise
             raise _PipelineFailure(str(error)) from error
 
-    def _share_outputs(self) -> Any:
-        if self.device.type == "cuda" and self.zero_copy:
-            # Outputs bound to torch's current stream: no host synchronisation, the training
-            # step queued on that stream runs after DALI's work (as DALI's own iterator does).
-            stream = torch.cuda.current_stream(self.device)
+    def _share_outputs(self, stream: Any) -> Any:
+        if stream is not None and self.dynamic:
+            # Outputs bound to torch's current stream: no host synchronisation; the copy and
+            # the training step queued on that stream run after DALI's work.
             return self._dali(lambda: self.pipe.share_outputs(cuda_stream=stream))
         return self._dali(self.pipe.share_outputs)
 
     def next_batch(self) -> tuple[_Tag, torch.Tensor, torch.Tensor]:
         self.aligned = None
+        cuda = self.device.type == "cuda"
         while True:
-            outputs = self._share_outputs()
+            # Looked up per batch: the caller may switch streams between steps.
+            stream = torch.cuda.current_stream(self.device) if cuda else None
+            outputs = self._share_outputs(stream)
             tag = self.feeder.in_flight.popleft()
             fresh = tag.generation == self.feeder.generation
             if fresh:
-                images = _to_torch(outputs[0], self.device, self.zero_copy)
-                labels = _to_torch(outputs[1], self.device, self.zero_copy).view(-1)
+                images = _to_torch(outputs[0], self.device, self.dynamic, stream)
+                labels = _to_torch(outputs[1], self.device, self.dynamic, stream).view(-1)
             del outputs
             self.pipe.release_outputs()
             self._dali(self.pipe.schedule_run)
