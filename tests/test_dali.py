@@ -470,3 +470,17 @@ def test_loader_attributes_like_a_dataloader(index_list):
             48, epoch=3, seed=4, shuffle=True, rank=1, world_size=2, drop_last=True
         ).tolist()[:20]
         assert "rank 1/2" in repr(loader.sampler)
+
+
+def test_lightning_sets_the_epoch_and_accelerate_leaves_the_loader_as_it_is(index_list):
+    # Lightning calls set_epoch on loader.sampler before every epoch (its own helper here).
+    from accelerate import Accelerator
+    from lightning.fabric.utilities.data import _set_sampler_epoch
+
+    with DALILoader(index_list, batch_size=16, size=SIZE, device="cpu", seed=6) as loader:
+        _set_sampler_epoch(loader, 4)
+        assert loader.epoch == 4
+        assert run_epoch(loader)[0] == shard_indices(48, epoch=4, seed=6, shuffle=True).tolist()
+        # accelerate re-creates only DataLoaders; a DALILoader shards itself from
+        # torch.distributed, so prepare() must hand it back untouched.
+        assert Accelerator(cpu=True).prepare(loader) is loader
