@@ -84,11 +84,26 @@ def ddp_worker(rank: int, world_size: int, init_file: str, list_file: str, out_d
         # Every rank must run the same number of steps, or DDP's all-reduce would hang.
         steps = torch.tensor([len(loader)])
         dist.all_reduce(steps)
+        loader.close()
+        # Resume mid-epoch on every rank: each rank saves and restores its own position.
+        kwargs = {"batch_size": 5, "size": 32, "num_workers": 1, "device": "cpu", "seed": 3,
+                  "color_jitter": 0.3}
+        with DALILoader(list_file, **kwargs) as first:
+            iterator = iter(first)
+            next(iterator), next(iterator)
+            state = first.state_dict()
+            expected = list(iterator) + list(first)
+        with DALILoader(list_file, **kwargs) as restored:
+            restored.load_state_dict(state)
+            got = list(restored) + list(restored)
+        resumed = len(got) == len(expected) and all(
+            torch.equal(a, b) and torch.equal(x, y) for (a, x), (b, y) in zip(got, expected)
+        )
         result = {
             "shard": [loader.rank, loader.world_size], "len": len(loader),
-            "total_steps": int(steps), "epochs": epochs,
+            "total_steps": int(steps), "epochs": epochs, "resumed": resumed,
+            "resumed_labels": torch.cat([labels for _, labels in got]).tolist(),
         }
-        loader.close()
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
