@@ -107,7 +107,8 @@ def torchvision_pil(cfg: Config) -> Iterable[torch.Tensor]:
         T.PILToTensor(), T.ConvertImageDtype(torch.float32), T.Normalize(MEAN, STD),
     ])
     dataset = torchvision.datasets.ImageFolder(str(cfg.root), transform=transform)
-    loader = DataLoader(dataset, batch_size=cfg.batch_size, shuffle=True, num_workers=cfg.workers, persistent_workers=True)
+    loader = DataLoader(dataset, batch_size=cfg.batch_size, shuffle=True,
+                        num_workers=cfg.workers, persistent_workers=True)
     return _epochs_of(loader, cfg.epochs)
 
 
@@ -138,7 +139,8 @@ class _DecodeJpegFolder(Dataset):
 
 def torchvision_v2(cfg: Config) -> Iterable[torch.Tensor]:
     dataset = _DecodeJpegFolder(cfg.root, cfg.size, cfg.auto_augment)
-    loader = DataLoader(dataset, batch_size=cfg.batch_size, shuffle=True, num_workers=cfg.workers, persistent_workers=True)
+    loader = DataLoader(dataset, batch_size=cfg.batch_size, shuffle=True,
+                        num_workers=cfg.workers, persistent_workers=True)
     return _epochs_of(loader, cfg.epochs)
 
 
@@ -150,7 +152,9 @@ CONTENDERS: dict[str, tuple[Callable[[Config], Iterable[torch.Tensor]], str]] = 
 }
 
 
-def measure(make: Callable[[Config], Iterable[torch.Tensor]], cfg: Config, expected_dtype: torch.dtype) -> float:
+def measure(
+    make: Callable[[Config], Iterable[torch.Tensor]], cfg: Config, expected_dtype: torch.dtype
+) -> float:
     """Images per second after the first batch (which carries the start-up)."""
     batches = iter(make(cfg))
     try:
@@ -189,7 +193,8 @@ def run(cfg: Config, repeat: int) -> dict[str, float]:
     for round_number in range(repeat):
         for name in CONTENDERS:
             rates[name].append(measure_in_own_process(name, cfg))
-            print(f"round {round_number + 1}/{repeat}  {name:<36} {rates[name][-1]:8.1f} img/s", flush=True)
+            rate = rates[name][-1]
+            print(f"round {round_number + 1}/{repeat}  {name:<36} {rate:8.1f} img/s", flush=True)
     return {name: statistics.median(values) for name, values in rates.items()}
 
 

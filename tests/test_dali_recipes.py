@@ -19,7 +19,8 @@ FIXED = {"scale": (1.0, 1.0), "ratio": (0.5, 2.0), "hflip": 0.0, "size": SIZE, "
 
 @pytest.fixture(scope="module")
 def index_list(sample_root, tmp_path_factory):
-    return write_index_list(tmp_path_factory.mktemp("lists") / "index.txt", image_files(sample_root))
+    lists = tmp_path_factory.mktemp("lists")
+    return write_index_list(lists / "index.txt", image_files(sample_root))
 
 
 def epoch_by_label(loader) -> tuple[list[int], dict[int, torch.Tensor]]:
@@ -97,7 +98,8 @@ def test_policy_names_map_to_the_reference_settings():
     assert AutoAugment.parse(None) is None
     # timm: magnitudes 0-10 (11 bins), n ops, inc1 = the increasing (monotonic) ranges.
     timm = AutoAugment.parse("rand-m7-n3-mstd0-inc1")
-    assert (timm.num_ops, timm.magnitude, timm.num_magnitude_bins, timm.monotonic) == (3, 7, 11, True)
+    settings = (timm.num_ops, timm.magnitude, timm.num_magnitude_bins, timm.monotonic)
+    assert settings == (3, 7, 11, True)
     assert AutoAugment.parse("rand-m9").monotonic is False
 
 

@@ -21,7 +21,8 @@ KWARGS = {
 
 @pytest.fixture(scope="module")
 def index_list(sample_root, tmp_path_factory):
-    return write_index_list(tmp_path_factory.mktemp("lists") / "index.txt", image_files(sample_root))
+    lists = tmp_path_factory.mktemp("lists")
+    return write_index_list(lists / "index.txt", image_files(sample_root))
 
 
 def assert_same_batches(got, expected):
@@ -57,7 +58,8 @@ def test_resume_in_a_fresh_process_gives_the_uninterrupted_batches(index_list, t
         "epoch boundary": batches[7:21],
         "first batch of epoch 1": batches[8:21],
     }
-    assert states["epoch boundary"]["epoch"] == 1 and states["epoch boundary"]["batches_yielded"] == 0
+    boundary = states["epoch boundary"]
+    assert (boundary["epoch"], boundary["batches_yielded"]) == (1, 0)
     for name, state in states.items():
         got = restore_in_fresh_process(index_list, state, KWARGS, tmp_path, name.replace(" ", "-"))
         assert_same_batches(got, expected[name])
