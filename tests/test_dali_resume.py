@@ -185,3 +185,27 @@ def test_resume_with_other_threads_queue_depth_or_a_policy(index_list, saved, re
     with DALILoader(index_list, **base, **restored) as other:
         other.load_state_dict(state)
         assert_same_batches(list(other) + list(other), expected)
+
+
+def test_a_state_without_dalis_checkpoint_warns_on_save_and_load(index_list, monkeypatch):
+    from fastpipe.dali.loader import _Runtime
+
+    def fail(self):
+        raise RuntimeError("checkpointing is not supported by this operator")
+
+    with DALILoader(index_list, **KWARGS) as loader:
+        iterator = iter(loader)
+        next(iterator)
+        monkeypatch.setattr(_Runtime, "checkpoint", fail)
+        with pytest.warns(RuntimeWarning, match="not supported by this operator.*same order"):
+            state = loader.state_dict()
+        monkeypatch.undo()
+        expected = list(iterator)
+    assert state["exact"] is False and state["dali_checkpoint"].numel() == 0
+    with DALILoader(index_list, **KWARGS) as other:
+        with pytest.warns(RuntimeWarning, match="augmentation draws differ"):
+            other.load_state_dict(state)
+        got = list(other)
+    # The same samples in the same order; the pixels come from other draws.
+    assert [labels.tolist() for _, labels in got] == [labels.tolist() for _, labels in expected]
+    assert not torch.equal(got[0][0], expected[0][0])

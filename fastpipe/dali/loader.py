@@ -657,8 +657,19 @@ class DALILoader:
         """
         epoch, done = self._position()
         runtime = self._state.runtime
-        checkpoint = runtime.checkpoint() if runtime is not None else None
-        if checkpoint is None:
+        exact = True
+        try:
+            checkpoint = runtime.checkpoint() if runtime is not None else None
+        except Exception as error:  # noqa: BLE001 - any DALI failure: resume the order only
+            warnings.warn(
+                f"DALI could not save its state ({_dali_reason(str(error))}); a loader restored "
+                "from this state reads the same samples in the same order, but its augmentation "
+                "draws will differ from this run's",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            checkpoint, exact = None, False
+        if checkpoint is None and exact:
             checkpoint = self._state.checkpoint
         return {
             "version": STATE_VERSION,
@@ -666,6 +677,7 @@ class DALILoader:
             "dali_version": nvidia.dali.__version__,
             "epoch": epoch,
             "batches_yielded": done,
+            "exact": exact,
             "order_seed": self._source.seed,
             "augment_seed": self._augment_seed,
             "dali_checkpoint": _bytes_tensor(checkpoint),
@@ -710,6 +722,13 @@ class DALILoader:
                 f"this state was saved with DALI {state.get('dali_version')}, this is DALI "
                 f"{nvidia.dali.__version__}: the order resumes exactly, the augmentation draws "
                 "may differ from the interrupted run",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        if not state.get("exact", True):
+            warnings.warn(
+                "this state has no DALI checkpoint (DALI could not save one): the order resumes "
+                "exactly, the augmentation draws differ from the interrupted run",
                 RuntimeWarning,
                 stacklevel=2,
             )
