@@ -484,3 +484,21 @@ def test_lightning_sets_the_epoch_and_accelerate_leaves_the_loader_as_it_is(inde
         # accelerate re-creates only DataLoaders; a DALILoader shards itself from
         # torch.distributed, so prepare() must hand it back untouched.
         assert Accelerator(cpu=True).prepare(loader) is loader
+
+
+def test_loader_built_before_the_process_group_is_not_silently_unsharded(index_list, monkeypatch):
+    # Under torchrun every process has WORLD_SIZE; a loader built before init_process_group
+    # would read the whole dataset on every rank.
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.warns(RuntimeWarning, match="reads the whole dataset on every rank"):
+        loader = DALILoader(index_list, batch_size=8, size=SIZE, device="cpu")
+    dist = torch.distributed
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    with pytest.raises(RuntimeError, match="built as rank 0 of 1.*now says rank 1 of 2"):
+        iter(loader)
+    # Explicit shards are the user's choice: no check.
+    with DALILoader(index_list, batch_size=8, size=SIZE, device="cpu", rank=0, world_size=1) as ok:
+        next(iter(ok))
+    loader.close()

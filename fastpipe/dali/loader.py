@@ -272,6 +272,12 @@ def _resolve_shards(rank: int | None, world_size: int | None) -> tuple[int, int]
     return int(rank), int(world_size)
 
 
+def _launched_world_size() -> int:
+    # torchrun, Lightning and accelerate launchers set WORLD_SIZE in every process.
+    value = os.environ.get("WORLD_SIZE", "")
+    return int(value) if value.isdigit() else 1
+
+
 def _random_seed() -> int:
     # From torch's generator, like DataLoader's base seed, so torch.manual_seed reproduces it.
     return int(torch.empty((), dtype=torch.int64).random_().item()) % 2**31
@@ -482,6 +488,16 @@ class DALILoader:
         self.dataset = source
         self.classes: list[str] | None = getattr(source, "classes", None)
         self.rank, self.world_size = _resolve_shards(rank, world_size)
+        self._shards_from_group = rank is None
+        if self._shards_from_group and self.world_size == 1 and _launched_world_size() > 1:
+            warnings.warn(
+                f"WORLD_SIZE={_launched_world_size()} but torch.distributed is not initialized "
+                "yet, so this DALILoader reads the whole dataset on every rank; build it after "
+                "init_process_group (in Lightning: in train_dataloader()) or pass rank= and "
+                "world_size=",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self.shuffle = bool(train) if shuffle is None else bool(shuffle)
         self.drop_last = bool(drop_last)
         self.batch_size = batch_size
@@ -567,7 +583,22 @@ class DALILoader:
             state.runtime = _Runtime(pipe, feeder, self.device)
         return state.runtime
 
+    def _check_shards(self) -> None:
+        """Refuses to run unsharded when the process group appeared after construction."""
+        if not self._shards_from_group:
+            return
+        now = _resolve_shards(None, None)
+        if now != (self.rank, self.world_size):
+            raise RuntimeError(
+                f"this DALILoader was built as rank {self.rank} of {self.world_size}, but "
+                f"torch.distributed now says rank {now[0]} of {now[1]}: it was built before "
+                "init_process_group and would give every rank the wrong share. Build it after "
+                "init_process_group (in Lightning: in train_dataloader()), or pass rank= and "
+                "world_size="
+            )
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self._check_shards()
         if self._resume is not None:
             epoch, start = self._resume
             self._resume = None
