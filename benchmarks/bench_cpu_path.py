@@ -99,7 +99,7 @@ def dali_cpu(cfg) -> Iterable[torch.Tensor]:
     except ImportError as exc:
         raise Skip(f"fastpipe.dali is not available in this checkout ({exc})") from None
     loader = DALILoader(cfg.root, batch_size=cfg.batch_size, train=True, size=cfg.size,
-                        num_threads=cfg.workers, device="cpu")
+                        num_workers=cfg.workers, device="cpu", mean=MEAN, std=STD)
 
     def batches() -> Iterator[torch.Tensor]:
         for _ in range(cfg.epochs):
@@ -149,7 +149,7 @@ def _normalized(images: torch.Tensor) -> torch.Tensor:
 PIPELINES: dict[str, tuple[Callable[[Any], Iterable[torch.Tensor]], str]] = {
     "torchvision + PIL": (torchvision_pil, "ImageFolder, PIL RandomResizedCrop/flip, PILToTensor, float, Normalize in workers"),
     "torchvision v2 on decode_jpeg": (torchvision_v2, "decode_jpeg tensors, v2 RandomResizedCrop/flip, ToDtype, Normalize in workers"),
-    "DALI CPU (fastpipe.dali)": (dali_cpu, "fastpipe.dali.DALILoader(device='cpu', num_threads=2)"),
+    "DALI CPU (fastpipe.dali)": (dali_cpu, "fastpipe.dali.DALILoader(device='cpu', num_workers=2)"),
     "fastpipe ImageFolder": (fastpipe_folder, "fused decode/crop/resize/flip, fast_collate, fastpipe.ops.normalize in the main process"),
     "fastpipe HDF5 pack (bytes)": (fastpipe_h5, "pack(storage='bytes'), H5Dataset + ImageDecoder, fast_collate, normalize"),
     "fastpipe ImageFolder, uint8 out": (fastpipe_folder_uint8, "for reference: no normalize, not the same output as the rows above"),

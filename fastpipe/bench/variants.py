@@ -122,7 +122,8 @@ def build_dali(config: BenchConfig) -> Any:
     from fastpipe.dali import DALILoader
 
     return DALILoader(str(config.root), batch_size=config.batch_size, train=True, size=config.size,
-                      num_threads=max(1, config.num_workers), device="cpu")
+                      num_workers=max(1, config.num_workers), device="cpu",
+                      mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
 
 def build_factory(config: BenchConfig) -> Any:
@@ -148,7 +149,7 @@ VARIANTS: tuple[Variant, ...] = (
             "the folder packed once into HDF5 (encoded bytes), fastpipe.data.H5Dataset + "
             "fast_collate, DataLoaderX + DataPrefetcher", build_hdf5),
     Variant("dali", "DALI (CPU)",
-            "fastpipe.dali.DALILoader(device='cpu'), num_threads = workers", build_dali),
+            "fastpipe.dali.DALILoader(device='cpu'), num_workers = workers", build_dali),
     Variant("factory", "image_loader",
             "fastpipe.image_loader(root, train=True): the path it picks on this machine (DALI "
             "with GPU decode on CUDA, else the fast CPU path)", build_factory),

@@ -576,8 +576,8 @@ def diagnose(summary: ProfileSummary, cuda: bool) -> tuple[str, list[str]]:
         advice.append(
             f"{lead}: the fast CPU path (fastpipe.data.ImageFolder + fastpipe.data.fast_collate, "
             "uint8 until the device), a pack file (`fastpipe pack`, read with "
-            "fastpipe.data.H5Dataset), or DALI (fastpipe.dali.DALILoader; decodes on the GPU with "
-            "device='mixed')."
+            "fastpipe.data.H5Dataset), or DALI (fastpipe.dali.DALILoader; decodes on the GPU "
+            "when there is one)."
         )
     return verdict, advice
 
