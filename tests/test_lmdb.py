@@ -29,7 +29,7 @@ def test_bytes_round_trip_is_bit_exact(sample_root, tmp_path):
     for i, path in enumerate(files):
         data, label = ds.encoded(i)
         assert data.tobytes() == path.read_bytes() and label == int(path.parent.name[-2:])
-        assert ds.source(i) == f"{path.parent.name}/{path.name}"
+        assert ds.path(i) == f"{path.parent.name}/{path.name}"
     h5 = pack(sample_root, tmp_path / "p.h5", progress=False)
     assert h5.count == 48
     assert torch.equal(ds[11][0], H5Dataset(tmp_path / "p.h5")[11][0])
@@ -59,8 +59,8 @@ def test_merge_shards_into_lmdb_and_verify_catches_damage(sample_root, tmp_path)
     out = tmp_path / "m.lmdb"
     assert merge_packs(parts, out, progress=False).count == 48
     ds = LMDBDataset(out)
-    assert np.array_equal(ds.labels, np.concatenate([H5Dataset(p).labels for p in parts]))
-    assert ds.source(47) == H5Dataset(parts[1]).source(23)
+    assert np.array_equal(ds.targets, np.concatenate([H5Dataset(p).targets for p in parts]))
+    assert ds.path(47) == H5Dataset(parts[1]).path(23)
     with pytest.raises(ValueError, match="LMDB has no virtual"):
         merge_packs(parts, tmp_path / "v.lmdb", merge="virtual")
     assert verify(out).ok  # while the dataset holds the file open in this process
