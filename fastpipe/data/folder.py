@@ -5,8 +5,8 @@ from __future__ import annotations
 import operator
 import os
 from collections.abc import Callable, Iterable
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
