@@ -41,24 +41,20 @@ class SampleIndex(int):
         return f"SampleIndex({int(self)}, epoch={self.epoch})"
 
 
-def _mix(x: int) -> int:
-    """splitmix64's finalizer: a bijection of 64-bit ints whose output bits each depend on every
-    input bit."""
-    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
-    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
-    return x ^ (x >> 31)
-
-
 def sample_seed(seed: int, epoch: int, index: int, stream: int = 0) -> int:
     """A 63-bit seed for the draws of sample ``index`` in ``epoch`` of a run seeded ``seed``.
 
     ``stream`` separates independent uses for one sample (crop and flip, augmentation), so their
-    generators do not replay one another's numbers. A chain of splitmix64 steps: a fraction of a
-    microsecond, where numpy's SeedSequence costs tens.
+    generators do not replay one another's numbers. A chain of splitmix64 steps (each a bijection
+    of 64-bit ints whose output bits depend on every input bit), one per argument: a couple of
+    microseconds, where numpy's SeedSequence costs tens.
     """
-    x = _mix((int(seed) & _MASK64) + 0x9E3779B97F4A7C15 & _MASK64)
-    for part in (epoch, index, stream):
-        x = _mix((x ^ (int(part) & _MASK64)) + 0x9E3779B97F4A7C15 & _MASK64)
+    x = 0
+    for part in (seed, epoch, index, stream):
+        x = ((x ^ (part & _MASK64)) + 0x9E3779B97F4A7C15) & _MASK64
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+        x ^= x >> 31
     return x >> 1
 
 
