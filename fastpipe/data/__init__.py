@@ -23,6 +23,8 @@ _EXPORTS = {
     "merge_packs": "fastpipe.data._pack",
     "pack": "fastpipe.data._pack",
     "verify": "fastpipe.data._pack",
+    "SampleIndex": "fastpipe.data._random",
+    "sample_generator": "fastpipe.data._random",
     "H5Dataset": "fastpipe.data.h5",
     "LMDBDataset": "fastpipe.data.lmdb",
 }

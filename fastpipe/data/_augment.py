@@ -302,7 +302,7 @@ class PerSample:
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch of the draws of indices that do not carry their own (a plain int rather than
-        a :class:`~fastpipe.data._random.SampleIndex`). DataLoader workers hold a copy of the
+        a :class:`~fastpipe.data.SampleIndex`). DataLoader workers hold a copy of the
         dataset: with ``persistent_workers=True`` they only see a new epoch through
         SampleIndex, which fastpipe's samplers yield."""
         self.epoch = int(epoch)

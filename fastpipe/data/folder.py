@@ -53,7 +53,7 @@ class ImageFolder(PerSample, torch.utils.data.Dataset):
     Every random draw of sample ``i`` (crop, flip, auto_augment, torch draws of ``transform``) is
     a pure function of ``(seed, epoch, i)``: the same batches whatever ``num_workers``.
     ``seed=None`` draws one from torch's generator at construction; the epoch is the index's own
-    (:class:`~fastpipe.data._random.SampleIndex`, from fastpipe's samplers) or ``set_epoch``'s.
+    (:class:`~fastpipe.data.SampleIndex`, from fastpipe's samplers) or ``set_epoch``'s.
 
     Per-sample metadata lives in numpy arrays (one byte buffer of paths plus offsets, and the
     labels), not Python lists, so DataLoader workers do not copy it page by page as reference
