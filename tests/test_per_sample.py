@@ -283,3 +283,13 @@ def test_bicubic_torch_fallback_within_bound_of_the_extension(sample_root, monke
     slow = decoder(data, generator=torch.Generator().manual_seed(1))
     diff = (fast.int() - slow.int()).abs()
     assert diff.float().mean() <= 0.5 and diff.max() <= 2, (diff.float().mean(), diff.max())
+
+
+@pytest.mark.parametrize("policy", ["ra", "rand-m9-mstd0.5-inc1"])
+def test_pickled_dataset_with_a_policy_gives_the_same_samples(sample_root, policy):
+    """Spawned workers get a pickled copy: the policy, transform and seed travel with it."""
+    dataset = ImageFolder(sample_root, size=SIZE, auto_augment=policy, transform=_noise, seed=9)
+    dataset.set_epoch(4)
+    clone = pickle.loads(pickle.dumps(dataset))
+    assert clone.seed == 9 and clone.epoch == 4 and clone.transform is _noise
+    assert all(torch.equal(dataset[i][0], clone[i][0]) for i in range(4))
