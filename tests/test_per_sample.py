@@ -191,11 +191,13 @@ def test_each_policy_changes_images_with_a_fixed_crop(sample_root, policy):
 
 
 @pytest.mark.parametrize("name, match", [
-    ("randaugment", "unknown auto_augment policy"), ("rand-m9-x3", "section 'x3'"), ("rand-m9-tweights", "'tweights'"),
+    ("randaugment", "unknown auto_augment policy"), ("rand-m9-x3", "section 'x3'"),
+    ("rand-m9-tweights", "'tweights'"),
     ("rand-mfoo", "section 'mfoo'"), ("autoaug", "unknown auto_augment policy"),
     ("augmix-m5-w4-d2", "not implemented on the CPU path"), ("original-mstd0.5", "not implemented"),
 ])
-def test_policies_that_cannot_run_fail_at_construction_listing_the_accepted(sample_root, name, match):
+def test_policies_that_cannot_run_fail_at_construction_listing_the_accepted(sample_root, name,
+                                                                           match):
     with pytest.raises(ValueError, match=match) as info:
         ImageFolder(sample_root, auto_augment=name)
     assert "'ra', 'ta_wide', 'augmix', 'imagenet'" in str(info.value)

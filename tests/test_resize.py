@@ -135,9 +135,10 @@ def test_bicubic_equals_the_exact_filter_clamped_and_rounded(module, in_size, ou
     """filter=1: PIL's bicubic taps; the float64 result clamped to 0-255 and rounded half up,
     except within 0.1 of a rounding boundary (negative weights quantize less evenly)."""
     pixels = _image(*in_size)
-    rows, cols = _bicubic_weights(in_size[0], out_size[0]), _bicubic_weights(in_size[1], out_size[1])
-    exact = np.clip(np.stack([rows @ pixels[:, :, c].astype(np.float64) @ cols.T for c in range(3)]),
-                    0, 255)
+    rows = _bicubic_weights(in_size[0], out_size[0])
+    cols = _bicubic_weights(in_size[1], out_size[1])
+    planes = [rows @ pixels[:, :, c].astype(np.float64) @ cols.T for c in range(3)]
+    exact = np.clip(np.stack(planes), 0, 255)
     out = np.empty((3, *out_size), np.uint8)
     module.resize(pixels, (0, 0), pixels.shape[:2], out, (0, 0), out_size, False, 1)
     got, rounded = out.astype(np.float64), np.floor(exact + 0.5)

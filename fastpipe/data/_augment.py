@@ -53,7 +53,8 @@ def auto_augment_transform(
     if name is None:
         return None
     if not isinstance(name, str):
-        raise TypeError(f"auto_augment must be a policy name (str) or None, got {type(name).__name__}")
+        raise TypeError(
+            f"auto_augment must be a policy name (str) or None, got {type(name).__name__}")
     mode = _torchvision_mode(interpolation)
     if name in POLICIES:
         from torchvision.transforms import v2
@@ -67,7 +68,8 @@ def auto_augment_transform(
         return v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET, interpolation=mode)
     if name.startswith("rand"):
         return TimmRandAugment.from_string(name, interpolation=mode)
-    if name.split("-")[0] in ("augmix", "original", "originalr", "v0", "v0r", "3a", "trivialaugment"):
+    timm_policies = ("augmix", "original", "originalr", "v0", "v0r", "3a", "trivialaugment")
+    if name.split("-")[0] in timm_policies:
         raise ValueError(
             f"auto_augment={name!r}: timm's {name.split('-')[0]!r} policies are not implemented on "
             f"the CPU path (they are PIL-based in timm). Accepted: {_accepted()}"
@@ -164,7 +166,8 @@ class TimmRandAugment:
 
     def __repr__(self) -> str:
         return (f"TimmRandAugment(m={self.magnitude}, n={self.num_layers}, "
-                f"mstd={self.magnitude_std}, mmax={self.magnitude_max}, inc={int(self.increasing)}, "
+                f"mstd={self.magnitude_std}, mmax={self.magnitude_max}, "
+                f"inc={int(self.increasing)}, "
                 f"p={self.prob})")
 
     def __call__(self, image: torch.Tensor) -> torch.Tensor:

@@ -282,7 +282,8 @@ class ImageDecoder:
         if isinstance(size, int):
             self.resize_to: int | tuple[int, int] = int(size / crop_pct + 1e-9)
         else:
-            self.resize_to = (int(out_size[0] / crop_pct + 1e-9), int(out_size[1] / crop_pct + 1e-9))
+            self.resize_to = (int(out_size[0] / crop_pct + 1e-9),
+                              int(out_size[1] / crop_pct + 1e-9))
 
     def __repr__(self) -> str:
         if self.train:
@@ -291,7 +292,8 @@ class ImageDecoder:
                     f"interpolation={self.interpolation!r}, reducing_gap={self.reducing_gap}, "
                     f"fast_upsample={self.fast_upsample})")
         return (f"ImageDecoder(train=False, size={self.size}, crop_pct={self.crop_pct}, "
-                f"interpolation={self.interpolation!r}, reducing_gap={self.reducing_gap}, fast_upsample={self.fast_upsample})")
+                f"interpolation={self.interpolation!r}, reducing_gap={self.reducing_gap}, "
+                f"fast_upsample={self.fast_upsample})")
 
     def __call__(self, data: ImageBytes, source: str = "<bytes>", *,
                  generator: torch.Generator | None = None) -> torch.Tensor:

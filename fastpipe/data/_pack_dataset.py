@@ -59,7 +59,8 @@ class PackDataset(PerSample, Dataset):
             self.sample_shape = reader.spec.sample_shape
             self._count = reader.count
         if decoder is not None and self.storage != "bytes":
-            raise ValueError(f"{self.file} holds decoded arrays ({self.layout}); a decoder applies to bytes "
+            raise ValueError(f"{self.file} holds decoded arrays ({self.layout}); a decoder "
+                             "applies to bytes "
                              "storage only: pass a transform instead")
         self._reader: fmt.PackReader | None = None
         self._pid: int | None = None
@@ -158,7 +159,8 @@ class PackDataset(PerSample, Dataset):
         Bytes storage only; this is what a DALI external source feeds to its decoder.
         """
         if self.storage != "bytes":
-            raise ValueError(f"{self.file} holds decoded arrays (array storage): encoded() needs bytes storage")
+            raise ValueError(f"{self.file} holds decoded arrays (array storage): encoded() "
+                             "needs bytes storage")
         reader = self._get_reader()
         i = reader._check_index(index)
         return reader.read(i), int(self.targets[i])
@@ -191,5 +193,6 @@ class PackDataset(PerSample, Dataset):
 
     def __repr__(self) -> str:
         shape = f", sample_shape={tuple(self.sample_shape)}" if self.sample_shape else ""
-        return (f"{type(self).__name__}({str(self.file)!r}, samples={len(self)}, storage={self.storage!r}"
+        return (f"{type(self).__name__}({str(self.file)!r}, samples={len(self)}, "
+                f"storage={self.storage!r}"
                 f"{shape}, classes={len(self.classes)})")

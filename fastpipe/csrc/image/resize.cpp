@@ -3,11 +3,12 @@
  *
  * The filters are PIL's and torch's antialiased bilinear and bicubic (F.interpolate(mode=...,
  * antialias=True), torchvision.transforms.v2.Resize): a triangle or Keys' cubic (a = -0.5)
- * stretched by the scale when shrinking, with the same taps and weights. It differs in how the sum is rounded: the rows are
- * summed exactly with 14-bit fixed-point weights, the columns in float, and each value is rounded
- * once at the end, where PIL rounds a fixed-point result after each pass and torch's uint8 kernel
- * rounds after each pass too. Outputs are within 0.05 of the exact filter before that rounding,
- * and within a grey level of both.
+ * stretched by the scale when shrinking, with the same taps and weights. It differs in how the
+ * sum is rounded: the rows are summed exactly with 14-bit fixed-point weights, the columns in
+ * float, and each value is rounded (and, for bicubic, clamped to 0-255) once at the end, where
+ * PIL rounds and clips a fixed-point result after each pass and torch's uint8 kernel does too.
+ * Bilinear outputs are within 0.05 of the exact filter before that rounding, and within a grey
+ * level of both; bicubic within 0.1, and within a grey level of both where nothing overshoots.
  *
  * Why not torch's kernel: for the CPU image path this resize is a fifth of a train sample's CPU
  * time, and torch's uint8 kernel first repacks 3-channel pixels into 4-channel ones, resizes
@@ -303,8 +304,8 @@ bool taps_inside(const Taps &rows, const Taps &cols, const Box &in, const Box &o
  * image the source holds. */
 bool resize_rgb_to_planes(const ResizeJob &job) {
     const Box &in = job.source, &out = job.output;
-    const Taps rows = filter_taps(static_cast<int>(in.full_height), static_cast<int>(out.full_height),
-                                  job.filter);
+    const Taps rows = filter_taps(static_cast<int>(in.full_height),
+                                  static_cast<int>(out.full_height), job.filter);
     Taps cols = filter_taps(static_cast<int>(in.full_width), static_cast<int>(out.full_width),
                             job.filter);
     if (!taps_inside(rows, cols, in, out)) {
@@ -530,7 +531,8 @@ PyMethodDef methods[] = {
 
 struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "fastpipe._resize",
-    "Antialiased bilinear or bicubic resize of RGB crops to planar uint8 (the CPU image path).", -1, methods,
+    "Antialiased bilinear or bicubic resize of RGB crops to planar uint8 (the CPU image path).",
+    -1, methods,
 };
 
 }  // namespace
