@@ -91,3 +91,16 @@ def test_not_an_lmdb_pack(tmp_path, sample_root):
     pack(sample_root, tmp_path / "p.h5", progress=False)
     with pytest.raises(PackFormatError, match=r"HDF5 file, but LMDBDataset reads LMDB packs: .*H5Dataset"):
         LMDBDataset(tmp_path / "p.h5")
+
+
+def test_lmdb_draws_what_h5_draws_for_the_same_seed(sample_root, tmp_path):
+    """Per-sample randomness belongs to (seed, epoch, index), not to the storage."""
+    from fastpipe.data import ImageDecoder
+
+    pack(sample_root, tmp_path / "p.lmdb", progress=False)
+    pack(sample_root, tmp_path / "p.h5", progress=False)
+    kwargs = {"decoder": ImageDecoder(train=True, size=40), "auto_augment": "ra", "seed": 3}
+    ours, theirs = LMDBDataset(tmp_path / "p.lmdb", **kwargs), H5Dataset(tmp_path / "p.h5", **kwargs)
+    ours.set_epoch(2), theirs.set_epoch(2)
+    assert all(torch.equal(ours[i][0], theirs[i][0]) for i in range(6))
+    assert ours.targets.dtype == np.int64 and np.array_equal(ours.targets, theirs.targets)

@@ -295,3 +295,39 @@ def test_pickled_dataset_with_a_policy_gives_the_same_samples(sample_root, polic
     clone = pickle.loads(pickle.dumps(dataset))
     assert clone.seed == 9 and clone.epoch == 4 and clone.transform is _noise
     assert all(torch.equal(dataset[i][0], clone[i][0]) for i in range(4))
+
+
+class _EpochSampler(torch.utils.data.Sampler):
+    """A stand-in for fastpipe's samplers: yields SampleIndex(i, epoch), epoch advanced by
+    set_epoch, as DistributedSampler's."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.epoch = n, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        return (SampleIndex(i, self.epoch) for i in range(self.n))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def test_sample_index_reaches_persistent_workers(sample_root, no_thread_leak):
+    """Persistent workers never see the main process's set_epoch; the epoch carried by each
+    SampleIndex gives them the same batches as set_epoch gives num_workers=0."""
+    dataset = ImageFolder(sample_root, size=SIZE, seed=5)
+    sampler = _EpochSampler(16)
+    loader = DataLoader(dataset, batch_size=8, sampler=sampler, num_workers=2,
+                        persistent_workers=True, collate_fn=fast_collate)
+    got = []
+    for epoch in (0, 1):
+        sampler.set_epoch(epoch)
+        got.append(torch.cat([images for images, _ in loader]))
+    del loader
+    for epoch in (0, 1):
+        dataset.set_epoch(epoch)
+        expected = torch.stack([dataset[i][0] for i in range(16)])
+        assert torch.equal(got[epoch], expected)
+    assert not torch.equal(got[0], got[1])
