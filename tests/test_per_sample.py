@@ -331,3 +331,53 @@ def test_sample_index_reaches_persistent_workers(sample_root, no_thread_leak):
         expected = torch.stack([dataset[i][0] for i in range(16)])
         assert torch.equal(got[epoch], expected)
     assert not torch.equal(got[0], got[1])
+
+
+# ---------------------------------------------------------------- faster ops, same pixels
+
+
+@pytest.mark.parametrize("factor", [0.0, 0.1, 0.5, 0.77, 1.0, 1.3, 1.9])
+def test_sharpness_equals_torchvisions_pixel_for_pixel(factor):
+    from torchvision.transforms.v2 import functional as F
+
+    from fastpipe.data._augment import _sharpness
+
+    for seed in range(10):
+        generator = torch.Generator().manual_seed(seed)
+        image = torch.randint(0, 256, (3, 23 + seed, 31), dtype=torch.uint8, generator=generator)
+        assert torch.equal(_sharpness(image, factor), F.adjust_sharpness(image, factor))
+    batch = torch.randint(0, 256, (2, 3, 9, 8), dtype=torch.uint8)
+    assert torch.equal(_sharpness(batch, factor), F.adjust_sharpness(batch, factor))
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.5, 8.5, 127.0, 127.5, 200.1, 255.0,
+                                       255 * float(torch.linspace(1.0, 0.0, 10)[3])])
+def test_solarize_equals_torchvisions_pixel_for_pixel(threshold):
+    from torchvision.transforms.v2 import functional as F
+
+    from fastpipe.data._augment import _solarize
+
+    image = torch.arange(256, dtype=torch.uint8).repeat(3, 2, 1)
+    assert torch.equal(_solarize(image, threshold), F.solarize(image, threshold))
+
+
+@pytest.mark.parametrize("policy, reference", [
+    ("ra", "v2.RandAugment(interpolation=BILINEAR)"),
+    ("ta_wide", "v2.TrivialAugmentWide(interpolation=BILINEAR)"),
+    ("augmix", "v2.AugMix(interpolation=BILINEAR)"),
+    ("imagenet", "v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET, interpolation=BILINEAR)")])
+def test_torchvision_policies_give_torchvisions_pixels_for_the_same_draws(policy, reference):
+    """The policies run torchvision's own classes (faster Sharpness and Solarize only): for the
+    same global seed, the same output, pixel for pixel."""
+    from torchvision.transforms import InterpolationMode, v2
+
+    ours = auto_augment_transform(policy)
+    theirs = eval(reference, {"v2": v2, "BILINEAR": InterpolationMode.BILINEAR})
+    generator = torch.Generator().manual_seed(0)
+    for seed in range(30):
+        image = torch.randint(0, 256, (3, 40, 48), dtype=torch.uint8, generator=generator)
+        torch.manual_seed(seed)
+        got = ours(image)
+        torch.manual_seed(seed)
+        assert torch.equal(got, theirs(image)), (policy, seed)
+    assert pickle.loads(pickle.dumps(ours)).__class__ is type(ours)

@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 __all__ = ["INTERPOLATIONS", "POLICIES", "auto_augment_transform", "interpolation_name"]
@@ -60,12 +61,12 @@ def auto_augment_transform(
         from torchvision.transforms import v2
 
         if name == "ra":
-            return v2.RandAugment(interpolation=mode)
+            return _fast_class('FastRandAugment')(interpolation=mode)
         if name == "ta_wide":
-            return v2.TrivialAugmentWide(interpolation=mode)
+            return _fast_class('FastTrivialAugmentWide')(interpolation=mode)
         if name == "augmix":
-            return v2.AugMix(interpolation=mode)
-        return v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET, interpolation=mode)
+            return _fast_class('FastAugMix')(interpolation=mode)
+        return _fast_class('FastAutoAugment')(v2.AutoAugmentPolicy.IMAGENET, interpolation=mode)
     if name.startswith("rand"):
         return TimmRandAugment.from_string(name, interpolation=mode)
     timm_policies = ("augmix", "original", "originalr", "v0", "v0r", "3a", "trivialaugment")
@@ -75,6 +76,77 @@ def auto_augment_transform(
             f"the CPU path (they are PIL-based in timm). Accepted: {_accepted()}"
         )
     raise ValueError(f"unknown auto_augment policy {name!r}; accepted: {_accepted()}")
+
+
+def _sharpness(image: torch.Tensor, factor: float) -> torch.Tensor:
+    """torchvision's ``adjust_sharpness`` on uint8, equal pixel for pixel, ~10x faster: its
+    float32 3x3 convolution rounded equals the exact ``(8 neighbours + 5 * centre) / 13``
+    rounded (a multiple of 1/13 is never within float32 error of a half), computed here from
+    integer sums of shifted views; the blend is torchvision's own float32 arithmetic."""
+    wide = image.to(torch.int16)
+    sums = 5 * wide[..., 1:-1, 1:-1]
+    for dy in (0, 1, 2):
+        for dx in (0, 1, 2):
+            if (dy, dx) != (1, 1):
+                sums += wide[..., dy:dy + wide.shape[-2] - 2, dx:dx + wide.shape[-1] - 2]
+    blurred = torch.floor(sums.to(torch.float32) / 13 + 0.5)
+    output = image.to(torch.float32, copy=True)
+    view = output[..., 1:-1, 1:-1]
+    view.add_(blurred.sub_(view), alpha=(1.0 - factor))
+    return output.clamp_(0, 255).to(torch.uint8)
+
+
+def _solarize(image: torch.Tensor, threshold: float) -> torch.Tensor:
+    """torchvision's ``solarize`` on uint8 (values >= threshold inverted) through a 256-entry
+    table, equal pixel for pixel and several times faster than its ``torch.where``."""
+    table = np.arange(256, dtype=np.uint8)
+    # torch compares a uint8 tensor with a Python float in float32, the threshold rounded to it.
+    start = max(0, math.ceil(float(np.float32(threshold))))
+    table[start:] = 255 - table[start:]
+    return torch.from_numpy(table[image.numpy()])
+
+
+def _fast_apply(image: Any, transform_id: str, magnitude: float) -> torch.Tensor | None:
+    """The op through :func:`_sharpness` / :func:`_solarize` where they apply, else None."""
+    if type(image) is not torch.Tensor or image.dtype != torch.uint8 or image.ndim < 3:
+        return None
+    if transform_id == "Sharpness" and image.shape[-1] > 2 and image.shape[-2] > 2:
+        return _sharpness(image, 1.0 + magnitude)
+    if transform_id == "Solarize" and 255 * magnitude <= 255:
+        return _solarize(image, 255 * magnitude)
+    return None
+
+
+_FAST_POLICIES = ("FastAugMix", "FastAutoAugment", "FastRandAugment", "FastTrivialAugmentWide")
+
+
+def __getattr__(name: str) -> Any:
+    """torchvision's v2 policies with faster uint8 Sharpness and Solarize (same draws, same
+    pixels), made on first use so importing this module does not import torchvision; at module
+    level so that datasets holding them pickle (spawned DataLoader workers)."""
+    if name not in _FAST_POLICIES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from torchvision.transforms import v2
+
+    def fast(base: type) -> type:
+        def apply(self, image, transform_id, magnitude, interpolation, fill):
+            out = _fast_apply(image, transform_id, magnitude)
+            if out is not None:
+                return out
+            return base._apply_image_or_video_transform(self, image, transform_id, magnitude,
+                                                        interpolation, fill)
+
+        cls = type("Fast" + base.__name__, (base,), {"_apply_image_or_video_transform": apply,
+                                                     "__module__": __name__})
+        return cls
+
+    for base in (v2.AugMix, v2.AutoAugment, v2.RandAugment, v2.TrivialAugmentWide):
+        globals()["Fast" + base.__name__] = fast(base)
+    return globals()[name]
+
+
+def _fast_class(name: str) -> type:
+    return globals().get(name) or __getattr__(name)
 
 
 def _torchvision_mode(interpolation: str) -> Any:
