@@ -277,7 +277,7 @@ class TimmRandAugment:
         if name.startswith("Solarize") and name != "SolarizeAdd":
             threshold = min(256, int(level * 256))
             threshold = 256 - threshold if name == "SolarizeIncreasing" else threshold
-            return image if threshold > 255 else F.solarize(image, threshold)
+            return image if threshold > 255 else _solarize(image, threshold)
         if name == "SolarizeAdd":
             add = min(128, int(level * 110))
             added = (image.to(torch.int16) + add).clamp_(max=255).to(torch.uint8)
@@ -287,6 +287,9 @@ class TimmRandAugment:
                 factor = 1.0 + _negated(level * 0.9)
             else:
                 factor = level * 1.8 + 0.1
+            fast = _fast_apply(image, "Sharpness", factor - 1.0) if "Sharp" in name else None
+            if fast is not None:
+                return fast
             adjust = {"Color": F.adjust_saturation, "Contrast": F.adjust_contrast,
                       "Brightness": F.adjust_brightness, "Sharpness": F.adjust_sharpness}
             return adjust[name.removesuffix("Increasing")](image, factor)
