@@ -152,7 +152,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             memmap[i] = arrays[i][0].numpy()
         memmap.flush()
         del memmap
-        ceiling = MemmapDataset(work / "array.u8", shape, arrays.labels)
+        ceiling = MemmapDataset(work / "array.u8", shape, arrays.targets)
 
         files = FilesDataset(root, decode_chw)
         packs = {"H5Dataset bytes (copy, contiguous)": H5Dataset(work / "bytes.h5"),

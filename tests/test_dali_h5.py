@@ -48,7 +48,7 @@ def test_pack_gives_the_same_eval_batches_as_the_folder_it_was_packed_from(kind,
 
 def test_train_epochs_over_a_pack_see_every_sample_once(packs):
     dataset = H5Dataset(packs["copy"])
-    expected = torch.bincount(torch.as_tensor(dataset.labels), minlength=4)
+    expected = torch.bincount(torch.as_tensor(dataset.targets), minlength=4)
     with DALILoader(packs["copy"], batch_size=7, train=True, size=SIZE, device="cpu", seed=1) as loader:
         assert len(loader) == 7
         for _ in range(2):

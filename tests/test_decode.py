@@ -81,12 +81,16 @@ def test_other_modes_and_formats_decode_like_pil(jpegs, mode, fmt):
 
 # ---------------------------------------------------------------- fidelity at full scale
 
-def test_eval_output_within_bound_of_pil_resize_centre_crop(jpegs):
+FILTERS = {"bilinear": T.InterpolationMode.BILINEAR, "bicubic": T.InterpolationMode.BICUBIC}
+
+
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+def test_eval_output_within_bound_of_pil_resize_centre_crop(jpegs, interpolation):
     """Bound: mean |difference| <= 0.25 grey levels per image, max <= 2 (measured: up to 0.17, 1;
     fastpipe._resize rounds once where PIL rounds after each pass; torch's kernel, which rounds as
     PIL does, measured 0.02)."""
-    decoder = ImageDecoder(train=False)
-    reference = T.Compose([T.Resize(256), T.CenterCrop(224)])
+    decoder = ImageDecoder(train=False, interpolation=interpolation)
+    reference = T.Compose([T.Resize(256, FILTERS[interpolation]), T.CenterCrop(224)])
     for data in jpegs:
         diff = np.abs(decoder(data, "x").numpy().astype(np.int32) - chw(reference(pil_rgb(data))))
         assert diff.mean() <= 0.25 and diff.max() <= 2, (diff.mean(), diff.max())
@@ -100,27 +104,29 @@ def test_eval_handles_portrait_and_crop_pct(jpegs):
     assert diff.mean() <= 0.25
 
 
-def test_eval_at_reduced_scale_stays_within_half_a_grey_level_of_pil(big_jpeg):
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+def test_eval_at_reduced_scale_stays_within_half_a_grey_level_of_pil(big_jpeg, interpolation):
     """Large images decode at 1/2 or 1/4 in eval too (default reducing_gap 2.0): bound 0.5."""
-    decoder = ImageDecoder(train=False)
+    decoder = ImageDecoder(train=False, interpolation=interpolation)
     full = pil_rgb(big_jpeg)
     resize = _crop.eval_resize(full.height, full.width, 256)
     assert decoder._dct_scale(full.height, full.width, resize) > 1
-    reference = T.Compose([T.Resize(256), T.CenterCrop(224)])(full)
+    reference = T.Compose([T.Resize(256, FILTERS[interpolation]), T.CenterCrop(224)])(full)
     assert np.abs(decoder(big_jpeg, "x").numpy().astype(np.int32) - chw(reference)).mean() <= 0.5
 
 
-def test_train_crop_at_full_scale_matches_torchvision_resized_crop(jpegs):
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+def test_train_crop_at_full_scale_matches_torchvision_resized_crop(jpegs, interpolation):
     """A fixed box through the fused path vs torchvision's PIL resized_crop. Bound: mean
     |difference| <= 0.5 grey levels, max <= 2 (measured: up to 0.19, max 1)."""
-    decoder = ImageDecoder(train=True)
+    decoder = ImageDecoder(train=True, interpolation=interpolation)
     for data in jpegs[:4]:
         image = pil_rgb(data)
         for box in (_crop.Box(10, 20, 150, 180), _crop.Box(0, 0, image.height, image.width),
                     _crop.Box(33, 7, 300, 260)):
             array = _decode_jpeg(data, image.height, image.width, 1)
             out = _finish(decoder, array, (image.height, image.width), _Plan(box, None, False, 1))
-            reference = TF.resized_crop(image, *box, [224, 224], T.InterpolationMode.BILINEAR)
+            reference = TF.resized_crop(image, *box, [224, 224], FILTERS[interpolation])
             diff = np.abs(out.numpy().astype(np.int32) - chw(reference))
             assert diff.mean() <= 0.5 and diff.max() <= 2, (box, diff.mean(), diff.max())
 
@@ -138,15 +144,17 @@ def test_reduced_scale_decode_matches_full_decode_reduced(big_jpeg, k):
     assert np.abs(array.astype(np.int32) - reference).mean() <= 0.5
 
 
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
 @pytest.mark.parametrize("reducing_gap,bound", [(1.0, 4.0), (2.0, 0.5)])
-def test_reduced_scale_crops_within_bound_of_full_decode_and_resize(big_jpeg, reducing_gap, bound):
+def test_reduced_scale_crops_within_bound_of_full_decode_and_resize(big_jpeg, reducing_gap, bound,
+                                                                   interpolation):
     """Fused path (decode at 1/k, then resize) vs full decode + PIL resize of the same box.
     Stated bounds on the mean |difference|: 4 grey levels with the default reducing_gap=1.0
     (measured up to 2.8: the k x k DCT reduction is sharper than one wide bilinear filter), 0.5
     with reducing_gap=2.0 (measured up to 0.19)."""
     full = pil_rgb(big_jpeg)
     height, width = full.height, full.width
-    decoder = ImageDecoder(train=True, reducing_gap=reducing_gap)
+    decoder = ImageDecoder(train=True, reducing_gap=reducing_gap, interpolation=interpolation)
     used = set()
     for side in (460, 700, 1000, 1500):
         box = _crop.Box(20, 30, side, side)
@@ -154,7 +162,8 @@ def test_reduced_scale_crops_within_bound_of_full_decode_and_resize(big_jpeg, re
         used.add(k)
         out = _finish(decoder, _decode_jpeg(big_jpeg, height, width, k), (height, width),
                       _Plan(box, None, False, k))
-        reference = full.resize((224, 224), Image.BILINEAR,
+        pil_filter = Image.BICUBIC if interpolation == "bicubic" else Image.BILINEAR
+        reference = full.resize((224, 224), pil_filter,
                                 box=(box.left, box.top, box.left + side, box.top + side))
         diff = np.abs(out.numpy().astype(np.int32) - chw(reference)).mean()
         assert diff <= bound, (side, k, diff)
@@ -350,7 +359,8 @@ def test_truncated_png_raises_naming_the_source(jpegs):
 @pytest.mark.parametrize("kwargs,match", [
     ({"size": 0}, "size"), ({"size": 22.5}, "size"), ({"scale": (0.9, 0.1)}, "scale"),
     ({"ratio": (0, 1)}, "ratio"), ({"hflip": 1.5}, "hflip"), ({"crop_pct": 0}, "crop_pct"),
-    ({"reducing_gap": 0.5}, "reducing_gap"),
+    ({"reducing_gap": 0.5}, "reducing_gap"), ({"size": (224,)}, "size"),
+    ({"size": (0, 5)}, "size"), ({"interpolation": "nearest"}, "interpolation"),
 ])
 def test_bad_arguments_are_rejected_with_the_name(kwargs, match):
     with pytest.raises(ValueError, match=match):

@@ -63,7 +63,7 @@ def test_dataloader_spawn_with_a_decoder_and_transform(bytes_pack, no_thread_lea
     images, labels = zip(*loader, strict=True)
     want = torch.stack([hflip(decoder(ds.encoded(i)[0], f"{i}")) for i in range(len(ds))])
     assert torch.equal(torch.cat(images), want)
-    assert torch.equal(torch.cat(labels), torch.from_numpy(ds.labels))
+    assert torch.equal(torch.cat(labels), torch.from_numpy(ds.targets))
 
 
 def test_distributed_sampler_covers_the_set_disjointly(bytes_pack):
@@ -76,7 +76,7 @@ def test_distributed_sampler_covers_the_set_disjointly(bytes_pack):
         loader = DataLoader(ds, sampler=sampler, batch_size=None, collate_fn=lambda x: x)
         # What each rank reads is the sample its indices name.
         for index, (image, label) in zip(indices[:3], loader, strict=False):
-            assert label == ds.labels[index] and image.shape[0] == 3
+            assert label == ds.targets[index] and image.shape[0] == 3
         seen.append(indices)
     assert len(seen[0]) == len(seen[1]) == 24
     assert not set(seen[0]) & set(seen[1])

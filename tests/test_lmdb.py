@@ -29,7 +29,7 @@ def test_bytes_round_trip_is_bit_exact(sample_root, tmp_path):
     for i, path in enumerate(files):
         data, label = ds.encoded(i)
         assert data.tobytes() == path.read_bytes() and label == int(path.parent.name[-2:])
-        assert ds.source(i) == f"{path.parent.name}/{path.name}"
+        assert ds.path(i) == f"{path.parent.name}/{path.name}"
     h5 = pack(sample_root, tmp_path / "p.h5", progress=False)
     assert h5.count == 48
     assert torch.equal(ds[11][0], H5Dataset(tmp_path / "p.h5")[11][0])
@@ -59,8 +59,8 @@ def test_merge_shards_into_lmdb_and_verify_catches_damage(sample_root, tmp_path)
     out = tmp_path / "m.lmdb"
     assert merge_packs(parts, out, progress=False).count == 48
     ds = LMDBDataset(out)
-    assert np.array_equal(ds.labels, np.concatenate([H5Dataset(p).labels for p in parts]))
-    assert ds.source(47) == H5Dataset(parts[1]).source(23)
+    assert np.array_equal(ds.targets, np.concatenate([H5Dataset(p).targets for p in parts]))
+    assert ds.path(47) == H5Dataset(parts[1]).path(23)
     with pytest.raises(ValueError, match="LMDB has no virtual"):
         merge_packs(parts, tmp_path / "v.lmdb", merge="virtual")
     assert verify(out).ok  # while the dataset holds the file open in this process
@@ -91,3 +91,16 @@ def test_not_an_lmdb_pack(tmp_path, sample_root):
     pack(sample_root, tmp_path / "p.h5", progress=False)
     with pytest.raises(PackFormatError, match=r"HDF5 file, but LMDBDataset reads LMDB packs: .*H5Dataset"):
         LMDBDataset(tmp_path / "p.h5")
+
+
+def test_lmdb_draws_what_h5_draws_for_the_same_seed(sample_root, tmp_path):
+    """Per-sample randomness belongs to (seed, epoch, index), not to the storage."""
+    from fastpipe.data import ImageDecoder
+
+    pack(sample_root, tmp_path / "p.lmdb", progress=False)
+    pack(sample_root, tmp_path / "p.h5", progress=False)
+    kwargs = {"decoder": ImageDecoder(train=True, size=40), "auto_augment": "ra", "seed": 3}
+    ours, theirs = LMDBDataset(tmp_path / "p.lmdb", **kwargs), H5Dataset(tmp_path / "p.h5", **kwargs)
+    ours.set_epoch(2), theirs.set_epoch(2)
+    assert all(torch.equal(ours[i][0], theirs[i][0]) for i in range(6))
+    assert ours.targets.dtype == np.int64 and np.array_equal(ours.targets, theirs.targets)

@@ -30,10 +30,10 @@ def image_files(root: Path) -> list[Path]:
 
 def assert_same_pack(a: H5Dataset, b: H5Dataset) -> None:
     assert len(a) == len(b)
-    assert np.array_equal(a.labels, b.labels)
+    assert np.array_equal(a.targets, b.targets)
     assert a.classes == b.classes
     for i in range(len(a)):
-        assert a.source(i) == b.source(i)
+        assert a.path(i) == b.path(i)
         if a.storage == "bytes":
             assert np.array_equal(a.encoded(i)[0], b.encoded(i)[0])
         else:
@@ -51,8 +51,8 @@ def test_bytes_round_trip_is_bit_exact(sample_root, tmp_path, no_thread_leak):
     for i, path in enumerate(files):
         data, label = ds.encoded(i)
         assert data.dtype == np.uint8 and data.tobytes() == path.read_bytes()
-        assert label == int(path.parent.name[-2:]) == ds.labels[i]
-        assert ds.source(i) == f"{path.parent.name}/{path.name}"
+        assert label == int(path.parent.name[-2:]) == ds.targets[i]
+        assert ds.path(i) == f"{path.parent.name}/{path.name}"
     image, label = ds[7]
     assert image.shape[0] == 3 and image.is_contiguous()
     assert np.array_equal(image.permute(1, 2, 0).numpy(), decode_rgb(files[7].read_bytes()))
@@ -278,7 +278,7 @@ def test_corrupt_inputs_are_skipped_and_listed(sample_root, tmp_path, workers):
         assert bad[s["source"]] in s["reason"]
     ds = H5Dataset(tmp_path / "p.h5")
     assert ds.skipped == report.skipped and len(ds) == 8
-    assert all("class_" in ds.source(i) and "truncated" not in ds.source(i) for i in range(8))
+    assert all("class_" in ds.path(i) and "truncated" not in ds.path(i) for i in range(8))
     assert verify(tmp_path / "p.h5").ok
     assert "skipped 4 inputs" in report.summary() and "class_02/empty.jpg: empty file" in report.summary()
 
@@ -370,8 +370,8 @@ def test_folder_listing_matches_torchvision_image_folder(sample_root, tmp_path):
     ds = H5Dataset(tmp_path / "t.h5")
     reference = torchvision.datasets.ImageFolder(str(root))
     assert ds.classes == reference.classes == [".ipynb_checkpoints", "cat", "dog"]
-    assert ds.labels.tolist() == reference.targets
-    assert [ds.source(i) for i in range(len(ds))] == [os.path.relpath(p, root) for p, _ in reference.samples]
+    assert ds.targets.tolist() == reference.targets
+    assert [ds.path(i) for i in range(len(ds))] == [os.path.relpath(p, root) for p, _ in reference.samples]
 
 
 def test_list_file_source(sample_root, tmp_path):
@@ -381,17 +381,17 @@ def test_list_file_source(sample_root, tmp_path):
         f"{os.path.relpath(p, tmp_path)} {'cat' if k % 2 else 'dog'}\n" for k, p in enumerate(files)) + "\n")
     pack(named, tmp_path / "n.h5", progress=False)
     ds = H5Dataset(tmp_path / "n.h5")
-    assert ds.classes == ["cat", "dog"] and ds.labels.tolist() == [1, 0, 1, 0, 1, 0]
+    assert ds.classes == ["cat", "dog"] and ds.targets.tolist() == [1, 0, 1, 0, 1, 0]
     assert ds.encoded(4)[0].tobytes() == files[4].read_bytes()
     numbered = tmp_path / "numbered.scp"
     numbered.write_text("".join(f"{p}\t{k * 10}\n" for k, p in enumerate(files)))
     pack(numbered, tmp_path / "i.h5", progress=False)
-    assert H5Dataset(tmp_path / "i.h5").labels.tolist() == [0, 10, 20, 30, 40, 50]
+    assert H5Dataset(tmp_path / "i.h5").targets.tolist() == [0, 10, 20, 30, 40, 50]
     bare = tmp_path / "bare.txt"
     bare.write_text("".join(f"{p}\n" for p in files))
     pack(bare, tmp_path / "b.h5", progress=False)
     ds = H5Dataset(tmp_path / "b.h5")
-    assert ds.labels.tolist() == [-1] * 6 and ds.classes == [] and ds.source(0) == str(files[0])
+    assert ds.targets.tolist() == [-1] * 6 and ds.classes == [] and ds.path(0) == str(files[0])
 
 
 def test_bad_arguments_say_what_to_do(sample_root, tmp_path):

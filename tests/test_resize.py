@@ -99,6 +99,89 @@ def test_within_a_grey_level_of_torch_and_pil(module, in_size, out_size):
         assert diff.max() <= 1 and diff.mean() < 0.35, (diff.max(), diff.mean())
 
 
+def _bicubic(x: np.ndarray) -> np.ndarray:
+    """PIL's bicubic filter (Keys' cubic, a = -0.5)."""
+    x, a = np.abs(x), -0.5
+    return np.where(x < 1, ((a + 2) * x - (a + 3)) * x * x + 1,
+                    np.where(x < 2, (((x - 5) * x + 8) * x - 4) * a, 0.0))
+
+
+def _bicubic_weights(in_size: int, out_size: int) -> np.ndarray:
+    """(out_size, in_size) weights of PIL's antialiased bicubic filter (support 2, stretched by
+    the scale when shrinking), float64."""
+    scale = in_size / out_size
+    support = 2.0 * max(scale, 1.0)
+    inv = 1.0 / scale if scale >= 1.0 else 1.0
+    matrix = np.zeros((out_size, in_size))
+    for i in range(out_size):
+        centre = scale * (i + 0.5)
+        lo = max(int(centre - support + 0.5), 0)
+        hi = min(int(centre + support + 0.5), in_size)
+        taps = _bicubic((np.arange(lo, hi) - centre + 0.5) * inv)
+        matrix[i, lo:hi] = taps / taps.sum()
+    return matrix
+
+
+def _smooth(height: int, width: int) -> np.ndarray:
+    """Gradients in 40-216, so no filter overshoots 0-255 and PIL's clipping between its two
+    passes never applies."""
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    base = np.stack([128 + 88 * np.sin(x / 9 + c) * np.cos(y / 13 - c) for c in range(3)], -1)
+    return base.round().astype(np.uint8)
+
+
+@pytest.mark.parametrize("in_size, out_size", SHAPES)
+def test_bicubic_equals_the_exact_filter_clamped_and_rounded(module, in_size, out_size):
+    """filter=1: PIL's bicubic taps; the float64 result clamped to 0-255 and rounded half up,
+    except within 0.1 of a rounding boundary (negative weights quantize less evenly)."""
+    pixels = _image(*in_size)
+    rows = _bicubic_weights(in_size[0], out_size[0])
+    cols = _bicubic_weights(in_size[1], out_size[1])
+    planes = [rows @ pixels[:, :, c].astype(np.float64) @ cols.T for c in range(3)]
+    exact = np.clip(np.stack(planes), 0, 255)
+    out = np.empty((3, *out_size), np.uint8)
+    module.resize(pixels, (0, 0), pixels.shape[:2], out, (0, 0), out_size, False, 1)
+    got, rounded = out.astype(np.float64), np.floor(exact + 0.5)
+    assert np.abs(got - exact).max() <= 0.6
+    near_boundary = np.abs(exact - np.floor(exact) - 0.5) < 0.1
+    assert np.all((got == rounded) | near_boundary)
+    assert (got != rounded).mean() < 0.02
+
+
+@pytest.mark.parametrize("in_size, out_size", SHAPES[:6])
+def test_bicubic_within_a_grey_level_of_torch_and_pil(module, in_size, out_size):
+    """Where nothing overshoots 0-255, within one grey level of PIL's BICUBIC and torch's
+    antialiased bicubic (they clip after their first pass, this resize at the end only)."""
+    pixels = _smooth(*in_size)
+    out = np.empty((3, *out_size), np.uint8)
+    module.resize(pixels, (0, 0), pixels.shape[:2], out, (0, 0), out_size, False, 1)
+    tensor = torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)
+    torch_out = F.interpolate(tensor, size=out_size, mode="bicubic", antialias=True)[0].numpy()
+    pil_out = np.asarray(Image.fromarray(pixels).resize(out_size[::-1], Image.BICUBIC))
+    for reference in (torch_out, pil_out.transpose(2, 0, 1)):
+        diff = np.abs(out.astype(np.int32) - reference.astype(np.int32))
+        assert diff.max() <= 1 and diff.mean() < 0.35, (diff.max(), diff.mean())
+
+
+def test_bicubic_window_from_its_input_box_equals_the_whole_resize(module):
+    image = _image(333, 517, seed=3)
+    whole = np.empty((3, 256, 397), np.uint8)
+    module.resize(image, (0, 0), (333, 517), whole, (0, 0), (256, 397), False, 1)
+    top, left, height, width = module.input_box((333, 517), (256, 397), (16, 86), (224, 224), 1)
+    assert (top, left, height, width) != module.input_box((333, 517), (256, 397), (16, 86),
+                                                          (224, 224))
+    region = np.ascontiguousarray(image[top:top + height, left:left + width])
+    out = np.empty((3, 224, 224), np.uint8)
+    module.resize(region, (top, left), (333, 517), out, (16, 86), (256, 397), False, 1)
+    np.testing.assert_array_equal(out, whole[:, 16:240, 86:310])
+
+
+def test_unknown_filter_is_refused(module):
+    with pytest.raises(ValueError, match="filter must be 0"):
+        module.resize(np.zeros((10, 10, 3), np.uint8), (0, 0), (10, 10),
+                      np.empty((3, 5, 5), np.uint8), (0, 0), (5, 5), False, 2)
+
+
 def test_flip_mirrors_the_output(module):
     pixels = _image(123, 211)
     np.testing.assert_array_equal(_resize(module, pixels, (64, 97), flip=True),

@@ -26,10 +26,6 @@ import fastpipe
 RENAMED_ELSEWHERE: dict[tuple[str, str], str] = {
     ("DataLoaderX", "max_prefetch"): "h13",
     ("DataPrefetcher", "depth"): "h13",
-    ("H5Dataset", "labels"): "h14a",
-    ("H5Dataset", "source"): "h14a",
-    ("LMDBDataset", "labels"): "h14a",
-    ("LMDBDataset", "source"): "h14a",
     ("pack", "workers"): "h16b",
     ("pack", "shard"): "h16b",
 }

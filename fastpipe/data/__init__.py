@@ -16,6 +16,8 @@ _EXPORTS = {
     "ImageFolder": "fastpipe.data.folder",
     "fast_collate": "fastpipe.data.collate",
     "PackFormatError": "fastpipe.data._pack_format",
+    "SampleIndex": "fastpipe.data._random",
+    "sample_generator": "fastpipe.data._random",
     "H5Dataset": "fastpipe.data.h5",
     "LMDBDataset": "fastpipe.data.lmdb",
     "sample_images": "fastpipe.data.samples",

@@ -31,13 +31,14 @@ class Box(NamedTuple):
 UNIFORMS_PER_CROP = 23
 
 
-def draw_uniforms() -> list[float]:
-    """The uniform [0, 1) numbers for one train crop, in one call on torch's default generator.
+def draw_uniforms(generator: torch.Generator | None = None) -> list[float]:
+    """The uniform [0, 1) numbers for one train crop, in one call on ``generator`` (torch's
+    default generator when None, as torchvision's transforms draw).
 
-    Drawing from torch (as torchvision's transforms do) means ``torch.manual_seed`` in the main
-    process and the DataLoader's per-worker seeding reproduce every crop of a run.
+    fastpipe's datasets pass a generator seeded from (seed, epoch, index)
+    (fastpipe.data._random), so crops do not depend on the worker that draws them.
     """
-    return torch.rand(UNIFORMS_PER_CROP, dtype=torch.float64).tolist()
+    return torch.rand(UNIFORMS_PER_CROP, dtype=torch.float64, generator=generator).tolist()
 
 
 def random_resized_crop_box(
@@ -79,17 +80,21 @@ def random_resized_crop_box(
     return Box((height - h) // 2, (width - w) // 2, h, w)
 
 
-def eval_resize(height: int, width: int, resize_to: int) -> tuple[int, int]:
-    """The size torchvision's ``Resize(resize_to)`` gives: shorter side ``resize_to``, the longer
-    scaled and truncated to an int."""
+def eval_resize(height: int, width: int, resize_to: int | tuple[int, int]) -> tuple[int, int]:
+    """The size torchvision's ``Resize(resize_to)`` gives: for an int, shorter side
+    ``resize_to``, the longer scaled and truncated to an int; a ``(height, width)`` as is."""
+    if not isinstance(resize_to, int):
+        return int(resize_to[0]), int(resize_to[1])
     if height <= width:
         return resize_to, int(resize_to * width / height)
     return int(resize_to * height / width), resize_to
 
 
-def centre_box(height: int, width: int, size: int) -> Box:
-    """torchvision's ``CenterCrop(size)`` on an image at least ``size`` on each side."""
-    return Box(int(round((height - size) / 2.0)), int(round((width - size) / 2.0)), size, size)
+def centre_box(height: int, width: int, size: int | tuple[int, int]) -> Box:
+    """torchvision's ``CenterCrop(size)`` (an int, or ``(height, width)``) on an image at least
+    that large."""
+    out_h, out_w = (size, size) if isinstance(size, int) else size
+    return Box(int(round((height - out_h) / 2.0)), int(round((width - out_w) / 2.0)), out_h, out_w)
 
 
 def dct_scale(height: int, width: int, need_height: float, need_width: float) -> int:

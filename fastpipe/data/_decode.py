@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from fastpipe.data import _crop
+from fastpipe.data._augment import interpolation_name
 
 try:
     from fastpipe._jpeg import decode_region as _decode_region
@@ -198,13 +199,33 @@ class _Pixels(NamedTuple):
 _EVAL_REGION_MARGIN = 4
 
 
-class ImageDecoder:
-    """Callable ``(data: bytes, source: str) -> uint8 tensor (3, size, size)``, the fused path.
+_FILTERS = {"bilinear": 0, "bicubic": 1}
 
-    Train mode: a crop drawn like torchvision's ``RandomResizedCrop(size, scale, ratio)``, resized
-    to ``size x size`` (bilinear, antialiased), flipped horizontally with probability ``hflip``.
-    Eval mode: the shorter side resized to ``floor(size / crop_pct)`` (256 for 224), then the
-    centre ``size x size`` crop, like ``Resize(256) + CenterCrop(224)``.
+
+def _size_pair(size: int | tuple[int, int]) -> tuple[int, int]:
+    """``(height, width)`` from an int (square) or a pair of positive ints."""
+    pair = (size, size) if isinstance(size, int) else size
+    try:
+        ok = len(pair) == 2 and all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in pair)
+    except TypeError:
+        ok = False
+    if isinstance(size, bool) or not ok:
+        raise ValueError(
+            f"size must be a positive int (square output) or (height, width), got {size!r}")
+    return int(pair[0]), int(pair[1])
+
+
+class ImageDecoder:
+    """Callable ``(data: bytes, source: str) -> uint8 tensor (3, H, W)``, the fused path.
+
+    ``size`` is an int (a square output) or ``(height, width)``. Train mode: a crop drawn like
+    torchvision's ``RandomResizedCrop(size, scale, ratio)``, resized to ``size`` (antialiased,
+    ``interpolation`` ``"bilinear"`` or ``"bicubic"``, PIL's filters), flipped horizontally with
+    probability ``hflip``. Eval mode: the shorter side resized to ``floor(size / crop_pct)`` (256
+    for 224), then the centre crop of ``size``, like ``Resize(256) + CenterCrop(224)``; for a
+    ``(height, width)`` size, as timm's eval transform, the image is resized to
+    ``(floor(height / crop_pct), floor(width / crop_pct))`` first.
 
     JPEGs decode at the smallest DCT scale (1/2, 1/4, 1/8) at which the crop is still at least
     ``reducing_gap`` times the output size (PIL's name and meaning). 1.0, the train default, is
@@ -214,9 +235,9 @@ class ImageDecoder:
     ``float("inf")`` always decodes at full size. ``fast_upsample`` (default: on in train mode,
     off in eval) has libjpeg-turbo replicate the half-resolution chroma of 4:2:0 JPEGs instead of
     interpolating it: about 6% less decode time, 0.2 grey levels of mean difference on train
-    crops, the largest at sharp colour edges. Randomness comes from torch's default
-    generator, one draw per image: ``torch.manual_seed`` and the DataLoader's per-worker seeding
-    reproduce a run. The output stays uint8; normalize on the device
+    crops, the largest at sharp colour edges. Randomness comes from ``generator`` when the call
+    passes one (fastpipe's datasets pass one seeded from (seed, epoch, index)), else from torch's
+    default generator, one draw per image. The output stays uint8; normalize on the device
     (``DataPrefetcher(mean=..., std=...)`` or ``fastpipe.ops.normalize``).
 
     Raises :class:`CorruptImageError` naming ``source`` for bytes that are not a decodable image.
@@ -225,16 +246,17 @@ class ImageDecoder:
     def __init__(
         self,
         train: bool = True,
-        size: int = 224,
+        size: int | tuple[int, int] = 224,
         scale: tuple[float, float] = (0.08, 1.0),
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
         hflip: float = 0.5,
         crop_pct: float = 0.875,
+        interpolation: str = "bilinear",
         reducing_gap: float | None = None,
         fast_upsample: bool | None = None,
     ) -> None:
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise ValueError(f"size must be a positive int (the output is size x size), got {size!r}")
+        out_size = _size_pair(size)
+        self.interpolation = interpolation_name(interpolation)
         for name, pair in (("scale", scale), ("ratio", ratio)):
             if len(pair) != 2 or not 0 < pair[0] <= pair[1]:
                 raise ValueError(f"{name} must be (low, high) with 0 < low <= high, got {pair!r}")
@@ -250,27 +272,35 @@ class ImageDecoder:
             )
         self.train = bool(train)
         self.fast_upsample = self.train if fast_upsample is None else bool(fast_upsample)
-        self.size = size
+        self.size = size if isinstance(size, int) else out_size
+        self._out = out_size
         self.scale = (float(scale[0]), float(scale[1]))
         self.ratio = (float(ratio[0]), float(ratio[1]))
         self.hflip = float(hflip)
         self.crop_pct = float(crop_pct)
         self.reducing_gap = float(reducing_gap)
-        self.resize_to = int(size / crop_pct + 1e-9)
+        if isinstance(size, int):
+            self.resize_to: int | tuple[int, int] = int(size / crop_pct + 1e-9)
+        else:
+            self.resize_to = (int(out_size[0] / crop_pct + 1e-9),
+                              int(out_size[1] / crop_pct + 1e-9))
 
     def __repr__(self) -> str:
         if self.train:
             return (f"ImageDecoder(train=True, size={self.size}, scale={self.scale}, "
-                    f"ratio={self.ratio}, hflip={self.hflip}, reducing_gap={self.reducing_gap}, "
+                    f"ratio={self.ratio}, hflip={self.hflip}, "
+                    f"interpolation={self.interpolation!r}, reducing_gap={self.reducing_gap}, "
                     f"fast_upsample={self.fast_upsample})")
         return (f"ImageDecoder(train=False, size={self.size}, crop_pct={self.crop_pct}, "
-                f"reducing_gap={self.reducing_gap}, fast_upsample={self.fast_upsample})")
+                f"interpolation={self.interpolation!r}, reducing_gap={self.reducing_gap}, "
+                f"fast_upsample={self.fast_upsample})")
 
-    def __call__(self, data: ImageBytes, source: str = "<bytes>") -> torch.Tensor:
+    def __call__(self, data: ImageBytes, source: str = "<bytes>", *,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
         data = _bytes_of(data, source)
         size = _jpeg_size(data)
         if size is not None:
-            plan = self._plan(*size)
+            plan = self._plan(*size, generator=generator)
             pixels = self._decode_region(data, size, plan)
             if pixels is None:
                 array = _decode_jpeg(data, size[0], size[1], plan.k, self.fast_upsample)
@@ -280,18 +310,18 @@ class ImageDecoder:
                 pixels = self._pixels_of(array, size, plan)
         else:
             array = _decode_pil(data, source)
-            plan = self._plan(*array.shape[:2])
+            plan = self._plan(*array.shape[:2], generator=generator)
             pixels = self._pixels_of(array, array.shape[:2], plan)
         return self._resized(pixels, plan)
 
-    def _plan(self, height: int, width: int) -> _Plan:
+    def _plan(self, height: int, width: int, generator: torch.Generator | None = None) -> _Plan:
         if self.train:
-            uniforms = _crop.draw_uniforms()
+            uniforms = _crop.draw_uniforms(generator)
             box = _crop.random_resized_crop_box(height, width, uniforms, self.scale, self.ratio)
-            need = (height * self.size / box.height, width * self.size / box.width)
+            need = (height * self._out[0] / box.height, width * self._out[1] / box.width)
             return _Plan(box, None, uniforms[22] < self.hflip, self._dct_scale(height, width, need))
         resize = _crop.eval_resize(height, width, self.resize_to)
-        box = _crop.centre_box(resize[0], resize[1], self.size)
+        box = _crop.centre_box(resize[0], resize[1], self._out)
         return _Plan(box, resize, False, self._dct_scale(height, width, resize))
 
     def _dct_scale(self, height: int, width: int, need: tuple[float, float]) -> int:
@@ -313,7 +343,8 @@ class ImageDecoder:
             return None if crop is None else _Pixels.whole(crop)
         if _input_box is None:
             return None
-        top, left, height, width = _input_box(decoded_size, plan.resize, plan.box[:2], plan.box[2:])
+        top, left, height, width = _input_box(decoded_size, plan.resize, plan.box[:2], plan.box[2:],
+                                              _FILTERS[self.interpolation])
         right = min(left + width + _EVAL_REGION_MARGIN, decoded_size[1])
         left = max(left - _EVAL_REGION_MARGIN, 0)
         region = _crop.Box(top, left, height, right - left)
@@ -328,7 +359,7 @@ class ImageDecoder:
         return _Pixels.crop_of(array, _decoded_box(plan.box, full_size, array.shape[:2]))
 
     def _resized(self, pixels: _Pixels, plan: _Plan) -> torch.Tensor:
-        """Train: ``pixels`` (the crop) resized to ``size x size`` and flipped if planned. Eval:
+        """Train: ``pixels`` (the crop) resized to ``size`` and flipped if planned. Eval:
         the planned centre crop of the image ``pixels`` belong to, resized to ``plan.resize``.
 
         Into a fresh tensor: decoding straight into the rows of a shared-memory batch (skipping
@@ -336,27 +367,29 @@ class ImageDecoder:
         landing in cold memory instead of a buffer the allocator just freed, still in cache.
         """
         if plan.resize is None:
-            resized_size, window = (self.size, self.size), _crop.Box(0, 0, self.size, self.size)
+            resized_size, window = self._out, _crop.Box(0, 0, *self._out)
         else:
             resized_size, window = plan.resize, plan.box
         if _resize_pixels is None:
-            return _torch_resized(pixels, resized_size, window, plan.flip)
+            return _torch_resized(pixels, resized_size, window, plan.flip, self.interpolation)
         out = np.empty((3, window.height, window.width), dtype=np.uint8)
         _resize_pixels(pixels.array, pixels.at, pixels.image_size, out, window[:2], resized_size,
-                       plan.flip)
+                       plan.flip, _FILTERS[self.interpolation])
         return torch.from_numpy(out)
 
 
-def _torch_resized(pixels: _Pixels, size: tuple[int, int], window: _crop.Box, flip: bool) -> torch.Tensor:
-    """The fallback without fastpipe._resize: torch's antialiased bilinear resize of the whole
-    ``pixels`` (its uint8 SIMD kernel, the one torchvision.transforms.v2 uses, within a grey level
-    of PIL's), then the window, flipped if asked; ``(3, h, w)`` contiguous."""
+def _torch_resized(pixels: _Pixels, size: tuple[int, int], window: _crop.Box, flip: bool,
+                   interpolation: str = "bilinear") -> torch.Tensor:
+    """The fallback without fastpipe._resize: torch's antialiased bilinear or bicubic resize of
+    the whole ``pixels`` (its uint8 SIMD kernel, the one torchvision.transforms.v2 uses, within a
+    grey level of PIL's), then the window, flipped if asked; ``(3, h, w)`` contiguous."""
     if pixels.at != (0, 0) or pixels.array.shape[:2] != tuple(pixels.image_size):
         raise ValueError("torch's resize needs the whole image; a region needs fastpipe._resize")
     # A contiguous copy first: torch's uint8 kernel reads a strided view much more slowly, and the
     # copy (~0.02 ms) saved ~0.045 ms per image, with identical output.
     image = torch.from_numpy(np.ascontiguousarray(pixels.array)).permute(2, 0, 1).unsqueeze(0)
     if tuple(image.shape[-2:]) != tuple(size):
-        image = F.interpolate(image, size=size, mode="bilinear", antialias=True, align_corners=False)
+        image = F.interpolate(image, size=tuple(size), mode=interpolation, antialias=True,
+                              align_corners=False)
     out = image[0, :, window.top:window.top + window.height, window.left:window.left + window.width]
     return out.flip(-1) if flip else out.contiguous()

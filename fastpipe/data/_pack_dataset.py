@@ -12,7 +12,9 @@ import torch
 from torch.utils.data import Dataset
 
 from fastpipe.data import _pack_format as fmt
-from fastpipe.data._decode import CorruptImageError, decode_rgb
+from fastpipe.data._augment import PerSample
+from fastpipe.data._decode import CorruptImageError, ImageDecoder, decode_rgb
+from fastpipe.data._random import forked_default_generator, reseeded, sample_seed
 
 
 def decode_chw(data: bytes | memoryview | np.ndarray, source: str = "<bytes>") -> torch.Tensor:
@@ -20,8 +22,13 @@ def decode_chw(data: bytes | memoryview | np.ndarray, source: str = "<bytes>") -
     return torch.from_numpy(decode_rgb(data, source)).permute(2, 0, 1).contiguous()
 
 
-class PackDataset(Dataset):
+class PackDataset(PerSample, Dataset):
     """A map-style dataset over a fastpipe pack, opened lazily in each process.
+
+    Each sample: ``decoder`` (bytes storage), then ``auto_augment``, then ``transform``; every
+    random draw of sample ``i`` is a pure function of ``(seed, epoch, i)`` (see
+    :class:`~fastpipe.data.ImageFolder`). ``file`` is the pack's path; ``path(i)`` names the file
+    sample ``i`` was packed from.
 
     The constructor opens the pack once to validate it and read the labels, then closes it, so
     nothing open is ever pickled or inherited: each DataLoader worker (fork or spawn) opens its own
@@ -35,36 +42,41 @@ class PackDataset(Dataset):
         path: str | os.PathLike,
         decoder: Callable[[np.ndarray, str], Any] | None = None,
         transform: Callable[[Any], Any] | None = None,
+        auto_augment: str | None = None,
+        seed: int | None = None,
     ) -> None:
-        self.path = Path(path)
+        self.file = Path(path)
         self.decoder = decoder
-        self.transform = transform
+        # auto_augment's geometric ops resize with the decoder's filter.
+        interpolation = getattr(decoder, "interpolation", "bilinear")
+        self._init_per_sample(transform, auto_augment, interpolation, seed)
         with self._open() as reader:
             self.meta: dict[str, Any] = reader.meta
-            self.labels: np.ndarray = reader.labels
+            self.targets: np.ndarray = reader.labels
             self.classes: list[str] = reader.classes
             self.storage: str = reader.spec.storage
             self.layout: str = reader.spec.layout
             self.sample_shape = reader.spec.sample_shape
             self._count = reader.count
         if decoder is not None and self.storage != "bytes":
-            raise ValueError(f"{self.path} holds decoded arrays ({self.layout}); a decoder applies to bytes "
+            raise ValueError(f"{self.file} holds decoded arrays ({self.layout}); a decoder "
+                             "applies to bytes "
                              "storage only: pass a transform instead")
         self._reader: fmt.PackReader | None = None
         self._pid: int | None = None
 
     def _open(self) -> fmt.PackReader:
         try:
-            found = fmt.sniff_format(self.path)
+            found = fmt.sniff_format(self.file)
         except fmt.PackFormatError:
             found = None  # open_pack explains what the file is not
         if found is not None and found != self._format:
             reader = "LMDBDataset" if found == "lmdb" else "H5Dataset"
             raise fmt.PackFormatError(
-                f"{self.path} is an {'LMDB' if found == 'lmdb' else 'HDF5'} file, but "
+                f"{self.file} is an {'LMDB' if found == 'lmdb' else 'HDF5'} file, but "
                 f"{type(self).__name__} reads {'LMDB' if self._format == 'lmdb' else 'HDF5'} packs: "
                 f"open it with fastpipe.data.{reader}")
-        return fmt.open_pack(self.path, self._format)
+        return fmt.open_pack(self.file, self._format)
 
     def _get_reader(self) -> fmt.PackReader:
         pid = os.getpid()
@@ -93,39 +105,53 @@ class PackDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[Any, int]:
         reader = self._get_reader()
         i = reader._check_index(index)
-        return self._finish(reader, i, reader.read(i))
+        return self._finish(reader, i, self._epoch_of(index), reader.read(i))
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, int]]:
         """Batched read: samples are read in storage order, returned in the order asked."""
         reader = self._get_reader()
         checked = [reader._check_index(i) for i in indices]
+        epochs = [self._epoch_of(i) for i in indices]
         order = np.argsort(checked, kind="stable")
         if self.storage == "array":
             batch = np.empty((len(checked), *reader.spec.sample_shape), reader.spec.dtype)
             for k in order:
                 reader.read(checked[k], batch[k])
             rows = torch.from_numpy(batch)
-            return [self._finish(reader, i, None, rows[k]) for k, i in enumerate(checked)]
+            return [self._finish(reader, i, epochs[k], None, rows[k])
+                    for k, i in enumerate(checked)]
         data: list[np.ndarray | None] = [None] * len(checked)
         for k in order:
             data[k] = reader.read(checked[k])
-        return [self._finish(reader, i, data[k]) for k, i in enumerate(checked)]
+        return [self._finish(reader, i, epochs[k], data[k]) for k, i in enumerate(checked)]
 
-    def _finish(self, reader: fmt.PackReader, index: int, data: np.ndarray | None,
+    def _finish(self, reader: fmt.PackReader, index: int, epoch: int, data: np.ndarray | None,
                 tensor: torch.Tensor | None = None) -> tuple[Any, int]:
-        if self.storage == "bytes":
-            decoder = self.decoder or decode_chw
-            try:
-                image = decoder(data, f"{self.path}[{index}]")
-            except CorruptImageError as exc:
-                raise CorruptImageError(
-                    f"sample {index} of {self.path} (packed from {reader.source(index)}) does not decode: {exc}"
-                ) from exc
-        else:
-            image = tensor if tensor is not None else torch.from_numpy(data)
-        if self.transform is not None:
-            image = self.transform(image)
-        return image, int(self.labels[index])
+        # fastpipe's ImageDecoder draws from a generator it is given; any other decoder runs
+        # under the forked global generator, as auto_augment and transform do.
+        fused = isinstance(self.decoder, ImageDecoder)
+        fork = self._needs_fork() or (self.decoder is not None and not fused)
+        if not fork:
+            return self._decoded(reader, index, epoch, data, tensor), int(self.targets[index])
+        with forked_default_generator(sample_seed(self.seed, epoch, index, 1)):
+            image = self._augmented(self._decoded(reader, index, epoch, data, tensor))
+        return image, int(self.targets[index])
+
+    def _decoded(self, reader: fmt.PackReader, index: int, epoch: int, data: np.ndarray | None,
+                 tensor: torch.Tensor | None) -> Any:
+        if self.storage != "bytes":
+            return tensor if tensor is not None else torch.from_numpy(data)
+        source = f"{self.file}[{index}]"
+        try:
+            if isinstance(self.decoder, ImageDecoder):
+                generator = reseeded(sample_seed(self.seed, epoch, index))
+                return self.decoder(data, source, generator=generator)
+            return (self.decoder or decode_chw)(data, source)
+        except CorruptImageError as exc:
+            raise CorruptImageError(
+                f"sample {index} of {self.file} (packed from {reader.source(index)}) does not "
+                f"decode: {exc}"
+            ) from exc
 
     def encoded(self, index: int) -> tuple[np.ndarray, int]:
         """The stored bytes of sample ``index`` (uint8 1-D array, e.g. a JPEG file) and its label.
@@ -133,16 +159,17 @@ class PackDataset(Dataset):
         Bytes storage only; this is what a DALI external source feeds to its decoder.
         """
         if self.storage != "bytes":
-            raise ValueError(f"{self.path} holds decoded arrays (array storage): encoded() needs bytes storage")
+            raise ValueError(f"{self.file} holds decoded arrays (array storage): encoded() "
+                             "needs bytes storage")
         reader = self._get_reader()
         i = reader._check_index(index)
-        return reader.read(i), int(self.labels[i])
+        return reader.read(i), int(self.targets[i])
 
     def describe(self, index: int) -> str:
         """Names sample ``index`` for error messages: the pack, the index and the original file."""
-        return f"{self.path}[{index}] (packed from {self.source(index)})"
+        return f"{self.file}[{index}] (packed from {self.path(index)})"
 
-    def source(self, index: int) -> str:
+    def path(self, index: int) -> str:
         """Where sample ``index`` was packed from (path relative to the source root, as listed)."""
         return self._get_reader().source(index)
 
@@ -166,5 +193,6 @@ class PackDataset(Dataset):
 
     def __repr__(self) -> str:
         shape = f", sample_shape={tuple(self.sample_shape)}" if self.sample_shape else ""
-        return (f"{type(self).__name__}({str(self.path)!r}, samples={len(self)}, storage={self.storage!r}"
+        return (f"{type(self).__name__}({str(self.file)!r}, samples={len(self)}, "
+                f"storage={self.storage!r}"
                 f"{shape}, classes={len(self.classes)})")

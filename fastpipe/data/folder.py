@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import operator
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from fastpipe.data._augment import PerSample
 from fastpipe.data._decode import ImageDecoder
 from fastpipe.data._listing import IMG_EXTENSIONS, list_image_folder
+from fastpipe.data._random import forked_default_generator, reseeded, sample_seed
 
 
 def _read_file(path: str) -> bytes:
@@ -33,15 +36,24 @@ def _read_file(path: str) -> bytes:
         os.close(fd)
 
 
-class ImageFolder(torch.utils.data.Dataset):
-    """A map-style dataset over ``root/<class>/**/<image>``, giving ``(uint8 (3, size, size), label)``.
+class ImageFolder(PerSample, torch.utils.data.Dataset):
+    """A map-style dataset over ``root/<class>/**/<image>``, giving ``(uint8 (3, H, W), label)``.
 
     Same classes, order and labels as ``torchvision.datasets.ImageFolder``: class folders sorted by
     name get labels 0, 1, ...; files found recursively, sorted. Each image goes through an
     :class:`~fastpipe.data.ImageDecoder` (``train``, ``size``, ``scale``, ``ratio``, ``hflip``,
-    ``crop_pct``, ``reducing_gap`` and ``fast_upsample`` are its arguments): train mode
-    random-resized-crops and flips, eval mode resizes and centre-crops, both in one step after a
-    reduced-scale JPEG decode. Collate batches with :func:`~fastpipe.data.fast_collate` and normalize on the device.
+    ``crop_pct``, ``interpolation``, ``reducing_gap`` and ``fast_upsample`` are its arguments):
+    train mode random-resized-crops and flips, eval mode resizes and centre-crops, both in one step
+    after a reduced-scale JPEG decode. Then ``auto_augment`` (``"ra"``, ``"ta_wide"``,
+    ``"augmix"``, ``"imagenet"`` or timm's ``"rand-m9-mstd0.5-inc1"`` style) and ``transform``
+    (a callable on the uint8 ``(3, H, W)`` tensor, e.g. torchvision.transforms.v2 ops) run on
+    the result. Collate batches with :func:`~fastpipe.data.fast_collate` and normalize on the
+    device.
+
+    Every random draw of sample ``i`` (crop, flip, auto_augment, torch draws of ``transform``) is
+    a pure function of ``(seed, epoch, i)``: the same batches whatever ``num_workers``.
+    ``seed=None`` draws one from torch's generator at construction; the epoch is the index's own
+    (:class:`~fastpipe.data.SampleIndex`, from fastpipe's samplers) or ``set_epoch``'s.
 
     Per-sample metadata lives in numpy arrays (one byte buffer of paths plus offsets, and the
     labels), not Python lists, so DataLoader workers do not copy it page by page as reference
@@ -60,14 +72,19 @@ class ImageFolder(torch.utils.data.Dataset):
         ratio: tuple[float, float] = (3 / 4, 4 / 3),
         hflip: float = 0.5,
         crop_pct: float = 0.875,
+        interpolation: str = "bilinear",
+        auto_augment: str | None = None,
+        transform: Callable[[torch.Tensor], Any] | None = None,
+        seed: int | None = None,
         reducing_gap: float | None = None,
         fast_upsample: bool | None = None,
         extensions: Iterable[str] = IMG_EXTENSIONS,
     ) -> None:
         self.root = Path(root)
         self.decoder = ImageDecoder(train=train, size=size, scale=scale, ratio=ratio,
-                                    hflip=hflip, crop_pct=crop_pct, reducing_gap=reducing_gap,
-                                    fast_upsample=fast_upsample)
+                                    hflip=hflip, crop_pct=crop_pct, interpolation=interpolation,
+                                    reducing_gap=reducing_gap, fast_upsample=fast_upsample)
+        self._init_per_sample(transform, auto_augment, self.decoder.interpolation, seed)
         extensions = tuple(e.lower() if e.startswith(".") else "." + e.lower() for e in extensions)
         if not self.root.is_dir():
             raise FileNotFoundError(
@@ -103,11 +120,19 @@ class ImageFolder(torch.utils.data.Dataset):
         start, end = self._offsets[index], self._offsets[index + 1]
         return os.path.join(self.root, os.fsdecode(self._path_bytes[start:end].tobytes()))
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        """Sample ``index`` as ``(uint8 tensor (3, size, size), int label)``."""
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        """Sample ``index`` as ``(uint8 tensor (3, H, W), int label)`` (what ``transform``
+        returns in place of the tensor, when given)."""
+        epoch = self._epoch_of(index)
         index = self._check_index(index)
         path = self._path(index)
-        return self.decoder(_read_file(path), path), int(self.targets[index])
+        data = _read_file(path)
+        generator = reseeded(sample_seed(self.seed, epoch, index))
+        image = self.decoder(data, path, generator=generator)
+        if self._needs_fork():
+            with forked_default_generator(sample_seed(self.seed, epoch, index, 1)):
+                image = self._augmented(image)
+        return image, int(self.targets[index])
 
     def _check_index(self, index: int) -> int:
         index = operator.index(index)
@@ -118,4 +143,6 @@ class ImageFolder(torch.utils.data.Dataset):
 
     def __repr__(self) -> str:
         return (f"ImageFolder(root={str(self.root)!r}, {len(self)} images, "
-                f"{len(self.classes)} classes, decoder={self.decoder!r})")
+                f"{len(self.classes)} classes, decoder={self.decoder!r}, "
+                f"auto_augment={self.auto_augment!r}, transform={self.transform!r}, "
+                f"seed={self.seed})")

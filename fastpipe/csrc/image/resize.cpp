@@ -1,12 +1,14 @@
-/* fastpipe._resize: antialiased bilinear resize of an RGB crop, straight to planar (C, H, W).
+/* fastpipe._resize: antialiased bilinear or bicubic resize of an RGB crop, straight to planar
+ * (C, H, W).
  *
- * The filter is PIL's and torch's antialiased bilinear (F.interpolate(mode="bilinear",
- * antialias=True), torchvision.transforms.v2.Resize): a triangle stretched by the scale when
- * shrinking, with the same taps and weights. It differs in how the sum is rounded: the rows are
- * summed exactly with 14-bit fixed-point weights, the columns in float, and each value is rounded
- * once at the end, where PIL rounds a fixed-point result after each pass and torch's uint8 kernel
- * rounds after each pass too. Outputs are within 0.05 of the exact filter before that rounding,
- * and within a grey level of both.
+ * The filters are PIL's and torch's antialiased bilinear and bicubic (F.interpolate(mode=...,
+ * antialias=True), torchvision.transforms.v2.Resize): a triangle or Keys' cubic (a = -0.5)
+ * stretched by the scale when shrinking, with the same taps and weights. It differs in how the
+ * sum is rounded: the rows are summed exactly with 14-bit fixed-point weights, the columns in
+ * float, and each value is rounded (and, for bicubic, clamped to 0-255) once at the end, where
+ * PIL rounds and clips a fixed-point result after each pass and torch's uint8 kernel does too.
+ * Bilinear outputs are within 0.05 of the exact filter before that rounding, and within a grey
+ * level of both; bicubic within 0.1, and within a grey level of both where nothing overshoots.
  *
  * Why not torch's kernel: for the CPU image path this resize is a fifth of a train sample's CPU
  * time, and torch's uint8 kernel first repacks 3-channel pixels into 4-channel ones, resizes
@@ -48,11 +50,29 @@ struct Taps {
     int max_taps = 0;
 };
 
-/* The taps of torch's _compute_indices_min_size_weights_aa and PIL's precompute_coeffs for the
- * bilinear (triangle) filter, align_corners=False, computed in double as both do. */
-Taps bilinear_taps(int in_size, int out_size) {
+/* The resize filters: PIL's and torch's antialiased bilinear (a triangle, support 1) and bicubic
+ * (Keys' cubic with a = -0.5, support 2; PIL's BICUBIC, torch's bicubic with antialias=True). */
+enum Filter { kBilinear = 0, kBicubic = 1 };
+
+double filter_support(int filter) { return filter == kBicubic ? 2.0 : 1.0; }
+
+double filter_weight(int filter, double x) {
+    x = std::fabs(x);
+    if (filter == kBicubic) {
+        constexpr double a = -0.5;
+        if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
+        if (x < 2.0) return (((x - 5.0) * x + 8.0) * x - 4.0) * a;
+        return 0.0;
+    }
+    return x < 1.0 ? 1.0 - x : 0.0;
+}
+
+/* The taps of torch's _compute_indices_min_size_weights_aa and PIL's precompute_coeffs for
+ * `filter`, align_corners=False, computed in double as both do: the filter stretched by the scale
+ * when shrinking, weights normalized to sum to one (bicubic's may be negative). */
+Taps filter_taps(int in_size, int out_size, int filter) {
     const double scale = static_cast<double>(in_size) / out_size;
-    const double support = scale >= 1.0 ? scale : 1.0;
+    const double support = filter_support(filter) * (scale >= 1.0 ? scale : 1.0);
     const double inv_scale = scale >= 1.0 ? 1.0 / scale : 1.0;
     Taps taps;
     taps.max_taps = static_cast<int>(std::ceil(support)) * 2 + 1;
@@ -67,15 +87,14 @@ Taps bilinear_taps(int in_size, int out_size) {
         const int count = std::min(hi - lo, taps.max_taps);
         double total = 0.0;
         for (int k = 0; k < count; ++k) {
-            const double x = std::fabs((k + lo - center + 0.5) * inv_scale);
-            raw[k] = x < 1.0 ? 1.0 - x : 0.0;
+            raw[k] = filter_weight(filter, (k + lo - center + 0.5) * inv_scale);
             total += raw[k];
         }
         taps.start[i] = lo;
         taps.count[i] = count;
         for (int k = 0; k < count; ++k) {
             taps.weights[static_cast<size_t>(i) * taps.max_taps + k] =
-                static_cast<float>(total > 0.0 ? raw[k] / total : 0.0);
+                static_cast<float>(total != 0.0 ? raw[k] / total : 0.0);
         }
     }
     return taps;
@@ -194,13 +213,16 @@ void vertical_pass_float(const uint8_t *__restrict__ in, long row_stride, int ta
 
 /* One output row from the vertically filtered input row: RGB of each output pixel as one 4-float
  * vector (the 4th lane reads the next pixel's red, or the row's padding, and is ignored), rounded
- * to one int4 per pixel, mirrored when flipping. The weights are non-negative and sum to one, so
- * sums stay within 0-255 and are rounded half up without clamping. */
+ * half up to one int4 per pixel, mirrored when flipping. Bilinear weights are non-negative and sum
+ * to one, so its sums stay within 0-255; bicubic's negative lobes overshoot at edges, so sums are
+ * clamped to 0-255 (as PIL's clip8 does). */
 template <int TAPS>
 void horizontal_pass(const float *row, const int *offsets, int taps, const float4 *weights,
                      long out_width, bool flip, int4 *pixels) {
     const int count = TAPS > 0 ? TAPS : taps;
     const float4 half = {0.5f, 0.5f, 0.5f, 0.5f};
+    const float4 lowest = {0.0f, 0.0f, 0.0f, 0.0f};
+    const float4 highest = {255.0f, 255.0f, 255.0f, 255.0f};
     for (long x = 0; x < out_width; ++x) {
         const float4 *w = weights + x * count;
         const float *pixel = row + offsets[x];
@@ -210,6 +232,8 @@ void horizontal_pass(const float *row, const int *offsets, int taps, const float
             std::memcpy(&rgb, pixel + 3 * k, sizeof rgb);
             sum += w[k] * rgb;
         }
+        sum = sum < lowest ? lowest : sum;
+        sum = sum > highest ? highest : sum;
         pixels[flip ? out_width - 1 - x : x] = __builtin_convertvector(sum, int4);
     }
 }
@@ -259,6 +283,7 @@ struct ResizeJob {
     uint8_t *out;        // (3, output.height, output.width), contiguous
     Box output;          // the part wanted of the decoded image resized to full_height x full_width
     bool flip;
+    int filter;          // kBilinear or kBicubic
 };
 
 /* Whether every tap of the output box's rows and columns lies inside the source box. */
@@ -279,8 +304,10 @@ bool taps_inside(const Taps &rows, const Taps &cols, const Box &in, const Box &o
  * image the source holds. */
 bool resize_rgb_to_planes(const ResizeJob &job) {
     const Box &in = job.source, &out = job.output;
-    const Taps rows = bilinear_taps(static_cast<int>(in.full_height), static_cast<int>(out.full_height));
-    Taps cols = bilinear_taps(static_cast<int>(in.full_width), static_cast<int>(out.full_width));
+    const Taps rows = filter_taps(static_cast<int>(in.full_height),
+                                  static_cast<int>(out.full_height), job.filter);
+    Taps cols = filter_taps(static_cast<int>(in.full_width), static_cast<int>(out.full_width),
+                            job.filter);
     if (!taps_inside(rows, cols, in, out)) {
         return false;
     }
@@ -390,13 +417,22 @@ const char *box_problem(const Box &box, const char *which) {
     return nullptr;
 }
 
+bool valid_filter(int filter) {
+    if (filter == kBilinear || filter == kBicubic) return true;
+    PyErr_Format(PyExc_ValueError, "filter must be 0 (bilinear) or 1 (bicubic), got %d", filter);
+    return false;
+}
+
 PyObject *resize(PyObject *, PyObject *args) {
     PyObject *pixels_object, *out_object;
     Box in{}, box{};
-    int flip;
-    if (!PyArg_ParseTuple(args, "O(ll)(ll)O(ll)(ll)p:resize", &pixels_object, &in.top, &in.left,
+    int flip, filter = kBilinear;
+    if (!PyArg_ParseTuple(args, "O(ll)(ll)O(ll)(ll)p|i:resize", &pixels_object, &in.top, &in.left,
                           &in.full_height, &in.full_width, &out_object, &box.top, &box.left,
-                          &box.full_height, &box.full_width, &flip)) {
+                          &box.full_height, &box.full_width, &flip, &filter)) {
+        return nullptr;
+    }
+    if (!valid_filter(filter)) {
         return nullptr;
     }
     Buffer pixels, out;
@@ -414,7 +450,7 @@ PyObject *resize(PyObject *, PyObject *args) {
         return nullptr;
     }
     const ResizeJob job{static_cast<const uint8_t *>(pixels.view.buf), row_stride, in,
-                        static_cast<uint8_t *>(out.view.buf), box, flip != 0};
+                        static_cast<uint8_t *>(out.view.buf), box, flip != 0, filter};
     bool out_of_memory = false, outside = false;
     Py_BEGIN_ALLOW_THREADS
     try {
@@ -436,9 +472,13 @@ PyObject *resize(PyObject *, PyObject *args) {
 
 PyObject *input_box(PyObject *, PyObject *args) {
     Box in{0, 0, 1, 1, 0, 0}, box{};
-    if (!PyArg_ParseTuple(args, "(ll)(ll)(ll)(ll):input_box", &in.full_height, &in.full_width,
+    int filter = kBilinear;
+    if (!PyArg_ParseTuple(args, "(ll)(ll)(ll)(ll)|i:input_box", &in.full_height, &in.full_width,
                           &box.full_height, &box.full_width, &box.top, &box.left, &box.height,
-                          &box.width)) {
+                          &box.width, &filter)) {
+        return nullptr;
+    }
+    if (!valid_filter(filter)) {
         return nullptr;
     }
     const char *problem = box_problem(in, "image_size");
@@ -451,8 +491,10 @@ PyObject *input_box(PyObject *, PyObject *args) {
     }
     long bounds[4];
     try {
-        const Taps rows = bilinear_taps(static_cast<int>(in.full_height), static_cast<int>(box.full_height));
-        const Taps cols = bilinear_taps(static_cast<int>(in.full_width), static_cast<int>(box.full_width));
+        const Taps rows = filter_taps(static_cast<int>(in.full_height),
+                                      static_cast<int>(box.full_height), filter);
+        const Taps cols = filter_taps(static_cast<int>(in.full_width),
+                                      static_cast<int>(box.full_width), filter);
         const auto span = [](const Taps &taps, long first, long count, long *lo, long *size) {
             long begin = taps.start[first], end = taps.start[first] + taps.count[first];
             for (long i = first; i < first + count; ++i) {
@@ -472,14 +514,16 @@ PyObject *input_box(PyObject *, PyObject *args) {
 
 PyMethodDef methods[] = {
     {"resize", resize, METH_VARARGS,
-     "resize(pixels, at, image_size, out, out_at, out_image_size, flip) -> None\n\n"
+     "resize(pixels, at, image_size, out, out_at, out_image_size, flip, filter=0) -> None\n\n"
      "`pixels`, (h, w, 3) uint8 RGB (rows may be strided, as in a numpy crop view), are the\n"
      "h x w box at `at` = (top, left) of an image of `image_size` = (height, width). Writes into\n"
      "`out`, a contiguous (3, oh, ow) uint8 array, the oh x ow box at `out_at` of that image\n"
-     "resized to `out_image_size` (antialiased bilinear), mirrored left-right when `flip`.\n"
+     "resized to `out_image_size` (antialiased; filter 0 bilinear, 1 bicubic), mirrored\n"
+     "left-right when `flip`.\n"
      "`pixels` must hold every input pixel that box reads (input_box). Releases the GIL."},
     {"input_box", input_box, METH_VARARGS,
-     "input_box(image_size, out_image_size, out_at, out_shape) -> (top, left, height, width)\n\n"
+     "input_box(image_size, out_image_size, out_at, out_shape, filter=0)\n"
+     "    -> (top, left, height, width)\n\n"
      "The box of input pixels that the out_shape = (height, width) box at out_at of the image\n"
      "resized from image_size to out_image_size reads."},
     {nullptr, nullptr, 0, nullptr},
@@ -487,7 +531,8 @@ PyMethodDef methods[] = {
 
 struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "fastpipe._resize",
-    "Antialiased bilinear resize of RGB crops to planar uint8 (the CPU image path).", -1, methods,
+    "Antialiased bilinear or bicubic resize of RGB crops to planar uint8 (the CPU image path).",
+    -1, methods,
 };
 
 }  // namespace
