@@ -52,7 +52,7 @@ def test_all_listings_match_torchvision(tricky_tree):
     files = FileList.from_folder(tricky_tree)
     assert files.classes == reference.classes
     assert [(os.path.relpath(f, tricky_tree), int(label))
-            for f, label in zip(files.files, files.labels)] == expected
+            for f, label in zip(files.files, files.targets)] == expected
 
     listing = list_source(tricky_tree)
     assert listing.classes == reference.classes

@@ -12,9 +12,10 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from fastpipe.data import H5Dataset, ImageDecoder, ImageFolder, fast_collate, pack
+from fastpipe.data import H5Dataset, ImageDecoder, ImageFolder, fast_collate
 from fastpipe.data._augment import TimmRandAugment, auto_augment_transform
 from fastpipe.data._random import SampleIndex, sample_generator, sample_seed
+from fastpipe.pack import pack
 
 pytestmark = pytest.mark.timeout(180)
 
