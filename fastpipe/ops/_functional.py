@@ -56,9 +56,28 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     memory with non_blocking=True is queued like a kernel (PyTorch's pinned-memory cache keeps the
     buffer alive until the copy has run).
     """
-    if device.type != "cuda" or torch.compiler.is_compiling():
+    on_host = not isinstance(t, torch.Tensor) or t.device.type == "cpu"
+    if device.type != "cuda" or torch.compiler.is_compiling() or not on_host:
+        # Only host tensors are pinned: a tensor already on a GPU cannot be, and needs no copy.
         return t.to(device)
+    if _capturing():
+        # A captured graph would replay this copy from a host buffer the allocator has reused,
+        # with the parameters drawn at capture time: no new randomness, possibly garbage.
+        raise RuntimeError(
+            "fastpipe.ops draw their parameters on the host and copy them to the GPU, which a "
+            "CUDA graph cannot capture (replays would reuse the captured values). Call the op "
+            "outside torch.cuda.graph / CUDA-graph capture (e.g. in DataPrefetcher's "
+            "batch_transform); for normalize, pass mean and std as CUDA tensors"
+        )
     return t.contiguous().pin_memory().to(device, non_blocking=True)
+
+
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a CUDA graph."""
+    try:
+        return torch.cuda.is_current_stream_capturing()
+    except RuntimeError:  # no usable CUDA driver: nothing can be capturing
+        return False
 
 
 def _eager() -> bool:
@@ -284,7 +303,8 @@ def random_erasing(
     boxes = _params.erasing_boxes(n, h, w, float(p), scale, ratio_range, max_count, generator)
     seeds = None
     if random_fill:
-        seeds = _to_device(torch.randint(0, 2**32, (n,), generator=generator), images.device)
+        draw = _params.generator_kwargs(generator)
+        seeds = _to_device(torch.randint(0, 2**32, (n,), **draw), images.device)
     boxes = _to_device(boxes, images.device)
     return _apply(op, "erase", images, boxes, fill_t, seeds, inplace=inplace)
 
