@@ -142,7 +142,7 @@ def test_collate_fn_exception_reaches_the_loop(no_thread_leak):
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_early_break_every_epoch_leaks_no_thread_or_worker(num_workers, no_thread_leak):
-    loader = DataLoaderX(_dataset(200), batch_size=2, num_workers=num_workers, max_prefetch=2)
+    loader = DataLoaderX(_dataset(200), batch_size=2, num_workers=num_workers, prefetch_depth=2)
     for _ in range(3):
         for i, _batch in enumerate(loader):
             if i == 3:
@@ -184,9 +184,9 @@ def test_del_of_iterator_stops_thread_and_workers(no_thread_leak):
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, None])
-def test_rejects_bad_max_prefetch(bad):
-    with pytest.raises(ValueError, match="max_prefetch must be a positive int"):
-        DataLoaderX(_dataset(), max_prefetch=bad)
+def test_rejects_bad_prefetch_depth(bad):
+    with pytest.raises(ValueError, match="prefetch_depth must be a positive int"):
+        DataLoaderX(_dataset(), prefetch_depth=bad)
 
 
 def test_interpreter_exit_mid_epoch_with_workers_is_prompt():
