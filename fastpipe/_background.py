@@ -157,6 +157,9 @@ class BackgroundIterator(Generic[T]):
         del source
         self._thread.start()
         self._finalizer = weakref.finalize(self, _shutdown, self._thread, self._items, self._stop)
+        # At exit, _close_all_at_exit stops every producer without waiting out a slow item;
+        # finalize's own exit hook would join each one for up to _JOIN_SECONDS.
+        self._finalizer.atexit = False
         _live.add(self)
 
     def __iter__(self) -> BackgroundIterator[T]:
