@@ -231,3 +231,40 @@ def test_new_epoch_waits_for_a_slow_batch_before_reusing_persistent_workers(monk
     del loader, first, second
     gc.collect()
     assert _workers_gone()
+
+
+@pytest.mark.parametrize("state", ["fresh", "iterated", "mid_epoch", "closed"])
+def test_pickles_and_deep_copies_in_every_state_like_dataloader(state, no_thread_leak):
+    # Lightning's ddp_spawn pickles the loaders; a peek at a batch (or fastpipe.profile/tune)
+    # before fit used to leave a weakref (and after close() a thread lock) in the loader.
+    import copy
+    import pickle
+
+    loader = DataLoaderX(_dataset(12), batch_size=4, prefetch_depth=3)
+    if state == "iterated":
+        list(loader)
+    elif state in ("mid_epoch", "closed"):
+        it = iter(loader)
+        next(it)
+        if state == "closed":
+            loader.close()
+    for clone in (pickle.loads(pickle.dumps(loader)), copy.deepcopy(loader)):
+        assert isinstance(clone, DataLoaderX) and clone.prefetch_depth == 3
+        assert [b[1].tolist() for b in clone] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    loader.close()
+
+
+def test_drop_last_reads_and_is_guarded_like_dataloader():
+    loader = DataLoaderX(_dataset(10), batch_size=4, drop_last=True)
+    assert loader.drop_last is True and len(loader) == 2
+    with pytest.raises(ValueError, match="drop_last attribute should not be set"):
+        loader.drop_last = False
+
+
+def test_accelerate_prepare_warns_that_the_thread_is_dropped():
+    accelerate = pytest.importorskip("accelerate")
+    accelerator = accelerate.Accelerator(cpu=True)
+    with pytest.warns(RuntimeWarning, match="prepare\\(\\) rebuilds DataLoaderX.*"
+                                            "DataPrefetcher\\(accelerator.prepare\\(loader\\)"):
+        prepared = accelerator.prepare(DataLoaderX(_dataset(8), batch_size=4))
+    assert [b[1].tolist() for b in prepared] == [[0, 1, 2, 3], [4, 5, 6, 7]]
