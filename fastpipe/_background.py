@@ -10,9 +10,9 @@ The contract, each clause tested in tests/test_background.py:
 * ends with its consumer: early ``break``, ``del``, garbage collection and interpreter exit all
   close the thread, because the thread holds no reference to the consumer-side object.
 
-prefetch_generator's BackgroundGenerator is the idea this follows, but it is not used: its producer
-thread dies silently on an exception (the consumer then waits forever), stays blocked in ``put``
-after an early break, and treats a ``None`` item as the end of the data.
+prefetch_generator's BackgroundGenerator is the idea this follows, but it is not used: version 1.0.3
+forwards exceptions (older ones did not), but its thread stays blocked in ``put`` after an early
+break, it has no ``close()``, and it treats a ``None`` item as the end of the data.
 """
 
 from __future__ import annotations
