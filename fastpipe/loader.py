@@ -72,11 +72,12 @@ class DataLoaderX(DataLoader):
     def drop_last(self) -> bool:  # type: ignore[override]
         """DataLoader's ``drop_last``; reading it is how accelerate's ``prepare()`` is noticed."""
         _warn_if_rebuilt_by_accelerate()
-        return self.__dict__["_drop_last"]
+        return self.__dict__["drop_last"]
 
     @drop_last.setter
     def drop_last(self, value: bool) -> None:
-        self.__dict__["_drop_last"] = value
+        # Kept under its own name in __dict__: Lightning re-creates loaders from vars(loader).
+        self.__dict__["drop_last"] = value
 
     def __iter__(self) -> Iterator[Any]:
         # With persistent_workers the DataLoader resets and reuses one worker iterator, so the

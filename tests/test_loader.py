@@ -268,3 +268,9 @@ def test_accelerate_prepare_warns_that_the_thread_is_dropped():
                                             "DataPrefetcher\\(accelerator.prepare\\(loader\\)"):
         prepared = accelerator.prepare(DataLoaderX(_dataset(8), batch_size=4))
     assert [b[1].tolist() for b in prepared] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_drop_last_is_among_the_instance_attributes_lightning_rebuilds_from():
+    # Lightning re-creates a loader made outside its hooks from vars(loader).
+    loader = DataLoaderX(_dataset(10), batch_size=4, drop_last=True)
+    assert vars(loader)["drop_last"] is True
