@@ -131,7 +131,8 @@ def train_one_epoch(model, criterion, optimizer, data_loader, device, epoch: int
     model.train()
     total, seen = 0.0, 0
     for images, targets in data_loader:
-        images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        images = images.to(device, non_blocking=True)
+        targets = targets.to(device, non_blocking=True)
         loss = criterion(model(images), targets)
         optimizer.zero_grad()
         loss.backward()

@@ -257,7 +257,8 @@ class DataPrefetcher:
         return self._loader_attribute("num_workers")
 
     def set_epoch(self, epoch: int) -> None:
-        """Passes ``epoch`` to the loader's ``set_epoch``, or else to its samplers' and dataset's."""
+        """Passes ``epoch`` to the loader's ``set_epoch``, or else to its samplers' and
+        dataset's."""
         set_epoch = getattr(self.loader, "set_epoch", None)
         if callable(set_epoch):
             set_epoch(epoch)

@@ -1,4 +1,4 @@
-"""Lightning 2.6, 2 CPU processes (gloo, ddp_spawn), with fastpipe loaders; run by test_lightning.py.
+"""Lightning 2.6, 2 CPU processes (gloo, ddp_spawn), with fastpipe loaders (test_lightning.py).
 
 Usage: python lightning_ddp.py OUT_DIR SCENARIO. Each rank appends the sample ids of every
 training batch to OUT_DIR/rank{r}.jsonl as {"epoch": e, "ids": [...]}; a run that fails writes
