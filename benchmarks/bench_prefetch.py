@@ -50,10 +50,10 @@ def _variants(dataset: Dataset) -> dict:
     return {
         "DataLoader (plain loop)": lambda: loader(),
         "prefetch_generator.BackgroundGenerator": lambda: BackgroundGenerator(loader(), max_prefetch=2),
-        "DataLoaderX": lambda: loader(DataLoaderX, max_prefetch=2),
-        "DataPrefetcher(DataLoader)": lambda: DataPrefetcher(loader(), device="cpu", depth=2),
+        "DataLoaderX": lambda: loader(DataLoaderX, prefetch_depth=2),
+        "DataPrefetcher(DataLoader)": lambda: DataPrefetcher(loader(), device="cpu", prefetch_depth=2),
         "DataPrefetcher(DataLoaderX)": lambda: DataPrefetcher(
-            loader(DataLoaderX, max_prefetch=2), device="cpu", depth=2
+            loader(DataLoaderX, prefetch_depth=2), device="cpu", prefetch_depth=2
         ),
     }
 

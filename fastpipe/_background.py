@@ -2,7 +2,7 @@
 
 The contract, each clause tested in tests/test_background.py:
 
-* bounded: at most ``max_prefetch`` items wait in the queue, so memory stays bounded;
+* bounded: at most ``prefetch_depth`` items wait in the queue, so memory stays bounded;
 * stoppable: ``close()`` sets a stop event, drains the queue so a producer blocked in ``put`` wakes
   up, and joins the thread; the producer checks the event between items;
 * errors forwarded: an exception raised by the source iterator is raised to the consumer, as the
@@ -10,15 +10,16 @@ The contract, each clause tested in tests/test_background.py:
 * ends with its consumer: early ``break``, ``del``, garbage collection and interpreter exit all
   close the thread, because the thread holds no reference to the consumer-side object.
 
-prefetch_generator's BackgroundGenerator is the idea this follows, but it is not used: its producer
-thread dies silently on an exception (the consumer then waits forever), stays blocked in ``put``
-after an early break, and treats a ``None`` item as the end of the data.
+prefetch_generator's BackgroundGenerator is the idea this follows, but it is not used: version 1.0.3
+forwards exceptions (older ones did not), but its thread stays blocked in ``put`` after an early
+break, it has no ``close()``, and it treats a ``None`` item as the end of the data.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -32,6 +33,10 @@ T = TypeVar("T")
 _POLL_SECONDS = 0.05
 # How long close() waits for the producer; it can only stop between two items of its source.
 _JOIN_SECONDS = 30.0
+# How long interpreter exit waits for all producers together: a producer inside a slow item (or
+# waiting on DataLoader workers that a Ctrl-C has killed) is a daemon thread and dies with the
+# process, so exit must not wait out its item.
+_EXIT_JOIN_SECONDS = 0.3
 
 
 class _End:
@@ -84,7 +89,7 @@ def _produce(source: Iterator, items: queue.Queue, stop: threading.Event) -> Non
                 pass
 
 
-def _shutdown(thread: threading.Thread, items: queue.Queue, stop: threading.Event) -> None:
+def _signal_stop(items: queue.Queue, stop: threading.Event) -> None:
     stop.set()
     # Empty the queue so a producer blocked in put() returns at once instead of after a poll.
     while True:
@@ -92,6 +97,10 @@ def _shutdown(thread: threading.Thread, items: queue.Queue, stop: threading.Even
             items.get_nowait()
         except queue.Empty:
             break
+
+
+def _shutdown(thread: threading.Thread, items: queue.Queue, stop: threading.Event) -> None:
+    _signal_stop(items, stop)
     if thread is not threading.current_thread() and thread.is_alive():
         thread.join(_JOIN_SECONDS)
 
@@ -100,8 +109,13 @@ _live: weakref.WeakSet[BackgroundIterator] = weakref.WeakSet()
 
 
 def _close_all_at_exit() -> None:
-    for it in list(_live):
-        it.close()
+    live = list(_live)
+    for it in live:
+        _signal_stop(it._items, it._stop)
+    deadline = time.monotonic() + _EXIT_JOIN_SECONDS
+    for it in live:
+        it._done = True
+        it._thread.join(max(0.0, deadline - time.monotonic()))
 
 
 # Runs before the interpreter joins threads at exit, like concurrent.futures does; plain atexit
@@ -110,12 +124,28 @@ register_before_thread_join(_close_all_at_exit)
 
 
 class BackgroundIterator(Generic[T]):
-    """Iterates ``source`` in a daemon thread, keeping up to ``max_prefetch`` items ready."""
+    """Iterates ``source`` in a daemon thread, keeping up to ``prefetch_depth`` items ready.
 
-    def __init__(self, source: Iterator[T], max_prefetch: int = 2, name: str = "fastpipe-background"):
-        if not isinstance(max_prefetch, int) or isinstance(max_prefetch, bool) or max_prefetch < 1:
-            raise ValueError(f"max_prefetch must be a positive int, got {max_prefetch!r}")
-        self._items: queue.Queue = queue.Queue(maxsize=max_prefetch)
+    ``max_prefetch`` is the older spelling of ``prefetch_depth``, kept for internal callers.
+    """
+
+    def __init__(
+        self,
+        source: Iterator[T],
+        prefetch_depth: int = 2,
+        name: str = "fastpipe-background",
+        *,
+        max_prefetch: int | None = None,
+    ):
+        if max_prefetch is not None:
+            prefetch_depth = max_prefetch
+        if (
+            not isinstance(prefetch_depth, int)
+            or isinstance(prefetch_depth, bool)
+            or prefetch_depth < 1
+        ):
+            raise ValueError(f"prefetch_depth must be a positive int, got {prefetch_depth!r}")
+        self._items: queue.Queue = queue.Queue(maxsize=prefetch_depth)
         self._stop = threading.Event()
         self._done = False
         self._thread = threading.Thread(
@@ -124,6 +154,9 @@ class BackgroundIterator(Generic[T]):
         del source
         self._thread.start()
         self._finalizer = weakref.finalize(self, _shutdown, self._thread, self._items, self._stop)
+        # At exit, _close_all_at_exit stops every producer without waiting out a slow item;
+        # finalize's own exit hook would join each one for up to _JOIN_SECONDS.
+        self._finalizer.atexit = False
         _live.add(self)
 
     def __iter__(self) -> BackgroundIterator[T]:
@@ -141,6 +174,12 @@ class BackgroundIterator(Generic[T]):
                     # Only a closed iterator gets here: the producer always leaves _END or an error.
                     self._done = True
                     raise StopIteration from None
+            except KeyboardInterrupt:
+                # Ctrl-C: tell the producer to stop, but do not wait for the item it is fetching
+                # (a slow batch, or workers the same Ctrl-C killed): the interrupt goes on now.
+                self._done = True
+                _signal_stop(self._items, self._stop)
+                raise
         if item is _END:
             self.close()
             raise StopIteration

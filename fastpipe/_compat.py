@@ -63,6 +63,9 @@ def standard_gamma(
 ) -> torch.Tensor:
     """Gamma(concentration, 1) draws from ``generator``: ``torch._standard_gamma``, the sampler
     behind ``torch.distributions.Gamma``, which (unlike the distribution) takes a generator."""
+    # No explicit generator=None: torch.compile with dynamic shapes fails on it.
+    if generator is None:
+        return torch._standard_gamma(concentration)
     return torch._standard_gamma(concentration, generator=generator)
 
 

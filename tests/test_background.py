@@ -24,14 +24,14 @@ def _counting(n: int, produced: list[int]):
 
 def test_yields_every_item_in_order_including_none(no_thread_leak):
     items = [0, None, "a", None, 3]
-    assert list(BackgroundIterator(iter(items), max_prefetch=2)) == items
+    assert list(BackgroundIterator(iter(items), prefetch_depth=2)) == items
 
 
-def test_queue_is_bounded_by_max_prefetch(no_thread_leak):
+def test_queue_is_bounded_by_prefetch_depth(no_thread_leak):
     produced: list[int] = []
-    it = BackgroundIterator(_counting(1000, produced), max_prefetch=3)
+    it = BackgroundIterator(_counting(1000, produced), prefetch_depth=3)
     time.sleep(0.3)
-    # max_prefetch items queued, plus one taken from the source and waiting to be put.
+    # prefetch_depth items queued, plus one taken from the source and waiting to be put.
     assert len(produced) <= 3 + 1
     assert next(it) == 0
     time.sleep(0.2)
@@ -40,7 +40,7 @@ def test_queue_is_bounded_by_max_prefetch(no_thread_leak):
 
 
 def test_close_stops_a_producer_blocked_on_a_full_queue(no_thread_leak):
-    it = BackgroundIterator(iter(range(10**9)), max_prefetch=1)
+    it = BackgroundIterator(iter(range(10**9)), prefetch_depth=1)
     time.sleep(0.1)
     assert it.alive
     started = time.monotonic()
@@ -61,7 +61,7 @@ def test_close_closes_the_source_generator(no_thread_leak):
         finally:
             closed.set()
 
-    it = BackgroundIterator(source(), max_prefetch=2)
+    it = BackgroundIterator(source(), prefetch_depth=2)
     next(it)
     it.close()
     assert closed.is_set()
@@ -75,7 +75,7 @@ def test_exception_reaches_consumer_at_its_position_as_the_same_object(no_thread
         yield 1
         raise error
 
-    it = BackgroundIterator(source(), max_prefetch=4)
+    it = BackgroundIterator(source(), prefetch_depth=4)
     assert next(it) == 0
     assert next(it) == 1
     with pytest.raises(KeyError) as caught:
@@ -87,7 +87,7 @@ def test_exception_reaches_consumer_at_its_position_as_the_same_object(no_thread
 
 
 def test_early_break_and_garbage_collection_end_the_thread(no_thread_leak):
-    for i in BackgroundIterator(iter(range(10**9)), max_prefetch=2):
+    for i in BackgroundIterator(iter(range(10**9)), prefetch_depth=2):
         if i == 5:
             break
     gc.collect()
@@ -95,7 +95,7 @@ def test_early_break_and_garbage_collection_end_the_thread(no_thread_leak):
 
 
 def test_del_ends_the_thread():
-    it = BackgroundIterator(iter(range(10**9)), max_prefetch=2)
+    it = BackgroundIterator(iter(range(10**9)), prefetch_depth=2)
     thread = it._thread
     next(it)
     del it
@@ -105,15 +105,15 @@ def test_del_ends_the_thread():
 
 
 def test_context_manager_closes(no_thread_leak):
-    with BackgroundIterator(iter(range(100)), max_prefetch=2) as it:
+    with BackgroundIterator(iter(range(100)), prefetch_depth=2) as it:
         assert next(it) == 0
     assert not it.alive
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
-def test_rejects_bad_max_prefetch(bad):
-    with pytest.raises(ValueError, match="max_prefetch must be a positive int"):
-        BackgroundIterator(iter([]), max_prefetch=bad)
+def test_rejects_bad_prefetch_depth(bad):
+    with pytest.raises(ValueError, match="prefetch_depth must be a positive int"):
+        BackgroundIterator(iter([]), prefetch_depth=bad)
 
 
 def test_interpreter_exit_with_a_blocked_producer_is_prompt():
@@ -125,7 +125,7 @@ def test_interpreter_exit_with_a_blocked_producer_is_prompt():
                 yield from range(10**9)
             finally:
                 print("source closed", flush=True)
-        it = BackgroundIterator(source(), max_prefetch=1)
+        it = BackgroundIterator(source(), prefetch_depth=1)
         next(it)
         print("exiting", flush=True)
         """

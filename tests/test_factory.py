@@ -118,11 +118,7 @@ def test_batches_have_the_same_format_on_every_backend(sample_root, backend, dty
             assert float(pixels.max()) > 0.8
 
 
-@pytest.mark.parametrize("backend", [
-    pytest.param("cpu", marks=pytest.mark.xfail(
-        strict=False, reason="(height, width) on the CPU path: h14a (issue 16 vocabulary)")),
-    *BACKENDS[1:],
-])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_size_takes_height_and_width(sample_root, backend, no_thread_leak):
     loader = _loader(sample_root, backend, batch_size=16, size=(32, 40))
     try:
@@ -284,11 +280,6 @@ def test_eval_centre_crop_keeps_crop_pct_of_the_shorter_side(gradient_root, back
     assert torch.allclose(height, torch.full_like(height, crop_pct), atol=0.06), height
 
 
-PENDING_AUGMENTATION = pytest.mark.xfail(
-    strict=False, reason="interpolation= and auto_augment= on both paths: h14a and hdali")
-
-
-@PENDING_AUGMENTATION
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("option", [{"interpolation": "bicubic"}, {"auto_augment": "ra"}])
 def test_augmentation_options_change_the_images(sample_root, backend, option, no_thread_leak):
@@ -418,11 +409,7 @@ def test_a_missing_source_is_named(tmp_path):
         image_loader(object(), 4, train=True, backend="cpu", device="cpu")
 
 
-@pytest.mark.parametrize("backend", [
-    pytest.param("cpu", marks=pytest.mark.xfail(
-        strict=False, reason="DataPrefetcher loader attributes and set_epoch: h13 (issue 13)")),
-    *BACKENDS[1:],
-])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_loader_attributes_and_set_epoch(indexed_root, backend, no_thread_leak):
     loader = _loader(indexed_root, backend, mean=None, std=None, seed=11, drop_last=True)
     reference = _loader(indexed_root, backend, mean=None, std=None, seed=11, drop_last=True)

@@ -142,7 +142,7 @@ def test_collate_fn_exception_reaches_the_loop(no_thread_leak):
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_early_break_every_epoch_leaks_no_thread_or_worker(num_workers, no_thread_leak):
-    loader = DataLoaderX(_dataset(200), batch_size=2, num_workers=num_workers, max_prefetch=2)
+    loader = DataLoaderX(_dataset(200), batch_size=2, num_workers=num_workers, prefetch_depth=2)
     for _ in range(3):
         for i, _batch in enumerate(loader):
             if i == 3:
@@ -184,9 +184,9 @@ def test_del_of_iterator_stops_thread_and_workers(no_thread_leak):
 
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, None])
-def test_rejects_bad_max_prefetch(bad):
-    with pytest.raises(ValueError, match="max_prefetch must be a positive int"):
-        DataLoaderX(_dataset(), max_prefetch=bad)
+def test_rejects_bad_prefetch_depth(bad):
+    with pytest.raises(ValueError, match="prefetch_depth must be a positive int"):
+        DataLoaderX(_dataset(), prefetch_depth=bad)
 
 
 def test_interpreter_exit_mid_epoch_with_workers_is_prompt():
@@ -231,3 +231,46 @@ def test_new_epoch_waits_for_a_slow_batch_before_reusing_persistent_workers(monk
     del loader, first, second
     gc.collect()
     assert _workers_gone()
+
+
+@pytest.mark.parametrize("state", ["fresh", "iterated", "mid_epoch", "closed"])
+def test_pickles_and_deep_copies_in_every_state_like_dataloader(state, no_thread_leak):
+    # Lightning's ddp_spawn pickles the loaders; a peek at a batch (or fastpipe.profile/tune)
+    # before fit used to leave a weakref (and after close() a thread lock) in the loader.
+    import copy
+    import pickle
+
+    loader = DataLoaderX(_dataset(12), batch_size=4, prefetch_depth=3)
+    if state == "iterated":
+        list(loader)
+    elif state in ("mid_epoch", "closed"):
+        it = iter(loader)
+        next(it)
+        if state == "closed":
+            loader.close()
+    for clone in (pickle.loads(pickle.dumps(loader)), copy.deepcopy(loader)):
+        assert isinstance(clone, DataLoaderX) and clone.prefetch_depth == 3
+        assert [b[1].tolist() for b in clone] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    loader.close()
+
+
+def test_drop_last_reads_and_is_guarded_like_dataloader():
+    loader = DataLoaderX(_dataset(10), batch_size=4, drop_last=True)
+    assert loader.drop_last is True and len(loader) == 2
+    with pytest.raises(ValueError, match="drop_last attribute should not be set"):
+        loader.drop_last = False
+
+
+def test_accelerate_prepare_warns_that_the_thread_is_dropped():
+    accelerate = pytest.importorskip("accelerate")
+    accelerator = accelerate.Accelerator(cpu=True)
+    with pytest.warns(RuntimeWarning, match="prepare\\(\\) rebuilds DataLoaderX.*"
+                                            "DataPrefetcher\\(accelerator.prepare\\(loader\\)"):
+        prepared = accelerator.prepare(DataLoaderX(_dataset(8), batch_size=4))
+    assert [b[1].tolist() for b in prepared] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+
+def test_drop_last_is_among_the_instance_attributes_lightning_rebuilds_from():
+    # Lightning re-creates a loader made outside its hooks from vars(loader).
+    loader = DataLoaderX(_dataset(10), batch_size=4, drop_last=True)
+    assert vars(loader)["drop_last"] is True

@@ -72,7 +72,7 @@ def _same(a, b) -> None:
 @pytest.mark.parametrize("kind", ["tensor", "tuple", "list", "dict", "namedtuple", "nested"])
 def test_same_batches_in_the_same_order_as_a_plain_loop(kind, no_thread_leak):
     batches = _batches(kind)
-    prefetcher = DataPrefetcher(batches, device="cpu", depth=2)
+    prefetcher = DataPrefetcher(batches, device="cpu", prefetch_depth=2)
     for _ in range(2):
         got = list(prefetcher)
         assert len(got) == len(batches)
@@ -159,7 +159,7 @@ def test_loader_exception_reaches_the_loop(no_thread_leak):
 
 def test_early_break_and_training_exception_leak_no_thread(no_thread_leak):
     loader = DataLoaderX(_Images(200), batch_size=2, num_workers=2)
-    prefetcher = DataPrefetcher(loader, device="cpu", mean=MEAN, std=STD, depth=3)
+    prefetcher = DataPrefetcher(loader, device="cpu", mean=MEAN, std=STD, prefetch_depth=3)
     for _ in range(3):
         for i, _batch in enumerate(prefetcher):
             if i == 2:
@@ -180,7 +180,7 @@ def test_early_break_and_training_exception_leak_no_thread(no_thread_leak):
         (dict(mean=MEAN, std=(0.2, float("nan"), 0.1)), ValueError, "non-finite values"),
         (dict(mean=(0.5, float("inf"), 0.5), std=STD), ValueError, "mean must be finite"),
         (dict(dtype=torch.int32), TypeError, "dtype must be torch.float32"),
-        (dict(depth=0), ValueError, "depth must be a positive int"),
+        (dict(prefetch_depth=0), ValueError, "prefetch_depth must be a positive int"),
         (dict(device="tpu"), ValueError, "unknown device 'tpu'"),
         (dict(device="cuda"), ValueError, "CUDA is not available"),
         (dict(device="meta"), ValueError, "supports 'cpu' and 'cuda'"),
@@ -220,13 +220,23 @@ class _RecordingStreams:
         self.log: list[tuple] = []
         self.created = 0
         self.active = "default"
+        self.current_device = 0  # what torch.cuda.set_device would change
+        self.on_gpu: set[int] = set()  # ids of tensors that stand for tensors already on the GPU
 
-    def new_stream(self):
+    def concrete_device(self, device):
+        return torch.device("cuda", self.current_device) if device.index is None else device
+
+    def new_stream(self, device):
         self.created += 1
-        return f"side{self.created}"
+        name = f"side{self.created}"
+        self.log.append(("stream", name, device))
+        return name
 
-    def current_stream(self):
+    def current_stream(self, device):
         return "default"
+
+    def on_device(self, tensor):
+        return id(tensor) in self.on_gpu
 
     @contextlib.contextmanager
     def use(self, stream):
@@ -248,6 +258,8 @@ class _RecordingStreams:
         self.log.append(("record", int(tensor.flatten()[0]), tensor.dtype, stream))
 
     def to_device(self, tensor, device, non_blocking):
+        if id(tensor) in self.on_gpu:
+            return tensor  # .to() leaves a tensor already on the device as it is
         self.log.append(("copy", int(tensor.flatten()[0]), self.active, non_blocking))
         return tensor.clone()
 
@@ -257,6 +269,11 @@ def recording(monkeypatch):
     streams = _RecordingStreams()
     monkeypatch.setattr(prefetch_module, "_stream_ops_for", lambda device: streams)
     return streams
+
+
+def _cuda_unindexed(monkeypatch):
+    """Makes DataPrefetcher(device="cuda") construct here, as on a machine with CUDA."""
+    monkeypatch.setattr(prefetch_module, "_resolve_device", lambda device: torch.device("cuda"))
 
 
 def _numbered(n: int):
@@ -279,7 +296,7 @@ def test_copies_run_on_the_side_stream_and_are_non_blocking(recording):
 
 
 def test_consumer_waits_for_a_batch_before_it_is_handed_over_and_before_the_next_copy(recording):
-    prefetcher = DataPrefetcher(_numbered(3), device="cpu", depth=1)
+    prefetcher = DataPrefetcher(_numbered(3), device="cpu", prefetch_depth=1)
     for k, _batch in enumerate(prefetcher):
         log = recording.log
         waits = [i for i, entry in enumerate(log) if entry[0] == "wait"]
@@ -298,7 +315,7 @@ def test_consumer_waits_for_a_batch_before_it_is_handed_over_and_before_the_next
 
 
 def test_with_depth_the_step_waits_for_its_own_batch_not_the_ones_queued_behind(recording):
-    prefetcher = DataPrefetcher(_numbered(4), device="cpu", depth=3)
+    prefetcher = DataPrefetcher(_numbered(4), device="cpu", prefetch_depth=3)
     next(iter(prefetcher))
     log = recording.log
     wait = next(e for e in log if e[0] == "wait")
@@ -315,7 +332,7 @@ def test_loader_error_on_the_stream_path_arrives_after_the_batches_before_it(rec
 
     got = []
     with pytest.raises(OSError, match="disk went away"):
-        for _images, labels in DataPrefetcher(failing(), device="cpu", depth=2):
+        for _images, labels in DataPrefetcher(failing(), device="cpu", prefetch_depth=2):
             got.append(int(labels[0]))
     assert got == [0, 1]
 
@@ -331,28 +348,43 @@ def test_every_handed_over_tensor_is_recorded_on_the_consumer_stream(recording):
 
 
 def test_depth_keeps_that_many_batches_copied_ahead(recording):
-    prefetcher = DataPrefetcher(_numbered(5), device="cpu", depth=3)
+    prefetcher = DataPrefetcher(_numbered(5), device="cpu", prefetch_depth=3)
     iterator = iter(prefetcher)
     next(iterator)
     copied = {e[1] for e in recording.log if e[0] == "copy"}
     assert copied == {0, 100, 200, 300, 1, 2, 3}
 
 
-def test_real_cuda_streams_pin_host_tensors_before_an_async_copy(monkeypatch):
-    """The real _CudaStreams.to_device pins unpinned host memory; checked by recording pin_memory."""
+def _fake_cuda_copies(monkeypatch):
+    """Records pin_memory calls; .to() stays on the CPU. Returns the list of pinned shapes."""
     pinned = []
     real_to = torch.Tensor.to
 
     def fake_pin(self):
-        pinned.append(self.shape)
+        pinned.append(tuple(self.shape))
         return self.clone()
 
     monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
     monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: False)
-    monkeypatch.setattr(torch.Tensor, "to", lambda self, device, non_blocking: real_to(self, "cpu"))
-    streams = prefetch_module._CudaStreams(torch.device("cuda"))
-    streams.to_device(torch.zeros(2, 3), torch.device("cuda"), True)
-    assert pinned == [torch.Size([2, 3])]
+    monkeypatch.setattr(
+        torch.Tensor, "to", lambda self, device, non_blocking=False: real_to(self, "cpu")
+    )
+    return pinned
+
+
+def test_real_cuda_streams_never_pin_on_the_training_thread_and_warn_once(monkeypatch):
+    pinned = _fake_cuda_copies(monkeypatch)
+    streams = prefetch_module._CudaStreams()
+    with pytest.warns(RuntimeWarning, match="pin_memory=True"):
+        streams.to_device(torch.zeros(2, 3), torch.device("cuda"), True)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        streams.to_device(torch.zeros(2, 3), torch.device("cuda"), True)  # warned once only
+        # A blocking copy neither pins nor warns: it waits for the copy anyway.
+        prefetch_module._CudaStreams().to_device(torch.zeros(2, 3), torch.device("cuda"), False)
+    assert pinned == []
 
 
 def test_channels_last_alone_changes_only_the_memory_format(no_thread_leak):
@@ -362,3 +394,248 @@ def test_channels_last_alone_changes_only_the_memory_format(no_thread_leak):
     assert out.dtype == torch.uint8
     assert out.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(out, batch)
+
+
+# --- Tensors already on the GPU (DALI, a loader that moved them): the producer's stream. ---
+
+
+def _guarded_inputs_problems(log: list[tuple], input_values: set[int]) -> list[str]:
+    """What is wrong with how the side stream treats inputs already on the device.
+
+    The side stream must wait for an event recorded on the producer's (current) stream before
+    its first use of the inputs, and record each input on the side stream.
+    """
+    problems = []
+    waits = [i for i, e in enumerate(log) if e[0] == "wait" and e[1].startswith("side")]
+    producer_events = {e[1] for e in log if e[0] == "event" and e[2] == "default"}
+    if not any(log[i][2] in producer_events for i in waits):
+        problems.append("the side stream never waits for the producer's stream")
+    recorded = {e[1] for e in log if e[0] == "record" and e[3].startswith("side")}
+    if not input_values <= recorded:
+        problems.append(f"inputs {sorted(input_values - recorded)} not recorded on the side stream")
+    first_side_event = next(i for i, e in enumerate(log) if e[0] == "event" and e[2] != "default")
+    if waits and waits[0] > first_side_event:
+        problems.append("the side stream waits only after it has used the inputs")
+    return problems
+
+
+def _gpu_batches(recording, n: int = 2):
+    batches = [(torch.full((2, 3, 2, 2), 10 + k, dtype=torch.uint8),
+                torch.tensor([k, k])) for k in range(n)]
+    for images, labels in batches:
+        recording.on_gpu.update({id(images), id(labels)})
+    return batches
+
+
+def test_batches_already_on_the_gpu_are_waited_for_and_recorded_on_the_side_stream(recording):
+    batches = _gpu_batches(recording)
+    out = list(DataPrefetcher(batches, device="cpu", mean=MEAN, std=STD))
+    assert len(out) == 2
+    assert _guarded_inputs_problems(recording.log, {10, 11, 0, 1}) == []
+
+
+@pytest.mark.parametrize("removed", ["wait_event", "record_stream"])
+def test_the_gpu_input_check_fails_without_the_wait_or_the_record(recording, monkeypatch, removed):
+    # The check above can fail: with the side stream's wait or record_stream taken out, it does.
+    real = getattr(recording, removed)
+
+    def without_side(*args):
+        stream = args[0] if removed == "wait_event" else args[1]
+        if not str(stream).startswith("side"):
+            real(*args)
+
+    monkeypatch.setattr(recording, removed, without_side)
+    list(DataPrefetcher(_gpu_batches(recording), device="cpu", mean=MEAN, std=STD))
+    assert _guarded_inputs_problems(recording.log, {10, 11, 0, 1}) != []
+
+
+def test_host_batches_need_no_wait_for_a_producer(recording):
+    list(DataPrefetcher(_numbered(2), device="cpu"))
+    assert not any(e[0] == "wait" and e[1].startswith("side") for e in recording.log)
+
+
+# --- The device is resolved when an epoch starts, the side stream made per device. ---
+
+
+def test_a_prefetcher_built_before_set_device_serves_the_device_current_at_iteration(
+    recording, monkeypatch
+):
+    _cuda_unindexed(monkeypatch)
+    targets = []
+    real_to_device = recording.to_device
+
+    def to_device(tensor, device, non_blocking):
+        targets.append(device)
+        return real_to_device(tensor, device, non_blocking)
+
+    monkeypatch.setattr(recording, "to_device", to_device)
+    prefetcher = DataPrefetcher(_numbered(2), device="cuda")  # rank 1, before set_device(1)
+    assert recording.created == 0, "no stream may be made before the device is known"
+    recording.current_device = 1  # torch.cuda.set_device(local_rank)
+    for _ in range(2):
+        list(prefetcher)
+    assert set(targets) == {torch.device("cuda", 1)}
+    assert [e for e in recording.log if e[0] == "stream"] == [
+        ("stream", "side1", torch.device("cuda", 1))
+    ]
+
+
+# --- batch_transform ---
+
+
+def test_batch_transform_runs_once_per_batch_after_normalization(no_thread_leak):
+    calls = []
+
+    def transform(images, targets):
+        calls.append((images.dtype, float(images.min()), targets.tolist()))
+        return images * 0 + 7, targets + 100
+
+    batches = [(torch.full((2, 3, 2, 2), 255, dtype=torch.uint8), torch.tensor([k, k]))
+               for k in range(3)]
+    prefetcher = DataPrefetcher(batches, device="cpu", mean=(0.5,) * 3, std=(0.25,) * 3,
+                                batch_transform=transform)
+    out = list(prefetcher)
+    # Normalized before: (1 - 0.5) / 0.25 = 2.
+    assert calls == [(torch.float32, 2.0, [k, k]) for k in range(3)]
+    assert all(torch.equal(images, torch.full((2, 3, 2, 2), 7.0)) for images, _ in out)
+    assert [labels.tolist() for _, labels in out] == [[100, 100], [101, 101], [102, 102]]
+
+
+def test_batch_transform_finds_dict_targets(no_thread_leak):
+    batch = {"image": torch.zeros(2, 3, 2, 2), "label": torch.tensor([1, 2]), "meta": "x"}
+    (out,) = list(DataPrefetcher([batch], device="cpu",
+                                 batch_transform=lambda x, y: (x + 1, y * 2)))
+    assert torch.equal(out["image"], torch.ones(2, 3, 2, 2))
+    assert out["label"].tolist() == [2, 4] and out["meta"] == "x"
+
+
+def test_batch_transform_runs_on_the_side_stream_before_the_batch_is_ready(recording):
+    seen = []
+
+    def transform(images, targets):
+        seen.append((recording.active, len([e for e in recording.log if e[0] == "event"])))
+        return images, targets
+
+    list(DataPrefetcher(_numbered(2), device="cpu", mean=MEAN, std=STD,
+                        batch_transform=transform))
+    # On the side stream, and before the event that the training step waits on is recorded.
+    assert seen == [("side1", 0), ("side1", 1)]
+
+
+def test_batch_transform_needs_targets_and_must_return_a_pair(no_thread_leak):
+    with pytest.raises(TypeError, match="batch_transform needs \\(images, targets\\)"):
+        list(DataPrefetcher([torch.zeros(1, 3, 2, 2)], device="cpu",
+                            batch_transform=lambda x, y: (x, y)))
+    with pytest.raises(TypeError, match="must return a pair"):
+        list(DataPrefetcher(_batches("tuple", n=1), device="cpu",
+                            batch_transform=lambda x, y: x))
+    with pytest.raises(TypeError, match="batch_transform must be a callable"):
+        DataPrefetcher([], device="cpu", batch_transform=3)
+
+
+# --- Double normalization ---
+
+
+def test_already_normalized_float_batches_warn_about_double_normalization(no_thread_leak):
+    normalized = torch.randn(4, 3, 5, 5) * 1.2  # what transforms.Normalize gives
+    with pytest.warns(UserWarning, match="normalized twice.*drop.*Normalize"):
+        list(DataPrefetcher([(normalized, torch.zeros(4))], device="cpu", mean=MEAN, std=STD))
+
+
+def test_unit_range_float_batches_do_not_warn_and_only_the_first_batch_is_checked(
+    monkeypatch, no_thread_leak
+):
+    import warnings
+
+    calls = []
+    real = torch.aminmax
+    monkeypatch.setattr(torch, "aminmax", lambda x: calls.append(1) or real(x))
+    batches = [(torch.rand(2, 3, 4, 4), torch.zeros(2)) for _ in range(4)]
+    prefetcher = DataPrefetcher(batches, device="cpu", mean=MEAN, std=STD)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            assert len(list(prefetcher)) == 4
+    assert len(calls) == 2, "one check per epoch, on its first batch"
+
+
+# --- Reads like a loader ---
+
+
+def test_exposes_the_loader_attributes_that_training_code_reads(no_thread_leak):
+    dataset = _Images(20)
+    sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=2, rank=0, seed=1)
+    loader = DataLoaderX(dataset, batch_size=4, sampler=sampler, drop_last=True)
+    prefetcher = DataPrefetcher(loader, device="cpu")
+    assert prefetcher.dataset is dataset  # torchvision's evaluate() reads loader.dataset
+    assert prefetcher.sampler is sampler
+    assert prefetcher.batch_sampler is loader.batch_sampler
+    assert (prefetcher.batch_size, prefetcher.drop_last, prefetcher.num_workers) == (4, True, 0)
+    assert len(prefetcher) == 2
+    orders = []
+    for epoch in range(2):
+        prefetcher.set_epoch(epoch)
+        orders.append(torch.cat([labels for _, labels in prefetcher]).tolist())
+    assert orders[0] != orders[1], "set_epoch must reach the DistributedSampler"
+
+
+def test_a_missing_loader_attribute_names_the_wrapped_loader():
+    prefetcher = DataPrefetcher([torch.zeros(1)], device="cpu")
+    with pytest.raises(AttributeError, match="wraps \\(list\\) has none"):
+        prefetcher.dataset  # noqa: B018
+    assert getattr(prefetcher, "sampler", None) is None  # how Lightning looks
+    prefetcher.set_epoch(3)  # nothing to pass it to: no error
+
+
+# --- Pickling ---
+
+
+@pytest.mark.parametrize("state", ["fresh", "iterated", "mid_epoch", "closed"])
+def test_pickles_and_deep_copies_in_every_state(state, no_thread_leak):
+    import copy
+    import pickle
+
+    loader = DataLoaderX(_Images(12), batch_size=4)
+    prefetcher = DataPrefetcher(loader, device="cpu", mean=MEAN, std=STD)
+    if state == "iterated":
+        list(prefetcher)
+    elif state in ("mid_epoch", "closed"):
+        prefetcher.next()
+        if state == "closed":
+            prefetcher.close()
+    for clone in (pickle.loads(pickle.dumps(prefetcher)), copy.deepcopy(prefetcher)):
+        assert [labels.tolist() for _, labels in clone] == [[0, 1, 2, 3], [4, 5, 6, 7],
+                                                            [8, 9, 10, 11]]
+    prefetcher.close()
+
+
+# --- Distributed runs: an unsharded loader is refused ---
+
+
+@pytest.fixture
+def two_processes(monkeypatch):
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
+
+
+def test_an_unsharded_shuffled_loader_is_refused_in_a_distributed_run(two_processes):
+    prefetcher = DataPrefetcher(DataLoader(_Images(), batch_size=4, shuffle=True), device="cpu")
+    with pytest.raises(RuntimeError, match="every process would iterate the whole dataset.*"
+                                           "DistributedSampler"):
+        iter(prefetcher)
+
+
+def test_an_unsharded_sequential_loader_warns_in_a_distributed_run(two_processes):
+    prefetcher = DataPrefetcher(DataLoader(_Images(), batch_size=4), device="cpu")
+    with pytest.warns(UserWarning, match="every process would iterate the whole dataset"):
+        assert len(list(prefetcher)) == 5
+
+
+def test_a_sharded_loader_is_accepted_in_a_distributed_run(two_processes, no_thread_leak):
+    dataset = _Images()
+    sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=2, rank=1)
+    prefetcher = DataPrefetcher(DataLoaderX(dataset, batch_size=4, sampler=sampler), device="cpu")
+    assert sum(len(labels) for _, labels in prefetcher) == 10

@@ -103,7 +103,7 @@ def test_wait_left_by_a_background_loader_is_what_its_thread_could_not_hide(no_t
             time.sleep(0.03)
             return index
 
-    prof = profile(DataLoaderX(Sleepy(), batch_size=1, num_workers=0, max_prefetch=2), report=False)
+    prof = profile(DataLoaderX(Sleepy(), batch_size=1, num_workers=0, prefetch_depth=2), report=False)
     for _batch in prof:
         time.sleep(0.02)
     assert prof.summary().wait_share == pytest.approx(1 / 3, abs=0.06)

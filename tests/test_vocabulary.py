@@ -19,18 +19,6 @@ import pytest
 
 import fastpipe
 
-# ---------------------------------------------------------------------------------------------
-# Delete this list after merging issue 16: the (public callable or class, parameter or member)
-# pairs other helpers are renaming on their branches in parallel. Each is an expected failure
-# here until their branch is merged.
-RENAMED_ELSEWHERE: dict[tuple[str, str], str] = {
-    ("DataLoaderX", "max_prefetch"): "h13",
-    ("DataPrefetcher", "depth"): "h13",
-    ("pack", "workers"): "h16b",
-    ("pack", "shard"): "h16b",
-}
-# ---------------------------------------------------------------------------------------------
-
 # Other spellings of a table concept -> the table's name.
 ALIASES = {
     "max_prefetch": "prefetch_depth", "depth": "prefetch_depth",
@@ -171,24 +159,16 @@ def _members():
             yield name, member
 
 
-def _mark(owner: str, name: str, applies: bool = True):
-    helper = RENAMED_ELSEWHERE.get((owner.split(".")[0], name))
-    if helper is None or not applies:
-        return ()
-    return (pytest.mark.xfail(strict=False, reason=f"renamed by {helper}"),)
-
-
 PARAMETERS = list(_parameters())
 MEMBERS = [
-    pytest.param(owner, member, id=f"{owner}.{member}", marks=_mark(owner, member))
+    pytest.param(owner, member, id=f"{owner}.{member}")
     for owner, member in _members()
     if member in MEMBER_ALIASES and (owner, member) not in EXEMPT
 ]
 
 
 @pytest.mark.parametrize("owner, parameter, module", [
-    pytest.param(owner, parameter, module, id=f"{owner}-{parameter.name}",
-                 marks=_mark(owner, parameter.name, parameter.name in ALIASES))
+    pytest.param(owner, parameter, module, id=f"{owner}-{parameter.name}")
     for owner, parameter, module in PARAMETERS
 ])
 def test_parameter_uses_the_vocabulary_name(owner, parameter, module):
@@ -204,8 +184,7 @@ def test_parameter_uses_the_vocabulary_name(owner, parameter, module):
 
 
 @pytest.mark.parametrize("owner, parameter, module", [
-    pytest.param(owner, parameter, module, id=f"{owner}-{parameter.name}",
-                 marks=_mark(owner, parameter.name, parameter.name not in ALIASES))
+    pytest.param(owner, parameter, module, id=f"{owner}-{parameter.name}")
     for owner, parameter, module in PARAMETERS
     if parameter.name in DEFAULTS or (owner, parameter.name) in PER_CALLABLE_DEFAULTS
 ])
@@ -242,15 +221,3 @@ def test_the_exceptions_are_explained_on_the_page():
     for owner, name in EXEMPT:
         assert f"`{owner}`" in page and f"`{name}`" in page, (
             f"docs/vocabulary.md should explain {owner}({name}=...)")
-
-
-def test_the_list_of_pending_renames_names_real_signatures():
-    # A stale entry (a pair that no longer exists at all) should be deleted, not kept.
-    known = {(owner.split(".")[0], p.name) for owner, p, _ in _parameters()}
-    known |= set(_members())
-    stale = [pair for pair in RENAMED_ELSEWHERE if pair not in known
-             and not (pair[0] in {"DALILoader", "image_pipeline", "EncodedSource", "FileList",
-                                  "resolve_device", "shard_indices"}
-                      and importlib.util.find_spec("nvidia.dali") is None)]
-    if stale:
-        pytest.xfail(f"renamed already (delete from RENAMED_ELSEWHERE): {stale}")

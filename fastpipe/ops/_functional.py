@@ -56,9 +56,28 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     memory with non_blocking=True is queued like a kernel (PyTorch's pinned-memory cache keeps the
     buffer alive until the copy has run).
     """
-    if device.type != "cuda" or torch.compiler.is_compiling():
+    on_host = not isinstance(t, torch.Tensor) or t.device.type == "cpu"
+    if device.type != "cuda" or torch.compiler.is_compiling() or not on_host:
+        # Only host tensors are pinned: a tensor already on a GPU cannot be, and needs no copy.
         return t.to(device)
+    if _capturing():
+        # A captured graph would replay this copy from a host buffer the allocator has reused,
+        # with the parameters drawn at capture time: no new randomness, possibly garbage.
+        raise RuntimeError(
+            "fastpipe.ops draw their parameters on the host and copy them to the GPU, which a "
+            "CUDA graph cannot capture (replays would reuse the captured values). Call the op "
+            "outside torch.cuda.graph / CUDA-graph capture (e.g. in DataPrefetcher's "
+            "batch_transform); for normalize, pass mean and std as CUDA tensors"
+        )
     return t.contiguous().pin_memory().to(device, non_blocking=True)
+
+
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a CUDA graph."""
+    try:
+        return torch.cuda.is_current_stream_capturing()
+    except RuntimeError:  # no usable CUDA driver: nothing can be capturing
+        return False
 
 
 def _eager() -> bool:
@@ -327,12 +346,14 @@ def erasing_params(
     seeds = None
     if mode in _PIXEL_NOISE:
         fill_t = _fill_values(op, "value", 0, images)
-        seeds = _to_device(torch.randint(0, 2**32, (n,), generator=generator), images.device)
+        draw = _params.generator_kwargs(generator)
+        seeds = _to_device(torch.randint(0, 2**32, (n,), **draw), images.device)
     elif mode == _BOX_COLOUR:
+        draw = _params.generator_kwargs(generator)
         if images.dtype == torch.uint8:
-            colours = torch.randint(0, 256, (n, max_count, c), generator=generator)
+            colours = torch.randint(0, 256, (n, max_count, c), **draw)
         else:
-            colours = torch.randn(n, max_count, c, generator=generator)
+            colours = torch.randn(n, max_count, c, **draw)
         fill_t = _to_device(colours.to(images.dtype), images.device)
     else:
         fill_t = _fill_values(op, "value", value, images)

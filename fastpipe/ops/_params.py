@@ -25,6 +25,15 @@ ERASING_ATTEMPTS = 10
 _CPU = torch.device("cpu")
 
 
+def generator_kwargs(generator: torch.Generator | None) -> dict:
+    """``{"generator": generator}``, or nothing for the global generator.
+
+    torch.compile with dynamic shapes fails on ``generator=None`` passed explicitly to
+    ``torch.rand``/``torch.randint`` with a symbolic size; leaving the keyword out compiles.
+    """
+    return {} if generator is None else {"generator": generator}
+
+
 def cutout_boxes(
     batch: int,
     height: int,
@@ -35,8 +44,8 @@ def cutout_boxes(
 ) -> torch.Tensor:
     """``(batch, num_holes, 4)`` boxes of ``size`` x ``size`` whose centres are uniform over the
     pixels, clipped at the border (Cutout, DeVries & Taylor 2017)."""
-    cy = torch.randint(0, height, (batch, num_holes), generator=generator)
-    cx = torch.randint(0, width, (batch, num_holes), generator=generator)
+    cy = torch.randint(0, height, (batch, num_holes), **generator_kwargs(generator))
+    cx = torch.randint(0, width, (batch, num_holes), **generator_kwargs(generator))
     if not torch.compiler.is_compiling():
         # The same integer arithmetic in NumPy, with less overhead per op (see erasing_boxes).
         boxes = np.empty((batch, num_holes, 4), dtype=np.int64)
@@ -84,7 +93,9 @@ def erasing_boxes(
     # fastpipe::erasing_boxes, one call doing the same float64 operations in the same order;
     # torch.compile, and a build without the extension, run the torch version.
     k, a = max_count, ERASING_ATTEMPTS
-    u = torch.rand(batch, 2 + k * (2 * a + 2), dtype=torch.float64, generator=generator)
+    u = torch.rand(
+        batch, 2 + k * (2 * a + 2), dtype=torch.float64, **generator_kwargs(generator)
+    )
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
     if not torch.compiler.is_compiling() and _extension.has_kernel("erasing_boxes", _CPU):
         return torch.ops.fastpipe.erasing_boxes(
@@ -126,7 +137,7 @@ def beta(alpha: float, generator: torch.Generator | None = None) -> torch.Tensor
     """
     alpha = float(alpha)
     gammas = standard_gamma(torch.full((2,), alpha + 1.0, dtype=torch.float64), generator=generator)
-    uniforms = 1.0 - torch.rand(2, dtype=torch.float64, generator=generator)  # (0, 1]: log is finite
+    uniforms = 1.0 - torch.rand(2, dtype=torch.float64, **generator_kwargs(generator))  # (0, 1]: log is finite
     log_draws = gammas.log() + uniforms.log() / alpha
     return torch.sigmoid(log_draws[0] - log_draws[1])
 
@@ -158,8 +169,8 @@ def cutmix_box(
     cut = torch.sqrt(1.0 - lam)
     cut_h = (height * cut).to(torch.int64)
     cut_w = (width * cut).to(torch.int64)
-    cy = torch.randint(0, height, (), generator=generator)
-    cx = torch.randint(0, width, (), generator=generator)
+    cy = torch.randint(0, height, (), **generator_kwargs(generator))
+    cx = torch.randint(0, width, (), **generator_kwargs(generator))
     top, bottom = (cy - cut_h // 2).clamp(0, height), (cy + (cut_h + 1) // 2).clamp(0, height)
     left, right = (cx - cut_w // 2).clamp(0, width), (cx + (cut_w + 1) // 2).clamp(0, width)
     box = torch.stack((top, left, bottom, right))

@@ -566,7 +566,7 @@ def diagnose(summary: ProfileSummary, cuda: bool) -> tuple[str, list[str]]:
         advice.append(
             f"Waits are uneven (p95 {other_p95 * 1e3:.1f} ms, p50 {other_p50 * 1e3:.1f} ms): the "
             f"loader keeps up on average but stalls at times; keep more batches ready with "
-            f"prefetch_factor{depth} or DataLoaderX(max_prefetch=...)."
+            f"prefetch_factor{depth} or DataLoaderX(prefetch_depth=...)."
         )
     if info.kind != "DALILoader":
         if loaderish and info.num_workers is not None and info.num_workers >= cores:
