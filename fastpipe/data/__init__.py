@@ -25,6 +25,10 @@ _EXPORTS = {
     "verify": "fastpipe.data._pack",
     "H5Dataset": "fastpipe.data.h5",
     "LMDBDataset": "fastpipe.data.lmdb",
+    "DistributedSampler": "fastpipe.data.sampler",
+    "RandomSampler": "fastpipe.data.sampler",
+    "SampleIndex": "fastpipe.data._random",
+    "SequentialSampler": "fastpipe.data.sampler",
 }
 
 __all__ = sorted(_EXPORTS)
