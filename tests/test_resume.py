@@ -8,6 +8,7 @@ do not depend on which worker, or how many, loaded them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -227,6 +228,52 @@ def test_prefetcher_state_is_at_the_batches_it_handed_out_not_the_ones_in_flight
     restored = build(dict(num_workers=0, prefetcher=True))
     restored.load_state_dict(state)
     assert_same(expected[2:], epoch_batches(restored), "prefetcher restored in process")
+
+
+class _StandInStreams:
+    """The CUDA calls of DataPrefetcher's stream path, done on the CPU (no GPU here)."""
+
+    def new_stream(self):
+        return "side"
+
+    def current_stream(self):
+        return "default"
+
+    def use(self, stream):
+        return contextlib.nullcontext()
+
+    def record_event(self, stream):
+        return "event"
+
+    def wait_event(self, waiter, event):
+        pass
+
+    def record_stream(self, tensor, stream):
+        pass
+
+    def to_device(self, tensor, device, non_blocking):
+        return tensor.clone()
+
+
+def test_prefetcher_stream_path_counts_the_batch_on_the_side_stream_as_not_received(monkeypatch):
+    import fastpipe.prefetch as prefetch_module
+
+    monkeypatch.setattr(prefetch_module, "_stream_ops_for", lambda device: _StandInStreams())
+    loader = build(dict(num_workers=0))
+    expected = epoch_batches(loader)
+    loader.close()
+    prefetcher = build(dict(num_workers=0, prefetcher=True))
+    batches = iter(prefetcher)
+    for _ in range(3):
+        next(batches)
+    # The stream path has already taken batch 4 from the loader and copied it on the side stream.
+    assert prefetcher.loader.state_dict()["sampler"]["position"] >= 4 * 4
+    state = prefetcher.state_dict()
+    assert state["loader"]["sampler"]["position"] == 3 * 4
+    prefetcher.close()
+    restored = build(dict(num_workers=0, prefetcher=True))
+    restored.load_state_dict(state)
+    assert_same(expected[3:], epoch_batches(restored), "stream path restored")
 
 
 def test_state_is_plain_and_survives_torch_save_with_weights_only(tmp_path):
