@@ -88,17 +88,18 @@ class DataLoaderX(DataLoader):
         A plain dict (``torch.save``-able, and a ``torch.distributed.checkpoint`` ``Stateful``):
         ``version``, ``dataset`` (its length and ``fingerprint()``, if it has one) and
         ``sampler`` (its epoch, position, seed, and for DDP its rank and world size). Loaded into
-        a fresh loader built the same way, the next ``iter()`` yields the batch after that one
-        (a state taken after an epoch's last batch resumes at the next epoch's first batch).
+        a fresh loader built the same way, the next ``iter()`` yields the batch after that one.
+        Taken after an epoch's last batch, the next ``iter()`` ends that epoch without batches if
+        the loop had not yet seen its end, and is the next epoch if it had (torchdata's rule).
         Needs one of fastpipe's samplers, which DataLoaderX builds itself unless ``sampler=`` or
         ``batch_sampler=`` is given (see docs/resume.md).
         """
-        sampler, batch_size, drop_last = self._resumable_sampler("state_dict")
+        sampler, batch_size, _ = self._resumable_sampler("state_dict")
         position = self._position
         if position is None:
             sampler_state = sampler._next_iteration_state()
         else:
-            sampler_state = position.state(batch_size, drop_last)
+            sampler_state = position.state(batch_size)
         return {
             "version": STATE_VERSION,
             "dataset": self._dataset_fingerprint(),
@@ -173,19 +174,22 @@ def _batches(base: Iterator[Any], shut_down_workers: bool) -> Iterator[Any]:
 class _Position:
     """One iteration's starting sampler state, and the batches the training loop received."""
 
-    __slots__ = ("batches", "length", "origin")
+    __slots__ = ("batches", "ended", "length", "origin")
 
     def __init__(self, origin: dict[str, Any], length: int) -> None:
-        self.origin, self.length, self.batches = origin, length, 0
+        self.origin, self.length, self.batches, self.ended = origin, length, 0, False
 
-    def state(self, batch_size: int, drop_last: bool) -> dict[str, Any]:
-        position = self.origin["position"] + self.batches * batch_size
-        remaining = self.length - position
-        if remaining <= 0 or (drop_last and remaining < batch_size):
+    def state(self, batch_size: int) -> dict[str, Any]:
+        if self.ended:
+            # The loop saw the end of the epoch: the next iter() is the next epoch's.
             state = dict(self.origin, epoch=self.origin["epoch"] + 1, position=0)
             if "history" in state:
                 state["history"] = []
             return state
+        # After the last batch but before the end was seen, as in torchdata: the restored loader
+        # first ends this epoch (no batches), then goes on, so a loop that saved its own epoch
+        # counter inside the epoch stays in step.
+        position = min(self.origin["position"] + self.batches * batch_size, self.length)
         return dict(self.origin, position=position)
 
 
@@ -199,7 +203,12 @@ class _HandedOut:
         return self
 
     def __next__(self) -> Any:
-        batch = next(self._batches)
+        try:
+            batch = next(self._batches)
+        except StopIteration:
+            if self._counted is not None:
+                self._counted.ended = True
+            raise
         if self._counted is not None:
             self._counted.batches += 1
         return batch

@@ -360,6 +360,7 @@ class _Handed:
     """
 
     def __init__(self, loader: Any) -> None:
+        self._loader = loader
         self._stateful = callable(getattr(loader, "state_dict", None))
         self._current: Any = None
         if self._stateful:
@@ -382,6 +383,11 @@ class _Handed:
         if self._stateful:
             self._current = self._states.popleft()
 
+    def ended(self) -> None:
+        # The loader saw the end of its epoch before the loop did; its state now says so.
+        if self._stateful and not self._states:
+            self._current = _loader_state(self._loader)
+
     def state(self) -> Any:
         return self._current
 
@@ -396,7 +402,11 @@ class _Counted:
         return self
 
     def __next__(self) -> Any:
-        batch = next(self._batches)
+        try:
+            batch = next(self._batches)
+        except StopIteration:
+            self._handed.ended()
+            raise
         self._handed.handed()
         return batch
 

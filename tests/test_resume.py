@@ -100,16 +100,20 @@ def wait_until_prefetch_queue_is_full(iterator, timeout: float = 20.0) -> None:
         time.sleep(0.01)
 
 
-def interrupt(config: dict, epoch: int, step: int, full_queue: bool) -> dict:
-    """Runs ``epoch`` epochs whole, then ``step`` batches of the next; returns the state then."""
+def interrupt(config: dict, epoch: int, step: int | None, full_queue: bool = False) -> dict:
+    """Runs ``epoch`` epochs whole, then ``step`` batches of the next; returns the state then.
+
+    ``step=None``: the state right after the loop over the last whole epoch ended.
+    """
     loader = build(config)
     for _ in range(epoch):
         epoch_batches(loader)
-    batches = iter(loader)
-    for _ in range(step):
-        next(batches)
-    if full_queue:
-        wait_until_prefetch_queue_is_full(batches)
+    if step is not None:
+        batches = iter(loader)
+        for _ in range(step):
+            next(batches)
+        if full_queue:
+            wait_until_prefetch_queue_is_full(batches)
     state = loader.state_dict()
     loader.close()
     return state
@@ -164,8 +168,11 @@ def test_restored_in_a_fresh_process_yields_the_uninterrupted_batches(name, tmp_
     # (epoch, batches received in it, wait for a full prefetch queue before saving)
     points = [
         (1, step, False),  # a random step
-        (0, per_epoch, False),  # after an epoch's last batch, before its StopIteration
-        (1, 0, False),  # right after an epoch boundary
+        # After an epoch's last batch, before the loop saw the end: the restored loader ends that
+        # epoch without batches, then goes on (torchdata's rule).
+        (0, per_epoch, False),
+        (1, None, False),  # right after the loop over an epoch ended
+        (1, 0, False),  # right after the next epoch's iter()
         (2, 1, True),  # with the background queue full of batches never received
     ]
     jobs = []
@@ -175,12 +182,37 @@ def test_restored_in_a_fresh_process_yields_the_uninterrupted_batches(name, tmp_
         jobs.append((config, tmp_path / f"state{number}.pt", tmp_path / f"out{number}.pt"))
     restore_in_fresh_process(jobs, tmp_path)
     for number, (epoch, received, _) in enumerate(points):
-        if received == per_epoch:
-            epoch, received = epoch + 1, 0
+        received = received or 0
         rest, following = torch.load(tmp_path / f"out{number}.pt", weights_only=True)
         where = f"{name}, interrupted at epoch {epoch} batch {received}"
         assert_same(uninterrupted[epoch][received:], rest, where + ", rest of that epoch")
         assert_same(uninterrupted[epoch + 1], following, where + ", the next epoch")
+
+
+def test_a_loop_that_calls_set_epoch_and_saves_its_epoch_stays_in_step_after_a_restore():
+    reference = build(dict(num_workers=0))
+    uninterrupted = []
+    for epoch in range(3):
+        reference.sampler.set_epoch(epoch)
+        uninterrupted.append(epoch_batches(reference))
+    per_epoch = len(uninterrupted[0])
+    for saved_at in (2, per_epoch):  # mid-epoch, and in the loop right after the last batch
+        loader = build(dict(num_workers=0))
+        loader.sampler.set_epoch(0)
+        batches = iter(loader)
+        for _ in range(saved_at):
+            next(batches)
+        checkpoint = {"data": loader.state_dict(), "epoch": 0}
+        loader.close()
+        restored = build(dict(num_workers=0))
+        restored.load_state_dict(checkpoint["data"])
+        seen = []
+        for epoch in range(checkpoint["epoch"], 3):
+            restored.sampler.set_epoch(epoch)
+            seen.append(epoch_batches(restored))
+        assert_same(uninterrupted[0][saved_at:], seen[0], f"saved at {saved_at}, epoch 0")
+        assert_same(uninterrupted[1], seen[1], f"saved at {saved_at}, epoch 1")
+        assert_same(uninterrupted[2], seen[2], f"saved at {saved_at}, epoch 2")
 
 
 def test_a_state_resumes_with_another_number_of_workers(tmp_path):
