@@ -36,6 +36,12 @@ class DataLoaderX(DataLoader):
     processes, unless ``persistent_workers``) stop when the epoch ends, on ``break``, when the
     iterator is garbage collected, on :meth:`close` and at interpreter exit. Starting a new epoch
     closes the previous one's thread first.
+
+    Without ``sampler=`` / ``batch_sampler=`` (map-style datasets), the sampler is one of
+    fastpipe's resumable samplers: ``shuffle=True`` gives ``fastpipe.data.RandomSampler`` seeded
+    with the keyword ``seed: int | None`` (None: one draw from ``generator=``, else from torch's
+    global generator, when the loader is built), otherwise ``SequentialSampler``; so
+    :meth:`state_dict` / :meth:`load_state_dict` can resume mid-epoch (docs/resume.md).
     """
 
     def __init__(self, *args: Any, max_prefetch: int = 2, **kwargs: Any) -> None:
