@@ -100,7 +100,7 @@ class DataLoaderX(DataLoader):
         Needs one of fastpipe's samplers, which DataLoaderX builds itself unless ``sampler=`` or
         ``batch_sampler=`` is given (see docs/resume.md).
         """
-        sampler, batch_size, _ = self._resumable_sampler("state_dict")
+        sampler, batch_size = self._resumable_sampler("state_dict")
         position = self._position
         if position is None:
             sampler_state = sampler._next_iteration_state()
@@ -118,7 +118,7 @@ class DataLoaderX(DataLoader):
         Raises ValueError, changing nothing, for a state of another version, another dataset
         (length or fingerprint) or another sampler setting.
         """
-        sampler, _, _ = self._resumable_sampler("load_state_dict")
+        sampler, _ = self._resumable_sampler("load_state_dict")
         check_loader_state(state, self.dataset, "DataLoaderX")
         sampler.load_state_dict(state["sampler"])
         self._position = None
@@ -133,13 +133,13 @@ class DataLoaderX(DataLoader):
 
     def _begin_position(self) -> _Position | None:
         try:
-            sampler, _, _ = self._resumable_sampler("iter")
+            sampler, _ = self._resumable_sampler("iter")
         except TypeError:
             return None
         return _Position(sampler._next_iteration_state(), sampler._iteration_length())
 
-    def _resumable_sampler(self, method: str) -> tuple[Any, int, bool]:
-        """The fastpipe sampler behind this loader, its batch size and drop_last."""
+    def _resumable_sampler(self, method: str) -> tuple[Any, int]:
+        """The fastpipe sampler behind this loader, and how many of its indices make a batch."""
         if self._auto_collation:
             batches = self.batch_sampler
             if type(batches) is not BatchSampler:
@@ -147,9 +147,9 @@ class DataLoaderX(DataLoader):
                     f"DataLoaderX.{method}() cannot know the position of a custom batch_sampler "
                     f"({type(batches).__name__}); pass batch_size= and sampler= instead"
                 )
-            sampler, batch_size, drop_last = batches.sampler, batches.batch_size, batches.drop_last
+            sampler, batch_size = batches.sampler, batches.batch_size
         else:
-            sampler, batch_size, drop_last = self.sampler, 1, False
+            sampler, batch_size = self.sampler, 1
         if isinstance(self.dataset, IterableDataset):
             raise TypeError(
                 f"DataLoaderX.{method}() needs a map-style dataset; an IterableDataset has no "
@@ -162,7 +162,7 @@ class DataLoaderX(DataLoader):
                 "shuffle=True/False DataLoaderX builds a resumable one) or pass "
                 "fastpipe.data.RandomSampler, SequentialSampler or DistributedSampler"
             )
-        return sampler, batch_size, drop_last
+        return sampler, batch_size
 
 
 def _batches(base: Iterator[Any], shut_down_workers: bool) -> Iterator[Any]:

@@ -213,9 +213,10 @@ class DataPrefetcher:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores a :meth:`state_dict` into the wrapped loader; the next epoch continues it."""
         if not isinstance(state, dict) or "loader" not in state:
+            got = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
             raise TypeError(
                 "DataPrefetcher.load_state_dict() takes a dict from DataPrefetcher.state_dict(), "
-                f"got {sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__}"
+                f"got {got}"
             )
         if state.get("version") != STATE_VERSION:
             raise ValueError(

@@ -142,7 +142,7 @@ def restore_in_fresh_process(jobs: list[tuple[dict, Path, Path]], tmp_path: Path
 def assert_same(expected: list, actual: list, what: str) -> None:
     assert len(actual) == len(expected), f"{what}: {len(actual)} batches, expected {len(expected)}"
     for number, ((images, labels), (want_images, want_labels)) in enumerate(zip(actual, expected)):
-        assert torch.equal(labels, want_labels), f"{what}, batch {number}: {labels} != {want_labels}"
+        assert torch.equal(labels, want_labels), f"{what}, batch {number}: {labels}, {want_labels}"
         assert torch.equal(images, want_images), f"{what}, batch {number}: images differ"
 
 
@@ -189,7 +189,9 @@ def test_restored_in_a_fresh_process_yields_the_uninterrupted_batches(name, tmp_
         assert_same(uninterrupted[epoch + 1], following, where + ", the next epoch")
 
 
-def test_a_loop_that_calls_set_epoch_and_saves_its_epoch_stays_in_step_after_a_restore():
+def test_a_loop_that_calls_set_epoch_and_saves_its_epoch_stays_in_step_after_a_restore(
+    no_thread_leak,
+):
     reference = build(dict(num_workers=0))
     uninterrupted = []
     for epoch in range(3):
@@ -229,7 +231,7 @@ def test_a_state_resumes_with_another_number_of_workers(tmp_path):
         assert_same(uninterrupted[1], following, f"restored with num_workers={n}, next epoch")
 
 
-def test_the_same_batches_whatever_the_number_of_workers():
+def test_the_same_batches_whatever_the_number_of_workers(no_thread_leak):
     runs = {}
     for num_workers in (0, 1, 2):
         loader = build(dict(num_workers=num_workers, persistent_workers=num_workers > 0))
@@ -239,12 +241,16 @@ def test_the_same_batches_whatever_the_number_of_workers():
         for epoch in range(2):
             assert_same(runs[0][epoch], runs[num_workers][epoch], f"{num_workers} workers")
     # The draws follow the epoch: epoch 1's images of a sample differ from epoch 0's.
-    first = {int(label): image for images, labels in runs[0][0] for image, label in zip(images, labels)}
-    second = {int(label): image for images, labels in runs[0][1] for image, label in zip(images, labels)}
+    first, second = (
+        {int(label): image for images, labels in epoch for image, label in zip(images, labels)}
+        for epoch in runs[0]
+    )
     assert not any(torch.equal(first[i], second[i]) for i in first)
 
 
-def test_prefetcher_state_is_at_the_batches_it_handed_out_not_the_ones_in_flight():
+def test_prefetcher_state_is_at_the_batches_it_handed_out_not_the_ones_in_flight(
+    no_thread_leak,
+):
     loader = build(dict(num_workers=0))
     expected = [epoch_batches(loader) for _ in range(1)][0]
     prefetcher = build(dict(num_workers=0, prefetcher=True))
@@ -287,7 +293,9 @@ class _StandInStreams:
         return tensor.clone()
 
 
-def test_prefetcher_stream_path_counts_the_batch_on_the_side_stream_as_not_received(monkeypatch):
+def test_prefetcher_stream_path_counts_the_batch_on_the_side_stream_as_not_received(
+    monkeypatch, no_thread_leak,
+):
     import fastpipe.prefetch as prefetch_module
 
     monkeypatch.setattr(prefetch_module, "_stream_ops_for", lambda device: _StandInStreams())
@@ -308,7 +316,7 @@ def test_prefetcher_stream_path_counts_the_batch_on_the_side_stream_as_not_recei
     assert_same(expected[3:], epoch_batches(restored), "stream path restored")
 
 
-def test_state_is_plain_and_survives_torch_save_with_weights_only(tmp_path):
+def test_state_is_plain_and_survives_torch_save_with_weights_only(tmp_path, no_thread_leak):
     loader = build(dict(num_workers=0))
     batches = iter(loader)
     next(batches)
@@ -325,7 +333,7 @@ def test_state_is_plain_and_survives_torch_save_with_weights_only(tmp_path):
     assert isinstance(DataPrefetcher(loader, device="cpu"), Stateful)
 
 
-def test_a_state_from_another_dataset_or_version_is_refused_and_not_applied():
+def test_a_state_from_another_dataset_or_version_is_refused_and_not_applied(no_thread_leak):
     loader = DataLoaderX(Fingerprinted(29, "a"), batch_size=4, shuffle=True, seed=1)
     batches = iter(loader)
     next(batches)
@@ -351,7 +359,7 @@ def test_a_state_from_another_dataset_or_version_is_refused_and_not_applied():
         DataPrefetcher(same, device="cpu").load_state_dict(dict(version=2, loader=state))
 
 
-def test_a_sampler_it_cannot_restore_is_refused_with_the_fix():
+def test_a_sampler_it_cannot_restore_is_refused_with_the_fix(no_thread_leak):
     dataset = Augmented()
     plain = DataLoaderX(dataset, sampler=torch.utils.data.RandomSampler(dataset), batch_size=4)
     with pytest.raises(TypeError, match="fastpipe.data.RandomSampler"):
@@ -455,7 +463,7 @@ def test_distributed_rank_refuses_another_ranks_state():
 
 @pytest.mark.parametrize("new_world_size", [1, 3])
 def test_another_world_size_finishes_the_epoch_resharded_without_loss_or_duplicates(
-    new_world_size,
+    new_world_size, no_thread_leak
 ):
     # 2 ranks x 2 batches x 3 consumed 12; the other 18 divide evenly over 1 or 3 ranks.
     length, batch_size, received = 30, 3, 2

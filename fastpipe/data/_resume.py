@@ -31,7 +31,7 @@ def dataset_fingerprint(dataset: Any) -> dict[str, Any]:
 
 
 def check_loader_state(state: Any, dataset: Any, owner: str) -> None:
-    """Raises (TypeError, ValueError) unless ``state`` is a loader state of this version and dataset."""
+    """Raises TypeError or ValueError unless ``state`` is a loader state for this dataset."""
     if not isinstance(state, dict) or "sampler" not in state or "dataset" not in state:
         keys = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
         raise TypeError(

@@ -122,26 +122,26 @@ class _EpochSampler:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the next index comes from: ``epoch``, ``position`` in it, ``seed``, ``length``."""
-        position = self._live[0] if self._live is not None else self._start
-        if self._live is not None and position >= self._live[1]:
-            return self._state(self.epoch + 1, 0) | self._history_state(finished=True)
-        return self._state(self.epoch, position) | self._history_state(finished=False)
+        """Where the next index comes from: ``epoch``, ``position`` in it, ``seed``, ``length``.
 
-    def _history_state(self, finished: bool) -> dict[str, Any]:
-        return {}
+        After the last index of an epoch the position is the epoch's length: the restored
+        sampler's next iteration ends that epoch without an index, then goes on.
+        """
+        position = self._live[0] if self._live is not None else self._start
+        return self._state(self.epoch, position)
 
     def _next_iteration_state(self) -> dict[str, Any]:
         """The state at the start of the next iteration (what ``iter()`` would begin with)."""
-        return self._state(self.epoch, self._start) | self._history_state(finished=False)
+        return self._state(self.epoch, self._start)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores ``state``: the next iteration continues from its epoch and position."""
         _check_state(state, self._kind)
-        if state["length"] != len(self.data_source):  # type: ignore[attr-defined]
+        length = len(self.data_source)  # type: ignore[attr-defined]
+        if state["length"] != length:
             raise ValueError(
                 f"this {self._kind} state was saved for {state['length']} samples, but the "
-                f"dataset has {len(self.data_source)}; a state only resumes the same dataset"  # type: ignore[attr-defined]
+                f"dataset has {length}; a state only resumes the same dataset"
             )
         start = self._load_extra(state)
         self.seed, self.epoch = int(state["seed"]), int(state["epoch"])
@@ -192,7 +192,7 @@ class SequentialSampler(_EpochSampler, torch_data.SequentialSampler):
 
 
 class RandomSampler(_EpochSampler, torch_data.RandomSampler):
-    """A new permutation of ``range(len(data_source))`` every epoch, a pure function of (seed, epoch).
+    """A new permutation of ``range(len(data_source))`` every epoch, a function of (seed, epoch).
 
     Without replacement; the order of epoch ``e`` is ``torch.randperm(n)`` drawn from a generator
     seeded with ``seed + e`` (the rule of torch's ``DistributedSampler``).
@@ -311,10 +311,8 @@ class DistributedSampler(_EpochSampler, torch_data.DistributedSampler):
             "rank": self.rank,
             "shuffle": self.shuffle,
             "drop_last": self.drop_last,
+            "history": [list(h) for h in self._history],
         }
-
-    def _history_state(self, finished: bool) -> dict[str, Any]:
-        return {"history": [] if finished else [list(h) for h in self._history]}
 
     def _load_extra(self, state: dict[str, Any]) -> int:
         for key in ("shuffle", "drop_last"):
