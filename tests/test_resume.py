@@ -456,6 +456,16 @@ def test_sampler_state_continues_the_iteration_and_set_epoch_keeps_a_resumed_pos
         RandomSampler(range(21)).load_state_dict(state)
 
 
+def test_a_corrupt_sampler_state_is_refused_before_anything_changes():
+    sampler = DistributedSampler(range(20), world_size=2, rank=0, seed=0)
+    state = sampler.state_dict()
+    for broken in (dict(state, position=11), {k: v for k, v in state.items() if k != "history"}):
+        target = DistributedSampler(range(20), world_size=3, rank=0, seed=1)
+        with pytest.raises(ValueError, match="corrupt|lacks"):
+            target.load_state_dict(broken)
+        assert target.state_dict()["seed"] == 1 and target._history == []
+
+
 def test_sample_index_is_an_int_that_pickles_with_its_epoch():
     import pickle
 

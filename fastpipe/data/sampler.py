@@ -143,8 +143,14 @@ class _EpochSampler:
                 f"this {self._kind} state was saved for {state['length']} samples, but the "
                 f"dataset has {length}; a state only resumes the same dataset"
             )
-        start = self._load_extra(state)
-        self.seed, self.epoch = int(state["seed"]), int(state["epoch"])
+        seed, epoch, position = int(state["seed"]), int(state["epoch"]), int(state["position"])
+        if seed < 0 or epoch < 0 or not 0 <= position <= length:
+            raise ValueError(
+                f"this {self._kind} state is corrupt: seed {seed}, epoch {epoch}, position "
+                f"{position} of {length}"
+            )
+        start = self._load_extra(state)  # checks first, then restores; nothing after can fail
+        self.seed, self.epoch = seed, epoch
         self._start = start
         self._live = None
 
@@ -153,9 +159,16 @@ class _EpochSampler:
         return int(state["position"])
 
 
+_STATE_KEYS = {"version", "sampler", "length", "seed", "epoch", "position"}
+_DISTRIBUTED_KEYS = {"world_size", "rank", "shuffle", "drop_last", "history"}
+
+
 def _check_state(state: Any, kind: str) -> None:
     if not isinstance(state, dict):
         raise TypeError(f"a {kind} state is a dict, got {type(state).__name__}")
+    needed = _STATE_KEYS | (_DISTRIBUTED_KEYS if kind == "DistributedSampler" else set())
+    if kind == state.get("sampler") and not needed <= state.keys():
+        raise ValueError(f"this {kind} state lacks {sorted(needed - state.keys())}")
     if state.get("version") != STATE_VERSION:
         raise ValueError(
             f"this {kind} state has version {state.get('version')!r}; this fastpipe reads "
@@ -322,6 +335,12 @@ class DistributedSampler(_EpochSampler, torch_data.DistributedSampler):
                     f"sampler has {key}={getattr(self, key)}; build it with the saved setting"
                 )
         history = [[int(w), int(p)] for w, p in state["history"]]
+        saved_world_size, position = int(state["world_size"]), int(state["position"])
+        if saved_world_size < 1 or position > math.ceil(len(self.dataset) / saved_world_size):
+            raise ValueError(
+                f"this DistributedSampler state is corrupt: position {position} of a share of "
+                f"{len(self.dataset)} samples over {saved_world_size} ranks"
+            )
         if state["world_size"] == self.num_replicas:
             if state["rank"] != self.rank:
                 raise ValueError(
