@@ -9,10 +9,17 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
-from torch.utils.data import DataLoader
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from fastpipe._background import BackgroundIterator
 from fastpipe._compat import shutdown_dataloader_workers
+from fastpipe.data._resume import (
+    STATE_VERSION,
+    EpochSampler,
+    check_loader_state,
+    dataset_fingerprint,
+    with_stateful_sampler,
+)
 
 
 class DataLoaderX(DataLoader):
@@ -44,6 +51,12 @@ class DataLoaderX(DataLoader):
     Compared with prefetch_generator 1.0.3's ``BackgroundGenerator``, which also forwards
     exceptions: its thread stays blocked in ``put()`` after an early ``break`` (holding the
     batches and the DataLoader's workers), and it has no ``close()``.
+
+    Without ``sampler=`` / ``batch_sampler=`` (map-style datasets), the sampler is one of
+    fastpipe's resumable samplers: ``shuffle=True`` gives ``fastpipe.data.RandomSampler`` seeded
+    with the keyword ``seed: int | None`` (None: one draw from ``generator=``, else from torch's
+    global generator, when the loader is built), otherwise ``SequentialSampler``; so
+    :meth:`state_dict` / :meth:`load_state_dict` can resume mid-epoch (docs/resume.md).
     """
 
     def __init__(self, *args: Any, prefetch_depth: int = 2, **kwargs: Any) -> None:
@@ -56,6 +69,7 @@ class DataLoaderX(DataLoader):
                 "prefetch_depth must be a positive int (batches kept ready ahead), "
                 f"got {prefetch_depth!r}"
             )
+        args, kwargs = with_stateful_sampler(args, kwargs)
         super().__init__(*args, **kwargs)
         self.prefetch_depth = prefetch_depth
         self._epoch: weakref.ref[BackgroundIterator] | None = None
@@ -87,6 +101,7 @@ class DataLoaderX(DataLoader):
         self.close()
         if self.persistent_workers and self._epoch_thread is not None:
             self._epoch_thread.join()
+        self._position = self._begin_position()
         # The base iterator (and with it any worker processes) is created here in the caller's
         # thread; only next() runs in the background.
         base = super().__iter__()
@@ -98,7 +113,7 @@ class DataLoaderX(DataLoader):
         del base
         self._epoch = weakref.ref(epoch)
         self._epoch_thread = epoch.thread
-        return epoch
+        return _HandedOut(epoch, self._position)
 
     def close(self) -> None:
         """Stops the background thread of the current epoch, if one is running."""
@@ -110,6 +125,87 @@ class DataLoaderX(DataLoader):
     def _fastpipe_describe(self) -> dict[str, Any]:
         """Tells ``fastpipe.profile`` what this is (it reads the DataLoader settings itself)."""
         return {"kind": "DataLoaderX"}
+
+    # Resume (issue 15). The position is counted where the training loop receives batches, so
+    # the batches waiting in the background queue or in the workers come again after a restore.
+
+    _position: _Position | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader is: the state after the last batch the training loop received.
+
+        A plain dict (``torch.save``-able, and a ``torch.distributed.checkpoint`` ``Stateful``):
+        ``version``, ``dataset`` (its length and ``fingerprint()``, if it has one) and
+        ``sampler`` (its epoch, position, seed, and for DDP its rank and world size). Loaded into
+        a fresh loader built the same way, the next ``iter()`` yields the batch after that one.
+        Taken after an epoch's last batch, the next ``iter()`` ends that epoch without batches if
+        the loop had not yet seen its end, and is the next epoch if it had (torchdata's rule).
+        Needs one of fastpipe's samplers, which DataLoaderX builds itself unless ``sampler=`` or
+        ``batch_sampler=`` is given (see docs/resume.md).
+        """
+        sampler, batch_size = self._resumable_sampler("state_dict")
+        position = self._position
+        if position is None:
+            sampler_state = sampler._next_iteration_state()
+        else:
+            sampler_state = position.state(batch_size)
+        return {
+            "version": STATE_VERSION,
+            "dataset": self._dataset_fingerprint(),
+            "sampler": sampler_state,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores a :meth:`state_dict`; the next ``iter()`` continues from it.
+
+        Raises ValueError, changing nothing, for a state of another version, another dataset
+        (length or fingerprint) or another sampler setting.
+        """
+        sampler, _ = self._resumable_sampler("load_state_dict")
+        check_loader_state(state, self.dataset, "DataLoaderX")
+        sampler.load_state_dict(state["sampler"])
+        self._position = None
+
+    def _dataset_fingerprint(self) -> dict[str, Any]:
+        # Once per dataset: a fingerprint may hash every path, and DataPrefetcher asks per batch.
+        cached = getattr(self, "_fingerprint_of", None)
+        if cached is None or cached[0] is not self.dataset:
+            cached = (self.dataset, dataset_fingerprint(self.dataset))
+            self._fingerprint_of = cached
+        return dict(cached[1])
+
+    def _begin_position(self) -> _Position | None:
+        try:
+            sampler, _ = self._resumable_sampler("iter")
+        except TypeError:
+            return None
+        return _Position(sampler._next_iteration_state(), sampler._iteration_length())
+
+    def _resumable_sampler(self, method: str) -> tuple[Any, int]:
+        """The fastpipe sampler behind this loader, and how many of its indices make a batch."""
+        if self._auto_collation:
+            batches = self.batch_sampler
+            if type(batches) is not BatchSampler:
+                raise TypeError(
+                    f"DataLoaderX.{method}() cannot know the position of a custom batch_sampler "
+                    f"({type(batches).__name__}); pass batch_size= and sampler= instead"
+                )
+            sampler, batch_size = batches.sampler, batches.batch_size
+        else:
+            sampler, batch_size = self.sampler, 1
+        if isinstance(self.dataset, IterableDataset):
+            raise TypeError(
+                f"DataLoaderX.{method}() needs a map-style dataset; an IterableDataset has no "
+                "sampler whose position could be saved"
+            )
+        if not isinstance(sampler, EpochSampler):
+            raise TypeError(
+                f"DataLoaderX.{method}() cannot save or restore the position of a "
+                f"{type(sampler).__module__}.{type(sampler).__name__}; leave sampler= unset (with "
+                "shuffle=True/False DataLoaderX builds a resumable one) or pass "
+                "fastpipe.data.RandomSampler, SequentialSampler or DistributedSampler"
+            )
+        return sampler, batch_size
 
 
 def _warn_if_rebuilt_by_accelerate() -> None:
@@ -137,3 +233,51 @@ def _batches(base: Iterator[Any], shut_down_workers: bool) -> Iterator[Any]:
         # shutdown from inside gc waits out a 5 s timeout per worker.
         if shut_down_workers:
             shutdown_dataloader_workers(base)
+
+
+class _Position:
+    """One iteration's starting sampler state, and the batches the training loop received."""
+
+    __slots__ = ("batches", "ended", "length", "origin")
+
+    def __init__(self, origin: dict[str, Any], length: int) -> None:
+        self.origin, self.length, self.batches, self.ended = origin, length, 0, False
+
+    def state(self, batch_size: int) -> dict[str, Any]:
+        if self.ended:
+            # The loop saw the end of the epoch: the next iter() is the next epoch's.
+            state = dict(self.origin, epoch=self.origin["epoch"] + 1, position=0)
+            if "history" in state:
+                state["history"] = []
+            return state
+        # After the last batch but before the end was seen, as in torchdata: the restored loader
+        # first ends this epoch (no batches), then goes on, so a loop that saved its own epoch
+        # counter inside the epoch stays in step.
+        position = min(self.origin["position"] + self.batches * batch_size, self.length)
+        return dict(self.origin, position=position)
+
+
+class _HandedOut:
+    """The epoch's iterator, counting the batches it hands to the training loop."""
+
+    def __init__(self, batches: Iterator[Any], position: _Position | None) -> None:
+        self._batches, self._counted = batches, position
+
+    def __iter__(self) -> _HandedOut:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            batch = next(self._batches)
+        except StopIteration:
+            if self._counted is not None:
+                self._counted.ended = True
+            raise
+        if self._counted is not None:
+            self._counted.batches += 1
+        return batch
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("_batches", "_counted"):
+            raise AttributeError(name)
+        return getattr(self._batches, name)

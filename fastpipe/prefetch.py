@@ -14,6 +14,7 @@ from torch.utils import _pytree as pytree
 
 from fastpipe import ops
 from fastpipe._background import BackgroundIterator
+from fastpipe.data.sampler import STATE_VERSION
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Float images a hair outside [0, 1] (rounding in a resize) are still 0-1 images.
@@ -294,10 +295,12 @@ class DataPrefetcher:
         self.close()
         _check_sharded(self.loader)
         self._range_checked = False
+        self._handed_out = _Handed(self.loader)
         tracked = _accelerate_loader(self.loader)
         if self._streams is None and tracked is None:
             epoch: Iterator[Any] = BackgroundIterator(
-                (self._prepare(batch, self.device) for batch in self.loader),
+                (self._prepare(batch, self.device)
+                 for batch in self._handed_out.source(self.loader)),
                 prefetch_depth=self.prefetch_depth,
                 name="fastpipe-DataPrefetcher",
             )
@@ -307,7 +310,7 @@ class DataPrefetcher:
             epoch = self._ahead_epoch(tracked)
         # Held weakly, so a loop that breaks early lets the epoch (and its thread) go at once.
         self._epoch = weakref.ref(epoch)
-        return epoch
+        return self._handed_out.count(epoch)
 
     def next(self) -> Any:
         """The next batch, or None at the end of the epoch; the call after None starts a new one."""
@@ -328,6 +331,39 @@ class DataPrefetcher:
         if callable(close):
             close()
 
+    # Resume (issue 15): the wrapped loader's state at the last batch handed to the training
+    # loop; the batches prepared ahead (on the side stream, or in the queue) come again.
+
+    _handed_out: _Handed | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped loader's state after the last batch the training loop received.
+
+        ``{"version": 1, "loader": loader.state_dict() as it was then}``. The loader must have
+        ``state_dict()`` / ``load_state_dict()`` (DataLoaderX, torchdata's StatefulDataLoader).
+        """
+        loader_state = self._handed_out.state() if self._handed_out is not None else None
+        if loader_state is None:
+            loader_state = _loader_state(self.loader)
+        return {"version": STATE_VERSION, "loader": loader_state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores a :meth:`state_dict` into the wrapped loader; the next epoch continues it."""
+        if not isinstance(state, dict) or "loader" not in state:
+            got = sorted(map(str, state)) if isinstance(state, dict) else type(state).__name__
+            raise TypeError(
+                "DataPrefetcher.load_state_dict() takes a dict from DataPrefetcher.state_dict(), "
+                f"got {got}"
+            )
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(
+                f"this DataPrefetcher state has version {state.get('version')!r}; this fastpipe "
+                f"reads version {STATE_VERSION}"
+            )
+        _loader_method(self.loader, "load_state_dict")(state["loader"])
+        self.close()
+        self._handed_out = None
+
     def _ahead_epoch(self, tracked: Any) -> Iterator[Any]:
         """Reads ``prefetch_depth`` batches ahead in the consumer's thread (CUDA streams, or
         accelerate's loaders)."""
@@ -338,7 +374,7 @@ class DataPrefetcher:
             side = self._side_streams.get(device)
             if side is None:
                 side = self._side_streams[device] = streams.new_stream(device)
-        source = iter(self.loader)
+        source = iter(self._handed_out.source(self.loader))
         ready: deque[tuple[Any, Any]] = deque()  # (batch on the device, event after its copy)
         failed: list[BaseException] = []
         exhausted: list[bool] = []
@@ -507,7 +543,6 @@ class DataPrefetcher:
         """Tells ``fastpipe.profile`` what this is: a prefetcher over ``self.loader``."""
         return {"prefetcher": True, "wraps": self.loader}
 
-
     def _check_unit_range(self, images: torch.Tensor, place: str) -> None:
         # Once per epoch (the first batch): reading the values back waits for the device.
         self._range_checked = True
@@ -589,6 +624,92 @@ def _hand_over(loader: Any, last: bool) -> bool:
         readded = True
     loader.end_of_dataloader = last
     return readded
+
+
+def _loader_method(loader: Any, name: str) -> Any:
+    method = getattr(loader, name, None)
+    if not callable(method):
+        raise TypeError(
+            f"DataPrefetcher.{name}() needs a loader with state_dict() and load_state_dict(), "
+            f"and {type(loader).__name__} has no {name}(); wrap a fastpipe.DataLoaderX (or "
+            "torchdata's StatefulDataLoader)"
+        )
+    return method
+
+
+def _loader_state(loader: Any) -> Any:
+    return _loader_method(loader, "state_dict")()
+
+
+class _Handed:
+    """Pairs each batch taken from the loader with the loader's state right after it.
+
+    ``source`` runs wherever batches are taken (the background thread on the CPU); ``count``
+    wraps what the training loop iterates and makes the state of each batch it receives current.
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+        self._stateful = callable(getattr(loader, "state_dict", None))
+        self._current: Any = None
+        if self._stateful:
+            try:
+                self._current = _loader_state(loader)
+            except TypeError:  # a loader that cannot say; state_dict() asks it again and raises
+                self._stateful = False
+        self._states: deque[Any] = deque()
+
+    def source(self, loader: Iterable[Any]) -> Iterator[Any]:
+        batches = iter(loader)
+        try:
+            for batch in batches:
+                if self._stateful:
+                    self._states.append(_loader_state(loader))
+                yield batch
+        finally:
+            # Closed with the epoch, so the loader's own thread (DataLoaderX) stops with it.
+            close = getattr(batches, "close", None)
+            if callable(close):
+                close()
+
+    def count(self, epoch: Iterator[Any]) -> Iterator[Any]:
+        return _Counted(epoch, self)
+
+    def handed(self) -> None:
+        if self._stateful:
+            self._current = self._states.popleft()
+
+    def ended(self) -> None:
+        # The loader saw the end of its epoch before the loop did; its state now says so.
+        if self._stateful and not self._states:
+            self._current = _loader_state(self._loader)
+
+    def state(self) -> Any:
+        return self._current
+
+
+class _Counted:
+    """The epoch's iterator, telling ``_Handed`` of each batch the training loop receives."""
+
+    def __init__(self, batches: Iterator[Any], handed: _Handed) -> None:
+        self._batches, self._handed = batches, handed
+
+    def __iter__(self) -> _Counted:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            batch = next(self._batches)
+        except StopIteration:
+            self._handed.ended()
+            raise
+        self._handed.handed()
+        return batch
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("_batches", "_handed"):
+            raise AttributeError(name)
+        return getattr(self._batches, name)
 
 
 def _get_at(batch: Any, path: tuple[Any, ...]) -> Any:

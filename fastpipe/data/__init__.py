@@ -21,6 +21,9 @@ _EXPORTS = {
     "H5Dataset": "fastpipe.data.h5",
     "LMDBDataset": "fastpipe.data.lmdb",
     "sample_images": "fastpipe.data.samples",
+    "DistributedSampler": "fastpipe.data.sampler",
+    "RandomSampler": "fastpipe.data.sampler",
+    "SequentialSampler": "fastpipe.data.sampler",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -40,6 +40,12 @@ class SampleIndex(int):
     def __repr__(self) -> str:
         return f"SampleIndex({int(self)}, epoch={self.epoch})"
 
+    def __str__(self) -> str:
+        return str(int(self))
+
+    def __format__(self, spec: str) -> str:
+        return format(int(self), spec)
+
 
 def sample_seed(seed: int, epoch: int, index: int, stream: int = 0) -> int:
     """A 63-bit seed for the draws of sample ``index`` in ``epoch`` of a run seeded ``seed``.
