@@ -82,3 +82,15 @@ def test_cuda_suite_decodes_with_dali_on_the_gpu_and_adds_the_factory(monkeypatc
                          pack_dir=Path("/tmp"), device="cpu")
     assert variants["image_loader"].build(config) == ["a loader"]
     assert calls == [("/data", 16, 96, "cpu", 3)]  # only the arguments it accepts
+
+
+def test_model_bench_skips_the_loaders_past_its_time_budget(sample_root):
+    from fastpipe.bench.model_step import run_model_bench
+
+    report = run_model_bench(sample_root, device="cpu", model="tiny", batch_size=8, size=32,
+                             seconds=0.1, variants=("dataloader", "dataloaderx"),
+                             budget_seconds=0.0)
+    assert [r.key for r in report.rows] == ["dataloader", "dataloaderx"]
+    for row in report.rows:
+        assert row.images_per_second is None and row.ratio is None
+        assert row.skipped == "time budget of 0 s used up"

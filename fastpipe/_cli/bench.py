@@ -73,7 +73,7 @@ def _command_line(args: argparse.Namespace) -> str:
 
 # Defaults of the model-step bench: per device, and for --quick.
 MODEL_DEFAULTS = {
-    "cuda": {"num_images": 2048, "batch_size": 256, "size": 224, "seconds": 30.0},
+    "cuda": {"num_images": 1024, "batch_size": 256, "size": 224, "seconds": 30.0},
     "cpu": {"num_images": 256, "batch_size": 32, "size": 224, "seconds": 4.0},
     "quick": {"num_images": 32, "batch_size": 8, "size": 64, "seconds": 0.3},
 }
