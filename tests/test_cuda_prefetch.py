@@ -39,15 +39,13 @@ def _structure(images: torch.Tensor, index: int, kind: str):
         return images, labels
     if kind == "dict":
         return {"image": images, "label": labels, "name": f"batch{index}"}
-    return {"inputs": [images, {"label": labels}], "meta": {"index": index}}  # nested
+    # Nested: the images stay where normalization finds them, the other tensors are deeper.
+    return {"image": images, "targets": {"label": labels, "more": [labels * 2]},
+            "meta": {"index": index}}
 
 
 def _images(batch, kind: str) -> torch.Tensor:
-    if kind == "tuple":
-        return batch[0]
-    if kind == "dict":
-        return batch["image"]
-    return batch["inputs"][0]
+    return batch[0] if kind == "tuple" else batch["image"]
 
 
 def _labels(batch, kind: str) -> torch.Tensor:
@@ -55,7 +53,9 @@ def _labels(batch, kind: str) -> torch.Tensor:
         return batch[1]
     if kind == "dict":
         return batch["label"]
-    return batch["inputs"][1]["label"]
+    assert batch["targets"]["more"][0].device.type == "cuda"
+    assert isinstance(batch["meta"]["index"], int)  # non-tensor leaves pass through
+    return batch["targets"]["label"]
 
 
 def _expected(batches: list[torch.Tensor], normalize: bool) -> list[float]:
