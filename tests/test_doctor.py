@@ -104,3 +104,13 @@ def test_doctor_without_dali_names_the_extra(monkeypatch):
 ])
 def test_hardware_jpeg_decoder_by_gpu_model(name, hardware):
     assert _doctor._hardware_jpeg_decoder(name) is hardware
+
+
+def test_doctor_is_listed_with_its_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["doctor", "--help"])
+    assert exit_info.value.code == 0
+    assert "--json" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "doctor" in capsys.readouterr().out
