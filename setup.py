@@ -3,7 +3,10 @@
 The CPU kernels (fastpipe/csrc/*.cpp, fastpipe/csrc/cpu/*.cpp) are always built. The CUDA kernels
 (fastpipe/csrc/cuda/*.cu, plain CUDA without torch headers so they compile in seconds) and their
 torch glue (fastpipe/csrc/cuda/*.cpp) are added when torch is a CUDA build and nvcc is found
-(CUDA_HOME, or nvcc on PATH), for TORCH_CUDA_ARCH_LIST (default "8.0;9.0").
+(CUDA_HOME, or nvcc on PATH), for TORCH_CUDA_ARCH_LIST when it is set, else for every architecture
+of fastpipe/_cuda_archs.py's WANTED_ARCHS that this nvcc supports (7.5 to 12.0, the newest also as
+PTX for newer GPUs). The list is recorded in the extension, so that at run time the ops fall back
+to their reference, with a warning, on a GPU the kernel images do not fit.
 
 fastpipe._resize (fastpipe/csrc/image/resize.cpp, no torch headers, no libraries) resizes the CPU
 image path's crops straight into (3, H, W) planes; it is built with fastpipe._C.
@@ -23,6 +26,7 @@ FASTPIPE_NO_JPEG=1 skips fastpipe._jpeg, MAX_JOBS=N limits parallel compiles (ni
 """
 
 import glob
+import importlib.util
 import os
 import re
 import shutil
@@ -36,7 +40,15 @@ from setuptools import Extension, setup
 # contraction of a * b + c into fused multiply-adds (see fastpipe/csrc/kernels.h).
 CXX_FLAGS = ["-O3", "-g0", "-fopenmp", "-ffp-contract=off"]
 NVCC_FLAGS = ["-O3", "--fmad=false"]
-DEFAULT_CUDA_ARCHS = "8.0;9.0"
+
+
+def _cuda_archs_module():
+    """fastpipe/_cuda_archs.py, loaded by path: importing the package would import torch."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fastpipe", "_cuda_archs.py")
+    spec = importlib.util.spec_from_file_location("_fastpipe_cuda_archs", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _find_cuda_home():
@@ -72,6 +84,43 @@ def _nvcc_release(cuda_home):
         return None
     match = re.search(r"release (\d+)\.(\d+)", out)
     return f"{match.group(1)}.{match.group(2)}" if match else None
+
+
+def _nvcc_archs(cuda_home):
+    """The architectures this nvcc compiles for (from --list-gpu-arch, else from its release)."""
+    archs = _cuda_archs_module()
+    try:
+        listing = subprocess.run(
+            [os.path.join(cuda_home, "bin", "nvcc"), "--list-gpu-arch"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        listing = ""
+    supported = archs.archs_of_nvcc_listing(listing)
+    if not supported:
+        release = _nvcc_release(cuda_home)
+        if release is not None:
+            supported = archs.archs_of_release(tuple(int(p) for p in release.split(".")))
+    return supported
+
+
+def _cuda_arch_list(cuda_home) -> str:
+    """TORCH_CUDA_ARCH_LIST if set, else the default list for this nvcc (set in os.environ, where
+    torch.utils.cpp_extension reads it)."""
+    chosen = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    if not chosen:
+        chosen = _cuda_archs_module().default_arch_list(_nvcc_archs(cuda_home))
+        if not chosen:
+            raise RuntimeError(
+                f"fastpipe: the nvcc in {cuda_home} supports none of the GPU architectures "
+                "7.5 to 12.0; set TORCH_CUDA_ARCH_LIST (e.g. \"8.0;9.0+PTX\"), or "
+                "FASTPIPE_NO_CUDA=1 to build the CPU kernels only"
+            )
+        os.environ["TORCH_CUDA_ARCH_LIST"] = chosen
+    print(f"fastpipe: building the CUDA kernels for TORCH_CUDA_ARCH_LIST={chosen}")
+    return chosen
 
 
 def _with_cuda(torch, cuda_home) -> bool:
@@ -203,7 +252,10 @@ def _extensions():
         py_limited_api=True,
     )
     if _with_cuda(torch, cuda_home):
-        os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS)
+        arch_list = _cuda_arch_list(cuda_home)
+        # Recorded for fastpipe.ops (ops_cuda.cpp's fastpipe_cuda_archs()); commas, since the
+        # define passes through a shell; for g++ only, since nvcc splits -D values at commas.
+        recorded = ",".join(e for e in re.split(r"[;,\s]+", arch_list) if e)
         cuda_sources = sorted(
             glob.glob(os.path.join(csrc, "cuda", "*.cpp"))
             + glob.glob(os.path.join(csrc, "cuda", "*.cu"))
@@ -211,7 +263,10 @@ def _extensions():
         ext = cpp_extension.CUDAExtension(
             "fastpipe._C",
             sources + cuda_sources,
-            extra_compile_args={"cxx": CXX_FLAGS, "nvcc": NVCC_FLAGS},
+            extra_compile_args={
+                "cxx": CXX_FLAGS + [f"-DFASTPIPE_CUDA_ARCHS={recorded}"],
+                "nvcc": NVCC_FLAGS,
+            },
             **common,
         )
     else:

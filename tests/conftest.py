@@ -1,15 +1,41 @@
-"""Shared fixtures: the sample dataset, and the check that threads do not outlive a test."""
+"""Shared fixtures: the sample dataset, the check that threads do not outlive a test, and the
+cuda lane (tests marked ``cuda`` skip without a GPU, fail instead with FASTPIPE_REQUIRE_CUDA=1)."""
 
 from __future__ import annotations
 
 import gc
+import os
 import threading
 import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from fastpipe.data import sample_images
+
+REQUIRE_CUDA = "FASTPIPE_REQUIRE_CUDA"
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The cuda lane: a test marked ``cuda`` needs a CUDA GPU; without one it skips, or fails
+    when FASTPIPE_REQUIRE_CUDA=1 (so a GPU run cannot pass by skipping everything)."""
+    if item.get_closest_marker("cuda") is None or torch.cuda.is_available():
+        return
+    reason = "no CUDA GPU (torch.cuda.is_available() is False)"
+    if os.environ.get(REQUIRE_CUDA) == "1":
+        pytest.fail(f"{reason}, and {REQUIRE_CUDA}=1 requires one", pytrace=False)
+    pytest.skip(f"{reason}; the cuda lane runs on a GPU machine (docs/gpu.md)")
+
+
+def require_cuda_part(available: bool, what: str) -> None:
+    """Skips (or fails with FASTPIPE_REQUIRE_CUDA=1) a cuda-lane test whose GPU part is missing:
+    the CUDA kernels of fastpipe._C, DALI, a second GPU, ..."""
+    if available:
+        return
+    if os.environ.get(REQUIRE_CUDA) == "1":
+        pytest.fail(f"{what} ({REQUIRE_CUDA}=1 requires it)", pytrace=False)
+    pytest.skip(what)
 
 
 def wait_for_threads(baseline: set[int], timeout: float = 10.0) -> list[str]:

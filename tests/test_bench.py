@@ -36,3 +36,61 @@ def test_ratio_is_the_median_of_ratios_within_each_round(sample_root, monkeypatc
     assert report.settings["rounds"] == 2 and report.settings["num_images"] == 48
     with pytest.raises(ValueError, match="listed twice"):
         run_bench(sample_root, variants=("dataloader", "dataloader"))
+
+
+# --- the model-step bench (fastpipe bench --device) ---------------------------------------------
+
+def test_train_step_trains_the_model_on_its_synthetic_labels():
+    import torch
+
+    from fastpipe.bench.model_step import TrainStep
+
+    step = TrainStep("tiny", torch.device("cpu"), batch_size=4)
+    before = [p.detach().clone() for p in step.model.parameters()]
+    images = torch.rand(4, 3, 32, 32)
+    step(images)
+    after = list(step.model.parameters())
+    assert any(not torch.equal(a, b) for a, b in zip(before, after)), "SGD changed nothing"
+    assert step.targets.shape == (4,) and int(step.targets.max()) < 1000
+    step(torch.randint(0, 256, (3, 3, 32, 32), dtype=torch.uint8))  # a partial uint8 batch
+
+
+def test_cuda_suite_decodes_with_dali_on_the_gpu_and_adds_the_factory(monkeypatch):
+    import torch
+
+    import fastpipe
+    from fastpipe.bench.model_step import model_variants
+
+    keys = {v.key: v for v in model_variants(torch.device("cuda"))}
+    assert keys["dali"].name == "DALI (mixed decode)"
+    assert [v.key for v in model_variants(torch.device("cpu"))] == [v.key for v in VARIANTS] + (
+        ["image_loader"] if getattr(fastpipe, "image_loader", None) else []
+    )
+    calls = []
+
+    def image_loader(root, batch_size, *, size=224, device=None, num_workers=2):
+        calls.append((root, batch_size, size, device, num_workers))
+        return ["a loader"]
+
+    monkeypatch.setattr(fastpipe, "image_loader", image_loader, raising=False)
+    variants = {v.key: v for v in model_variants(torch.device("cpu"))}
+    from pathlib import Path
+
+    from fastpipe.bench.variants import BenchConfig
+
+    config = BenchConfig(root=Path("/data"), batch_size=16, num_workers=3, size=96,
+                         pack_dir=Path("/tmp"), device="cpu")
+    assert variants["image_loader"].build(config) == ["a loader"]
+    assert calls == [("/data", 16, 96, "cpu", 3)]  # only the arguments it accepts
+
+
+def test_model_bench_skips_the_loaders_past_its_time_budget(sample_root):
+    from fastpipe.bench.model_step import run_model_bench
+
+    report = run_model_bench(sample_root, device="cpu", model="tiny", batch_size=8, size=32,
+                             seconds=0.1, variants=("dataloader", "dataloaderx"),
+                             budget_seconds=0.0)
+    assert [r.key for r in report.rows] == ["dataloader", "dataloaderx"]
+    for row in report.rows:
+        assert row.images_per_second is None and row.ratio is None
+        assert row.skipped == "time budget of 0 s used up"

@@ -84,3 +84,60 @@ def test_every_command_has_help(capsys):
                                capture_output=True, text=True, timeout=60).stdout
     for command in ("bench", "profile", "tune"):
         assert command in main_help
+
+
+# --- fastpipe bench --device: a real model step --------------------------------------------------
+
+@pytest.mark.timeout(300)
+def test_bench_device_cpu_tiny_model_table_and_json(capsys, sample_root, tmp_path,
+                                                    no_thread_leak):
+    saved = tmp_path / "bench-cpu.json"
+    code = main(["bench", "--device", "cpu", "--model", "tiny", "--quick", "--root",
+                 str(sample_root), "--variants", "dataloader,prefetcher,fast-cpu",
+                 "--save", str(saved), "--no-progress"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("machine: ") and "step: tiny on cpu, channels_last, AMP, batch 8" in out
+    assert "GPU util" in out and f"json: {saved}" in out
+    report = json.loads(saved.read_text())
+    assert report["settings"]["model"] == "tiny" and report["settings"]["amp"] is True
+    assert "--device cpu --model tiny" in report["settings"]["command"]
+    rows = {r["key"]: r for r in report["rows"]}
+    assert list(rows) == ["dataloader", "prefetcher", "fast-cpu"]
+    assert rows["dataloader"]["ratio"] == 1.0
+    for row in rows.values():
+        assert row["skipped"] is None, row
+        assert row["images_per_second"] > 0 and row["batches"] >= 2
+        assert 0.0 <= row["wait_share"] <= 1.0
+        assert row["clock"] == "host" and row["gpu_utilization"] is None  # no GPU: no number
+        assert row["output"] == "float32 (8, 3, 64, 64) on cpu", row
+
+
+def test_bench_device_json_to_stdout(capsys, sample_root, tmp_path):
+    saved = tmp_path / "b.json"
+    assert main(["bench", "--device", "cpu", "--quick", "--root", str(sample_root), "--variants",
+                 "dataloader", "--seconds", "0.1", "--json", "--save", str(saved)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(saved.read_text())
+    assert printed["settings"]["model"] == "tiny"  # the CPU default
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--device", "cpu", "--model", "resnet5000"], "unknown model 'resnet5000'"),
+    (["--device", "cpu", "--plot", "x.png"], "--plot applies to the simulated-step bench"),
+    (["--device", "cpu", "--rounds", "2"], "--rounds applies to the simulated-step bench"),
+    (["--device", "cpu", "--variants", "turbo"], "unknown variant(s) ['turbo']"),
+    (["--device", "cpu", "--save", "/no/such/dir/b.json"], "cannot write the JSON report"),
+])
+def test_bench_device_bad_arguments_exit_2(argv, message, capsys, sample_root):
+    assert main(["bench", "--root", str(sample_root), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fastpipe bench: error: ") and message in err
+
+
+def test_bench_device_cuda_without_a_gpu_says_so(capsys, sample_root, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["bench", "--device", "cuda", "--root", str(sample_root)]) == 2
+    assert "--device cpu --model tiny" in capsys.readouterr().err

@@ -39,6 +39,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--markdown", metavar="FILE", help="write the table as Markdown")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    model = parser.add_argument_group(
+        "model step (--device)",
+        "feed a real training step instead of a simulated one: images/s, data wait and GPU "
+        "utilisation per loader; a table, and the JSON in --save")
+    model.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                       help="run the loaders into a model step on this device")
+    model.add_argument("--model", default=None,
+                       help="a torchvision model name, or 'tiny' (default resnet50 on cuda, "
+                       "tiny on cpu)")
+    model.add_argument("--no-amp", action="store_true", help="float32 instead of mixed precision")
+    model.add_argument("--save", metavar="FILE.json", default=None,
+                       help="where to write the JSON (default fastpipe-bench-DEVICE.json)")
 
 
 def _pick(value, quick: bool, key: str, default):
@@ -60,7 +72,64 @@ def _command_line(args: argparse.Namespace) -> str:
     return shlex.join(words)
 
 
+# Defaults of the model-step bench: per device, and for --quick.
+MODEL_DEFAULTS = {
+    "cuda": {"num_images": 1024, "batch_size": 256, "size": 224, "seconds": 30.0},
+    "cpu": {"num_images": 256, "batch_size": 32, "size": 224, "seconds": 4.0},
+    "quick": {"num_images": 32, "batch_size": 8, "size": 64, "seconds": 0.3},
+}
+
+
+def _run_model_step(args: argparse.Namespace) -> int:
+    from fastpipe.bench.model_step import run_model_bench
+
+    for option in ("rounds", "plot", "markdown"):
+        if getattr(args, option) is not None:
+            raise CommandError(f"--{option} applies to the simulated-step bench; leave it out "
+                               "with --device")
+    defaults = MODEL_DEFAULTS["quick" if args.quick else args.device]
+    if args.workers is not None and args.workers < 0:
+        raise CommandError(f"--workers must be >= 0, got {args.workers}")
+    seconds = args.seconds if args.seconds is not None else defaults["seconds"]
+    if seconds <= 0:
+        raise CommandError(f"--seconds must be more than 0, got {seconds:g}")
+    if args.root is not None and args.num_images is not None:
+        raise CommandError("--num-images applies to the sample dataset; leave it out with --root")
+    variants = None
+    if args.variants is not None:
+        variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    model = args.model or ("resnet50" if args.device == "cuda" else "tiny")
+    save = args.save or f"fastpipe-bench-{args.device}.json"
+    check_output(save, "JSON report")
+    try:
+        report = run_model_bench(
+            args.root,
+            device=args.device,
+            model=model,
+            num_images=args.num_images or defaults["num_images"],
+            batch_size=args.batch_size or defaults["batch_size"],
+            num_workers=1 if args.quick and args.workers is None else args.workers,
+            size=args.size or defaults["size"],
+            seconds=seconds,
+            warmup=1 if args.quick else 5,
+            amp=not args.no_amp,
+            variants=variants,
+            command=f"{_command_line(args)} --device {args.device} --model {model}",
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        raise CommandError(str(exc)) from exc
+    report.to_json(save)
+    if args.json:
+        print(report.to_json())
+    else:
+        print(report)
+        print(f"\njson: {save}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.device is not None:
+        return _run_model_step(args)
     from fastpipe.bench.suite import run_bench
 
     workers = _pick(args.workers, args.quick, "workers", None)

@@ -30,6 +30,8 @@ class BenchConfig:
     num_workers: int
     size: int
     pack_dir: Path
+    # Where the batches end: None picks CUDA when available (the prefetching loaders).
+    device: str | None = None
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,8 @@ def _loader_kwargs(config: BenchConfig) -> dict[str, Any]:
     # Persistent workers in every variant: with a small dataset, restarting workers each epoch
     # would be most of what is measured.
     return {"batch_size": config.batch_size, "shuffle": True, "num_workers": config.num_workers,
-            "persistent_workers": config.num_workers > 0}
+            "persistent_workers": config.num_workers > 0,
+            "pin_memory": config.device == "cuda"}
 
 
 def build_dataloader(config: BenchConfig) -> Any:
@@ -75,7 +78,7 @@ def build_prefetcher(config: BenchConfig) -> Any:
     from fastpipe import DataLoaderX, DataPrefetcher
 
     loader = DataLoaderX(_torchvision_folder(config, uint8=True), **_loader_kwargs(config))
-    return DataPrefetcher(loader, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    return DataPrefetcher(loader, device=config.device, mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
 
 def build_fast_cpu(config: BenchConfig) -> Any:
@@ -84,7 +87,7 @@ def build_fast_cpu(config: BenchConfig) -> Any:
 
     dataset = ImageFolder(str(config.root), train=True, size=config.size)
     loader = DataLoaderX(dataset, collate_fn=fast_collate, **_loader_kwargs(config))
-    return DataPrefetcher(loader, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    return DataPrefetcher(loader, device=config.device, mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
 
 def pack_path(config: BenchConfig) -> Path:
@@ -115,7 +118,7 @@ def build_hdf5(config: BenchConfig) -> Any:
 
     dataset = H5Dataset(str(pack_path(config)), decoder=ImageDecoder(train=True, size=config.size))
     loader = DataLoaderX(dataset, collate_fn=fast_collate, **_loader_kwargs(config))
-    return DataPrefetcher(loader, mean=IMAGENET_MEAN, std=IMAGENET_STD)
+    return DataPrefetcher(loader, device=config.device, mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
 
 def build_dali(config: BenchConfig) -> Any:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import importlib
 import importlib.util
 import os
@@ -10,6 +12,7 @@ import warnings
 
 import torch
 
+from fastpipe import _cuda_archs
 from fastpipe._compat import dispatch_has_kernel
 
 # The image ops, with a kernel per device.
@@ -54,11 +57,61 @@ def _kernels() -> frozenset[tuple[str, str]]:
 # torch.compile is a constant lookup.
 KERNELS = _kernels()
 
+
+
+def _built_cuda_archs() -> str | None:
+    """The TORCH_CUDA_ARCH_LIST fastpipe._C's CUDA kernels were built for ("7.5,...,12.0+PTX"),
+    or None when it has no CUDA kernels or does not record it (an older build)."""
+    if not LOADED or not any(device == "cuda" for _, device in KERNELS):
+        return None
+    try:
+        library = ctypes.CDLL(sys.modules["fastpipe._C"].__file__)  # already loaded: no reload
+        function = library.fastpipe_cuda_archs
+    except (OSError, AttributeError, KeyError):
+        return None
+    function.restype = ctypes.c_char_p
+    return function().decode() or None
+
+
+CUDA_ARCHS = _built_cuda_archs()
+
+
+@torch.compiler.assume_constant_result
+def cuda_kernels_fit(index: int) -> bool:
+    """Whether the CUDA kernel images fit GPU ``index``'s architecture (True when the build does
+    not say which architectures it has: an older build, trusted as before)."""
+    return _cuda_kernels_fit(index, CUDA_ARCHS)
+
+
+@functools.cache
+def _cuda_kernels_fit(index: int, archs: str | None) -> bool:
+    if archs is None:
+        return True
+    fits = _cuda_archs.kernel_image_fits(torch.cuda.get_device_capability(index), archs)
+    return fits is not False
+
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 _warned = False
 
 
 def has_kernel(name: str, device: torch.device) -> bool:
-    return (name, device.type) in KERNELS
+    """Whether ``name`` has a compiled kernel for ``device`` that can run there: on CUDA, one
+    whose kernel image fits the GPU (``device``, or the current one for a bare "cuda"; without
+    a GPU, whether the kernels were built)."""
+    if (name, device.type) not in KERNELS:
+        return False
+    if device.type != "cuda":
+        return True
+    if device.index is None:  # "cuda" asked by name; a tensor's device always has its index
+        if not torch.cuda.is_available():
+            return True
+        device = torch.device("cuda", torch.cuda.current_device())
+    # CUDA is initialized by now (a tensor is on the GPU, or is_available()), never at import.
+    return cuda_kernels_fit(device.index)
 
 
 def warn_fallback(name: str, device: torch.device) -> None:
@@ -69,6 +122,13 @@ def warn_fallback(name: str, device: torch.device) -> None:
     _warned = True
     if not LOADED:
         problem = f"the compiled extension fastpipe._C {_LOAD_PROBLEM}"
+    elif (name, device.type) in KERNELS and device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(_device_index(device))
+        problem = (
+            f"fastpipe._C's CUDA kernels were built for {CUDA_ARCHS}, which cannot run on this "
+            f"GPU (compute capability {major}.{minor}); rebuild with "
+            f'TORCH_CUDA_ARCH_LIST="{major}.{minor}" (see docs/gpu.md)'
+        )
     else:
         problem = (
             f"fastpipe._C has no {device.type} kernel for {name} (built without CUDA, or an "

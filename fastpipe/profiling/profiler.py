@@ -414,12 +414,19 @@ class Profiler:
         if device is None or not self._pending:
             return
         if block:
-            # Events complete in stream order: once the newest is done, all are.
+            # On one stream, once the newest event is done all are; the loop below still checks
+            # each one, since marks made while another stream was current complete apart.
             device.wait(self._pending[-1][3])
         while self._pending:
             index, begin, arrived, end = self._pending[0]
-            if not block and not device.done(end):
-                return
+            # elapsed_time raises on an event that has not completed, and with the current
+            # stream changed between marks, a step's end can complete before its begin: every
+            # event is queried before its times are read.
+            for event in (end, begin, arrived):
+                if not device.done(event):
+                    if not block:
+                        return
+                    device.wait(event)
             self._pending.popleft()
             self._device_times[index] = (
                 device.seconds_between(begin, arrived), device.seconds_between(begin, end)

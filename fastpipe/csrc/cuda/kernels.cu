@@ -6,6 +6,7 @@
 
 #include <type_traits>
 
+#include "cuda/index.h"
 #include "cuda/launch.h"
 #include "kernels.h"
 
@@ -43,6 +44,7 @@ struct DeviceConv {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < (total); \
        i += static_cast<int64_t>(blockDim.x) * gridDim.x)
 
+// Any number of channels and any size: scale and shift per element, int64 indices.
 template <typename TIn, typename TOut>
 __global__ void normalize_kernel(const TIn* __restrict__ in, Strides s, TOut* __restrict__ out,
                                  bool channels_last, Geometry g, const float* __restrict__ mean,
@@ -50,6 +52,35 @@ __global__ void normalize_kernel(const TIn* __restrict__ in, Strides s, TOut* __
   FASTPIPE_GRID_STRIDE_LOOP(i, total) {
     out[i] = normalize_element<TIn, TOut, DeviceConv>(i, in, s, channels_last, g, mean, std,
                                                       uint8_input);
+  }
+}
+
+// Up to kMaxTableChannels channels: each block computes the per-channel scale and shift once
+// into shared memory; Index32 decodes indices with 32-bit division (when fits_in_32_bits).
+template <typename TIn, typename TOut, bool Index32>
+__global__ void normalize_table_kernel(const TIn* __restrict__ in, Strides s,
+                                       TOut* __restrict__ out, bool channels_last, Geometry g,
+                                       const float* __restrict__ mean,
+                                       const float* __restrict__ std, bool uint8_input,
+                                       int64_t total) {
+  __shared__ float scale[kMaxTableChannels];
+  __shared__ float shift[kMaxTableChannels];
+  for (int64_t c = threadIdx.x; c < g.c; c += blockDim.x) {
+    normalize_table_entry(c, mean, std, uint8_input, scale, shift);
+  }
+  __syncthreads();
+  if constexpr (Index32) {
+    // total < 2^31 and the stride is below 2^24, so i + stride cannot wrap around 2^32.
+    const uint32_t end = static_cast<uint32_t>(total);
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < end; i += blockDim.x * gridDim.x) {
+      const Index4 p = dense_index32(i, g, channels_last);
+      out[i] = normalize_at<TIn, TOut, DeviceConv>(p, strided_offset32(p, s), in, scale, shift);
+    }
+  } else {
+    FASTPIPE_GRID_STRIDE_LOOP(i, total) {
+      const Index4 p = dense_index(i, g, channels_last);
+      out[i] = normalize_at<TIn, TOut, DeviceConv>(p, strided_offset(p, s), in, scale, shift);
+    }
   }
 }
 
@@ -148,9 +179,19 @@ cudaError_t launch_normalize(const void* images, ImageType in_type, Strides in_s
     using TIn = decltype(in_tag);
     return with_type(out_type, [&](auto out_tag) {
       using TOut = decltype(out_tag);
-      normalize_kernel<TIn, TOut><<<blocks_for(total), kThreads, 0, stream>>>(
-          static_cast<const TIn*>(images), in_strides, static_cast<TOut*>(out), out_channels_last,
-          g, mean, std, in_type == ImageType::kUInt8, total);
+      const auto* in = static_cast<const TIn*>(images);
+      auto* dst = static_cast<TOut*>(out);
+      const bool uint8_input = in_type == ImageType::kUInt8;
+      if (g.c > kMaxTableChannels) {
+        normalize_kernel<TIn, TOut><<<blocks_for(total), kThreads, 0, stream>>>(
+            in, in_strides, dst, out_channels_last, g, mean, std, uint8_input, total);
+      } else if (fits_in_32_bits(g, in_strides)) {
+        normalize_table_kernel<TIn, TOut, true><<<blocks_for(total), kThreads, 0, stream>>>(
+            in, in_strides, dst, out_channels_last, g, mean, std, uint8_input, total);
+      } else {
+        normalize_table_kernel<TIn, TOut, false><<<blocks_for(total), kThreads, 0, stream>>>(
+            in, in_strides, dst, out_channels_last, g, mean, std, uint8_input, total);
+      }
       return cudaGetLastError();
     });
   });

@@ -181,6 +181,19 @@ void cutmix_inplace_cuda(at::Tensor& images, const at::Tensor& boxes) {
 }  // namespace cuda
 }  // namespace fastpipe
 
+// The TORCH_CUDA_ARCH_LIST the kernels were built for, comma-separated (setup.py defines it),
+// read by fastpipe/ops/_extension.py through ctypes: on a GPU the kernel images do not fit, the
+// ops fall back to their reference instead of failing with "no kernel image".
+#ifndef FASTPIPE_CUDA_ARCHS
+#define FASTPIPE_CUDA_ARCHS
+#endif
+#define FASTPIPE_STRINGIFY_(...) #__VA_ARGS__
+#define FASTPIPE_STRINGIFY(...) FASTPIPE_STRINGIFY_(__VA_ARGS__)
+
+extern "C" __attribute__((visibility("default"))) const char* fastpipe_cuda_archs() {
+  return FASTPIPE_STRINGIFY(FASTPIPE_CUDA_ARCHS);
+}
+
 TORCH_LIBRARY_IMPL(fastpipe, CUDA, m) {
   m.impl("normalize", &fastpipe::cuda::normalize_cuda);
   m.impl("erase", &fastpipe::cuda::erase_cuda);

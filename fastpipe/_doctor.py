@@ -1,0 +1,210 @@
+"""``fastpipe doctor``: what this environment offers fastpipe, and what fastpipe will use.
+
+:func:`environment_report` gathers it (every optional part is probed lazily and guarded: a
+missing or broken one is reported, never raised); :func:`format_report` makes one screen of it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import re
+from typing import Any
+
+# GPUs with NVJPG hardware JPEG decoders, which DALI's mixed decoder uses (hw_decoder_load):
+# A100 and A30 (8.0), H100/H200/GH200 (9.0), B200/B300/GB200 (10.x). Judged from the name, as
+# neither torch nor DALI reports the engine.
+_HW_DECODER_NAMES = ("A100", "A30", "A800", "H100", "H200", "H800", "H20", "GH200", "B200",
+                     "B300", "GB200", "GB300")
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _hardware_jpeg_decoder(name: str) -> bool:
+    tokens = re.split(r"[\s\-_]+", name.upper())  # "NVIDIA A100-SXM4-80GB": A100, not A10
+    return any(model in tokens for model in _HW_DECODER_NAMES)
+
+
+def _gpus(torch: Any, archs: str | None) -> list[dict[str, Any]]:
+    from fastpipe import _cuda_archs
+
+    gpus = []
+    if not torch.cuda.is_available():
+        return gpus
+    for index in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(index)
+        capability = (props.major, props.minor)
+        fits = None if archs is None else _cuda_archs.kernel_image_fits(capability, archs)
+        gpus.append({
+            "index": index,
+            "name": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "kernels_fit": fits,
+            "hardware_jpeg_decoder": _hardware_jpeg_decoder(props.name),
+        })
+    return gpus
+
+
+def _extension() -> dict[str, Any]:
+    from fastpipe.ops import _extension
+
+    devices = {device for _, device in _extension.KERNELS}
+    return {
+        "built": _extension.LOADED,
+        "problem": _extension._LOAD_PROBLEM or None,
+        "cpu_kernels": "cpu" in devices,
+        "cuda_kernels": "cuda" in devices,
+        "cuda_archs": _extension.CUDA_ARCHS,
+    }
+
+
+def _module_state(name: str) -> dict[str, Any]:
+    if importlib.util.find_spec(name) is None:
+        return {"built": False, "problem": "not built"}
+    try:
+        importlib.import_module(name)
+    except (ImportError, OSError) as exc:
+        return {"built": False, "problem": f"failed to load: {exc}"}
+    return {"built": True, "problem": None}
+
+
+def _dali() -> dict[str, Any]:
+    version = _version("nvidia-dali-cuda130") or _version("nvidia-dali-cuda120")
+    info: dict[str, Any] = {"version": version, "package": None, "gpus_seen": None,
+                            "nvimgcodec": None, "problem": None}
+    if version is None:
+        info["problem"] = "not installed: pip install 'fastpipe[dali]'"
+        return info
+    info["package"] = "nvidia-dali-cuda130" if _version("nvidia-dali-cuda130") else (
+        "nvidia-dali-cuda120")
+    try:
+        from nvidia.dali import backend
+    except Exception as exc:  # noqa: BLE001 - a broken install is a finding, not a crash
+        info["problem"] = f"failed to import: {exc}"
+        return info
+    for key, call in (("gpus_seen", "GetCUDADeviceCount"), ("nvimgcodec", "GetNvimgcodecVersion")):
+        try:
+            value = int(getattr(backend, call)())
+        except Exception:  # noqa: BLE001 - without a driver DALI may refuse: nothing to report
+            continue
+        info[key] = value if value >= 0 else None
+    if info["nvimgcodec"] is not None:
+        code = info["nvimgcodec"]
+        info["nvimgcodec"] = f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
+    return info
+
+
+def _picks(torch: Any, report: dict[str, Any]) -> dict[str, str]:
+    """What fastpipe will use by default here."""
+    ext, gpus, dali = report["extension"], report["gpus"], report["dali"]
+    cuda = torch.cuda.is_available()
+    if cuda and ext["cuda_kernels"] and all(g["kernels_fit"] is not False for g in gpus):
+        ops = "compiled CUDA kernels on the GPU, compiled CPU kernels on the CPU"
+    elif cuda and ext["cuda_kernels"]:
+        ops = ("the pure-PyTorch reference on the GPU (fastpipe._C's kernel images do not fit "
+               "it: rebuild with TORCH_CUDA_ARCH_LIST, see docs/gpu.md)")
+    elif ext["cpu_kernels"]:
+        ops = "compiled CPU kernels" + (
+            "; the pure-PyTorch reference on the GPU (built without CUDA)" if cuda else "")
+    else:
+        ops = "the pure-PyTorch reference (fastpipe._C is not built)"
+    if cuda:
+        prefetcher = "CUDA: a side stream copies and normalizes the next batch"
+    else:
+        prefetcher = "CPU: a background thread prepares the next batch"
+    if dali["version"] is None:
+        dali_pick = "not installed"
+    elif cuda and dali["gpus_seen"]:
+        dali_pick = "GPU: mixed decode (nvJPEG)"
+    elif cuda:
+        dali_pick = "CPU mode (DALI sees no GPU: install the DALI wheel of torch's CUDA major)"
+    else:
+        dali_pick = "CPU mode"
+    decode = ("crop-only JPEG decoding (libjpeg-turbo region decode)" if report["jpeg_region"]
+              ["built"] else "whole-image JPEG decoding (simplejpeg; fastpipe._jpeg is not built)")
+    return {"ops": ops, "DataPrefetcher": prefetcher, "DALILoader": dali_pick,
+            "CPU image path": decode}
+
+
+def environment_report() -> dict[str, Any]:
+    """Versions, GPUs, the built parts and what fastpipe will pick, as a JSON-ready dict."""
+    import torch
+
+    import fastpipe
+
+    ext = _extension()
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    report: dict[str, Any] = {
+        "fastpipe": fastpipe.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(terse=True),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "torchvision": _version("torchvision"),
+        "cuda_available": torch.cuda.is_available(),
+        "gpus": _gpus(torch, ext["cuda_archs"]),
+        "extension": ext,
+        "jpeg_region": _module_state("fastpipe._jpeg"),
+        "resize": _module_state("fastpipe._resize"),
+        "dali": _dali(),
+        "pynvml": importlib.util.find_spec("pynvml") is not None,
+        "cores": usable,
+        "logical_cpus": os.cpu_count(),
+    }
+    report["picks"] = _picks(torch, report)
+    return report
+
+
+def _yes(flag: bool | None, unknown: str = "unknown") -> str:
+    return unknown if flag is None else ("yes" if flag else "no")
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """One screen of :func:`environment_report`."""
+    ext, dali = report["extension"], report["dali"]
+    lines = [
+        f"fastpipe {report['fastpipe']}, Python {report['python']}, {report['platform']}",
+        f"torch {report['torch']} (CUDA {report['torch_cuda'] or 'none: CPU build'}), "
+        f"torchvision {report['torchvision'] or 'not installed'}",
+        f"cores: {report['cores']} usable of {report['logical_cpus']}",
+        "",
+    ]
+    if not report["gpus"]:
+        lines.append("GPUs: none visible to torch")
+    for gpu in report["gpus"]:
+        lines.append(f"GPU {gpu['index']}: {gpu['name']}, compute capability {gpu['capability']}, "
+                     f"{gpu['memory_gib']} GiB")
+        lines.append(f"  fastpipe CUDA kernels for it: {_yes(gpu['kernels_fit'])}; "
+                     f"hardware JPEG decoder: {_yes(gpu['hardware_jpeg_decoder'])}")
+    built = "built" if ext["built"] else f"not usable ({ext['problem']})"
+    kernels = ", ".join(d for d, ok in (("CPU", ext["cpu_kernels"]), ("CUDA", ext["cuda_kernels"]))
+                        if ok) or "none"
+    lines += [
+        "",
+        f"fastpipe._C: {built}; kernels: {kernels}; CUDA architectures: "
+        f"{ext['cuda_archs'] or '-'}",
+        f"fastpipe._jpeg (libjpeg-turbo region decode): "
+        f"{'built' if report['jpeg_region']['built'] else report['jpeg_region']['problem']}",
+        f"fastpipe._resize: "
+        f"{'built' if report['resize']['built'] else report['resize']['problem']}",
+    ]
+    if dali["version"] is None:
+        lines.append(f"DALI: {dali['problem']}")
+    else:
+        seen = dali["gpus_seen"]
+        lines.append(f"DALI {dali['version']} ({dali['package']}): sees "
+                     f"{'?' if seen is None else seen} GPU(s); nvImageCodec "
+                     f"{dali['nvimgcodec'] or 'unknown'}"
+                     + (f"; {dali['problem']}" if dali["problem"] else ""))
+    lines += ["", "fastpipe will use:"]
+    lines += [f"  {part}: {choice}" for part, choice in report["picks"].items()]
+    return "\n".join(lines)

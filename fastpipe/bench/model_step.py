@@ -1,0 +1,426 @@
+"""``fastpipe bench --device``: the loaders side by side feeding a real training step.
+
+Each loader of :data:`fastpipe.bench.variants.VARIANTS` (with DALI decoding on the GPU when the
+device is CUDA, and the ``fastpipe.image_loader`` factory when this fastpipe has it) feeds the
+same model step: a torchvision model (ResNet-50 by default) in ``channels_last`` with automatic
+mixed precision (float16 on CUDA, bfloat16 on the CPU), cross-entropy on synthetic labels, SGD.
+Per loader: images/s, the data-wait share, and the GPU utilisation. The times come from
+:func:`fastpipe.profile`, which on CUDA reads CUDA events (the device's view, no synchronization
+in the loop); the utilisation is NVML's (``torch.cuda.utilization``, when ``pynvml`` is
+installed), else the share of device time not spent waiting for data.
+
+It never ran on a GPU where it was written: the CPU version (``--device cpu --model tiny``) is
+what the tests run.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import inspect
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fastpipe.bench.machine import describe_machine, machine_line
+from fastpipe.bench.variants import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    VARIANTS,
+    BenchConfig,
+    Skip,
+    Variant,
+)
+
+BASELINE = "dataloader"
+NUM_CLASSES = 1000
+FACTORY_KEY = "image_loader"
+
+
+@dataclass
+class ModelBenchRow:
+    """One loader's result; ``images_per_second`` is None when it was skipped."""
+
+    key: str
+    name: str
+    description: str
+    images_per_second: float | None = None
+    ratio: float | None = None
+    wait_share: float | None = None
+    gpu_utilization: float | None = None
+    utilization_source: str | None = None
+    batches: int = 0
+    seconds: float = 0.0
+    first_batch_seconds: float | None = None
+    clock: str | None = None
+    output: str | None = None
+    skipped: str | None = None
+
+
+@dataclass
+class ModelBenchReport:
+    machine: dict[str, Any]
+    settings: dict[str, Any]
+    rows: list[ModelBenchRow]
+
+    def table(self) -> str:
+        width = max(len(r.name) for r in self.rows) + 2
+        head = (f"{'loader':<{width}}{'images/s':>10}{'vs DataLoader':>15}{'data wait':>11}"
+                f"{'GPU util':>10}")
+        lines = [head, "-" * len(head)]
+        for r in self.rows:
+            if r.images_per_second is None:
+                lines.append(f"{r.name:<{width}}{'-':>10}{'-':>15}{'-':>11}{'-':>10}   "
+                             f"skipped: {r.skipped}")
+                continue
+            ratio = f"{r.ratio:.2f}x" if r.ratio is not None else "-"
+            util = "-" if r.gpu_utilization is None else f"{r.gpu_utilization:.0%}"
+            if r.utilization_source == "events":
+                util = "~" + util
+            lines.append(f"{r.name:<{width}}{r.images_per_second:>10.1f}{ratio:>15}"
+                         f"{r.wait_share:>11.0%}{util:>10}")
+        return "\n".join(lines)
+
+    def header(self) -> str:
+        s = self.settings
+        amp = "AMP" if s["amp"] else "float32"
+        workers = f"{s['num_workers']} worker{'' if s['num_workers'] == 1 else 's'}"
+        text = (f"machine: {machine_line(self.machine)}\n"
+                f"step: {s['model']} on {s['device']}, channels_last, {amp}, batch "
+                f"{s['batch_size']}, synthetic labels; data: {s['num_images']} JPEGs in "
+                f"{s['root']}, {workers}, {s['size']}x{s['size']} crops; "
+                f"{s['seconds']:g} s per loader after {s['warmup']} warm-up batches")
+        if s["device"].startswith("cuda"):
+            text += ("\nGPU util: NVML's; ~ marks the share of device time not spent waiting "
+                     "for data (without pynvml)")
+        return text
+
+    def __str__(self) -> str:
+        return f"{self.header()}\n\n{self.table()}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"machine": self.machine, "settings": self.settings,
+                "rows": [asdict(r) for r in self.rows]}
+
+    def to_json(self, path: str | os.PathLike | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2)
+        if path is not None:
+            Path(path).write_text(text + "\n")
+        return text
+
+
+# --- the model step ------------------------------------------------------------------------------
+
+def tiny_model(num_classes: int = NUM_CLASSES) -> torch.nn.Module:
+    """A two-convolution network: a model step that costs little, for CPU runs and tests."""
+    nn = torch.nn
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(16, 32, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, num_classes),
+    )
+
+
+def build_model(name: str, num_classes: int = NUM_CLASSES) -> torch.nn.Module:
+    """``"tiny"`` or a torchvision model name (``torchvision.models.list_models()``)."""
+    if name == "tiny":
+        return tiny_model(num_classes)
+    from fastpipe._optional import require
+
+    require("torchvision", extra="bench", feature="the torchvision models of fastpipe bench")
+    import torchvision
+
+    known = torchvision.models.list_models(module=torchvision.models)
+    if name not in known:
+        raise ValueError(f"unknown model {name!r}; use 'tiny' or one of: {', '.join(known)}")
+    return torchvision.models.get_model(name, weights=None, num_classes=num_classes)
+
+
+class TrainStep:
+    """One training step on ``device``: channels_last, autocast, cross-entropy, SGD.
+
+    Takes the loader's batch wherever it is (host batches are copied, non-blocking from pinned
+    memory) and returns without synchronizing, as a training loop does.
+    """
+
+    def __init__(self, model: str, device: torch.device, batch_size: int, amp: bool = True,
+                 channels_last: bool = True, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        self.device = device
+        self.channels_last = channels_last
+        self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
+        self.model = build_model(model).to(device, memory_format=self.memory_format).train()
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
+        self.amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+        self.amp = amp
+        self.scaler = torch.amp.GradScaler(device.type, enabled=amp and device.type == "cuda")
+        generator = torch.Generator().manual_seed(seed)
+        self.targets = torch.randint(0, NUM_CLASSES, (batch_size,), generator=generator).to(device)
+
+    def __call__(self, images: torch.Tensor) -> None:
+        images = images.to(self.device, non_blocking=True)
+        if images.dtype == torch.uint8:
+            images = images.float().div_(255)
+        images = images.contiguous(memory_format=self.memory_format)
+        targets = self.targets[: images.shape[0]]
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp):
+            loss = torch.nn.functional.cross_entropy(self.model(images), targets)
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+
+
+# --- the loaders ---------------------------------------------------------------------------------
+
+def _build_dali_gpu(config: BenchConfig) -> Any:
+    from fastpipe.dali import DALILoader
+
+    return DALILoader(str(config.root), batch_size=config.batch_size, train=True,
+                      size=config.size, num_threads=max(1, config.num_workers), device="cuda")
+
+
+def _build_factory(config: BenchConfig) -> Any:
+    import fastpipe
+
+    factory = getattr(fastpipe, FACTORY_KEY, None)
+    if factory is None:
+        raise Skip("this fastpipe has no fastpipe.image_loader")
+    offered = {"root": str(config.root), "batch_size": config.batch_size, "train": True,
+               "size": config.size, "num_workers": config.num_workers, "device": config.device,
+               "mean": IMAGENET_MEAN, "std": IMAGENET_STD}
+    accepted = inspect.signature(factory).parameters
+    if "root" not in accepted:
+        first = next(iter(accepted))
+        offered[first] = offered.pop("root")
+    return factory(**{k: v for k, v in offered.items() if k in accepted})
+
+
+def model_variants(device: torch.device) -> list[Variant]:
+    """The loaders of the suite for ``device``: DALI decodes on the GPU on CUDA; the factory
+    ``fastpipe.image_loader`` is added when this fastpipe has it and the suite does not."""
+    import fastpipe
+
+    chosen = []
+    for variant in VARIANTS:
+        if variant.key == "dali" and device.type == "cuda":
+            variant = Variant("dali", "DALI (mixed decode)",
+                              "fastpipe.dali.DALILoader(device='cuda'): nvJPEG decode and "
+                              "augmentation on the GPU", _build_dali_gpu)
+        chosen.append(variant)
+    has_factory_row = any(v.key in (FACTORY_KEY, "factory") for v in chosen)
+    if getattr(fastpipe, FACTORY_KEY, None) is not None and not has_factory_row:
+        chosen.append(Variant(FACTORY_KEY, "fastpipe.image_loader",
+                              "the factory's choice for this machine", _build_factory))
+    return chosen
+
+
+def _epochs(loader: Any) -> Iterator[Any]:
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            return
+
+
+def _images_of(batch: Any) -> torch.Tensor:
+    if isinstance(batch, torch.Tensor):
+        return batch
+    if isinstance(batch, dict):
+        for key in ("image", "images", "input", "inputs"):
+            if key in batch:
+                return batch[key]
+        return next(v for v in batch.values() if isinstance(v, torch.Tensor))
+    return batch[0]
+
+
+class _Utilization:
+    """NVML's GPU utilisation, sampled by a thread while the timed loop runs (pynvml needed)."""
+
+    def __init__(self, device: torch.device, every: float = 0.2) -> None:
+        self.device, self.every = device, every
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def available(device: torch.device) -> bool:
+        return device.type == "cuda" and importlib.util.find_spec("pynvml") is not None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="fastpipe-bench-nvml", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                self.samples.append(torch.cuda.utilization(self.device) / 100.0)
+            except Exception:  # noqa: BLE001 - NVML may refuse (containers): no number then
+                return
+
+    def stop(self) -> float | None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        return sum(self.samples) / len(self.samples) if self.samples else None
+
+
+def run_model_variant(variant: Variant, config: BenchConfig, step: TrainStep, seconds: float,
+                      warmup: int) -> ModelBenchRow:
+    """Feeds ``step`` from ``variant``'s loader for ``seconds`` after ``warmup`` batches."""
+    from fastpipe.profiling import profile
+    from fastpipe.profiling.tuner import close_loader
+
+    row = ModelBenchRow(variant.key, variant.name, variant.description)
+    try:
+        loader = variant.build(config)
+    except (ImportError, Skip, RuntimeError, TypeError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        row.skipped = reason
+        return row
+    device = step.device
+    prof = profile(warmup=warmup, device=device, report=False)
+    utilization = _Utilization(device) if _Utilization.available(device) else None
+    batches = _epochs(loader)
+    counted, deadline, started = 0, None, time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="This DataLoader will create")
+            for index, batch in enumerate(prof.wrap(batches)):
+                images = _images_of(batch)
+                if row.output is None:
+                    row.output = f"{images.dtype} {tuple(images.shape)} on {images.device}"
+                    row.output = row.output.replace("torch.", "")
+                step(images)
+                del batch, images
+                if index + 1 == warmup:
+                    deadline = time.perf_counter() + seconds
+                    if utilization is not None:
+                        utilization.start()
+                elif index + 1 > warmup:
+                    counted += 1
+                    now = time.perf_counter()
+                    if now >= deadline and counted >= 2 or now - started > 3 * seconds + 120:
+                        break
+    finally:
+        busy = utilization.stop() if utilization is not None else None
+        batches.close()
+        close_loader(loader)
+        del loader
+        gc.collect()
+    summary = prof.summary()
+    if summary.steps_counted == 0 or summary.samples_per_second is None:
+        row.skipped = "no batch was timed after the warm-up; use more images or more seconds"
+        return row
+    row.images_per_second = summary.samples_per_second
+    row.wait_share = summary.wait_share
+    row.batches = summary.steps_counted
+    row.seconds = summary.seconds
+    row.first_batch_seconds = summary.warmup_seconds
+    row.clock = summary.clock
+    if busy is not None:
+        row.gpu_utilization, row.utilization_source = busy, "nvml"
+    elif device.type == "cuda":
+        row.gpu_utilization, row.utilization_source = 1.0 - summary.wait_share, "events"
+    return row
+
+
+def run_model_bench(
+    root: str | os.PathLike | None = None,
+    *,
+    device: str | torch.device = "cuda",
+    model: str = "resnet50",
+    num_images: int = 1024,
+    batch_size: int = 256,
+    num_workers: int | None = None,
+    size: int = 224,
+    seconds: float = 30.0,
+    warmup: int = 5,
+    amp: bool = True,
+    variants: Sequence[str] | None = None,
+    budget_seconds: float = 540.0,
+    command: str = "fastpipe bench --device cuda",
+) -> ModelBenchReport:
+    """Runs every loader for ``seconds`` feeding ``model``'s training step on ``device``.
+
+    Loaders run one after the other, each in a fresh state (the previous one closed); a loader
+    that would start after ``budget_seconds`` (counted from the call, the first generation of the
+    sample dataset included) is skipped, so the whole run stays within about
+    ``budget_seconds + seconds`` and one loader's start-up.
+    """
+    started = time.perf_counter()  # the budget counts the dataset's generation too
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda needs a CUDA GPU, and torch sees none here; use "
+                         "--device cpu --model tiny")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu or cuda, got {device}")
+    if batch_size < 1 or seconds <= 0 or size < 8 or warmup < 1:
+        raise ValueError(f"need batch_size >= 1, seconds > 0, size >= 8 and warmup >= 1; got "
+                         f"batch_size={batch_size}, seconds={seconds}, size={size}, "
+                         f"warmup={warmup}")
+    known = {v.key: v for v in model_variants(device)}
+    chosen = list(variants) if variants is not None else list(known)
+    unknown = [k for k in chosen if k not in known]
+    if unknown or not chosen:
+        raise ValueError(f"unknown variant(s) {unknown}; choose from {', '.join(known)}")
+    build_model(model)  # an unknown model name fails before any data is made
+    from fastpipe.datasets import default_cache_dir, sample_images
+
+    if num_workers is None:
+        num_workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
+    if root is None:
+        root = sample_images(num_images=num_images)
+    else:
+        root = Path(root)
+        if not root.is_dir():
+            raise FileNotFoundError(f"{root} is not a directory; pass an ImageFolder tree")
+        num_images = sum(1 for p in root.glob("*/*") if p.is_file())
+    root = Path(root)
+    # Packs of the cached sample dataset are cached beside it; others live for this run only.
+    temporary = None if default_cache_dir() in root.parents else tempfile.mkdtemp(
+        prefix="fastpipe-bench-")
+    pack_dir = default_cache_dir() / "packs" if temporary is None else Path(temporary)
+    config = BenchConfig(root=root, batch_size=batch_size, num_workers=num_workers, size=size,
+                         pack_dir=pack_dir, device=device.type)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    settings = {"root": str(root), "num_images": num_images, "batch_size": batch_size,
+                "num_workers": num_workers, "size": size, "seconds": seconds, "warmup": warmup,
+                "device": str(device), "model": model, "amp": amp, "channels_last": True,
+                "command": command}
+    rows = []
+    try:
+        for key in chosen:
+            if time.perf_counter() - started > budget_seconds:
+                rows.append(ModelBenchRow(key, known[key].name, known[key].description,
+                                          skipped=f"time budget of {budget_seconds:g} s used up"))
+                continue
+            step = TrainStep(model, device, batch_size, amp=amp)
+            rows.append(run_model_variant(known[key], config, step, seconds, warmup))
+            del step
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    finally:
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+    settings["total_seconds"] = round(time.perf_counter() - started, 1)
+    report = ModelBenchReport(describe_machine(), settings, rows)
+    base = next((r for r in rows if r.key == BASELINE and r.images_per_second), None)
+    for row in rows:
+        if base is not None and row.images_per_second is not None:
+            row.ratio = row.images_per_second / base.images_per_second
+    return report
