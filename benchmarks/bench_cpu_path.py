@@ -126,6 +126,20 @@ def fastpipe_folder_uint8(cfg) -> Iterable[torch.Tensor]:
     return (images for images, _ in _torch_loader(dataset, cfg, fast_collate))
 
 
+def fastpipe_folder_threads(cfg) -> Iterable[torch.Tensor]:
+    from torch.utils.data import BatchSampler
+
+    from fastpipe._threads import thread_batches
+    from fastpipe.data import ImageFolder, fast_collate
+
+    dataset = ImageFolder(cfg.root, train=True, size=cfg.size)
+    sampler = BatchSampler(RandomSampler(dataset, num_samples=len(dataset) * cfg.epochs),
+                           cfg.batch_size, drop_last=False)
+    batches = thread_batches(dataset, sampler, fast_collate, num_threads=cfg.workers,
+                             in_flight=2 * cfg.workers)
+    return (_normalized(images) for images, _ in batches)
+
+
 def fastpipe_h5(cfg) -> Iterable[torch.Tensor]:
     if importlib.util.find_spec("h5py") is None:
         raise Skip("h5py is not installed (pip install 'fastpipe[hdf5]')")
@@ -157,6 +171,7 @@ PIPELINES: dict[str, tuple[Callable[[Any], Iterable[torch.Tensor]], str]] = {
     "torchvision v2 on decode_jpeg": (torchvision_v2, "decode_jpeg tensors, v2 RandomResizedCrop/flip, ToDtype, Normalize in workers"),
     "DALI CPU (fastpipe.dali)": (dali_cpu, "fastpipe.dali.DALILoader(device='cpu', num_threads=2)"),
     "fastpipe ImageFolder": (fastpipe_folder, "fused decode/crop/resize/flip, fast_collate, fastpipe.ops.normalize in the main process"),
+    "fastpipe ImageFolder, threads": (fastpipe_folder_threads, "as fastpipe ImageFolder, loaded by threads of the main process instead of worker processes"),
     "fastpipe HDF5 pack (bytes)": (fastpipe_h5, "pack(storage='bytes'), H5Dataset + ImageDecoder, fast_collate, normalize"),
     "fastpipe ImageFolder, uint8 out": (fastpipe_folder_uint8, "for reference: no normalize, not the same output as the rows above"),
 }
