@@ -42,8 +42,9 @@ from torch.utils.data import DataLoader, RandomSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
+from fastpipe import IMAGENET_MEAN as MEAN  # noqa: E402
+from fastpipe import IMAGENET_STD as STD  # noqa: E402
+
 BASELINES = ("torchvision + PIL", "torchvision v2 on decode_jpeg", "DALI CPU (fastpipe.dali)")
 
 
@@ -102,7 +103,7 @@ def dali_cpu(cfg) -> Iterable[torch.Tensor]:
     except ImportError as exc:
         raise Skip(f"fastpipe.dali is not available in this checkout ({exc})") from None
     loader = DALILoader(cfg.root, batch_size=cfg.batch_size, train=True, size=cfg.size,
-                        num_threads=cfg.workers, device="cpu")
+                        num_workers=cfg.workers, device="cpu", mean=MEAN, std=STD)
 
     def batches() -> Iterator[torch.Tensor]:
         for _ in range(cfg.epochs):
@@ -144,9 +145,10 @@ def fastpipe_h5(cfg) -> Iterable[torch.Tensor]:
     if importlib.util.find_spec("h5py") is None:
         raise Skip("h5py is not installed (pip install 'fastpipe[hdf5]')")
     try:
-        from fastpipe.data import H5Dataset, ImageDecoder, fast_collate, pack
+        from fastpipe.data import H5Dataset, ImageDecoder, fast_collate
+        from fastpipe.pack import pack
     except (ImportError, AttributeError) as exc:
-        raise Skip(f"fastpipe.data.pack / H5Dataset are not available in this checkout ({exc})") from None
+        raise Skip(f"fastpipe.pack / H5Dataset are not available in this checkout ({exc})") from None
     out = _pack_path(cfg.root, cfg)
     if not out.exists():
         pack(cfg.root, out, storage="bytes")
@@ -169,7 +171,7 @@ def _normalized(images: torch.Tensor) -> torch.Tensor:
 PIPELINES: dict[str, tuple[Callable[[Any], Iterable[torch.Tensor]], str]] = {
     "torchvision + PIL": (torchvision_pil, "ImageFolder, PIL RandomResizedCrop/flip, PILToTensor, float, Normalize in workers"),
     "torchvision v2 on decode_jpeg": (torchvision_v2, "decode_jpeg tensors, v2 RandomResizedCrop/flip, ToDtype, Normalize in workers"),
-    "DALI CPU (fastpipe.dali)": (dali_cpu, "fastpipe.dali.DALILoader(device='cpu', num_threads=2)"),
+    "DALI CPU (fastpipe.dali)": (dali_cpu, "fastpipe.dali.DALILoader(device='cpu', num_workers=2)"),
     "fastpipe ImageFolder": (fastpipe_folder, "fused decode/crop/resize/flip, fast_collate, fastpipe.ops.normalize in the main process"),
     "fastpipe ImageFolder, threads": (fastpipe_folder_threads, "as fastpipe ImageFolder, loaded by threads of the main process instead of worker processes"),
     "fastpipe HDF5 pack (bytes)": (fastpipe_h5, "pack(storage='bytes'), H5Dataset + ImageDecoder, fast_collate, normalize"),
@@ -325,7 +327,7 @@ def _image_sets(args) -> dict[str, str]:
     sets = {}
     for kind in args.sets:
         if kind == "sample":
-            from fastpipe.datasets import sample_images
+            from fastpipe.data import sample_images
 
             sets["built-in sample set"] = str(sample_images(num_images=args.images))
         elif kind == "imagenet":

@@ -11,21 +11,29 @@ with 2 CPU threads (DALI) or 2 worker processes (DataLoader):
 One extra row, marked as a different output: ``DALILoader(dtype=torch.uint8)``, which stops
 before normalization (to normalize on the GPU later).
 
-Contenders run one after another, round-robin over ``--repeat`` rounds; each round is a fresh
-loader running ``--epochs`` epochs, timed from its first batch (start-up excluded). Reported:
-median images/s and the ratio to torchvision + PIL measured in the same run.
+``--auto-augment ra`` (or ``ta_wide``, ``imagenet``) adds the policy after the crop everywhere:
+DALI's ``nvidia.dali.auto_aug`` in the DALILoader rows, torchvision's ``RandAugment()``,
+``TrivialAugmentWide()`` or ``AutoAugment()`` in the torchvision rows (same settings).
 
-    python benchmarks/bench_dali.py                      # full run (about a minute)
-    python benchmarks/bench_dali.py --quick              # smoke run, seconds
+Contenders run one after another, round-robin over ``--repeat`` rounds, each measurement in its
+own Python process (a DALI pipeline alive in a process slows the others down); each round is a
+fresh loader running ``--epochs`` epochs, timed from its first batch (start-up excluded).
+Reported: median images/s and the ratio to torchvision + PIL measured in the same run.
+
+    python benchmarks/bench_dali.py                      # full run (a few minutes)
+    python benchmarks/bench_dali.py --quick              # smoke run
+    python benchmarks/bench_dali.py --auto-augment ra
     python benchmarks/bench_dali.py --markdown docs/dali-table.md
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -37,8 +45,9 @@ from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
+from fastpipe import IMAGENET_MEAN as MEAN  # noqa: E402
+from fastpipe import IMAGENET_STD as STD  # noqa: E402
+
 BASELINE = "torchvision ImageFolder + PIL"
 
 
@@ -49,14 +58,16 @@ class Config:
     workers: int
     size: int
     epochs: int
+    auto_augment: str | None = None
 
 
 def fastpipe_dali(cfg: Config, dtype: torch.dtype = torch.float32) -> Iterable[torch.Tensor]:
     from fastpipe.dali import DALILoader
 
     loader = DALILoader(
-        cfg.root, batch_size=cfg.batch_size, train=True, size=cfg.size, num_threads=cfg.workers,
-        device="cpu", dtype=dtype, mean=MEAN, std=STD,
+        cfg.root, batch_size=cfg.batch_size, train=True, size=cfg.size, num_workers=cfg.workers,
+        device="cpu", dtype=dtype, auto_augment=cfg.auto_augment,
+        **({} if dtype == torch.uint8 else {"mean": MEAN, "std": STD}),
     )
     try:
         for _ in range(cfg.epochs):
@@ -76,29 +87,43 @@ def _epochs_of(loader: DataLoader, epochs: int) -> Iterable[torch.Tensor]:
             yield images
 
 
+def _policy(module, name: str | None) -> list:
+    """torchvision's transform for a policy name, from ``module`` (v1 or v2 transforms)."""
+    if name is None:
+        return []
+    policies = {
+        "ra": lambda: module.RandAugment(),
+        "ta_wide": lambda: module.TrivialAugmentWide(),
+        "imagenet": lambda: module.AutoAugment(module.AutoAugmentPolicy.IMAGENET),
+    }
+    return [policies[name]()]
+
+
 def torchvision_pil(cfg: Config) -> Iterable[torch.Tensor]:
     import torchvision.datasets
     import torchvision.transforms as T
 
     transform = T.Compose([
-        T.RandomResizedCrop(cfg.size), T.RandomHorizontalFlip(), T.PILToTensor(),
-        T.ConvertImageDtype(torch.float32), T.Normalize(MEAN, STD),
+        T.RandomResizedCrop(cfg.size), T.RandomHorizontalFlip(), *_policy(T, cfg.auto_augment),
+        T.PILToTensor(), T.ConvertImageDtype(torch.float32), T.Normalize(MEAN, STD),
     ])
     dataset = torchvision.datasets.ImageFolder(str(cfg.root), transform=transform)
-    loader = DataLoader(dataset, batch_size=cfg.batch_size, shuffle=True, num_workers=cfg.workers, persistent_workers=True)
+    loader = DataLoader(dataset, batch_size=cfg.batch_size, shuffle=True,
+                        num_workers=cfg.workers, persistent_workers=True)
     return _epochs_of(loader, cfg.epochs)
 
 
 class _DecodeJpegFolder(Dataset):
     """ImageFolder files read as bytes, decoded by ``torchvision.io.decode_jpeg``, v2 transforms."""
 
-    def __init__(self, root: Path, size: int) -> None:
+    def __init__(self, root: Path, size: int, auto_augment: str | None = None) -> None:
         import torchvision.datasets
         from torchvision.transforms import v2
 
         self.samples = torchvision.datasets.ImageFolder(str(root)).samples
         self.transform = v2.Compose([
             v2.RandomResizedCrop(size, antialias=True), v2.RandomHorizontalFlip(),
+            *_policy(v2, auto_augment),
             v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD),
         ])
 
@@ -114,8 +139,9 @@ class _DecodeJpegFolder(Dataset):
 
 
 def torchvision_v2(cfg: Config) -> Iterable[torch.Tensor]:
-    dataset = _DecodeJpegFolder(cfg.root, cfg.size)
-    loader = DataLoader(dataset, batch_size=cfg.batch_size, shuffle=True, num_workers=cfg.workers, persistent_workers=True)
+    dataset = _DecodeJpegFolder(cfg.root, cfg.size, cfg.auto_augment)
+    loader = DataLoader(dataset, batch_size=cfg.batch_size, shuffle=True,
+                        num_workers=cfg.workers, persistent_workers=True)
     return _epochs_of(loader, cfg.epochs)
 
 
@@ -127,7 +153,9 @@ CONTENDERS: dict[str, tuple[Callable[[Config], Iterable[torch.Tensor]], str]] = 
 }
 
 
-def measure(make: Callable[[Config], Iterable[torch.Tensor]], cfg: Config, expected_dtype: torch.dtype) -> float:
+def measure(
+    make: Callable[[Config], Iterable[torch.Tensor]], cfg: Config, expected_dtype: torch.dtype
+) -> float:
     """Images per second after the first batch (which carries the start-up)."""
     batches = iter(make(cfg))
     try:
@@ -144,20 +172,39 @@ def measure(make: Callable[[Config], Iterable[torch.Tensor]], cfg: Config, expec
             close()
 
 
+def measure_one(name: str, cfg: Config) -> float:
+    make, output = CONTENDERS[name]
+    dtype = torch.uint8 if output.startswith("uint8") else torch.float32
+    return measure(make, cfg, dtype)
+
+
+def measure_in_own_process(name: str, cfg: Config) -> float:
+    config = {**cfg.__dict__, "root": str(cfg.root)}
+    result = subprocess.run(
+        [sys.executable, __file__, "--one", name, "--config", json.dumps(config)],
+        capture_output=True, text=True, check=False,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{result.stderr[-3000:]}")
+    return float(result.stdout.strip().splitlines()[-1])
+
+
 def run(cfg: Config, repeat: int) -> dict[str, float]:
     rates: dict[str, list[float]] = {name: [] for name in CONTENDERS}
     for round_number in range(repeat):
-        for name, (make, output) in CONTENDERS.items():
-            dtype = torch.uint8 if output.startswith("uint8") else torch.float32
-            rates[name].append(measure(make, cfg, dtype))
-            print(f"round {round_number + 1}/{repeat}  {name:<36} {rates[name][-1]:8.1f} img/s", flush=True)
+        for name in CONTENDERS:
+            rates[name].append(measure_in_own_process(name, cfg))
+            rate = rates[name][-1]
+            print(f"round {round_number + 1}/{repeat}  {name:<36} {rate:8.1f} img/s", flush=True)
     return {name: statistics.median(values) for name, values in rates.items()}
 
 
 def table(results: dict[str, float], cfg: Config, images: int) -> str:
     base = results[BASELINE]
     lines = [
-        f"Train transforms to {cfg.size}x{cfg.size}, batch {cfg.batch_size}, {cfg.workers} threads/workers, "
+        f"Train transforms to {cfg.size}x{cfg.size}"
+        f"{f', auto_augment={cfg.auto_augment!r}' if cfg.auto_augment else ''}, "
+        f"batch {cfg.batch_size}, {cfg.workers} threads/workers, "
         f"{images} sample images, {cfg.epochs} epochs per round; median of rounds. "
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}.",
         "",
@@ -177,10 +224,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, help="epochs per round (default 3, quick 1)")
     parser.add_argument("--repeat", type=int, help="rounds (default 3, quick 1)")
     parser.add_argument("--workers", type=int, default=2, help="DALI threads / DataLoader workers")
+    parser.add_argument("--auto-augment", choices=["ra", "ta_wide", "imagenet"],
+                        help="add this policy after the crop in every pipeline")
     parser.add_argument("--markdown", type=Path, help="write the results table to this file")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: one measurement
+    parser.add_argument("--config", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.one:
+        config = json.loads(args.config)
+        print(measure_one(args.one, Config(**{**config, "root": Path(config["root"])})))
+        return 0
 
-    from fastpipe.datasets import sample_images
+    from fastpipe.data import sample_images
 
     images = args.images or (64 if args.quick else 256)
     cfg = Config(
@@ -189,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=args.workers,
         size=224,
         epochs=args.epochs or (1 if args.quick else 3),
+        auto_augment=args.auto_augment,
     )
     results = run(cfg, args.repeat or (1 if args.quick else 3))
     text = table(results, cfg, images)

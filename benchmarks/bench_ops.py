@@ -49,9 +49,8 @@ from fastpipe.ops import _extension  # noqa: E402
 # glibc's environment settings (read once, at process start) that keep freed memory for reuse.
 KEEP_MEMORY = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
 
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
-
+from fastpipe import IMAGENET_MEAN as MEAN  # noqa: E402
+from fastpipe import IMAGENET_STD as STD  # noqa: E402
 
 # ---- baselines, written the way they are used today ----
 

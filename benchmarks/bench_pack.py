@@ -2,7 +2,7 @@
 
 Measured in one run on the built-in sample dataset (photo-like JPEGs around 500x400):
 
-* packing: files/s of ``fastpipe.data.pack`` with 1 and 2 worker processes (target: 2 workers
+* packing: files/s of ``fastpipe.pack.pack`` with 1 and 2 worker processes (target: 2 workers
   at least 1.7x one);
 * random access in one process, samples/s: stored bytes only (the I/O part) and decoded;
 * through a DataLoader (shuffled, ``--batch-size``, 0 and ``--workers`` processes, second epoch
@@ -27,9 +27,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from fastpipe.data import H5Dataset, ImageDecoder, LMDBDataset, pack
+from fastpipe.data import H5Dataset, ImageDecoder, LMDBDataset, sample_images
 from fastpipe.data._pack_dataset import decode_chw
-from fastpipe.datasets import sample_images
+from fastpipe.pack import pack
 
 
 class MemmapDataset(Dataset):
@@ -83,7 +83,7 @@ def _rate(count: int, seconds: float) -> float:
 
 def bench_packing(root: Path, work: Path, workers: int) -> tuple[float, int]:
     out = work / f"pack-{workers}.h5"
-    report = pack(root, out, workers=workers, progress=False, overwrite=True)
+    report = pack(root, out, num_workers=workers, progress=False, overwrite=True)
     shutil.rmtree(out.with_name(out.name + ".shards"), ignore_errors=True)
     return report.files_per_second, report.count
 
@@ -139,12 +139,12 @@ def run(args: argparse.Namespace) -> list[dict]:
 
         size = (args.size, args.size)
         pack(root, work / "bytes.h5", merge="copy", progress=False)
-        pack(root, work / "bytes-virtual.h5", workers=2, shard_size=max(1, n // 4), progress=False)
+        pack(root, work / "bytes-virtual.h5", num_workers=2, shard_size=max(1, n // 4), progress=False)
         pack(root, work / "bytes.lmdb", progress=False)
-        pack(root, work / "array.h5", storage="array", shape=size, workers=2, merge="copy", progress=False)
-        pack(root, work / "array-virtual.h5", storage="array", shape=size, workers=2,
+        pack(root, work / "array.h5", storage="array", size=size, num_workers=2, merge="copy", progress=False)
+        pack(root, work / "array-virtual.h5", storage="array", size=size, num_workers=2,
              shard_size=max(1, n // 4), progress=False)
-        pack(root, work / "array.lmdb", storage="array", shape=size, workers=2, progress=False)
+        pack(root, work / "array.lmdb", storage="array", size=size, num_workers=2, progress=False)
         arrays = H5Dataset(work / "array.h5")
         shape = (len(arrays), *arrays.sample_shape)
         memmap = np.memmap(work / "array.u8", np.uint8, "w+", shape=shape)

@@ -1,14 +1,60 @@
 """fastpipe: keep the GPU fed.
 
-The public API is small: :class:`DataLoaderX`, :class:`DataPrefetcher`, :func:`profile`, and the subpackages
-``fastpipe.ops``, ``fastpipe.data``, ``fastpipe.dali`` (needs the ``dali`` extra) and
-``fastpipe.datasets``. Importing fastpipe imports torch and numpy only.
+The public API is small: :func:`image_loader` (normalized training batches on your device, by the
+fastest path this machine has), :class:`DataLoaderX`, :class:`DataPrefetcher`, :func:`profile`,
+the ImageNet statistics :data:`IMAGENET_MEAN` / :data:`IMAGENET_STD`, and the subpackages
+``fastpipe.data`` (datasets, samplers, collation, the sample set), ``fastpipe.pack`` (packing a
+folder into HDF5 or LMDB), ``fastpipe.ops`` (batch ops) and ``fastpipe.dali`` (needs the ``dali``
+extra). The subpackages load on first use
+(``fastpipe.data.ImageFolder`` works after ``import fastpipe``), so importing fastpipe imports
+torch and numpy only. Names follow docs/vocabulary.md.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from fastpipe._constants import IMAGENET_MEAN, IMAGENET_STD
 from fastpipe.loader import DataLoaderX
 from fastpipe.prefetch import DataPrefetcher
 from fastpipe.profiling import profile
 
+if TYPE_CHECKING:
+    from fastpipe import dali as dali
+    from fastpipe import data as data
+    from fastpipe import ops as ops
+    from fastpipe import pack as pack
+    from fastpipe.factory import image_loader
+
 __version__ = "0.1.0"
 
-__all__ = ["DataLoaderX", "DataPrefetcher", "__version__", "profile"]
+__all__ = [
+    "DataLoaderX",
+    "DataPrefetcher",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "__version__",
+    "image_loader",
+    "profile",
+]
+
+# Loaded on first attribute access (PEP 562): optional dependencies (h5py, lmdb, DALI) stay
+# unimported until the part that needs them is used.
+_SUBPACKAGES = ("bench", "dali", "data", "ops", "pack", "profiling")
+_LAZY = {"image_loader": "fastpipe.factory"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"fastpipe.{name}")
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fastpipe' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_SUBPACKAGES) | set(_LAZY))

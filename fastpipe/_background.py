@@ -24,6 +24,8 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
+from fastpipe._compat import register_before_thread_join
+
 T = TypeVar("T")
 
 # How often a producer blocked on a full queue looks at the stop event.
@@ -104,12 +106,7 @@ def _close_all_at_exit() -> None:
 
 # Runs before the interpreter joins threads at exit, like concurrent.futures does; plain atexit
 # handlers would run too late for a producer blocked on a full queue.
-if hasattr(threading, "_register_atexit"):
-    threading._register_atexit(_close_all_at_exit)  # type: ignore[attr-defined]
-else:  # pragma: no cover - Python without the hook
-    import atexit
-
-    atexit.register(_close_all_at_exit)
+register_before_thread_join(_close_all_at_exit)
 
 
 class BackgroundIterator(Generic[T]):

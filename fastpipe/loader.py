@@ -10,6 +10,7 @@ from typing import Any
 from torch.utils.data import DataLoader
 
 from fastpipe._background import BackgroundIterator
+from fastpipe._compat import shutdown_dataloader_workers
 
 
 class DataLoaderX(DataLoader):
@@ -68,6 +69,10 @@ class DataLoaderX(DataLoader):
             epoch.close()
         self._epoch = None
 
+    def _fastpipe_describe(self) -> dict[str, Any]:
+        """Tells ``fastpipe.profile`` what this is (it reads the DataLoader settings itself)."""
+        return {"kind": "DataLoaderX"}
+
 
 def _batches(base: Iterator[Any], shut_down_workers: bool) -> Iterator[Any]:
     try:
@@ -76,6 +81,5 @@ def _batches(base: Iterator[Any], shut_down_workers: bool) -> Iterator[Any]:
         # Without this, workers live on until the base iterator is garbage collected; when an
         # exception's traceback puts it in a reference cycle, that is a gc pass later, and torch's
         # shutdown from inside gc waits out a 5 s timeout per worker.
-        shutdown = getattr(base, "_shutdown_workers", None)
-        if shut_down_workers and callable(shutdown):
-            shutdown()
+        if shut_down_workers:
+            shutdown_dataloader_workers(base)

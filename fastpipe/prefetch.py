@@ -302,6 +302,10 @@ class DataPrefetcher:
             images, mean, std, dtype=self.dtype or torch.float32, channels_last=self.channels_last
         )
 
+    def _fastpipe_describe(self) -> dict[str, Any]:
+        """Tells ``fastpipe.profile`` what this is: a prefetcher over ``self.loader``."""
+        return {"prefetcher": True, "wraps": self.loader}
+
 
 def _get_at(batch: Any, path: tuple[Any, ...]) -> Any:
     for key in path:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fastpipe.datasets import sample_images
+from fastpipe.data import sample_images
 
 
 def wait_for_threads(baseline: set[int], timeout: float = 10.0) -> list[str]:

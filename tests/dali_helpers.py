@@ -75,7 +75,7 @@ def ddp_worker(rank: int, world_size: int, init_file: str, list_file: str, out_d
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
     try:
         loader = DALILoader(
-            list_file, batch_size=5, train=False, shuffle=True, size=32, num_threads=1,
+            list_file, batch_size=5, train=False, shuffle=True, size=32, num_workers=1,
             device="cpu", seed=3,
         )
         epochs = []
@@ -84,12 +84,62 @@ def ddp_worker(rank: int, world_size: int, init_file: str, list_file: str, out_d
         # Every rank must run the same number of steps, or DDP's all-reduce would hang.
         steps = torch.tensor([len(loader)])
         dist.all_reduce(steps)
-        result = {
-            "shard": [loader.shard_id, loader.num_shards], "len": len(loader),
-            "total_steps": int(steps), "epochs": epochs,
-        }
         loader.close()
+        # Resume mid-epoch on every rank: each rank saves and restores its own position.
+        kwargs = {"batch_size": 5, "size": 32, "num_workers": 1, "device": "cpu", "seed": 3,
+                  "color_jitter": 0.3}
+        with DALILoader(list_file, **kwargs) as first:
+            iterator = iter(first)
+            next(iterator), next(iterator)
+            state = first.state_dict()
+            expected = list(iterator) + list(first)
+        with DALILoader(list_file, **kwargs) as restored:
+            restored.load_state_dict(state)
+            got = list(restored) + list(restored)
+        resumed = len(got) == len(expected) and all(
+            torch.equal(a, b) and torch.equal(x, y) for (a, x), (b, y) in zip(got, expected)
+        )
+        result = {
+            "shard": [loader.rank, loader.world_size], "len": len(loader),
+            "total_steps": int(steps), "epochs": epochs, "resumed": resumed,
+            "resumed_labels": torch.cat([labels for _, labels in got]).tolist(),
+        }
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()
 
+
+
+RESUME_SCRIPT = """
+import sys, torch
+from fastpipe.dali import DALILoader
+source, state_file, out_file, kwargs = sys.argv[1], sys.argv[2], sys.argv[3], eval(sys.argv[4])
+with DALILoader(source, **kwargs) as loader:
+    loader.load_state_dict(torch.load(state_file, weights_only=True))
+    batches = [(images.clone(), labels.clone()) for images, labels in loader]
+    batches += [(images.clone(), labels.clone()) for images, labels in loader]
+torch.save(batches, out_file)
+"""
+
+
+def restore_in_fresh_process(source, state, kwargs: dict, tmp_path: Path, name: str) -> list:
+    """Saves ``state``, restores it in a new Python process into ``DALILoader(source,
+    **kwargs)``, and returns what that loader yields: the rest of the epoch, then one more.
+
+    ``kwargs`` must be a literal (``repr`` round-trips it, torch dtypes excepted).
+    """
+    import subprocess
+    import sys
+
+    import torch
+
+    state_file, out_file = tmp_path / f"{name}.state", tmp_path / f"{name}.batches"
+    torch.save(state, state_file)
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run(
+        [sys.executable, "-c", RESUME_SCRIPT, str(source), str(state_file), str(out_file),
+         repr(kwargs)],
+        cwd=root, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return torch.load(out_file, weights_only=True)

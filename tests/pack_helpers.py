@@ -14,7 +14,8 @@ class ArrayDataset:
 
     classes = ["a", "b", "c"]
 
-    def __init__(self, n: int = 40, shape: tuple[int, ...] = (24, 32, 3), dtype: str = "uint8") -> None:
+    def __init__(self, n: int = 40, shape: tuple[int, ...] = (24, 32, 3),
+                 dtype: str = "uint8") -> None:
         self.n, self.shape, self.dtype = n, tuple(shape), np.dtype(dtype)
 
     def __len__(self) -> int:

@@ -65,6 +65,7 @@ def test_bench_table_plot_and_markdown(capsys, sample_root, tmp_path, no_thread_
     (["bench", "--seconds", "0"], "--seconds must be more than 0"),
     (["bench", "--plot", "/no/such/dir/b.png"], "cannot write the plot"),
     (["bench", "--root", "x", "--num-images", "3"], "--num-images applies to the sample dataset"),
+    (["bench", "--size", "4"], "--size must be >= 8, got 4"),
 ])
 def test_bench_bad_arguments_exit_2_with_one_line(argv, message, capsys):
     assert main(argv) == 2

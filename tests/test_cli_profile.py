@@ -11,7 +11,8 @@ from fastpipe._cli import main
 
 
 @pytest.mark.timeout(60)
-def test_profile_json_csv_and_plot_on_an_image_folder(capsys, sample_root, tmp_path, no_thread_leak):
+def test_profile_json_csv_and_plot_on_an_image_folder(capsys, sample_root, tmp_path,
+                                                       no_thread_leak):
     timeline, plot = tmp_path / "steps.csv", tmp_path / "profile.png"
     code = main(["profile", str(sample_root), "--size", "32", "--batch-size", "4", "--workers", "1",
                  "--steps", "6", "--step-ms", "5", "--csv", str(timeline), "--plot", str(plot),
@@ -30,9 +31,9 @@ def test_profile_json_csv_and_plot_on_an_image_folder(capsys, sample_root, tmp_p
 
 @pytest.mark.timeout(60)
 def test_profile_text_with_datalaoderx_and_prefetcher(capsys, no_thread_leak):
-    code = main(["profile", "tune_helpers:tiny_sleepy_dataset", "--batch-size", "4", "--workers", "0",
-                 "--loader", "DataLoaderX+DataPrefetcher", "--steps", "5", "--step-ms", "1",
-                 "--no-progress"])
+    code = main(["profile", "tune_helpers:tiny_sleepy_dataset", "--batch-size", "4",
+                 "--workers", "0", "--loader", "DataLoaderX+DataPrefetcher", "--steps", "5",
+                 "--step-ms", "1", "--no-progress"])
     assert code == 0
     out = capsys.readouterr().out
     assert "DataLoaderX + DataPrefetcher, 0 workers" in out

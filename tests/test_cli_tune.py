@@ -12,8 +12,9 @@ from fastpipe._cli import main
 @pytest.mark.timeout(60)
 def test_tune_json_and_plot_on_a_factory_dataset(capsys, tmp_path, no_thread_leak):
     plot = tmp_path / "tune.png"
-    code = main(["tune", "tune_helpers:tiny_sleepy_dataset", "--batch-size", "8", "--workers", "0,1",
-                 "--budget", "4", "--plot", str(plot), "--json", "--no-progress"])
+    code = main(["tune", "tune_helpers:tiny_sleepy_dataset", "--batch-size", "8",
+                 "--workers", "0,1", "--budget", "4", "--plot", str(plot), "--json",
+                 "--no-progress"])
     assert code == 0
     data = json.loads(capsys.readouterr().out)
     assert data["best"]["samples_per_second"] > 0
@@ -25,7 +26,8 @@ def test_tune_json_and_plot_on_a_factory_dataset(capsys, tmp_path, no_thread_lea
 @pytest.mark.timeout(60)
 def test_tune_text_on_an_image_folder(capsys, sample_root, no_thread_leak):
     code = main(["tune", str(sample_root), "--size", "32", "--batch-size", "8", "--workers", "0",
-                 "--batch-sizes", "8", "--wrappers", "DataLoader", "--budget", "1", "--no-progress"])
+                 "--batch-sizes", "8", "--wrappers", "DataLoader", "--budget", "1",
+                 "--no-progress"])
     assert code == 0
     out = capsys.readouterr().out
     assert "48 images" in out and "samples/s" in out and "Recommended:" in out
@@ -36,7 +38,8 @@ def test_tune_text_on_an_image_folder(capsys, sample_root, no_thread_leak):
     (["tune", "/no/such/dir"], "does not exist; pass an ImageFolder directory"),
     (["tune", "no_such_module_xyz:make"], "cannot import 'no_such_module_xyz'"),
     (["tune", "tune_helpers:not_a_dataset"], "not a map-style dataset"),
-    (["tune", "tune_helpers:tiny_sleepy_dataset", "--wrappers", "Turbo"], "--wrappers must be among"),
+    (["tune", "tune_helpers:tiny_sleepy_dataset", "--wrappers", "Turbo"],
+     "--wrappers must be among"),
     (["tune", "tune_helpers:tiny_sleepy_dataset", "--budget", "0"], "--budget must be more than 0"),
     (["tune", "tune_helpers:tiny_sleepy_dataset", "--plot", "/no/such/dir/t.png"],
      "cannot write the plot"),
@@ -45,6 +48,19 @@ def test_tune_bad_arguments_exit_2_with_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("fastpipe tune: error: ") and message in err and err.count("\n") == 1
+
+
+def test_tune_that_measures_nothing_is_one_line_not_a_traceback(capsys, monkeypatch):
+    import fastpipe.profiling
+
+    def measures_nothing(*args, **kwargs):
+        raise ValueError("no loader setting could be measured (the dataset gave no batch)")
+
+    monkeypatch.setattr(fastpipe.profiling, "tune", measures_nothing)
+    assert main(["tune", "tune_helpers:tiny_sleepy_dataset", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("fastpipe tune: error: no loader setting could be measured (the dataset gave "
+                   "no batch)\n")
 
 
 def test_tune_malformed_numbers_are_argparse_errors(capsys):

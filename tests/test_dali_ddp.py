@@ -28,3 +28,6 @@ def test_ranks_get_disjoint_covering_shards_reshuffled_every_epoch(sample_root, 
     for r in ranks:
         assert r["epochs"][0] != r["epochs"][1]
         assert set(r["epochs"][0]) != set(r["epochs"][1]), "each epoch deals a new share to every rank"
+    # Each rank resumed its own stream mid-epoch exactly, and the ranks' streams stay disjoint.
+    assert [r["resumed"] for r in ranks] == [True, True]
+    assert not set(ranks[0]["resumed_labels"][:10]) & set(ranks[1]["resumed_labels"][:10])

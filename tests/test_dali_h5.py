@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from fastpipe.dali import DALILoader
-from fastpipe.data import H5Dataset, pack
+from fastpipe.data import H5Dataset
+from fastpipe.pack import pack
 
 pytestmark = [pytest.mark.dali, pytest.mark.hdf5, pytest.mark.timeout(120)]
 
@@ -19,9 +20,9 @@ def packs(sample_root, tmp_path_factory):
     made = {}
     for merge in ("virtual", "copy"):
         made[merge] = out / f"sample-{merge}.h5"
-        pack(sample_root, made[merge], storage="bytes", workers=2, merge=merge, progress=False)
+        pack(sample_root, made[merge], storage="bytes", num_workers=2, merge=merge, progress=False)
     made["array"] = out / "sample-array.h5"
-    pack(sample_root, made["array"], storage="array", shape=(32, 32), progress=False)
+    pack(sample_root, made["array"], storage="array", size=(32, 32), progress=False)
     made["lmdb"] = out / "sample.lmdb"
     pack(sample_root, made["lmdb"], storage="bytes", progress=False)
     return made

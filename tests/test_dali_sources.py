@@ -19,8 +19,8 @@ def test_folder_scan_matches_torchvision_imagefolder(sample_root):
     reference = ImageFolder(str(sample_root))
     assert files.classes == reference.classes
     assert files.files == [path for path, _ in reference.samples]
-    assert files.labels.tolist() == [label for _, label in reference.samples]
-    assert files.labels.dtype == np.int64
+    assert files.targets.tolist() == [label for _, label in reference.samples]
+    assert files.targets.dtype == np.int64
 
 
 def test_list_file_paths_relative_to_the_list_or_root_with_spaces(tmp_path, sample_root):
@@ -31,7 +31,7 @@ def test_list_file_paths_relative_to_the_list_or_root_with_spaces(tmp_path, samp
     (tmp_path / "list.txt").write_text("my images/a b.jpg 3\n\n  \n" + f"{second} 1\n")
     listed = FileList.from_list_file(tmp_path / "list.txt")
     assert listed.files == [str(folder / "a b.jpg"), str(second)]
-    assert listed.labels.tolist() == [3, 1] and listed.classes is None
+    assert listed.targets.tolist() == [3, 1] and listed.classes is None
     (tmp_path / "elsewhere.txt").write_text("a b.jpg 0\n")
     assert FileList.from_path(tmp_path / "elsewhere.txt", root=folder).files == [str(folder / "a b.jpg")]
     data, label = listed.encoded(0)
@@ -70,7 +70,7 @@ def test_file_disappearing_after_the_scan_is_named(tmp_path, sample_root):
 @pytest.mark.parametrize("drop_last", [False, True])
 def test_shards_are_even_and_match_distributed_sampler_without_shuffle(num_samples, num_shards, drop_last):
     shards = [
-        shard_indices(num_samples, shard_id=k, num_shards=num_shards, drop_last=drop_last)
+        shard_indices(num_samples, rank=k, world_size=num_shards, drop_last=drop_last)
         for k in range(num_shards)
     ]
     for k, shard in enumerate(shards):
@@ -90,7 +90,7 @@ def test_shards_are_even_and_match_distributed_sampler_without_shuffle(num_sampl
 def test_shuffled_shards_change_every_epoch_and_stay_disjoint():
     orders = []
     for epoch in range(3):
-        shards = [shard_indices(48, epoch=epoch, seed=9, shuffle=True, shard_id=k, num_shards=2) for k in range(2)]
+        shards = [shard_indices(48, epoch=epoch, seed=9, shuffle=True, rank=k, world_size=2) for k in range(2)]
         assert sorted(np.concatenate(shards).tolist()) == list(range(48))
         orders.append(shards[0].tolist())
     assert orders[0] != orders[1] != orders[2]
@@ -115,7 +115,7 @@ def test_encoded_source_epochs_batches_and_shards(sample_root):
     source.set_epoch(0)
     assert np.concatenate([labels for _, labels in source]).tolist() == epochs[0]
 
-    dropped = EncodedSource(dataset, batch_size=4, drop_last=True, shard_id=1, num_shards=2)
+    dropped = EncodedSource(dataset, batch_size=4, drop_last=True, rank=1, world_size=2)
     assert [labels.tolist() for _, labels in dropped] == [[1, 3, 5, 7]]
 
 

@@ -14,8 +14,8 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
 
 from fastpipe._cli import main  # noqa: E402
-from fastpipe.data import H5Dataset, ImageDecoder, pack, verify  # noqa: E402
-from fastpipe.data._pack import PackFormatError  # noqa: E402
+from fastpipe.data import H5Dataset, ImageDecoder, PackFormatError  # noqa: E402
+from fastpipe.pack import pack, verify  # noqa: E402
 from tests.pack_helpers import ArrayDataset, flip_byte, hflip  # noqa: E402
 
 pytestmark = pytest.mark.hdf5
@@ -25,14 +25,14 @@ pytestmark = pytest.mark.hdf5
 def array_pack(tmp_path_factory):
     """40 random 24x32 images in array storage, packed by 2 workers into a virtual merge."""
     path = tmp_path_factory.mktemp("array") / "images.h5"
-    pack(ArrayDataset(n=40), path, storage="array", workers=2, shard_size=12, progress=False)
+    pack(ArrayDataset(n=40), path, storage="array", num_workers=2, shard_size=12, progress=False)
     return path
 
 
 @pytest.fixture(scope="module")
 def bytes_pack(sample_root, tmp_path_factory):
     path = tmp_path_factory.mktemp("bytes") / "images.h5"
-    pack(sample_root, path, workers=2, shard_size=16, merge="copy", progress=False)
+    pack(sample_root, path, num_workers=2, shard_size=16, merge="copy", progress=False)
     return path
 
 
@@ -144,7 +144,7 @@ def test_verify_catches_a_flipped_byte(bytes_pack, tmp_path, capsys):
 def test_verify_catches_a_missing_part_and_a_truncated_file(array_pack, bytes_pack, tmp_path):
     folder = tmp_path / "v"
     folder.mkdir()
-    pack(ArrayDataset(n=10), folder / "v.h5", storage="array", workers=2, progress=False)
+    pack(ArrayDataset(n=10), folder / "v.h5", storage="array", num_workers=2, progress=False)
     part = next((folder / "v.h5.shards").glob("*/part-*.h5"))
     part.unlink()
     report = verify(folder / "v.h5")

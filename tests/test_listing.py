@@ -10,7 +10,7 @@ from PIL import Image
 
 from fastpipe.dali import FileList
 from fastpipe.data import ImageFolder
-from fastpipe.data._pack_sources import list_source
+from fastpipe.pack._sources import list_source
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,8 +11,8 @@ lmdb = pytest.importorskip("lmdb")
 import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from fastpipe.data import H5Dataset, LMDBDataset, pack, verify  # noqa: E402
-from fastpipe.data._pack import PackFormatError, merge_packs  # noqa: E402
+from fastpipe.data import H5Dataset, LMDBDataset, PackFormatError  # noqa: E402
+from fastpipe.pack import merge_packs, pack, verify  # noqa: E402
 from tests.pack_helpers import ArrayDataset  # noqa: E402
 
 pytestmark = pytest.mark.hdf5
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.hdf5
 
 def test_bytes_round_trip_is_bit_exact(sample_root, tmp_path):
     out = tmp_path / "p.lmdb"
-    report = pack(sample_root, out, workers=2, shard_size=20, progress=False)
+    report = pack(sample_root, out, num_workers=2, shard_size=20, progress=False)
     assert (report.format, report.merge, report.count) == ("lmdb", "copy", 48)
     assert out.is_file() and not (tmp_path / "p.lmdb-lock").exists() and not (tmp_path / "p.lmdb.shards").exists()
     files = sorted(sample_root.glob("class_*/*.jpg"), key=lambda p: (p.parent.name, p.name))
@@ -55,7 +55,7 @@ def test_array_round_trip_through_dataloader_workers(tmp_path, no_thread_leak):
 def test_merge_shards_into_lmdb_and_verify_catches_damage(sample_root, tmp_path):
     parts = [tmp_path / f"s{i}.h5" for i in range(2)]
     for i, part in enumerate(parts):
-        pack(sample_root, part, shard=(i, 2), progress=False)
+        pack(sample_root, part, part=(i, 2), progress=False)
     out = tmp_path / "m.lmdb"
     assert merge_packs(parts, out, progress=False).count == 48
     ds = LMDBDataset(out)

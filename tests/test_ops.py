@@ -318,26 +318,24 @@ def test_cutmix_targets_use_the_area_of_the_clipped_box(backend):
     assert seen_clipped
 
 
-def test_cutmix_box_follows_timm():
-    lam = torch.tensor(0.75, dtype=torch.float64)
-    h, w = 40, 30
-    for seed in range(50):
-        box, corrected = _params.cutmix_box(h, w, lam, _gen(seed))
+def test_cutmix_box_equals_timms_rand_bbox(monkeypatch):
+    # timm 1.0's rand_bbox spans cy - cut // 2 to cy + (cut + 1) // 2: for an odd cut the box
+    # used to be one pixel shorter (cy + cut // 2). The centre is drawn from the generator, so it
+    # is replayed here and handed to timm's np.random.randint.
+    timm_mixup = pytest.importorskip("timm.data.mixup")
+    sizes = ((40, 30), (7, 9), (1, 1), (224, 224), (33, 17))
+    lams = (0.75, 0.5, 0.3, 0.01, 0.0, 0.999, 1.0)
+    for seed, ((h, w), lam) in enumerate((s, lam) for s in sizes for lam in lams):
+        lam_t = torch.tensor(lam, dtype=torch.float64)
+        box, corrected = _params.cutmix_box(h, w, lam_t, _gen(seed))
         g = _gen(seed)
-        cy, cx = (
-            torch.randint(0, h, (), generator=g).item(),
-            torch.randint(0, w, (), generator=g).item(),
-        )
-        cut_h, cut_w = int(h * math.sqrt(0.25)), int(w * math.sqrt(0.25))
-        expected = [
-            min(max(cy - cut_h // 2, 0), h),
-            min(max(cx - cut_w // 2, 0), w),
-            min(max(cy + cut_h // 2, 0), h),
-            min(max(cx + cut_w // 2, 0), w),
-        ]
-        assert box.tolist() == expected
-        area = (expected[2] - expected[0]) * (expected[3] - expected[1])
-        assert corrected.item() == pytest.approx(1 - area / (h * w))
+        centre = iter([int(torch.randint(0, h, (), generator=g)),
+                       int(torch.randint(0, w, (), generator=g))])
+        monkeypatch.setattr(timm_mixup.np.random, "randint", lambda *a, c=centre, **k: next(c))
+        (yl, yh, xl, xh), timm_lam = timm_mixup.cutmix_bbox_and_lam((h, w), lam)
+        assert box.tolist() == [int(yl), int(xl), int(yh), int(xh)], (h, w, lam)
+        assert corrected.item() == timm_lam
+        monkeypatch.undo()
 
 
 def test_cutmix_box_is_the_same_in_python_and_under_torch_compile(monkeypatch):

@@ -236,11 +236,14 @@ def test_cuda_kernel_bodies_equal_the_reference_when_run_on_the_cpu(emulated):
         boxes = torch.randint(-3, max(h, w) + 3, (n, 3, 4), generator=g)
         fill = torch.arange(1, c + 1).to(x.dtype)
         seeds = torch.randint(0, 2**32, (n,), generator=g)
-        for s in (None, seeds):
-            expected = _reference.erase(x, boxes, fill, s)
-            got = _run(emulated, "erase", x, _dense_like(x), boxes, 3, fill, s)
+        box_fill = torch.randint(0, 100, (n, 3, c), generator=g).to(x.dtype)  # C per box
+        for s, f in ((None, fill), (seeds, fill), (None, box_fill)):
+            expected = _reference.erase(x, boxes, f, s)
+            # The bodies read C values per box; ops_cuda.cpp expands a fill shared by every box.
+            per_box = f if f.dim() == 3 else f.view(1, 1, c).expand(n, 3, c).contiguous()
+            got = _run(emulated, "erase", x, _dense_like(x), boxes, 3, per_box, s)
             assert torch.equal(got, expected)
-            assert torch.equal(_erase_in_place(emulated, x, boxes, fill, s), expected)
+            assert torch.equal(_erase_in_place(emulated, x, boxes, per_box, s), expected)
         lam = torch.rand(n, generator=g)
         expected = _reference.mixup(x, lam)
         assert torch.equal(_run(emulated, "mixup", x, _dense_like(x), lam), expected)

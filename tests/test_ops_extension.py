@@ -91,6 +91,11 @@ def test_kernels_equal_the_reference_bit_for_bit(dtype, layout):
             expected = _reference.erase(x, boxes, fill, s)
             _assert_same(OPS.erase(x, boxes, fill, s), expected)
             _assert_in_place("erase_", x, (boxes, fill, s), expected)
+        # C values per box (random_erasing's value='rand'): the later box's where boxes overlap.
+        box_fill = _make((n, k, c, 1), dtype, "contiguous", g).view(n, k, c)
+        expected = _reference.erase(x, boxes, box_fill, None)
+        _assert_same(OPS.erase(x, boxes, box_fill, None), expected)
+        _assert_in_place("erase_", x, (boxes, box_fill, None), expected)
         lam = torch.rand(n, generator=g)
         expected = _reference.mixup(x, lam)
         _assert_same(OPS.mixup(x, lam), expected)
@@ -138,10 +143,11 @@ def test_edge_cases_equal_the_reference(case, dtype):
         x = _make(shape, dtype, layout, g)
         fill = torch.arange(shape[1]).to(dtype)
         seeds = torch.arange(shape[0])
-        for s in (None, seeds):
-            expected = _reference.erase(x, boxes, fill, s)
-            _assert_same(OPS.erase(x, boxes, fill, s), expected)
-            _assert_in_place("erase_", x, (boxes, fill, s), expected)
+        box_fill = fill.view(1, 1, -1).expand(shape[0], boxes.shape[1], -1).contiguous() + 1
+        for s, f in ((None, fill), (seeds, fill), (None, box_fill)):
+            expected = _reference.erase(x, boxes, f, s)
+            _assert_same(OPS.erase(x, boxes, f, s), expected)
+            _assert_in_place("erase_", x, (boxes, f, s), expected)
         expected = _reference.cutmix(x, boxes[:, 0])
         _assert_same(OPS.cutmix(x, boxes[:, 0]), expected)
         _assert_in_place("cutmix_", x, (boxes[:, 0],), expected)
@@ -173,12 +179,13 @@ def test_inplace_mixes_split_across_threads_equal_the_reference():
 
 
 ERASING_CASES = [
-    # (batch, height, width, p, scale, ratio, max_count)
+    # (batch, height, width, p, scale, ratio, max_count[, min_count])
     (4000, 224, 224, 0.5, (0.02, 1 / 3), (0.3, 3.3), 1),  # torchvision's and timm's defaults
     (2000, 30, 20, 1.0, (0.1, 0.9), (0.5, 4.0), 3),  # several boxes, many attempts fail
     (500, 4, 4, 1.0, (0.9, 1.0), (3.0, 3.3), 1),  # nothing ever fits
     (500, 1, 50, 1.0, (0.0, 0.5), (0.01, 0.1), 2),  # a one-row strip
     (300, 17, 9, 0.0, (0.02, 1 / 3), (0.3, 3.3), 2),  # never erased
+    (2000, 30, 20, 0.8, (0.02, 0.4), (0.3, 3.3), 4, 2),  # timm's min_count
 ]
 
 
@@ -188,7 +195,8 @@ def test_erasing_boxes_op_equals_the_traced_torch_version(case, monkeypatch):
     # the torch version: the same uniforms must give the same boxes.
     from fastpipe.ops import _params
 
-    n, h, w, p, scale, ratio, k = ERASING_CASES[case]
+    n, h, w, p, scale, ratio, k, *rest = ERASING_CASES[case]
+    kwargs = {"min_count": rest[0]} if rest else {}
     assert _extension.has_kernel("erasing_boxes", torch.device("cpu"))
     calls = []
     compiled_op = OPS.erasing_boxes
@@ -198,10 +206,12 @@ def test_erasing_boxes_op_equals_the_traced_torch_version(case, monkeypatch):
         return compiled_op(*args)
 
     monkeypatch.setattr(OPS, "erasing_boxes", counted)
-    eager = _params.erasing_boxes(n, h, w, p, scale, ratio, k, torch.Generator().manual_seed(case))
+    gen = torch.Generator().manual_seed(case)
+    eager = _params.erasing_boxes(n, h, w, p, scale, ratio, k, gen, **kwargs)
     assert calls == [(h, w)]  # the compiled op made these boxes
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    traced = _params.erasing_boxes(n, h, w, p, scale, ratio, k, torch.Generator().manual_seed(case))
+    gen = torch.Generator().manual_seed(case)
+    traced = _params.erasing_boxes(n, h, w, p, scale, ratio, k, gen, **kwargs)
     assert eager.dtype == traced.dtype == torch.int64 and eager.shape == (n, k, 4)
     assert torch.equal(eager, traced)
 
@@ -324,6 +334,8 @@ def _sample_inputs(name):
         boxes = _random_boxes(n, 2, 6, 5, g)
         if name == "erase":
             fill = torch.arange(3).to(dtype)
+            if layout == "sliced":  # C values per box
+                fill = torch.arange(n * 2 * 3).view(n, 2, 3).to(dtype)
             cases.append((x, boxes, fill, torch.arange(n) if layout == "channels_last" else None))
         elif name == "mixup":
             cases.append((x, torch.rand(n, generator=g)))
@@ -344,9 +356,9 @@ def _sample_inputs(name):
 
 def test_opcheck_erasing_boxes():
     g = torch.Generator().manual_seed(0)
-    for n, k in ((6, 1), (5, 3), (0, 2)):
+    for n, k, min_count in ((6, 1, 1), (5, 3, 1), (0, 2, 1), (7, 4, 2)):
         uniforms = torch.rand(n, 2 + k * 22, dtype=torch.float64, generator=g)
-        args = (uniforms, 12, 9, k, 0.7, 0.02, 0.4, math.log(0.3), math.log(3.3))
+        args = (uniforms, 12, 9, k, 0.7, 0.02, 0.4, math.log(0.3), math.log(3.3), min_count)
         torch.library.opcheck(OPS.erasing_boxes.default, args)
 
 
@@ -382,6 +394,9 @@ def _public_calls():
         "cutout": lambda x: ops.cutout(x, 2, 4, fill=(1, 2, 3)),
         "random_erasing": lambda x: ops.random_erasing(x, p=0.8, value=3, max_count=2),
         "random_erasing_noise": lambda x: ops.random_erasing(x.float(), p=0.8, value="random"),
+        "random_erasing_colours": lambda x: ops.random_erasing(
+            x.float(), p=0.8, value="rand", min_count=2, max_count=3
+        ),
         "cutout_inplace": lambda x: ops.cutout(x, 2, 4, inplace=True),
         "random_erasing_inplace": lambda x: ops.random_erasing(
             x, p=0.9, value="random", inplace=True

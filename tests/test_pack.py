@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -15,8 +16,8 @@ pytest.importorskip("h5py")
 import h5py  # noqa: E402
 
 from fastpipe._cli import main  # noqa: E402
-from fastpipe.data import H5Dataset, decode_rgb, pack, verify  # noqa: E402
-from fastpipe.data._pack import CorruptInputError, PackError, PackFormatError, merge_packs  # noqa: E402
+from fastpipe.data import H5Dataset, PackFormatError, decode_rgb  # noqa: E402
+from fastpipe.pack import CorruptInputError, PackError, merge_packs, pack, verify  # noqa: E402
 from tests.pack_helpers import ArrayDataset, KillOnce, make_corrupt_folder  # noqa: E402
 
 pytestmark = pytest.mark.hdf5
@@ -75,7 +76,7 @@ def test_array_round_trip_is_pixel_exact(tmp_path):
     assert np.array_equal(batch[2][0].numpy(), images.array(11).transpose(2, 0, 1))
     # Arrays that are not images (audio, features) come back exactly as stored.
     features = ArrayDataset(n=6, shape=(16, 5), dtype="float32")
-    pack(features, tmp_path / "feat.h5", storage="array", progress=False, workers=2, merge="copy")
+    pack(features, tmp_path / "feat.h5", storage="array", progress=False, num_workers=2, merge="copy")
     ds = H5Dataset(tmp_path / "feat.h5")
     assert ds.layout == "raw" and ds.meta["dtype"] == "float32"
     for i in range(6):
@@ -95,21 +96,21 @@ def reference_fit(image: np.ndarray, height: int, width: int) -> np.ndarray:
 
 
 def test_array_storage_of_a_folder_resizes_to_shape(sample_root, tmp_path):
-    report = pack(sample_root, tmp_path / "a.h5", storage="array", shape="48x64", workers=2, progress=False)
+    report = pack(sample_root, tmp_path / "a.h5", storage="array", size="48x64", num_workers=2, progress=False)
     assert report.count == 48
     ds = H5Dataset(tmp_path / "a.h5")
     files = image_files(sample_root)
     for i in (0, 17, 47):
         expected = reference_fit(decode_rgb(files[i].read_bytes()), 48, 64).transpose(2, 0, 1)
         assert np.array_equal(ds[i][0].numpy(), expected)
-    with pytest.raises(PackError, match="shape"):  # photos of different sizes need shape=
+    with pytest.raises(PackError, match="size"):  # photos of different sizes need size=
         pack(sample_root, tmp_path / "b.h5", storage="array", progress=False)
 
 
 @pytest.mark.timeout(90)
 def test_virtual_and_copy_merges_read_identically(sample_root, tmp_path):
-    pack(sample_root, tmp_path / "v.h5", workers=2, shard_size=10, progress=False)
-    copy = pack(sample_root, tmp_path / "c.h5", workers=2, shard_size=10, merge="copy", progress=False)
+    pack(sample_root, tmp_path / "v.h5", num_workers=2, shard_size=10, progress=False)
+    copy = pack(sample_root, tmp_path / "c.h5", num_workers=2, shard_size=10, merge="copy", progress=False)
     assert pack(sample_root, tmp_path / "s.h5", progress=False).merge == "none"
     assert (copy.shards, copy.merge) == (5, "copy")
     v, c, s = H5Dataset(tmp_path / "v.h5"), H5Dataset(tmp_path / "c.h5"), H5Dataset(tmp_path / "s.h5")
@@ -128,8 +129,8 @@ def test_virtual_and_copy_merges_read_identically(sample_root, tmp_path):
     assert_same_pack(H5Dataset(tmp_path / "moved.h5"), s)
     # Array storage merges alike.
     images = ArrayDataset(n=20)
-    pack(images, tmp_path / "av.h5", storage="array", workers=2, shard_size=6, progress=False)
-    pack(images, tmp_path / "ac.h5", storage="array", workers=2, shard_size=6, merge="copy", progress=False)
+    pack(images, tmp_path / "av.h5", storage="array", num_workers=2, shard_size=6, progress=False)
+    pack(images, tmp_path / "ac.h5", storage="array", num_workers=2, shard_size=6, merge="copy", progress=False)
     assert_same_pack(H5Dataset(tmp_path / "av.h5"), H5Dataset(tmp_path / "ac.h5"))
 
 
@@ -141,7 +142,7 @@ def test_killed_worker_then_resume_keeps_finished_shards(tmp_path, no_thread_lea
     out = tmp_path / "k.h5"
     shards = tmp_path / "k.h5.shards"
     with pytest.raises(PackError, match=r"exited with code -9.*resume=True"):
-        pack(source, out, storage="array", workers=2, shard_size=8, progress=False)
+        pack(source, out, storage="array", num_workers=2, shard_size=8, progress=False)
     assert not marker.exists() and not out.exists()
     assert multiprocessing.active_children() == []
     (shards,) = shards.iterdir()  # the folder of this run's plan
@@ -150,7 +151,7 @@ def test_killed_worker_then_resume_keeps_finished_shards(tmp_path, no_thread_lea
     assert len(finished) == 4
     before = {name: (os.stat(shards / name).st_ino, os.stat(shards / name).st_mtime_ns) for name in finished}
 
-    report = pack(source, out, storage="array", workers=2, shard_size=8, progress=False, resume=True)
+    report = pack(source, out, storage="array", num_workers=2, shard_size=8, progress=False, resume=True)
     assert (report.count, report.shards, report.resumed_shards) == (40, 5, 4)
     after = {name: (os.stat(shards / name).st_ino, os.stat(shards / name).st_mtime_ns) for name in finished}
     assert after == before  # kept, not rewritten
@@ -270,7 +271,7 @@ def test_a_virtual_pack_refuses_a_replaced_part_file(tmp_path):
 @pytest.mark.parametrize("workers", [1, 2])
 def test_corrupt_inputs_are_skipped_and_listed(sample_root, tmp_path, workers):
     bad = make_corrupt_folder(sample_root, tmp_path / "src")
-    report = pack(tmp_path / "src", tmp_path / "p.h5", workers=workers, shard_size=4, progress=False)
+    report = pack(tmp_path / "src", tmp_path / "p.h5", num_workers=workers, shard_size=4, progress=False)
     assert (report.inputs, report.count) == (12, 8)
     assert {s["source"]: s["reason"] for s in report.skipped}.keys() == bad.keys()
     for s in report.skipped:
@@ -286,7 +287,7 @@ def test_corrupt_inputs_are_skipped_and_listed(sample_root, tmp_path, workers):
 def test_strict_stops_at_the_first_corrupt_input(sample_root, tmp_path, workers, no_thread_leak):
     make_corrupt_folder(sample_root, tmp_path / "src")
     with pytest.raises(CorruptInputError, match=r"class_0\d/\w+\.jpg"):
-        pack(tmp_path / "src", tmp_path / "p.h5", workers=workers, strict=True, shard_size=4, progress=False)
+        pack(tmp_path / "src", tmp_path / "p.h5", num_workers=workers, strict=True, shard_size=4, progress=False)
     assert not (tmp_path / "p.h5").exists()
     assert multiprocessing.active_children() == []
 
@@ -303,7 +304,7 @@ def test_strict_run_does_not_reuse_shards_that_skipped_inputs(sample_root, tmp_p
 @pytest.mark.timeout(120)
 def test_spawned_workers_need_a_picklable_source(tmp_path):
     images = ArrayDataset(n=8)
-    pack(images, tmp_path / "s.h5", storage="array", workers=2, shard_size=4, start_method="spawn", progress=False)
+    pack(images, tmp_path / "s.h5", storage="array", num_workers=2, shard_size=4, start_method="spawn", progress=False)
     ds = H5Dataset(tmp_path / "s.h5")
     assert all(np.array_equal(ds[i][0].numpy(), images.array(i).transpose(2, 0, 1)) for i in range(8))
 
@@ -311,7 +312,7 @@ def test_spawned_workers_need_a_picklable_source(tmp_path):
         pass
 
     with pytest.raises(PackError, match="picklable"):
-        pack(Local(n=8), tmp_path / "l.h5", storage="array", workers=2, start_method="spawn", progress=False)
+        pack(Local(n=8), tmp_path / "l.h5", storage="array", num_workers=2, start_method="spawn", progress=False)
     assert multiprocessing.active_children() == []
 
 
@@ -320,8 +321,8 @@ def test_shards_from_several_machines_merge(sample_root, tmp_path):
     for i in range(3):
         part = tmp_path / f"part{i}.h5"
         # Part 1 is itself a virtual merge of 3 shards: a virtual merge maps straight to its files.
-        report = pack(sample_root, part, shard=f"{i}/3", merge="virtual" if i == 1 else "copy",
-                      workers=2 if i == 1 else 1, shard_size=6 if i == 1 else 100, progress=False)
+        report = pack(sample_root, part, part=f"{i}/3", merge="virtual" if i == 1 else "copy",
+                      num_workers=2 if i == 1 else 1, shard_size=6 if i == 1 else 100, progress=False)
         assert (report.inputs, report.shards) == (16, 3 if i == 1 else 1)
         parts.append(part)
     pack(sample_root, tmp_path / "full.h5", progress=False)
@@ -337,7 +338,7 @@ def test_shards_from_several_machines_merge(sample_root, tmp_path):
     merge_packs(parts, tmp_path / "mc.h5", merge="copy", progress=False)
     assert_same_pack(H5Dataset(tmp_path / "mv.h5"), full)
     assert_same_pack(H5Dataset(tmp_path / "mc.h5"), full)
-    with pytest.raises(PackError, match="shards 1/3 are missing"):
+    with pytest.raises(PackError, match="parts 1/3 are missing"):
         merge_packs([parts[0], parts[2]], tmp_path / "bad.h5", progress=False)
     with pytest.raises(PackError, match="given twice"):
         merge_packs([parts[0], parts[0], parts[1]], tmp_path / "bad.h5", progress=False)
@@ -398,11 +399,11 @@ def test_bad_arguments_say_what_to_do(sample_root, tmp_path):
     with pytest.raises(ValueError, match="storage"):
         pack(sample_root, out, storage="jpeg")
     with pytest.raises(ValueError, match="0 <= i < n"):
-        pack(sample_root, out, shard="3/2")
+        pack(sample_root, out, part="3/2")
     with pytest.raises(ValueError, match="max_side applies to bytes"):
         pack(sample_root, out, storage="array", max_side=100)
-    with pytest.raises(ValueError, match="shape applies to array"):
-        pack(sample_root, out, shape=(10, 10))
+    with pytest.raises(ValueError, match="size applies to array"):
+        pack(sample_root, out, size=(10, 10))
     with pytest.raises(ValueError, match="LMDB has no virtual"):
         pack(sample_root, out, format="lmdb", merge="virtual")
     with pytest.raises(FileNotFoundError, match="does not exist"):
@@ -421,7 +422,7 @@ def test_cli_pack_merge_and_verify(sample_root, tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert (report["count"], report["shards"], report["merge"]) == (48, 3, "virtual")
     for i in range(2):
-        assert main(["pack", str(sample_root), str(tmp_path / f"s{i}.h5"), "--shard", f"{i}/2", "--quiet"]) == 0
+        assert main(["pack", str(sample_root), str(tmp_path / f"s{i}.h5"), "--part", f"{i}/2", "--quiet"]) == 0
     assert "packed 24 of 24 inputs" in capsys.readouterr().out
     assert main(["pack", "--merge-only", str(tmp_path / "m.h5"), str(tmp_path / "s0.h5"), str(tmp_path / "s1.h5"),
                  "--merge", "copy", "--quiet"]) == 0
@@ -445,3 +446,35 @@ def test_cli_errors(sample_root, tmp_path, capsys):
     assert "strict mode" in capsys.readouterr().err
     assert main(["pack", str(tmp_path / "src"), str(tmp_path / "o.h5"), "--quiet"]) == 0
     assert "skipped 4 inputs" in capsys.readouterr().out
+
+
+def test_pack_options_check_and_normalise_once():
+    from fastpipe.pack import PackOptions
+
+    options = PackOptions(storage="array", part="1/4", size="48x64", quality=80.0)
+    assert (options.part, options.size, options.quality) == ((1, 4), (48, 64), 80)
+    assert PackOptions(storage="array", size=32).size == (32, 32)
+    assert (options.format, options.merge) == (None, None)
+    assert (options.for_output("x.lmdb").format, options.for_output("x.lmdb").merge) == (
+        "lmdb", "copy")
+    assert (options.for_output("x.h5").format, options.for_output("x.h5").merge) == (
+        "hdf5", "virtual")
+    with pytest.raises(ValueError, match="num_workers must be an int >= 1, got True"):
+        PackOptions(num_workers=True)
+    with pytest.raises(ValueError, match="LMDB has no virtual"):
+        PackOptions(merge="virtual").for_output("x.lmdb")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.part = (0, 4)
+
+
+def test_packing_has_one_home():
+    import fastpipe.data
+    import fastpipe.pack
+
+    assert fastpipe.pack.__all__ == sorted(fastpipe.pack.__all__)
+    for name in ("pack", "merge_packs", "verify", "PackReport", "VerifyReport", "PackError",
+                 "CorruptInputError"):
+        assert name in fastpipe.pack.__all__ and name not in fastpipe.data.__all__
+        with pytest.raises(AttributeError):
+            getattr(fastpipe.data, name)
+    assert "PackFormatError" in fastpipe.data.__all__  # the readers' error, raised on open

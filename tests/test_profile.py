@@ -420,3 +420,42 @@ def test_wrap_leaves_an_iterator_it_was_given_open_after_break():
                 break
     # Like a plain for loop, the profiler does not close an iterator it did not make.
     assert list(source) == [2, 3, 4]
+
+
+class _NamedLikeDALI:
+    """An iterable that only shares DALILoader's class name: it must not be taken for one."""
+
+    def __iter__(self):
+        yield torch.zeros(2, 3)
+
+
+_NamedLikeDALI.__name__ = "DALILoader"
+
+
+class _DescribesItself:
+    """A loader from outside fastpipe that speaks the describe protocol."""
+
+    def __len__(self) -> int:
+        return 7
+
+    def __iter__(self):
+        yield torch.zeros(4, 3)
+
+    def _fastpipe_describe(self) -> dict:
+        return {"kind": "DALILoader", "batch_size": 4, "not_a_field": 1}
+
+
+def test_loaders_are_known_by_what_they_describe_not_by_their_class_name():
+    LoaderInfo = profile_module.LoaderInfo
+    assert LoaderInfo.of(_NamedLikeDALI()).kind == "iterable"
+    info = LoaderInfo.of(_DescribesItself())
+    assert (info.kind, info.batch_size, info.batches_per_epoch, info.prefetcher) == (
+        "DALILoader", 4, 7, False)
+    # A DataPrefetcher describes itself as a prefetcher over the loader it wraps.
+    wrapped = LoaderInfo.of(DataPrefetcher(_DescribesItself(), device="cpu"))
+    assert (wrapped.kind, wrapped.batch_size, wrapped.prefetcher) == ("DALILoader", 4, True)
+    loader = DataLoaderX(list(range(6)), batch_size=3, num_workers=0)
+    info = LoaderInfo.of(DataPrefetcher(loader, device="cpu"))
+    assert (info.kind, info.num_workers, info.batch_size, info.prefetcher) == (
+        "DataLoaderX", 0, 3, True)
+    assert LoaderInfo.of(torch.utils.data.DataLoader(list(range(6)))).kind == "DataLoader"

@@ -1,4 +1,5 @@
-"""fastpipe.profiling.tune: finds the clearly best setting, respects its budget, pastes code that runs."""
+"""fastpipe.profiling.tune: finds the clearly best setting, respects its budget, pastes code that
+runs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import torch
 from tune_helpers import SleepyDataset
 
 from fastpipe.profiling import LoaderSettings, resolve_dataset, tune
-from fastpipe.profiling.tuner import DatasetSource, default_worker_counts
+from fastpipe.profiling._datasets import DatasetSource
+from fastpipe.profiling.tuner import default_worker_counts
 
 
 @pytest.mark.timeout(90)
@@ -25,12 +27,13 @@ def test_tune_finds_the_clearly_best_setting_of_a_synthetic_dataset(no_thread_le
     )
     best = result.best.settings
     assert (best.num_workers, best.batch_size) == (4, 16)
-    rates = {(t.settings.num_workers, t.settings.batch_size, t.settings.wrapper): t.samples_per_second
-             for t in result.trials}
+    rates = {(t.settings.num_workers, t.settings.batch_size, t.settings.wrapper):
+             t.samples_per_second for t in result.trials}
     # Ideally 2x each; a CPU saturated by other work delays every wake-up of the workers.
     assert rates[(4, 4, "DataLoader")] > 1.3 * rates[(2, 4, "DataLoader")]
     assert rates[(2, 4, "DataLoader")] > 1.3 * rates[(0, 4, "DataLoader")]
-    assert result.trials[0].samples_per_second == max(rates.values())  # ranked fastest first
+    # Ranked fastest first (a trial a loaded machine pushed over the budget has no rate).
+    assert result.trials[0].samples_per_second == max(r for r in rates.values() if r is not None)
     assert "num_workers=4" in result.code and "batch_size=16" in result.code
     assert multiprocessing.active_children() == []  # every trial's workers have stopped
 
@@ -75,12 +78,14 @@ def test_recommended_code_runs_and_builds_the_measured_loader(settings, no_threa
     built = settings.build(dataset, None)
     assert type(loader) is type(built)
     inner, built_inner = getattr(loader, "loader", loader), getattr(built, "loader", built)
-    for name in ("batch_size", "num_workers", "prefetch_factor", "persistent_workers", "pin_memory"):
+    for name in ("batch_size", "num_workers", "prefetch_factor", "persistent_workers",
+                 "pin_memory"):
         assert getattr(inner, name) == getattr(built_inner, name), name
     images, labels = next(iter(loader))
     assert images.shape == (settings.batch_size, 3, 8, 8) and labels.dtype == torch.int64
     for item in (loader, built):
-        for close in (getattr(item, "close", None), getattr(getattr(item, "loader", None), "close", None)):
+        inner = getattr(item, "loader", None)
+        for close in (getattr(item, "close", None), getattr(inner, "close", None)):
             if close:
                 close()
     del loader, built, inner, built_inner

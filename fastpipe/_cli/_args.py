@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from fastpipe._cli import CommandError
@@ -11,12 +13,28 @@ DATASET_HELP = ("an ImageFolder directory, a .h5 pack file (from `fastpipe pack`
                 "module:function (or file.py:function) returning a map-style dataset")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask), not all the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def in_cli_spelling(text: str, spelling: Mapping[str, str]) -> str:
+    """A library message with each Python spelling of an option (``overwrite=True``) replaced
+    by the command's flag (``--overwrite``)."""
+    for python, flag in spelling.items():
+        text = text.replace(python, flag)
+    return text
+
+
 def int_list(text: str) -> list[int]:
     """argparse type for comma-separated non-negative ints: "0,2,4"."""
     try:
         values = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}") from None
     if not values or min(values) < 0:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 0, got {text!r}")
     return values
@@ -52,7 +70,7 @@ def add_dataset_arguments(parser: argparse.ArgumentParser) -> None:
 
 def resolve(args: argparse.Namespace):
     """The dataset named on the command line, or a CommandError saying what to pass."""
-    from fastpipe.profiling.tuner import resolve_dataset
+    from fastpipe.profiling import resolve_dataset
 
     try:
         return resolve_dataset(args.dataset, size=args.size, train=not args.eval)

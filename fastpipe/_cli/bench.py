@@ -17,12 +17,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from fastpipe.bench.variants import VARIANTS
 
     keys = ", ".join(v.key for v in VARIANTS)
-    parser.add_argument("--root", help="an ImageFolder directory to use instead of the sample dataset")
+    parser.add_argument("--root",
+                        help="an ImageFolder directory to use instead of the sample dataset")
     parser.add_argument("--num-images", type=positive_int, default=None,
                         help="sample dataset size (default 256; generated once and cached)")
     parser.add_argument("--batch-size", type=positive_int, default=None, help="(default 32)")
     parser.add_argument("--workers", type=int, default=None,
-                        help="num_workers, and DALI's num_threads (default: the usable cores)")
+                        help="num_workers (DataLoader processes, DALI threads) (default: the usable cores)")
     parser.add_argument("--size", type=positive_int, default=None, help="crop size (default 224)")
     parser.add_argument("--seconds", type=non_negative_float, default=None,
                         help="seconds per loader and round, after its first batch (default 4)")
@@ -68,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     seconds = _pick(args.seconds, args.quick, "seconds", 4.0)
     if seconds <= 0:
         raise CommandError(f"--seconds must be more than 0, got {seconds:g}")
+    if args.size is not None and args.size < 8:
+        raise CommandError(f"--size must be >= 8, got {args.size}")
     if args.root is not None and args.num_images is not None:
         raise CommandError("--num-images applies to the sample dataset; leave it out with --root")
     variants = None

@@ -1,4 +1,5 @@
-"""fastpipe pack: pack an ImageFolder tree, a list file or shards into one HDF5 (or LMDB) file."""
+"""fastpipe pack: pack an ImageFolder tree or a list file into one HDF5 (or LMDB) file, or
+merge packs."""
 
 from __future__ import annotations
 
@@ -7,37 +8,74 @@ import json
 import sys
 
 from fastpipe._cli import CommandError
+from fastpipe._cli._args import in_cli_spelling, positive_int, usable_cores
 
-HELP = "pack an image folder or list file into one HDF5 (or LMDB) file; merge shards"
+HELP = "pack an image folder or list file into one HDF5 (or LMDB) file; merge packs"
 
 USAGE = """%(prog)s SOURCE OUTPUT [options]
-       %(prog)s --merge-only OUTPUT SHARD [SHARD ...] [--merge virtual|copy] [options]"""
+       %(prog)s --merge-only OUTPUT PACK [PACK ...] [--merge virtual|copy] [options]"""
+
+# The library's messages name options as Python spells them; the command names its flags.
+SPELLING = {
+    "overwrite=True": "--overwrite",
+    "num_workers=1": "--workers 1",
+    "num_workers > 1": "--workers > 1",
+    "size=(H, W)": "--size HxW",
+    "max_side=N": "--max-side N",
+    "merge='copy'": "--merge copy",
+    "part=(i, n)": "--part I/N",
+    "max_side applies": "--max-side applies",
+    "size applies": "--size applies",
+    "part must look like 'i/n'": "--part must look like I/N",
+    "part (i, n) needs 0 <= i < n": "--part I/N needs 0 <= I < N",
+    "size must look like 'HxW'": "--size must look like HxW",
+    "size must be positive": "--size must be positive",
+    "pack arrays without size": "pack arrays without --size",
+}
+
+
+def quality(text: str) -> int:
+    value = positive_int(text)
+    if value > 100:
+        raise argparse.ArgumentTypeError(f"expected a JPEG quality in 1..100, got {value}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.usage = USAGE
     parser.add_argument("paths", nargs="+", metavar="PATH",
-                        help="SOURCE (an ImageFolder root or a list file of 'path [label]' lines) and "
-                             "OUTPUT; with --merge-only: OUTPUT then the shard packs")
+                        help="SOURCE (an ImageFolder root or a list file of 'path [label]' "
+                             "lines) and OUTPUT; with --merge-only: OUTPUT then the packs")
     parser.add_argument("--storage", choices=("bytes", "array"), default="bytes",
-                        help="bytes: keep encoded files (default); array: decoded fixed-shape uint8 arrays")
-    parser.add_argument("--workers", type=int, default=1, help="processes packing in parallel (default 1)")
-    parser.add_argument("--shard", metavar="I/N", help="pack only slice I of N (e.g. 0/4) for a multi-machine pack")
+                        help="bytes: keep encoded files (default); array: decoded fixed-shape "
+                             "uint8 arrays")
+    parser.add_argument("--workers", type=positive_int, default=None,
+                        help="processes packing in parallel (default: the usable cores, "
+                             f"{usable_cores()} here)")
+    parser.add_argument("--part", metavar="I/N",
+                        help="pack only part I of N of the inputs (e.g. 0/4) for a "
+                             "multi-machine pack; combine the parts with --merge-only")
     parser.add_argument("--merge", choices=("virtual", "copy"), default=None,
-                        help="virtual: HDF5 virtual dataset over the shard files (default for HDF5); "
-                             "copy: one self-contained contiguous file (fastest reads)")
+                        help="virtual: HDF5 virtual dataset over the shard files (default for "
+                             "HDF5); copy: one self-contained contiguous file (fastest reads)")
     parser.add_argument("--merge-only", action="store_true",
-                        help="combine packs made with --shard (or any compatible packs) into OUTPUT")
-    parser.add_argument("--max-side", type=int, metavar="N",
-                        help="bytes storage: re-encode images whose shorter side exceeds N so it equals N")
-    parser.add_argument("--shape", metavar="HxW", help="array storage: resize and centre-crop images to HxW")
-    parser.add_argument("--quality", type=int, default=90, help="JPEG quality when re-encoding (default 90)")
-    parser.add_argument("--strict", action="store_true", help="stop at the first unreadable or corrupt input")
+                        help="combine packs made with --part (or any compatible packs) into "
+                             "OUTPUT")
+    parser.add_argument("--max-side", type=positive_int, metavar="N",
+                        help="bytes storage: re-encode images whose shorter side exceeds N so "
+                             "it equals N")
+    parser.add_argument("--size", metavar="HxW",
+                        help="array storage: resize and centre-crop images to HxW")
+    parser.add_argument("--quality", type=quality, default=90,
+                        help="JPEG quality when re-encoding (default 90)")
+    parser.add_argument("--strict", action="store_true",
+                        help="stop at the first unreadable or corrupt input")
     parser.add_argument("--no-check", action="store_true",
                         help="bytes storage: do not decode inputs to catch corrupt files (faster)")
     parser.add_argument("--format", choices=("hdf5", "lmdb"), default=None,
                         help="output format (default: lmdb if OUTPUT ends in .lmdb, else hdf5)")
-    parser.add_argument("--shard-size", type=int, default=10_000, help="inputs per shard at most (default 10000)")
+    parser.add_argument("--shard-size", type=positive_int, default=10_000,
+                        help="inputs per shard at most (default 10000)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -45,32 +83,45 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from fastpipe._optional import MissingDependencyError
-    from fastpipe.data._pack import PackError, merge_packs, pack
+    from fastpipe.pack import PackError
 
     try:
-        if args.merge_only:
-            if len(args.paths) < 2:
-                raise CommandError("--merge-only needs OUTPUT and at least one SHARD")
-            ignored = [flag for flag, value in (("--storage", args.storage != "bytes"), ("--workers", args.workers != 1),
-                                                ("--shard", args.shard), ("--max-side", args.max_side),
-                                                ("--shape", args.shape), ("--strict", args.strict)) if value]
-            if ignored:
-                raise CommandError(f"{', '.join(ignored)} do not apply to --merge-only (the shards are already packed)")
-            report = merge_packs(args.paths[1:], args.paths[0], merge=args.merge, format=args.format,
-                                 overwrite=args.overwrite, progress=not args.quiet)
-        else:
-            if len(args.paths) != 2:
-                raise CommandError(f"expected SOURCE OUTPUT, got {len(args.paths)} paths "
-                                   "(to combine shards use --merge-only OUTPUT SHARD ...)")
-            report = pack(args.paths[0], args.paths[1], storage=args.storage, workers=args.workers,
-                          shard=args.shard, merge=args.merge, max_side=args.max_side, shape=args.shape,
-                          strict=args.strict, progress=not args.quiet, format=args.format,
-                          quality=args.quality, check=not args.no_check, shard_size=args.shard_size,
-                          overwrite=args.overwrite)
+        report = _merge(args) if args.merge_only else _pack(args)
     except (ValueError, FileNotFoundError, FileExistsError, MissingDependencyError) as exc:
-        raise CommandError(str(exc)) from exc
+        raise CommandError(in_cli_spelling(str(exc), SPELLING)) from exc
     except PackError as exc:
-        print(f"fastpipe pack: error: {exc}", file=sys.stderr)
+        print(f"fastpipe pack: error: {in_cli_spelling(str(exc), SPELLING)}", file=sys.stderr)
         return 1
     print(json.dumps(report.to_json(), indent=2) if args.json else report.summary())
     return 0
+
+
+def _merge(args: argparse.Namespace):
+    from fastpipe.pack import merge_packs
+
+    if len(args.paths) < 2:
+        raise CommandError("--merge-only needs OUTPUT and at least one PACK")
+    given = (("--storage", args.storage != "bytes"), ("--workers", args.workers is not None),
+             ("--part", args.part), ("--max-side", args.max_side), ("--size", args.size),
+             ("--strict", args.strict))
+    ignored = [flag for flag, value in given if value]
+    if ignored:
+        raise CommandError(f"{', '.join(ignored)} do not apply to --merge-only (the packs are "
+                           "already packed)")
+    return merge_packs(args.paths[1:], args.paths[0], merge=args.merge, format=args.format,
+                       overwrite=args.overwrite, progress=not args.quiet)
+
+
+def _pack(args: argparse.Namespace):
+    from fastpipe.pack import pack
+
+    if len(args.paths) != 2:
+        raise CommandError(f"expected SOURCE OUTPUT, got {len(args.paths)} paths "
+                           "(to combine packs use --merge-only OUTPUT PACK ...)")
+    source, output = args.paths
+    return pack(source, output, storage=args.storage,
+                num_workers=args.workers if args.workers is not None else usable_cores(),
+                part=args.part, merge=args.merge, max_side=args.max_side, size=args.size,
+                strict=args.strict, progress=not args.quiet, format=args.format,
+                quality=args.quality, check=not args.no_check, shard_size=args.shard_size,
+                overwrite=args.overwrite)

@@ -39,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastpipe.profiling.tuner import LoaderSettings, close_loader, run_loader
+    from fastpipe.profiling import LoaderSettings
+    from fastpipe.profiling._runner import close_loader, run_loader
 
     if args.workers < 0:
         raise CommandError(f"--workers must be >= 0, got {args.workers}")

@@ -24,7 +24,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--budget", type=non_negative_float, default=60.0,
                         help="total seconds to spend measuring (default 60)")
     parser.add_argument("--workers", type=int_list, default=None, metavar="N,N,...",
-                        help="num_workers values to try (default 0,1,2,4,... up to twice the cores)")
+                        help="num_workers values to try (default 0,1,2,4,... up to twice the "
+                             "cores)")
     parser.add_argument("--batch-sizes", type=int_list, default=None, metavar="N,N,...",
                         help="batch sizes to try (default half, equal to and double --batch-size)")
     parser.add_argument("--prefetch-factors", type=int_list, default=[2, 4], metavar="N,N,...",
@@ -32,14 +33,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wrappers", default="DataLoader,DataLoaderX,DataLoaderX+DataPrefetcher",
                         help="loaders to try, comma-separated (default all three)")
     parser.add_argument("--step-ms", type=non_negative_float, default=0.0,
-                        help="sleep after each batch, standing in for your training step (default 0)")
+                        help="sleep after each batch, standing in for your training step "
+                             "(default 0)")
     parser.add_argument("--plot", metavar="FILE.png", help="save samples/s against num_workers")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastpipe.profiling.tuner import WRAPPERS, tune
+    from fastpipe.profiling import tune
+    from fastpipe.profiling._settings import WRAPPERS
 
     wrappers = [w.strip() for w in args.wrappers.split(",") if w.strip()]
     if not wrappers or any(w not in WRAPPERS for w in wrappers):
@@ -52,11 +55,15 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError("--prefetch-factors must be >= 1")
     check_plot(args.plot)
     source = resolve(args)
-    result = tune(
-        source, batch_size=args.batch_size, num_workers=args.workers, batch_sizes=args.batch_sizes,
-        prefetch_factors=args.prefetch_factors, wrappers=wrappers, budget=args.budget,
-        step_seconds=args.step_ms / 1000, progress=not args.no_progress,
-    )
+    try:
+        result = tune(
+            source, batch_size=args.batch_size, num_workers=args.workers,
+            batch_sizes=args.batch_sizes, prefetch_factors=args.prefetch_factors,
+            wrappers=wrappers, budget=args.budget, step_seconds=args.step_ms / 1000,
+            progress=not args.no_progress,
+        )
+    except ValueError as exc:  # nothing could be measured: the message says why
+        raise CommandError(str(exc)) from exc
     if args.plot:
         result.plot(args.plot)
     if args.json:

@@ -13,19 +13,21 @@ HELP = "check a pack made by fastpipe pack: metadata, checksums, decoding; exit 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", metavar="FILE", help="an HDF5 or LMDB pack")
-    parser.add_argument("--sample", type=int, metavar="K", help="check K random samples instead of all")
+    parser.add_argument("--sample", type=int, metavar="K",
+                        help="check K random samples instead of all")
     parser.add_argument("--seed", type=int, default=0, help="seed for --sample (default 0)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    from fastpipe.data._pack import verify
+    from fastpipe.pack import verify
 
     if not Path(args.file).exists():
         raise CommandError(f"no such file: {args.file}")
     if args.sample is not None and args.sample < 1:
         raise CommandError(f"--sample must be >= 1, got {args.sample}")
-    report = verify(args.file, args.sample, seed=args.seed, progress=not args.quiet and not args.json)
+    report = verify(args.file, args.sample, seed=args.seed,
+                    progress=not args.quiet and not args.json)
     print(json.dumps(report.to_json(), indent=2) if args.json else report.summary())
     return 0 if report.ok else 1

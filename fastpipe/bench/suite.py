@@ -16,8 +16,8 @@ from typing import Any
 
 from fastpipe.bench.machine import describe_machine, machine_line
 from fastpipe.bench.variants import VARIANTS, BenchConfig, Skip, Variant
-from fastpipe.datasets import default_cache_dir, sample_images
-from fastpipe.profiling.tuner import close_loader, run_loader
+from fastpipe.data.samples import default_cache_dir, sample_images
+from fastpipe.profiling._runner import close_loader, run_loader
 
 BASELINE = "dataloader"
 

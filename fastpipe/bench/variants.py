@@ -15,10 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fastpipe._constants import IMAGENET_MEAN, IMAGENET_STD
 from fastpipe._optional import require
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class Skip(Exception):
@@ -92,7 +90,7 @@ def build_fast_cpu(config: BenchConfig) -> Any:
 def pack_path(config: BenchConfig) -> Path:
     """The pack of the benchmark's folder, made on first use (not timed)."""
     from fastpipe import __version__
-    from fastpipe.data import pack
+    from fastpipe.pack import pack
 
     require("h5py", extra="hdf5", feature="the HDF5 variant of fastpipe bench")
     path = config.pack_dir / f"{config.root.name}-bytes-v{__version__}.h5"
@@ -103,7 +101,7 @@ def pack_path(config: BenchConfig) -> Path:
         os.close(fd)
         os.unlink(staging)
         try:
-            pack(str(config.root), staging, storage="bytes", workers=1, progress=False)
+            pack(str(config.root), staging, storage="bytes", num_workers=1, progress=False)
             os.replace(staging, path)
         finally:
             if os.path.exists(staging):
@@ -124,7 +122,15 @@ def build_dali(config: BenchConfig) -> Any:
     from fastpipe.dali import DALILoader
 
     return DALILoader(str(config.root), batch_size=config.batch_size, train=True, size=config.size,
-                      num_threads=max(1, config.num_workers), device="cpu")
+                      num_workers=max(1, config.num_workers), device="cpu",
+                      mean=IMAGENET_MEAN, std=IMAGENET_STD)
+
+
+def build_factory(config: BenchConfig) -> Any:
+    from fastpipe import image_loader
+
+    return image_loader(config.root, config.batch_size, train=True, size=config.size,
+                        num_workers=config.num_workers)
 
 
 VARIANTS: tuple[Variant, ...] = (
@@ -143,5 +149,8 @@ VARIANTS: tuple[Variant, ...] = (
             "the folder packed once into HDF5 (encoded bytes), fastpipe.data.H5Dataset + "
             "fast_collate, DataLoaderX + DataPrefetcher", build_hdf5),
     Variant("dali", "DALI (CPU)",
-            "fastpipe.dali.DALILoader(device='cpu'), num_threads = workers", build_dali),
+            "fastpipe.dali.DALILoader(device='cpu'), num_workers = workers", build_dali),
+    Variant("factory", "image_loader",
+            "fastpipe.image_loader(root, train=True): the path it picks on this machine (DALI "
+            "with GPU decode on CUDA, else the fast CPU path)", build_factory),
 )

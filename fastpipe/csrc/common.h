@@ -63,7 +63,11 @@ inline void check_erase_args(const at::Tensor& images, const at::Tensor& boxes,
               "fastpipe::erase: boxes must have shape (N, K, 4) with N = ", images.size(0),
               ", got ", boxes.sizes());
   check_param(images, boxes, "erase", "boxes", at::kLong, boxes.sizes());
-  check_param(images, fill, "erase", "fill", images.scalar_type(), {images.size(1)});
+  // fill: C values for every box, or C values per box, (N, K, C).
+  const bool per_box = fill.dim() == 3;
+  check_param(images, fill, "erase", "fill", images.scalar_type(),
+              per_box ? at::IntArrayRef{images.size(0), boxes.size(1), images.size(1)}
+                      : at::IntArrayRef{images.size(1)});
   if (seeds.has_value()) {
     check_param(images, *seeds, "erase", "seeds", at::kLong, {images.size(0)});
   }

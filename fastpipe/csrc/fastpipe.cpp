@@ -17,8 +17,9 @@ TORCH_LIBRARY(fastpipe, m) {
   m.def("normalize(Tensor images, Tensor mean, Tensor std, ScalarType dtype, bool channels_last) -> Tensor",
         tags);
   // Copies images and fills K boxes per sample (boxes: (N, K, 4) int64 top, left, bottom, right,
-  // exclusive, clipped to the image) with fill (C values of the images' dtype), or, when seeds
-  // ((N,) int64) is given, with counter-based noise keyed by the sample's seed.
+  // exclusive, clipped to the image) with fill (C values of the images' dtype for every box, or
+  // (N, K, C): C values per box, the later box's where boxes overlap), or, when seeds ((N,)
+  // int64) is given, with counter-based noise keyed by the sample's seed.
   m.def("erase(Tensor images, Tensor boxes, Tensor fill, Tensor? seeds) -> Tensor", tags);
   // erase, in place: writes only the boxes of images (any strides, no overlapping elements).
   m.def("erase_(Tensor(a!) images, Tensor boxes, Tensor fill, Tensor? seeds) -> ()", tags);
@@ -31,10 +32,12 @@ TORCH_LIBRARY(fastpipe, m) {
   m.def("mixup_(Tensor(a!) images, Tensor lam) -> ()", tags);
   m.def("cutmix_(Tensor(a!) images, Tensor boxes) -> ()", tags);
   // Random erasing's (N, max_count, 4) boxes from (N, 2 + max_count * 22) float64 uniforms (per
-  // sample: apply, count; per box: 10 areas, 10 log ratios, row, column): the geometry of
-  // fastpipe/ops/_params.py's erasing_boxes, CPU only (parameters are always made on the CPU).
+  // sample: apply, count in min_count..max_count; per box: 10 areas, 10 log ratios, row, column):
+  // the geometry of fastpipe/ops/_params.py's erasing_boxes, CPU only (parameters are always made
+  // on the CPU).
   m.def("erasing_boxes(Tensor uniforms, int height, int width, int max_count, float p, "
-        "float scale_low, float scale_high, float log_ratio_low, float log_ratio_high) -> Tensor",
+        "float scale_low, float scale_high, float log_ratio_low, float log_ratio_high, "
+        "int min_count=1) -> Tensor",
         tags);
 }
 

@@ -96,13 +96,15 @@ FP_HD bool box_contains(const int64_t* box, int64_t y, int64_t x) {
   return y >= box[0] && y < box[2] && x >= box[1] && x < box[3];
 }
 
-FP_HD bool any_box_contains(const int64_t* boxes, int64_t count, int64_t y, int64_t x) {
-  for (int64_t k = 0; k < count; ++k) {
+// The last of a sample's count boxes that contains (y, x), or -1. Where boxes overlap, the later
+// box's fill wins, as when timm's RandomErasing erases its boxes one after the other.
+FP_HD int64_t last_box_containing(const int64_t* boxes, int64_t count, int64_t y, int64_t x) {
+  for (int64_t k = count - 1; k >= 0; --k) {
     if (box_contains(boxes + 4 * k, y, x)) {
-      return true;
+      return k;
     }
   }
-  return false;
+  return -1;
 }
 
 // ---- counter-based noise for random erasing ----
@@ -181,11 +183,13 @@ FP_HD TOut normalize_element(int64_t i, const TIn* in, const Strides& s, bool ch
   return Conv::template from_float<TOut>(normalize_value(x, scale, shift));
 }
 
-// What erase writes at p: fill[c], or the noise keyed by the sample's seed.
+// What erase writes at p inside box k: that box's fill (fill holds C values per box, (N, count,
+// C); the torch glue expands a fill shared by all boxes), or the noise keyed by the sample's seed.
 template <typename T, typename Conv>
-FP_HD T erase_fill(const Index4& p, const Geometry& g, const T* fill, const int64_t* seeds) {
+FP_HD T erase_fill(const Index4& p, const Geometry& g, int64_t k, int64_t count, const T* fill,
+                   const int64_t* seeds) {
   return seeds ? noise_value<T, Conv>(static_cast<uint32_t>(seeds[p.n]), noise_counter(p, g))
-               : fill[p.c];
+               : fill[(p.n * count + k) * g.c + p.c];
 }
 
 template <typename T, typename Conv>
@@ -193,8 +197,9 @@ FP_HD T erase_element(int64_t i, const T* in, const Strides& s, bool channels_la
                       const Geometry& g, const int64_t* boxes, int64_t count, const T* fill,
                       const int64_t* seeds) {
   const Index4 p = dense_index(i, g, channels_last);
-  if (any_box_contains(boxes + p.n * count * 4, count, p.y, p.x)) {
-    return erase_fill<T, Conv>(p, g, fill, seeds);
+  const int64_t k = last_box_containing(boxes + p.n * count * 4, count, p.y, p.x);
+  if (k >= 0) {
+    return erase_fill<T, Conv>(p, g, k, count, fill, seeds);
   }
   return in[strided_offset(p, s)];
 }
@@ -206,8 +211,9 @@ FP_HD void erase_inplace_element(int64_t i, T* images, const Strides& s, const G
                                  const int64_t* boxes, int64_t count, const T* fill,
                                  const int64_t* seeds) {
   const Index4 p = dense_index(i, g, false);
-  if (any_box_contains(boxes + p.n * count * 4, count, p.y, p.x)) {
-    images[strided_offset(p, s)] = erase_fill<T, Conv>(p, g, fill, seeds);
+  const int64_t k = last_box_containing(boxes + p.n * count * 4, count, p.y, p.x);
+  if (k >= 0) {
+    images[strided_offset(p, s)] = erase_fill<T, Conv>(p, g, k, count, fill, seeds);
   }
 }
 

@@ -4,27 +4,21 @@
   encoded dataset (an HDF5 pack of JPEGs), on the GPU or in DALI's CPU mode.
 * :func:`image_pipeline`: the DALI pipeline behind it, for driving DALI yourself.
 * :class:`EncodedSource`, :class:`FileList`: the inputs; :func:`resolve_device`: how ``device=`` is
-  read.
+  read; :class:`EpochSampler`: what ``DALILoader.sampler`` is.
 """
 
 from fastpipe._optional import require
 
 require("nvidia.dali", extra="dali", package="nvidia-dali-cuda130", feature="fastpipe.dali")
 
-from fastpipe.dali.loader import DALILoader  # noqa: E402
-from fastpipe.dali.pipelines import (  # noqa: E402
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    image_pipeline,
-    resolve_device,
-)
+from fastpipe.dali.loader import DALILoader, EpochSampler  # noqa: E402
+from fastpipe.dali.pipelines import image_pipeline, resolve_device  # noqa: E402
 from fastpipe.dali.sources import EncodedSource, FileList, shard_indices  # noqa: E402
 
 __all__ = [
-    "IMAGENET_MEAN",
-    "IMAGENET_STD",
     "DALILoader",
     "EncodedSource",
+    "EpochSampler",
     "FileList",
     "image_pipeline",
     "resolve_device",

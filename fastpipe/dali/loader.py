@@ -18,31 +18,35 @@ epoch, batch number), and the tags come back out in the same order as DALI's out
 DALI's own reader (``fn.readers.file``) cannot do the last two: it can't restart mid-epoch, and
 its per-epoch shuffling is a bounded buffer over contiguous shards. It is still what
 :func:`fastpipe.dali.image_pipeline` uses for a folder when you drive the pipeline yourself.
+
+Resuming. The order and the position are ours (epoch, batches delivered); the augmentation
+randomness is DALI's, restored with DALI's own checkpointing (``enable_checkpointing=True``,
+``pipe.checkpoint()`` is the state after the last output taken out of the pipeline, so the
+batches still in DALI's prefetch queue are produced again, with the same draws, after a restore).
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
+import hashlib
 import os
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import nvidia.dali
 import torch
 from nvidia.dali.pipeline import Pipeline
 from nvidia.dali.plugin.pytorch import feed_ndarray
 
 from fastpipe._background import BackgroundIterator
-from fastpipe.dali.pipelines import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    Transform,
-    build_pipeline,
-    resolve_device,
-)
-from fastpipe.dali.sources import EncodedSource, open_source
+from fastpipe._compat import shutdown_dali_pipeline
+from fastpipe.dali.pipelines import Transform, build_pipeline, resolve_device
+from fastpipe.dali.sources import EncodedSource, FileList, open_source
 
 _TORCH_DTYPES = {
     "FLOAT": torch.float32, "FLOAT16": torch.float16, "UINT8": torch.uint8, "INT64": torch.int64,
@@ -57,14 +61,19 @@ class _Tag:
     indices: np.ndarray = field(compare=False)
 
 
-def _read_plan(source: EncodedSource, generation: int, epoch: int) -> Iterator[tuple[_Tag, list, np.ndarray]]:
+def _read_plan(
+    source: EncodedSource, generation: int, epoch: int, start: int
+) -> Iterator[tuple[_Tag, list, np.ndarray]]:
     # A module-level generator holding only the source: the reader thread must not keep the
     # feeder (and through it the loader) alive.
     while True:
         for number, indices in enumerate(source.batches(epoch)):
+            if number < start:
+                continue
             data, labels = source.read(indices)
             yield _Tag(generation, epoch, number, indices), data, labels
         epoch += 1
+        start = 0
 
 
 class _Feeder:
@@ -75,16 +84,19 @@ class _Feeder:
         self.read_ahead = read_ahead
         self.in_flight: collections.deque[_Tag] = collections.deque()  # fed, not yet output
         self.generation = 0
-        self.failed: BaseException | None = None  # what the last call raised, to tell it from DALI's errors
+        # What the last call raised, to tell it from DALI's own errors.
+        self.failed: BaseException | None = None
         self._reader: Iterator | None = None
 
-    def restart(self, epoch: int) -> None:
-        """Makes the next batch fed the first of ``epoch``; batches fed before are stale."""
+    def restart(self, epoch: int, start: int = 0) -> None:
+        """Makes the next batch fed batch ``start`` of ``epoch``; batches fed before are stale."""
         self.close()
         self.generation += 1
-        plan = _read_plan(self.source, self.generation, epoch)
+        plan = _read_plan(self.source, self.generation, epoch, start)
         if self.read_ahead > 0:
-            plan = BackgroundIterator(plan, max_prefetch=self.read_ahead, name="fastpipe-dali-reader")
+            plan = BackgroundIterator(
+                plan, max_prefetch=self.read_ahead, name="fastpipe-dali-reader"
+            )
         self._reader = plan
 
     def __call__(self) -> tuple[list[np.ndarray], np.ndarray]:
@@ -108,28 +120,47 @@ def _dali_reason(message: str) -> str:
     lines = [line.strip() for line in message.splitlines()]
     if "encountered:" in lines:
         lines = lines[lines.index("encountered:") + 1:]
-    kept = [line for line in lines if line and not line.startswith(("Current pipeline object", "Critical error", "C++ context"))]
+    boilerplate = ("Current pipeline object", "Critical error", "C++ context")
+    kept = [line for line in lines if line and not line.startswith(boilerplate)]
     return " ".join(kept) or message.strip()
 
 
-def _to_torch(batch: Any, device: torch.device, zero_copy: bool) -> torch.Tensor:
+def _to_torch(
+    batch: Any, device: torch.device, zero_copy: bool, stream: Any = None
+) -> torch.Tensor:
+    """A DALI output as a torch tensor on ``device``.
+
+    ``zero_copy`` (CPU): through DLPack. Outputs of DALI's dynamic executor (its default) stay
+    valid as long as something references them, and the capsule does.
+    Otherwise a copy into memory of torch's allocator. On the GPU it is queued, non-blocking,
+    on ``stream`` (torch's current stream, to which the outputs were bound): no host
+    synchronisation; DALI frees its buffer in that stream's order, so after the copy; and the
+    result is an ordinary torch CUDA tensor, so ``record_stream`` works on it (a DLPack view of
+    DALI's memory would ignore ``record_stream``, and a consumer on another stream, such as
+    DataPrefetcher's side stream, could read a buffer DALI had reused).
+    """
     dense = batch.as_tensor()
-    if zero_copy:
-        # CPU outputs of DALI's dynamic executor (its default) stay valid as long as something
-        # references them, and the DLPack capsule does: no copy, which saves ~15 ms per batch
-        # of 64 float images at 224 on one core.
+    if zero_copy and device.type == "cpu":
         return torch.from_dlpack(dense)
     out = torch.empty(dense.shape(), dtype=_TORCH_DTYPES[dense.dtype.name], device=device)
-    # Copy the way DALI's own PyTorch iterator does; on the GPU ordered on torch's current
-    # stream, so the training step that follows on that stream sees finished data without a
-    # host synchronisation.
-    stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
-    feed_ndarray(dense, out, cuda_stream=stream)
+    if device.type == "cuda":
+        if stream is None:
+            stream = torch.cuda.current_stream(device)
+        # The argument types of DALI's own feed_ndarray: raw pointers as ctypes.c_void_p.
+        dense.copy_to_external(
+            ctypes.c_void_p(out.data_ptr()), ctypes.c_void_p(stream.cuda_stream),
+            non_blocking=True,
+        )
+    else:
+        feed_ndarray(dense, out)
     return out
 
 
 class _PipelineFailure(RuntimeError):
     """DALI reported an error while producing a batch; the pipeline is unusable after it."""
+
+
+_SOURCE_WARNING = "Checkpointing enabled in a pipeline with external source"
 
 
 class _Runtime:
@@ -139,22 +170,25 @@ class _Runtime:
         self.pipe = pipe
         self.feeder = feeder
         self.device = device
-        self.zero_copy = device.type == "cpu" and bool(getattr(pipe, "exec_dynamic", False))
+        self.dynamic = bool(getattr(pipe, "exec_dynamic", False))
         self.started = False
-        # The epoch whose first batch comes out next, when the stream is at an epoch start.
-        self.aligned_epoch: int | None = None
+        # (epoch, batch) that comes out next, when the stream is at an epoch start.
+        self.aligned: tuple[int, int] | None = None
 
-    def start_epoch(self, epoch: int) -> None:
-        if self.aligned_epoch != epoch:
-            self.feeder.restart(epoch)
-            self.aligned_epoch = epoch
+    def start_epoch(self, epoch: int, start: int = 0) -> None:
+        if self.aligned != (epoch, start):
+            self.feeder.restart(epoch, start)
+            self.aligned = (epoch, start)
         if not self.started:
-            self.pipe.build()
+            with warnings.catch_warnings():
+                # The source is ours: the loader restores its position itself.
+                warnings.filterwarnings("ignore", message=_SOURCE_WARNING)
+                self.pipe.build()
             self.started = True
             self._dali(self.pipe.schedule_run)  # fills DALI's prefetch queue
 
     def _dali(self, call: Callable[[], Any]) -> Any:
-        """Runs a pipeline call; DALI's own errors become _PipelineFailure, the feeder's stay as they are."""
+        """Runs a pipeline call; DALI's errors become _PipelineFailure, the feeder's stay."""
         try:
             return call()
         except RuntimeError as error:
@@ -162,27 +196,43 @@ class _Runtime:
                 raise
             raise _PipelineFailure(str(error)) from error
 
+    def _share_outputs(self, stream: Any) -> Any:
+        if stream is not None and self.dynamic:
+            # Outputs bound to torch's current stream: no host synchronisation; the copy and
+            # the training step queued on that stream run after DALI's work.
+            return self._dali(lambda: self.pipe.share_outputs(cuda_stream=stream))
+        return self._dali(self.pipe.share_outputs)
+
     def next_batch(self) -> tuple[_Tag, torch.Tensor, torch.Tensor]:
-        self.aligned_epoch = None
+        self.aligned = None
+        cuda = self.device.type == "cuda"
         while True:
-            outputs = self._dali(self.pipe.share_outputs)
+            # Looked up per batch: the caller may switch streams between steps.
+            stream = torch.cuda.current_stream(self.device) if cuda else None
+            outputs = self._share_outputs(stream)
             tag = self.feeder.in_flight.popleft()
             fresh = tag.generation == self.feeder.generation
             if fresh:
-                images = _to_torch(outputs[0], self.device, self.zero_copy)
-                labels = _to_torch(outputs[1], self.device, self.zero_copy).view(-1)
+                images = _to_torch(outputs[0], self.device, self.dynamic, stream)
+                labels = _to_torch(outputs[1], self.device, self.dynamic, stream).view(-1)
             del outputs
             self.pipe.release_outputs()
             self._dali(self.pipe.schedule_run)
             if fresh:
                 return tag, images, labels
 
+    def checkpoint(self) -> bytes | None:
+        """DALI's state after the last output taken out (None before the first build)."""
+        if not self.started or self.pipe is None:
+            return None
+        return bytes(self.pipe.checkpoint())
+
     def close(self) -> None:
         self.feeder.close()
         pipe, self.pipe = self.pipe, None
         if pipe is not None:
             # Joins DALI's worker threads now rather than whenever the Pipeline is collected.
-            pipe._shutdown()
+            shutdown_dali_pipeline(pipe)
 
 
 class _State:
@@ -190,29 +240,138 @@ class _State:
     def __init__(self) -> None:
         self.runtime: _Runtime | None = None
         self.token = 0
+        # DALI's state for the next pipeline built: from load_state_dict, or saved at close().
+        self.checkpoint: bytes | None = None
 
-    def close(self) -> None:
+    def close(self, keep_checkpoint: bool = True) -> None:
         runtime, self.runtime = self.runtime, None
         if runtime is not None:
+            if keep_checkpoint:
+                try:
+                    saved = runtime.checkpoint()
+                except Exception:  # noqa: BLE001 - a failed pipeline has no state worth keeping
+                    saved = None
+                if saved is not None:
+                    self.checkpoint = saved
             runtime.close()
 
 
-def _resolve_shards(shard_id: int | None, num_shards: int | None) -> tuple[int, int]:
-    if (shard_id is None) != (num_shards is None):
-        raise ValueError("pass both shard_id and num_shards, or neither (then torch.distributed decides)")
-    if shard_id is None:
+def _resolve_shards(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if (rank is None) != (world_size is None):
+        raise ValueError(
+            "pass both rank and world_size, or neither (then torch.distributed decides)"
+        )
+    if rank is None:
         dist = torch.distributed
         if dist.is_available() and dist.is_initialized():
             return dist.get_rank(), dist.get_world_size()
         return 0, 1
-    if not 0 <= shard_id < num_shards:
-        raise ValueError(f"need 0 <= shard_id < num_shards, got shard_id={shard_id}, num_shards={num_shards}")
-    return int(shard_id), int(num_shards)
+    if not 0 <= rank < world_size:
+        raise ValueError(
+            f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}"
+        )
+    return int(rank), int(world_size)
+
+
+def _launched_world_size() -> int:
+    # torchrun, Lightning and accelerate launchers set WORLD_SIZE in every process.
+    value = os.environ.get("WORLD_SIZE", "")
+    return int(value) if value.isdigit() else 1
 
 
 def _random_seed() -> int:
     # From torch's generator, like DataLoader's base seed, so torch.manual_seed reproduces it.
     return int(torch.empty((), dtype=torch.int64).random_().item()) % 2**31
+
+
+def dataset_fingerprint(dataset: Any) -> str:
+    """A short hash of what a dataset holds: its length and, where the dataset says, its file
+    paths and labels (a :class:`FileList`, a pack's file and ``targets``/``labels``)."""
+    digest = hashlib.sha256(f"{type(dataset).__name__}:{len(dataset)}".encode())
+    if isinstance(dataset, FileList):
+        digest.update("\0".join(dataset.files).encode())
+        digest.update(dataset.targets.tobytes())
+    else:
+        for name in ("targets", "labels"):
+            value = getattr(dataset, name, None)
+            if isinstance(value, (np.ndarray, torch.Tensor, list, tuple)):
+                digest.update(np.asarray(value, dtype=np.int64).tobytes())
+                break
+        for name in ("filename", "root", "path"):
+            value = getattr(dataset, name, None)
+            if isinstance(value, (str, os.PathLike)):
+                digest.update(os.fspath(value).encode())
+                break
+    return digest.hexdigest()[:16]
+
+
+class EpochSampler:
+    """What a :class:`DALILoader` reads, described the way a ``DataLoader``'s sampler is.
+
+    DALILoader draws its order itself (like ``DistributedSampler``: a permutation per epoch
+    from ``seed`` and the epoch, this rank's share of it); this object exposes that to code
+    that looks for ``loader.sampler``: ``len()`` is the samples per epoch on this rank,
+    iterating gives the indices of the epoch the loader runs next, in order, and
+    ``set_epoch(epoch)`` (which Lightning calls) sets the loader's next epoch.
+    """
+
+    def __init__(self, loader: DALILoader) -> None:
+        self._loader = weakref.ref(loader)
+
+    def _get(self) -> DALILoader:
+        loader = self._loader()
+        if loader is None:
+            raise RuntimeError("the DALILoader of this sampler is gone")
+        return loader
+
+    @property
+    def shuffle(self) -> bool:
+        return self._get().shuffle
+
+    @property
+    def rank(self) -> int:
+        return self._get().rank
+
+    @property
+    def world_size(self) -> int:
+        return self._get().world_size
+
+    @property
+    def seed(self) -> int:
+        return self._get()._source.seed
+
+    @property
+    def epoch(self) -> int:
+        return self._get().epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        self._get().set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return self._get().num_samples
+
+    def __iter__(self) -> Iterator[int]:
+        loader = self._get()
+        return iter(loader._source.indices(loader.epoch).tolist())
+
+    def __repr__(self) -> str:
+        loader = self._loader()
+        if loader is None:
+            return "EpochSampler(<loader gone>)"
+        return (
+            f"EpochSampler(shuffle={loader.shuffle}, rank {loader.rank}/{loader.world_size}, "
+            f"{loader.num_samples} samples per epoch)"
+        )
+
+
+STATE_VERSION = 1
+
+
+def _bytes_tensor(data: bytes | None) -> torch.Tensor:
+    # Bytes as a uint8 tensor: the state stays a dict of numbers, strings and tensors.
+    if not data:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).clone()
 
 
 class DALILoader:
@@ -229,36 +388,45 @@ class DALILoader:
             ``encoded(i) -> (1-D uint8 array of encoded bytes, int label)``, or any dataset with
             ``fetch=``).
         batch_size: samples per batch.
-        train: train transforms (fused decode + random resized crop, flip, optional jitter and
-            cutout) or eval (resize the shorter side to ``size / crop_pct``, centre crop).
+        train: train transforms (fused decode + random resized crop, optional auto-augment,
+            jitter, flip and cutout) or eval (resize the shorter side to ``size / crop_pct``,
+            centre crop).
         size: output side or ``(height, width)``.
-        num_threads: DALI CPU threads.
-        device: ``"auto"`` (GPU when torch and DALI see one, else DALI's CPU mode), ``"cpu"``,
-            ``"gpu"``/``"cuda"``/``"cuda:N"`` (an error without a GPU).
+        num_workers: DALI CPU threads.
+        device: ``None`` (a GPU when torch and DALI see one, else DALI's CPU mode), ``"cpu"``,
+            ``"gpu"``/``"cuda"``/``"cuda:N"`` (an error without a GPU). Without an index: torch's
+            current device, or ``LOCAL_RANK``'s when the script left it at 0 (with a warning).
         shuffle: reshuffle every epoch; defaults to ``train``.
         drop_last: drop the last partial batch.
         seed: order and augmentation seed. ``None``: random (drawn from torch's generator), except
             that the order seed is 0 when sharded, so that all ranks agree on the permutation.
-        dtype: ``torch.float32``/``torch.float16`` normalized, or ``torch.uint8`` raw pixels.
-        layout: ``"NCHW"`` or ``"NHWC"``.
-        mean, std: per channel, 0-1 scale.
-        shard_id, num_shards: this rank's share; by default from ``torch.distributed`` when it is
-            initialized (rank, world size), else the whole dataset. Shards follow
-            ``DistributedSampler``: disjoint and covering the dataset when its size divides by
-            ``num_shards``, otherwise every rank still gets the same count (``drop_last=False``
-            repeats at most ``num_shards - 1`` samples, ``True`` leaves as many out), so all ranks
-            run the same number of steps.
+        dtype: ``torch.float32``/``torch.float16``, or ``torch.uint8`` raw 0-255 pixels.
+        channels_last: ``(N, 3, H, W)`` batches with ``torch.channels_last`` strides (DALI's
+            ``HWC`` output viewed as ``NCHW``, no copy).
+        mean, std: per channel, 0-1 scale; ``None`` (default): no normalization, float outputs
+            are 0-1. ``fastpipe.IMAGENET_MEAN``/``IMAGENET_STD`` for ImageNet's.
+        rank, world_size: this rank's share; by default from ``torch.distributed`` when it is
+            initialized, else the whole dataset. Shards follow ``DistributedSampler``: disjoint
+            and covering the dataset when its size divides by ``world_size``, otherwise every
+            rank still gets the same count (``drop_last=False`` repeats at most
+            ``world_size - 1`` samples, ``True`` leaves as many out), so all ranks run the same
+            number of steps.
         root: base folder for relative paths of a list file.
-        scale, ratio, flip, color_jitter, crop_pct, cutout, cutout_size: see
-            :func:`fastpipe.dali.image_pipeline`.
-        prefetch_queue_depth: batches DALI prepares ahead.
-        read_ahead: batches of encoded bytes a background thread reads ahead (0: read in the
-            calling thread).
+        scale, ratio, hflip, color_jitter, crop_pct, interpolation, auto_augment, cutout_holes,
+            cutout_size: see :func:`fastpipe.dali.image_pipeline`. ``auto_augment="augmix"`` is
+            refused here (DALI has no AugMix; the fast CPU path runs it).
+        prefetch_depth: batches DALI prepares ahead; a reader thread reads as many batches of
+            encoded bytes ahead of DALI.
         fetch: ``fetch(index) -> (data, label)`` to read a dataset without ``encoded()``.
 
     Yields:
-        ``images``: ``(N, 3, H, W)`` (or ``(N, H, W, 3)``) of ``dtype`` on :attr:`device`;
-        ``labels``: ``(N,)`` int64 on :attr:`device`.
+        ``images``: ``(N, 3, H, W)`` of ``dtype`` on :attr:`device`; ``labels``: ``(N,)`` int64
+        on :attr:`device`.
+
+    Like a ``DataLoader`` it has ``dataset``, ``sampler`` (an :class:`EpochSampler` describing
+    the order), ``batch_sampler`` (``None``: DALI forms the batches), ``batch_size``,
+    ``drop_last``, ``num_workers``, ``len()`` and ``set_epoch``; and ``state_dict()`` /
+    ``load_state_dict()`` to resume mid-epoch with the same batches.
 
     The pipeline and its threads live until :meth:`close` (or ``with``, or garbage collection),
     so the next epoch's first batches are ready when it starts. A new ``iter()`` ends the epoch
@@ -272,44 +440,47 @@ class DALILoader:
         batch_size: int,
         train: bool = True,
         size: int | Sequence[int] = 224,
-        num_threads: int = 2,
-        device: str | int | torch.device = "auto",
+        num_workers: int = 2,
+        device: str | int | torch.device | None = None,
         shuffle: bool | None = None,
         drop_last: bool = False,
         seed: int | None = None,
         dtype: torch.dtype = torch.float32,
-        layout: str = "NCHW",
-        mean: Sequence[float] = IMAGENET_MEAN,
-        std: Sequence[float] = IMAGENET_STD,
-        shard_id: int | None = None,
-        num_shards: int | None = None,
+        channels_last: bool = False,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
         root: str | os.PathLike | None = None,
         scale: Sequence[float] = (0.08, 1.0),
         ratio: Sequence[float] = (3 / 4, 4 / 3),
-        flip: float = 0.5,
+        hflip: float = 0.5,
         color_jitter: float | Sequence[float] | None = None,
         crop_pct: float = 0.875,
-        cutout: float = 0.0,
-        cutout_size: float = 0.5,
-        prefetch_queue_depth: int = 2,
-        read_ahead: int = 2,
+        interpolation: Any = "bilinear",
+        auto_augment: str | None = None,
+        cutout_holes: int = 0,
+        cutout_size: int = 16,
+        prefetch_depth: int = 2,
         fetch: Callable[[int], tuple[Any, Any]] | None = None,
     ) -> None:
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        if not isinstance(num_threads, int) or num_threads < 1:
-            raise ValueError(f"num_threads must be a positive int, got {num_threads!r}")
-        if not isinstance(prefetch_queue_depth, int) or prefetch_queue_depth < 1:
-            raise ValueError(f"prefetch_queue_depth must be a positive int, got {prefetch_queue_depth!r}")
-        if not isinstance(read_ahead, int) or read_ahead < 0:
-            raise ValueError(f"read_ahead must be an int >= 0, got {read_ahead!r}")
+        for name, value in (
+            ("batch_size", batch_size), ("num_workers", num_workers),
+            ("prefetch_depth", prefetch_depth),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
         self.transform = Transform.create(
-            train=train, size=size, scale=scale, ratio=ratio, flip=flip, color_jitter=color_jitter,
-            crop_pct=crop_pct, mean=mean, std=std, dtype=dtype, layout=layout, cutout=cutout,
-            cutout_size=cutout_size,
+            train=train, size=size, scale=scale, ratio=ratio, hflip=hflip,
+            color_jitter=color_jitter, crop_pct=crop_pct, interpolation=interpolation,
+            auto_augment=auto_augment, mean=mean, std=std, dtype=dtype,
+            channels_last=channels_last, cutout_holes=cutout_holes, cutout_size=cutout_size,
         )
         self._device_id = resolve_device(device)
-        self.device = torch.device("cpu") if self._device_id is None else torch.device("cuda", self._device_id)
+        if self._device_id is None:
+            self.device = torch.device("cpu")
+        else:
+            self.device = torch.device("cuda", self._device_id)
 
         if isinstance(source, (str, os.PathLike)):
             source = open_source(source, root=root)
@@ -317,31 +488,50 @@ class DALILoader:
             raise ValueError("root= applies to a list file source only")
         self.dataset = source
         self.classes: list[str] | None = getattr(source, "classes", None)
-        self.shard_id, self.num_shards = _resolve_shards(shard_id, num_shards)
+        self.rank, self.world_size = _resolve_shards(rank, world_size)
+        self._shards_from_group = rank is None
+        if self._shards_from_group and self.world_size == 1 and _launched_world_size() > 1:
+            warnings.warn(
+                f"WORLD_SIZE={_launched_world_size()} but torch.distributed is not initialized "
+                "yet, so this DALILoader reads the whole dataset on every rank; build it after "
+                "init_process_group (in Lightning: in train_dataloader()) or pass rank= and "
+                "world_size=",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         self.shuffle = bool(train) if shuffle is None else bool(shuffle)
         self.drop_last = bool(drop_last)
         self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.prefetch_depth = prefetch_depth
         if seed is None:
-            order_seed = 0 if self.num_shards > 1 else _random_seed()
+            order_seed = 0 if self.world_size > 1 else _random_seed()
             augment_seed = _random_seed()
         else:
             order_seed = augment_seed = int(seed)
-        self._augment_seed = int(np.random.SeedSequence([augment_seed, self.shard_id]).generate_state(1)[0] % 2**31)
+        self._augment_seed = int(
+            np.random.SeedSequence([augment_seed, self.rank]).generate_state(1)[0] % 2**31
+        )
         self._source = EncodedSource(
             source, batch_size=batch_size, shuffle=self.shuffle, seed=order_seed,
-            shard_id=self.shard_id, num_shards=self.num_shards, drop_last=self.drop_last, fetch=fetch,
+            rank=self.rank, world_size=self.world_size, drop_last=self.drop_last, fetch=fetch,
         )
         if len(self._source) == 0:
             raise ValueError(
-                f"no batches: this shard has {self._source.num_samples} samples per epoch, fewer than "
-                f"batch_size={batch_size}, and drop_last=True drops them"
+                f"no batches: this shard has {self._source.num_samples} samples per epoch, "
+                f"fewer than batch_size={batch_size}, and drop_last=True drops them"
             )
-        self._num_threads = num_threads
-        self._prefetch_queue_depth = prefetch_queue_depth
-        self._read_ahead = read_ahead
+        self.sampler = EpochSampler(self)
+        self.batch_sampler = None
+        self._fingerprint: str | None = None
         self._next_epoch = 0
+        # (epoch, batch) where the next iter() resumes, set by load_state_dict.
+        self._resume: tuple[int, int] | None = None
+        # [epoch, batches delivered] of the latest epoch iterator.
+        self._progress: list[int] | None = None
         self._state = _State()
-        self._finalizer = weakref.finalize(self, self._state.close)
+        # A collected loader has no one to resume it: no checkpoint to save.
+        self._finalizer = weakref.finalize(self, self._state.close, False)
 
     @property
     def num_samples(self) -> int:
@@ -355,63 +545,98 @@ class DALILoader:
     @property
     def epoch(self) -> int:
         """The epoch the next ``iter()`` runs (0 at the start)."""
-        return self._next_epoch
+        return self._resume[0] if self._resume is not None else self._next_epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Makes the next ``iter()`` run ``epoch`` (to resume a run with the same shuffles)."""
-        if not isinstance(epoch, int) or epoch < 0:
+        """Makes the next ``iter()`` run ``epoch`` from its start (``DistributedSampler``'s
+        name; Lightning calls it through :attr:`sampler`)."""
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
             raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        if self._resume is not None and self._resume[0] == epoch:
+            return  # a resumed epoch continues where it stopped
+        self._resume = None
+        self._progress = None
         self._next_epoch = epoch
 
-    def _new_pipeline(self, feeder: Callable, *, decode_device: str | None = None) -> Pipeline:
-        """An unbuilt pipeline fed by ``feeder``; ``decode_device`` overrides the device's choice."""
+    def _new_pipeline(
+        self, feeder: Callable, *, decode_device: str | None = None,
+        checkpoint: bytes | None = None,
+    ) -> Pipeline:
+        """An unbuilt pipeline fed by ``feeder``; ``decode_device`` overrides the device's."""
         if decode_device is None:
             decode_device = "cpu" if self._device_id is None else "mixed"
+        extra: dict[str, Any] = {"enable_checkpointing": True}
+        if checkpoint is not None:
+            extra["checkpoint"] = checkpoint
         return build_pipeline(
             feeder, transform=self.transform, batch_size=self.batch_size,
-            num_threads=self._num_threads, device_id=self._device_id, decode_device=decode_device,
-            seed=self._augment_seed, prefetch_queue_depth=self._prefetch_queue_depth,
+            num_workers=self.num_workers, device_id=self._device_id,
+            decode_device=decode_device, seed=self._augment_seed,
+            prefetch_depth=self.prefetch_depth, **extra,
         )
 
     def _runtime(self) -> _Runtime:
         state = self._state
         if state.runtime is None:
-            feeder = _Feeder(self._source, self._read_ahead)
-            state.runtime = _Runtime(self._new_pipeline(feeder), feeder, self.device)
+            feeder = _Feeder(self._source, self.prefetch_depth)
+            pipe = self._new_pipeline(feeder, checkpoint=state.checkpoint)
+            state.checkpoint = None  # the live pipeline carries the state from here on
+            state.runtime = _Runtime(pipe, feeder, self.device)
         return state.runtime
 
+    def _check_shards(self) -> None:
+        """Refuses to run unsharded when the process group appeared after construction."""
+        if not self._shards_from_group:
+            return
+        now = _resolve_shards(None, None)
+        if now != (self.rank, self.world_size):
+            raise RuntimeError(
+                f"this DALILoader was built as rank {self.rank} of {self.world_size}, but "
+                f"torch.distributed now says rank {now[0]} of {now[1]}: it was built before "
+                "init_process_group and would give every rank the wrong share. Build it after "
+                "init_process_group (in Lightning: in train_dataloader()), or pass rank= and "
+                "world_size="
+            )
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        epoch = self._next_epoch
-        self._next_epoch += 1
+        self._check_shards()
+        if self._resume is not None:
+            epoch, start = self._resume
+            self._resume = None
+            self._next_epoch = epoch
+        else:
+            epoch, start = self._next_epoch, 0
+        self._next_epoch = epoch + 1
         self._state.token += 1
+        self._progress = [epoch, start]
         runtime = self._runtime()
         try:
-            runtime.start_epoch(epoch)
+            runtime.start_epoch(epoch, start)
         except BaseException:
-            self._state.close()
+            self._state.close(keep_checkpoint=False)
             raise
-        return _EpochIterator(self, epoch, self._state.token)
+        return _EpochIterator(self, epoch, self._state.token, start)
 
     def _next_batch(self, token: int) -> tuple[_Tag, torch.Tensor, torch.Tensor]:
         state = self._state
         if token != state.token or state.runtime is None:
             raise RuntimeError(
-                "this epoch iterator has ended: a newer iter(loader) started another epoch, or the "
-                "loader was closed"
+                "this epoch iterator has ended: a newer iter(loader) started another epoch, or "
+                "the loader was closed"
             )
         runtime = state.runtime
         try:
             return runtime.next_batch()
         except _PipelineFailure as error:
             suspects = list(runtime.feeder.in_flight)
-            state.close()
+            state.close(keep_checkpoint=False)
             raise self._explain(error, suspects) from error.__cause__
         except BaseException:
-            state.close()
+            state.close(keep_checkpoint=False)
             raise
 
     def _explain(self, error: RuntimeError, suspects: list[_Tag]) -> Exception:
-        """Turns a DALI failure into an error naming the sample, found among the batches in flight."""
+        """A DALI failure as an error naming the sample, found among the batches in flight."""
         from fastpipe.data import CorruptImageError, decode_rgb
 
         reason = _dali_reason(str(error))
@@ -423,13 +648,135 @@ class DALILoader:
                     decode_rgb(data, name)
                 except (CorruptImageError, FileNotFoundError, TypeError) as bad:
                     return type(bad)(
-                        f"{bad} (DALI reported: {reason}). Remove or replace this image; for a list "
-                        "file, drop its line"
+                        f"{bad} (DALI reported: {reason}). Remove or replace this image; for a "
+                        "list file, drop its line"
                     )
-        return RuntimeError(f"DALI failed in epoch {suspects[0].epoch if suspects else '?'}: {reason}")
+        epoch = suspects[0].epoch if suspects else "?"
+        return RuntimeError(f"DALI failed in epoch {epoch}: {reason}")
+
+    # ---- resume ------------------------------------------------------------------------------
+
+    def _identity(self) -> dict[str, Any]:
+        """What a state must agree on to apply to this loader."""
+        if self._fingerprint is None:
+            self._fingerprint = dataset_fingerprint(self.dataset)
+        return {
+            "dataset_length": len(self.dataset),
+            "dataset_fingerprint": self._fingerprint,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+            "shuffle": self.shuffle,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "decode_device": "cpu" if self._device_id is None else "mixed",
+            "transform": hashlib.sha256(repr(self.transform).encode()).hexdigest()[:16],
+        }
+
+    def _position(self) -> tuple[int, int]:
+        if self._resume is not None:
+            return self._resume
+        if self._progress is not None and self._progress[1] < len(self):
+            return self._progress[0], self._progress[1]
+        return self._next_epoch, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is, as a plain dict (``torch.save`` and DCP take it).
+
+        Taken after the training loop received batch ``k`` of an epoch, the restored loader's
+        next ``iter()`` yields batch ``k + 1`` of that epoch, and every later batch, exactly as
+        this loader would have (``torch.equal``), including the batches that were already in
+        DALI's prefetch queue. Between epochs it points at the next epoch's first batch.
+        """
+        epoch, done = self._position()
+        runtime = self._state.runtime
+        exact = True
+        try:
+            checkpoint = runtime.checkpoint() if runtime is not None else None
+        except Exception as error:  # noqa: BLE001 - any DALI failure: resume the order only
+            warnings.warn(
+                f"DALI could not save its state ({_dali_reason(str(error))}); a loader restored "
+                "from this state reads the same samples in the same order, but its augmentation "
+                "draws will differ from this run's",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            checkpoint, exact = None, False
+        if checkpoint is None and exact:
+            checkpoint = self._state.checkpoint
+        return {
+            "version": STATE_VERSION,
+            **self._identity(),
+            "dali_version": nvidia.dali.__version__,
+            "epoch": epoch,
+            "batches_yielded": done,
+            "exact": exact,
+            "order_seed": self._source.seed,
+            "augment_seed": self._augment_seed,
+            "dali_checkpoint": _bytes_tensor(checkpoint),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores a :meth:`state_dict`: the next ``iter()`` continues where it was taken.
+
+        Refuses (``ValueError``) a state of another version, of another dataset (length or
+        fingerprint of paths and labels), or of a loader that would produce other batches: batch
+        size, ``drop_last``, ``shuffle``, the transforms, CPU vs GPU decoding, ``rank`` and
+        ``world_size``. The pipeline is rebuilt at the next ``iter()``.
+        """
+        if not isinstance(state, dict) or "version" not in state:
+            raise ValueError("not a DALILoader state: expected the dict of state_dict()")
+        if state["version"] != STATE_VERSION:
+            raise ValueError(
+                f"this state has version {state['version']!r}, this fastpipe reads version "
+                f"{STATE_VERSION}; it cannot resume from it"
+            )
+        mine = self._identity()
+        for key, value in mine.items():
+            theirs = state.get(key)
+            if theirs != value:
+                hint = ""
+                if key == "world_size":
+                    hint = (
+                        "; DALILoader resumes only with the same world size (each rank's share "
+                        "and position differ otherwise): restart the epoch with set_epoch"
+                    )
+                elif key.startswith("dataset"):
+                    hint = "; this state was saved by a loader over another dataset"
+                raise ValueError(
+                    f"cannot load this DALILoader state: its {key} is {theirs!r}, this loader's "
+                    f"is {value!r}{hint}"
+                )
+        epoch, done = int(state["epoch"]), int(state["batches_yielded"])
+        if epoch < 0 or not 0 <= done <= len(self):
+            raise ValueError(f"bad position in the state: epoch {epoch}, batch {done}")
+        if state.get("dali_version") != nvidia.dali.__version__:
+            warnings.warn(
+                f"this state was saved with DALI {state.get('dali_version')}, this is DALI "
+                f"{nvidia.dali.__version__}: the order resumes exactly, the augmentation draws "
+                "may differ from the interrupted run",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        if not state.get("exact", True):
+            warnings.warn(
+                "this state has no DALI checkpoint (DALI could not save one): the order resumes "
+                "exactly, the augmentation draws differ from the interrupted run",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        checkpoint = state["dali_checkpoint"]
+        self._state.token += 1
+        self._state.close(keep_checkpoint=False)
+        self._state.checkpoint = bytes(checkpoint.numpy().tobytes()) if checkpoint.numel() else None
+        self._source.seed = int(state["order_seed"])
+        self._augment_seed = int(state["augment_seed"])
+        self._progress = None
+        self._resume = (epoch, done) if done < len(self) else (epoch + 1, 0)
+        self._next_epoch = self._resume[0]
 
     def close(self) -> None:
-        """Stops the pipeline and the reader thread now. Iterating again builds a new pipeline."""
+        """Stops the pipeline and the reader thread now. Iterating again builds a new pipeline
+        (which continues the augmentation randomness where this one stopped)."""
         self._state.token += 1
         self._state.close()
 
@@ -442,20 +789,25 @@ class DALILoader:
     def __repr__(self) -> str:
         mode = "train" if self.transform.train else "eval"
         return (
-            f"DALILoader({self.dataset!r}, {mode}, batch_size={self.batch_size}, {len(self)} batches, "
-            f"device={self.device}, shard {self.shard_id}/{self.num_shards})"
+            f"DALILoader({self.dataset!r}, {mode}, batch_size={self.batch_size}, {len(self)} "
+            f"batches, device={self.device}, rank {self.rank}/{self.world_size})"
         )
+
+    def _fastpipe_describe(self) -> dict[str, Any]:
+        """Tells ``fastpipe.profile`` what this is and the settings its advice uses."""
+        return {"kind": "DALILoader", "batch_size": self.batch_size,
+                "dataset": type(self.dataset).__name__}
 
 
 class _EpochIterator:
     """One epoch of a :class:`DALILoader`; ``len()`` is the number of batches left."""
 
-    def __init__(self, loader: DALILoader, epoch: int, token: int) -> None:
+    def __init__(self, loader: DALILoader, epoch: int, token: int, start: int = 0) -> None:
         self._loader = loader
         self.epoch = epoch
         self._token = token
         self._length = len(loader)
-        self._batch = 0
+        self._batch = start
 
     def __iter__(self) -> _EpochIterator:
         return self
@@ -466,14 +818,19 @@ class _EpochIterator:
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._batch >= self._length:
             raise StopIteration
-        tag, images, labels = self._loader._next_batch(self._token)
+        loader = self._loader
+        tag, images, labels = loader._next_batch(self._token)
         if (tag.epoch, tag.batch) != (self.epoch, self._batch):  # pragma: no cover - invariant
             raise AssertionError(f"expected batch {self._batch} of epoch {self.epoch}, got {tag}")
         self._batch += 1
+        if self._token == loader._state.token and loader._progress is not None:
+            loader._progress[1] = self._batch
         if self._batch == self._length:
             # The plan runs on into the next epoch, so its first batches are already in flight.
-            runtime = self._loader._state.runtime
+            runtime = loader._state.runtime
             if runtime is not None:
-                runtime.aligned_epoch = self.epoch + 1
+                runtime.aligned = (self.epoch + 1, 0)
+        if loader.transform.channels_last:
+            # DALI's HWC samples viewed as NCHW: torch.channels_last strides, no copy.
+            images = images.permute(0, 3, 1, 2)
         return images, labels
-

@@ -1,4 +1,4 @@
-"""What a DALI pipeline reads: file lists (ImageFolder trees, list files) and encoded-sample sources.
+"""What a DALI pipeline reads: file lists (ImageFolder trees, list files) and encoded samples.
 
 Two kinds of input feed :func:`fastpipe.dali.image_pipeline`:
 
@@ -44,28 +44,28 @@ class FileList:
 
     Attributes:
         files: absolute paths, as strings.
-        labels: ``(N,)`` int64 array.
+        targets: ``(N,)`` int64 array of labels.
         classes: class names by label for an ImageFolder tree, else ``None``.
     """
 
     def __init__(
         self,
         files: Sequence[str | os.PathLike],
-        labels: Sequence[int] | np.ndarray,
+        targets: Sequence[int] | np.ndarray,
         classes: Sequence[str] | None = None,
     ) -> None:
         self.files = [os.fspath(f) for f in files]
-        self.labels = np.asarray(labels, dtype=np.int64).reshape(-1)
+        self.targets = np.asarray(targets, dtype=np.int64).reshape(-1)
         self.classes = list(classes) if classes is not None else None
-        if len(self.files) != len(self.labels):
+        if len(self.files) != len(self.targets):
             raise ValueError(
-                f"FileList got {len(self.files)} files but {len(self.labels)} labels; "
+                f"FileList got {len(self.files)} files but {len(self.targets)} labels; "
                 "pass one label per file"
             )
         if len(self.files) == 0:
             raise ValueError("FileList got no files; pass at least one image")
-        if self.labels.min() < 0:
-            raise ValueError(f"labels must be >= 0, got {int(self.labels.min())}")
+        if self.targets.min() < 0:
+            raise ValueError(f"labels must be >= 0, got {int(self.targets.min())}")
 
     @classmethod
     def from_path(cls, path: str | os.PathLike, root: str | os.PathLike | None = None) -> FileList:
@@ -149,7 +149,8 @@ class FileList:
                 labels.append(label)
         if missing:
             shown = "; ".join(missing[:_MAX_LISTED_PROBLEMS])
-            more = f" and {len(missing) - _MAX_LISTED_PROBLEMS} more" if len(missing) > _MAX_LISTED_PROBLEMS else ""
+            extra = len(missing) - _MAX_LISTED_PROBLEMS
+            more = f" and {extra} more" if extra > 0 else ""
             raise FileNotFoundError(
                 f"{list_file} names {len(missing)} image(s) that do not exist ({shown}{more}); "
                 f"fix the paths (relative paths are read from {base}) or remove those lines"
@@ -171,7 +172,7 @@ class FileList:
                 f"image {path} disappeared after the file list was made; restore it or rebuild "
                 "the list"
             ) from None
-        return data, int(self.labels[index])
+        return data, int(self.targets[index])
 
     def describe(self, index: int) -> str:
         """How error messages name sample ``index``: its path."""
@@ -180,7 +181,7 @@ class FileList:
     def subset(self, indices: Sequence[int] | np.ndarray) -> FileList:
         """The files at ``indices``, in that order (repeats allowed)."""
         indices = np.asarray(indices, dtype=np.int64)
-        return FileList([self.files[i] for i in indices], self.labels[indices], self.classes)
+        return FileList([self.files[i] for i in indices], self.targets[indices], self.classes)
 
     def __repr__(self) -> str:
         return f"FileList({len(self)} files, {len(self.classes or ())} classes)"
@@ -216,33 +217,33 @@ def shard_indices(
     epoch: int = 0,
     seed: int = 0,
     shuffle: bool = False,
-    shard_id: int = 0,
-    num_shards: int = 1,
+    rank: int = 0,
+    world_size: int = 1,
     drop_last: bool = False,
 ) -> np.ndarray:
-    """The sample indices shard ``shard_id`` reads in ``epoch``, in reading order: ``(n,)`` int64.
+    """The sample indices shard ``rank`` reads in ``epoch``, in reading order: ``(n,)`` int64.
 
     The rule of ``torch.utils.data.DistributedSampler``: every shard draws the same permutation
     (seeded by ``seed`` and ``epoch``, so it changes every epoch), then takes every
-    ``num_shards``-th index from position ``shard_id``. Shards are disjoint and together cover the
-    dataset when ``num_samples`` divides by ``num_shards``; otherwise every shard still gets the
+    ``world_size``-th index from position ``rank``. Shards are disjoint and together cover the
+    dataset when ``num_samples`` divides by ``world_size``; otherwise every shard still gets the
     same count, so all ranks run the same number of steps: ``drop_last=False`` repeats the first
-    few indices of the permutation (at most ``num_shards - 1`` samples seen twice), and
-    ``drop_last=True`` leaves out the last ``num_samples % num_shards`` of it.
+    few indices of the permutation (at most ``world_size - 1`` samples seen twice), and
+    ``drop_last=True`` leaves out the last ``num_samples % world_size`` of it.
     """
-    if num_shards < 1 or not 0 <= shard_id < num_shards:
-        raise ValueError(f"need 0 <= shard_id < num_shards, got shard_id={shard_id}, num_shards={num_shards}")
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
     if shuffle:
         order = np.random.default_rng([seed, epoch]).permutation(num_samples)
     else:
         order = np.arange(num_samples)
-    if num_shards > 1:
+    if world_size > 1:
         if drop_last:
-            order = order[: num_samples - num_samples % num_shards]
+            order = order[: num_samples - num_samples % world_size]
         else:
-            total = math.ceil(num_samples / num_shards) * num_shards
+            total = math.ceil(num_samples / world_size) * world_size
             order = np.resize(order, total)  # np.resize repeats from the start
-        order = order[shard_id::num_shards]
+        order = order[rank::world_size]
     return order.astype(np.int64, copy=False)
 
 
@@ -250,7 +251,10 @@ def _as_encoded(data: Any, label: Any, where: str) -> tuple[np.ndarray, np.int64
     if isinstance(data, (bytes, bytearray, memoryview)):
         data = np.frombuffer(data, dtype=np.uint8)
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 1:
-        got = f"{data.dtype} array of shape {data.shape}" if isinstance(data, np.ndarray) else type(data).__name__
+        if isinstance(data, np.ndarray):
+            got = f"{data.dtype} array of shape {data.shape}"
+        else:
+            got = type(data).__name__
         raise TypeError(
             f"{where} must give (encoded image as a 1-D uint8 array or bytes, int label), got {got}"
         )
@@ -289,8 +293,8 @@ class EncodedSource:
         batch_size: int,
         shuffle: bool = False,
         seed: int = 0,
-        shard_id: int = 0,
-        num_shards: int = 1,
+        rank: int = 0,
+        world_size: int = 1,
         drop_last: bool = False,
         epoch: int = 0,
         fetch: Callable[[int], tuple[Any, Any]] | None = None,
@@ -307,7 +311,9 @@ class EncodedSource:
         try:
             size = len(dataset)
         except TypeError:
-            raise TypeError(f"{type(dataset).__name__} has no len(); an encoded dataset needs __len__") from None
+            raise TypeError(
+                f"{type(dataset).__name__} has no len(); an encoded dataset needs __len__"
+            ) from None
         if size == 0:
             raise ValueError(f"the dataset {dataset!r} is empty")
         self.dataset = dataset
@@ -315,8 +321,8 @@ class EncodedSource:
         self.batch_size = batch_size
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
-        self.shard_id = int(shard_id)
-        self.num_shards = int(num_shards)
+        self.rank = int(rank)
+        self.world_size = int(world_size)
         self.drop_last = bool(drop_last)
         self._dataset_size = size
         self._next_epoch = int(epoch)
@@ -337,18 +343,21 @@ class EncodedSource:
         """This shard's sample indices for ``epoch``, in reading order."""
         return shard_indices(
             self._dataset_size, epoch=epoch, seed=self.seed, shuffle=self.shuffle,
-            shard_id=self.shard_id, num_shards=self.num_shards, drop_last=self.drop_last,
+            rank=self.rank, world_size=self.world_size, drop_last=self.drop_last,
         )
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         """This shard's index batches for ``epoch``; the last is partial unless ``drop_last``."""
         indices = self.indices(epoch)
-        return [indices[start:start + self.batch_size] for start in range(0, len(self) * self.batch_size, self.batch_size)]
+        step = self.batch_size
+        return [indices[start:start + step] for start in range(0, len(self) * step, step)]
 
     def describe(self, index: int) -> str:
         """How error messages name sample ``index``."""
         describe = getattr(self.dataset, "describe", None)
-        return describe(index) if callable(describe) else f"sample {index} of {type(self.dataset).__name__}"
+        if callable(describe):
+            return describe(index)
+        return f"sample {index} of {type(self.dataset).__name__}"
 
     def read(self, indices: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
         """Reads samples ``indices``: (list of 1-D uint8 arrays, ``(n,)`` int64 labels)."""
@@ -359,7 +368,8 @@ class EncodedSource:
             item = self.fetch(index)
             if not isinstance(item, tuple) or len(item) != 2:
                 raise TypeError(
-                    f"{self.describe(index)}: fetch must return a (data, label) pair, got {type(item).__name__}"
+                    f"{self.describe(index)}: fetch must return a (data, label) pair, got "
+                    f"{type(item).__name__}"
                 )
             encoded, labels[position] = _as_encoded(item[0], item[1], self.describe(index))
             data.append(encoded)
@@ -372,6 +382,7 @@ class EncodedSource:
 
     def __repr__(self) -> str:
         return (
-            f"EncodedSource({self.dataset!r}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
-            f"shard {self.shard_id}/{self.num_shards}, {self.num_samples} samples per epoch)"
+            f"EncodedSource({self.dataset!r}, batch_size={self.batch_size}, "
+            f"shuffle={self.shuffle}, "
+            f"shard {self.rank}/{self.world_size}, {self.num_samples} samples per epoch)"
         )

@@ -15,16 +15,10 @@ _EXPORTS = {
     "decode_rgb": "fastpipe.data._decode",
     "ImageFolder": "fastpipe.data.folder",
     "fast_collate": "fastpipe.data.collate",
-    "CorruptInputError": "fastpipe.data._pack",
-    "PackError": "fastpipe.data._pack",
-    "PackFormatError": "fastpipe.data._pack",
-    "PackReport": "fastpipe.data._pack",
-    "VerifyReport": "fastpipe.data._pack",
-    "merge_packs": "fastpipe.data._pack",
-    "pack": "fastpipe.data._pack",
-    "verify": "fastpipe.data._pack",
+    "PackFormatError": "fastpipe.data._pack_format",
     "H5Dataset": "fastpipe.data.h5",
     "LMDBDataset": "fastpipe.data.lmdb",
+    "sample_images": "fastpipe.data.samples",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,4 +1,4 @@
-"""``H5Dataset``: a map-style dataset over an HDF5 pack made by :func:`fastpipe.data.pack`."""
+"""``H5Dataset``: a map-style dataset over an HDF5 pack made by :func:`fastpipe.pack.pack`."""
 
 from __future__ import annotations
 

@@ -10,6 +10,8 @@ import warnings
 
 import torch
 
+from fastpipe._compat import dispatch_has_kernel
+
 # The image ops, with a kernel per device.
 OP_NAMES = ("normalize", "erase", "erase_", "mixup", "mixup_", "cutmix", "cutmix_")
 # Parameter ops: CPU only, since random parameters are always computed on the CPU.
@@ -43,7 +45,7 @@ def _kernels() -> frozenset[tuple[str, str]]:
         if not hasattr(torch.ops.fastpipe, name):
             continue  # an older build of the extension
         for device_type, key in (("cpu", "CPU"), ("cuda", "CUDA")):
-            if torch._C._dispatch_has_kernel_for_dispatch_key(f"fastpipe::{name}", key):
+            if dispatch_has_kernel(f"fastpipe::{name}", key):
                 found.add((name, device_type))
     return frozenset(found)
 

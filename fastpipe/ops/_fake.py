@@ -41,13 +41,21 @@ def _like_input(images: torch.Tensor) -> torch.Tensor:
     )
 
 
+def _check_fill(images: torch.Tensor, boxes: torch.Tensor, fill: torch.Tensor) -> None:
+    n, c = images.shape[0], images.shape[1]
+    torch._check(
+        fill.shape == (c,) or fill.shape == (n, boxes.shape[1], c),
+        lambda: "fill must have C values, or (N, K, C): C per box",
+    )
+
+
 @_register_fake("erase")
 def _erase_fake(images, boxes, fill, seeds):
     _check_images(images, "erase")
     torch._check(
         boxes.dim() == 3 and boxes.shape[0] == images.shape[0], lambda: "boxes must be (N, K, 4)"
     )
-    torch._check(fill.shape == (images.shape[1],), lambda: "fill must have C values")
+    _check_fill(images, boxes, fill)
     return _like_input(images)
 
 
@@ -57,7 +65,7 @@ def _erase_inplace_fake(images, boxes, fill, seeds):
     torch._check(
         boxes.dim() == 3 and boxes.shape[0] == images.shape[0], lambda: "boxes must be (N, K, 4)"
     )
-    torch._check(fill.shape == (images.shape[1],), lambda: "fill must have C values")
+    _check_fill(images, boxes, fill)
     return None
 
 
@@ -77,7 +85,16 @@ def _cutmix_fake(images, boxes):
 
 @_register_fake("erasing_boxes")
 def _erasing_boxes_fake(
-    uniforms, height, width, max_count, p, scale_low, scale_high, log_ratio_low, log_ratio_high
+    uniforms,
+    height,
+    width,
+    max_count,
+    p,
+    scale_low,
+    scale_high,
+    log_ratio_low,
+    log_ratio_high,
+    min_count=1,
 ):
     torch._check(uniforms.dim() == 2, lambda: "uniforms must be (N, 2 + max_count * 22)")
     return uniforms.new_empty((uniforms.shape[0], max_count, 4), dtype=torch.int64)

@@ -232,6 +232,12 @@ def cutout(
     return _apply("cutout", "erase", images, boxes, fill_t, None, inplace=inplace)
 
 
+# The value strings of random_erasing: per-pixel noise (torchvision's 'random', timm's mode
+# 'pixel') and one colour per box and channel (timm's mode 'rand').
+_PIXEL_NOISE = ("random", "pixel")
+_BOX_COLOUR = "rand"
+
+
 def random_erasing(
     images: torch.Tensor,
     p: float = 0.5,
@@ -241,32 +247,59 @@ def random_erasing(
     max_count: int = 1,
     generator: torch.Generator | None = None,
     inplace: bool = False,
+    min_count: int = 1,
 ) -> torch.Tensor:
     """Random Erasing (Zhong et al., 2017) of every sample, as torchvision's and timm's RandomErasing.
 
     Each sample is erased with probability ``p``, in ``count`` rectangles (``count`` uniform in
-    ``1..max_count``, timm's ``count``). A rectangle has an area of ``uniform(scale)`` times the
-    image area divided by ``count``, an aspect ratio ``h / w`` log-uniform in ``ratio``, and a
-    uniformly random position where it fits; ten attempts, else nothing is erased.
+    ``min_count..max_count``, timm's ``count``). A rectangle has an area of ``uniform(scale)``
+    times the image area divided by ``count``, an aspect ratio ``h / w`` log-uniform in
+    ``ratio``, and a uniformly random position where it fits; ten attempts, else nothing is
+    erased. Rectangles are filled in order (where they overlap, the later one's value wins).
 
     Args:
         images: ``(N, C, H, W)`` uint8, float32, float16 or bfloat16, any memory layout; usually
-            after normalize (the noise of ``value='random'`` is in normalized units).
+            after normalize (random values are in normalized units).
         p: probability that a sample is erased.
         scale: (min, max) erased fraction of the image area.
         ratio: (min, max) aspect ratio of the rectangle.
-        value: a number or ``C`` numbers (the images' scale), or ``'random'``: per-pixel noise,
-            approximately N(0, 1) for float images (an Irwin-Hall sum of 12 uniforms, exact on
-            every device) and uniform 0-255 for uint8 images.
+        value: what fills the rectangles (timm's ``mode`` names in brackets):
+
+            - a number or ``C`` numbers, in the images' scale (``0``: timm's ``'const'``);
+            - ``'random'`` or ``'pixel'``: per-pixel noise (torchvision's ``value='random'``,
+              timm's ``'pixel'``), approximately N(0, 1) for float images (an Irwin-Hall sum of
+              12 uniforms, exact on every device) and uniform 0-255 for uint8 images;
+            - ``'rand'``: one colour per rectangle and channel (timm's ``'rand'``), N(0, 1) for
+              float images and uniform 0-255 for uint8 images.
         max_count: the largest number of rectangles per sample.
         generator: a CPU ``torch.Generator`` for all random draws, noise included.
         inplace: erase ``images`` itself and return it (as timm's RandomErasing does; no autograd).
+        min_count: the smallest number of rectangles per sample (timm's ``min_count``).
 
     Returns:
         ``(N, C, H, W)`` like ``images``; differentiable with respect to float images when not in
         place (zero gradient in the erased rectangles).
     """
-    op = "random_erasing"
+    boxes, fill_t, seeds = erasing_params(
+        "random_erasing", images, p, scale, ratio, value, min_count, max_count, generator
+    )
+    return _apply("random_erasing", "erase", images, boxes, fill_t, seeds, inplace=inplace)
+
+
+def erasing_params(
+    op: str,
+    images: torch.Tensor,
+    p: float,
+    scale: tuple[float, float],
+    ratio: tuple[float, float],
+    value: Fill | str,
+    min_count: int,
+    max_count: int,
+    generator: torch.Generator | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Checks random_erasing's arguments and draws its parameters, on the images' device: the
+    ``(N, max_count, 4)`` boxes, the fill (``(C,)``, or ``(N, max_count, C)`` for ``'rand'``) and
+    the ``(N,)`` noise seeds for per-pixel noise (else None)."""
     _check_images(op, images, random_boxes=True)
     if not isinstance(p, numbers.Real) or not 0.0 <= p <= 1.0:
         raise ValueError(f"{op}: p must be a probability in [0, 1], got {p!r}")
@@ -275,18 +308,35 @@ def random_erasing(
     if ratio_range[0] <= 0:
         raise ValueError(f"{op}: ratio must be positive, got {ratio!r}")
     max_count = _check_int(op, "max_count", max_count, 1)
+    min_count = _check_int(op, "min_count", min_count, 1)
+    if min_count > max_count:
+        raise ValueError(
+            f"{op}: min_count ({min_count}) must not exceed max_count ({max_count})"
+        )
     _check_generator(op, generator)
-    random_fill = isinstance(value, str)
-    if random_fill and value != "random":
-        raise ValueError(f"{op}: value must be a number, C numbers or 'random', got {value!r}")
-    fill_t = _fill_values(op, "value", 0 if random_fill else value, images)
-    n, _, h, w = images.shape
-    boxes = _params.erasing_boxes(n, h, w, float(p), scale, ratio_range, max_count, generator)
+    mode = value if isinstance(value, str) else None
+    if mode is not None and mode not in (*_PIXEL_NOISE, _BOX_COLOUR):
+        raise ValueError(
+            f"{op}: value must be a number, C numbers, 'random' or 'pixel' (noise per pixel) or "
+            f"'rand' (one colour per rectangle), got {value!r}"
+        )
+    n, c, h, w = images.shape
+    boxes = _params.erasing_boxes(
+        n, h, w, float(p), scale, ratio_range, max_count, generator, min_count=min_count
+    )
     seeds = None
-    if random_fill:
+    if mode in _PIXEL_NOISE:
+        fill_t = _fill_values(op, "value", 0, images)
         seeds = _to_device(torch.randint(0, 2**32, (n,), generator=generator), images.device)
-    boxes = _to_device(boxes, images.device)
-    return _apply(op, "erase", images, boxes, fill_t, seeds, inplace=inplace)
+    elif mode == _BOX_COLOUR:
+        if images.dtype == torch.uint8:
+            colours = torch.randint(0, 256, (n, max_count, c), generator=generator)
+        else:
+            colours = torch.randn(n, max_count, c, generator=generator)
+        fill_t = _to_device(colours.to(images.dtype), images.device)
+    else:
+        fill_t = _fill_values(op, "value", value, images)
+    return _to_device(boxes, images.device), fill_t, seeds
 
 
 def _check_mix_args(op, images, targets, alpha, num_classes, label_smoothing, generator) -> None:
@@ -422,10 +472,11 @@ def cutmix(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """CutMix (Yun et al., 2019) of a batch with its reverse, as timm's Mixup in 'batch' mode.
 
-    One ``lam ~ Beta(alpha, alpha)`` per call gives one box for the whole batch: sides
-    ``H * sqrt(1 - lam)`` and ``W * sqrt(1 - lam)``, centre uniform over the pixels, clipped at the
-    border. Sample n gets that box from sample ``N - 1 - n``; targets are mixed with the corrected
-    weight ``1 - box area / (H * W)`` (timm's ``correct_lam=True``).
+    One ``lam ~ Beta(alpha, alpha)`` per call gives one box for the whole batch, timm 1.0's
+    ``rand_bbox``: side ``cut = int(H * sqrt(1 - lam))``, rows ``cy - cut // 2`` to
+    ``cy + (cut + 1) // 2`` around a centre uniform over the pixels (columns alike), clipped at
+    the border. Sample n gets that box from sample ``N - 1 - n``; targets are mixed with the
+    corrected weight ``1 - box area / (H * W)`` (timm's ``correct_lam=True``).
 
     Args:
         images: ``(N, C, H, W)`` uint8, float32, float16 or bfloat16, any memory layout.

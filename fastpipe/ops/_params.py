@@ -16,6 +16,7 @@ import math
 import numpy as np
 import torch
 
+from fastpipe._compat import standard_gamma
 from fastpipe.ops import _extension
 
 # torchvision's RandomErasing and timm's make ten attempts at a box that fits, then give up.
@@ -66,15 +67,16 @@ def erasing_boxes(
     ratio: tuple[float, float],
     max_count: int,
     generator: torch.Generator | None = None,
+    min_count: int = 1,
 ) -> torch.Tensor:
     """``(batch, max_count, 4)`` boxes with torchvision's and timm's RandomErasing semantics.
 
-    A sample is erased with probability ``p``, with ``count`` boxes (uniform in 1..max_count, timm's
-    ``count``). Each box tries up to ten times: area ``uniform(scale) * H * W / count``, aspect
-    ratio ``exp(uniform(log ratio))``, ``h = round(sqrt(area * aspect))``,
-    ``w = round(sqrt(area / aspect))``, accepted when ``h < H`` and ``w < W``; its top-left
-    corner is then uniform over the positions where it fits. A box with no accepted attempt is
-    empty (the sample is left as is, as in torchvision).
+    A sample is erased with probability ``p``, with ``count`` boxes (uniform in
+    ``min_count..max_count``, timm's ``count``). Each box tries up to ten times: area
+    ``uniform(scale) * H * W / count``, aspect ratio ``exp(uniform(log ratio))``,
+    ``h = round(sqrt(area * aspect))``, ``w = round(sqrt(area / aspect))``, accepted when
+    ``h < H`` and ``w < W``; its top-left corner is then uniform over the positions where it
+    fits. A box with no accepted attempt is empty (the sample is left as is, as in torchvision).
     """
     # One draw of all the uniforms: per sample apply and count, per box 10 areas, 10 ratios and a
     # position. Their geometry costs less than the overhead of the ~50 small ops below (0.2-0.3 ms
@@ -86,10 +88,11 @@ def erasing_boxes(
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
     if not torch.compiler.is_compiling() and _extension.has_kernel("erasing_boxes", _CPU):
         return torch.ops.fastpipe.erasing_boxes(
-            u, height, width, max_count, p, scale[0], scale[1], log_lo, log_hi
+            u, height, width, max_count, p, scale[0], scale[1], log_lo, log_hi, min_count
         )
     apply = u[:, 0] < p
-    count = torch.floor(u[:, 1] * max_count) + 1  # uniform in 1..max_count
+    # uniform in min_count..max_count
+    count = torch.floor(u[:, 1] * (max_count - min_count + 1)) + min_count
     boxes_u = u[:, 2:].view(batch, k, 2 * a + 2)
     area = (boxes_u[..., :a] * (scale[1] - scale[0]) + scale[0]) * (
         (height * width) / count.view(-1, 1, 1)
@@ -122,7 +125,7 @@ def beta(alpha: float, generator: torch.Generator | None = None) -> torch.Tensor
     weight is taken as ``sigmoid(log X - log Y)`` instead: the same distribution, for any alpha.
     """
     alpha = float(alpha)
-    gammas = torch._standard_gamma(torch.full((2,), alpha + 1.0, dtype=torch.float64), generator=generator)
+    gammas = standard_gamma(torch.full((2,), alpha + 1.0, dtype=torch.float64), generator=generator)
     uniforms = 1.0 - torch.rand(2, dtype=torch.float64, generator=generator)  # (0, 1]: log is finite
     log_draws = gammas.log() + uniforms.log() / alpha
     return torch.sigmoid(log_draws[0] - log_draws[1])
@@ -133,19 +136,20 @@ def cutmix_box(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """timm's CutMix box for a mixing weight ``lam``: ``(4,)`` int64 and the corrected weight.
 
-    The box has sides ``int(H * sqrt(1 - lam))`` and ``int(W * sqrt(1 - lam))`` (each cut to
-    ``2 * (side // 2)``), a centre uniform over the pixels, and is clipped at the border; the
-    corrected weight is ``1 - box area / (H * W)``, the share of each sample that stays its own.
+    The box is timm 1.0's ``rand_bbox``: sides ``cut = int(H * sqrt(1 - lam))`` and
+    ``int(W * sqrt(1 - lam))``, rows ``cy - cut // 2`` to ``cy + (cut + 1) // 2`` (columns alike)
+    around a centre uniform over the pixels, clipped at the border; the corrected weight is
+    ``1 - box area / (H * W)``, the share of each sample that stays its own.
     """
     if not torch.compiler.is_compiling():
         # The same float64 and integer arithmetic on Python numbers: the ~15 small torch ops below
         # cost ~60 us per call, which is most of a small batch's cutmix.
         cut = math.sqrt(1.0 - float(lam))
-        half_h, half_w = int(height * cut) // 2, int(width * cut) // 2
+        cut_h, cut_w = int(height * cut), int(width * cut)
         cy = int(torch.randint(0, height, (), generator=generator))
         cx = int(torch.randint(0, width, (), generator=generator))
-        top, bottom = min(max(cy - half_h, 0), height), min(max(cy + half_h, 0), height)
-        left, right = min(max(cx - half_w, 0), width), min(max(cx + half_w, 0), width)
+        top, bottom = min(max(cy - cut_h // 2, 0), height), min(cy + (cut_h + 1) // 2, height)
+        left, right = min(max(cx - cut_w // 2, 0), width), min(cx + (cut_w + 1) // 2, width)
         corrected = 1.0 - ((bottom - top) * (right - left)) / (height * width)
         return (
             torch.tensor((top, left, bottom, right), dtype=torch.int64),
@@ -156,8 +160,8 @@ def cutmix_box(
     cut_w = (width * cut).to(torch.int64)
     cy = torch.randint(0, height, (), generator=generator)
     cx = torch.randint(0, width, (), generator=generator)
-    top, bottom = (cy - cut_h // 2).clamp(0, height), (cy + cut_h // 2).clamp(0, height)
-    left, right = (cx - cut_w // 2).clamp(0, width), (cx + cut_w // 2).clamp(0, width)
+    top, bottom = (cy - cut_h // 2).clamp(0, height), (cy + (cut_h + 1) // 2).clamp(0, height)
+    left, right = (cx - cut_w // 2).clamp(0, width), (cx + (cut_w + 1) // 2).clamp(0, width)
     box = torch.stack((top, left, bottom, right))
     corrected = 1.0 - ((bottom - top) * (right - left)).to(torch.float64) / (height * width)
     return box, corrected

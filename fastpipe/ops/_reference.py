@@ -86,12 +86,19 @@ def erase(
     fill: torch.Tensor,
     seeds: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Copies ``images`` and fills each sample's ``(N, K, 4)`` boxes with ``fill`` (C values), or with
-    noise keyed by ``seeds`` (``(N,)`` int64): normal for float images, uniform bytes for uint8."""
+    """Copies ``images`` and fills each sample's ``(N, K, 4)`` boxes with ``fill`` (C values for
+    every box, or ``(N, K, C)``: C per box, the later box's where boxes overlap), or with noise
+    keyed by ``seeds`` (``(N,)`` int64): normal for float images, uniform bytes for uint8."""
     n, c, h, w = images.shape
     memory_format = output_format(images)
     if images.numel() == 0 or boxes.shape[1] == 0:
         return images.clone(memory_format=memory_format)
+    if seeds is None and fill.dim() == 3:
+        out = images
+        for k in range(boxes.shape[1]):  # in order: the later box's fill wins
+            inside = _box_mask(boxes[:, k : k + 1], h, w)
+            out = torch.where(inside, fill[:, k].view(n, c, 1, 1), out)
+        return out.contiguous(memory_format=memory_format)
     inside = _box_mask(boxes, h, w)
     if seeds is None:
         out = torch.where(inside, fill.view(1, c, 1, 1), images)

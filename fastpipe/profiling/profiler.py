@@ -20,7 +20,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -137,30 +137,41 @@ class LoaderInfo:
 
     @classmethod
     def of(cls, loader: Any) -> LoaderInfo:
+        """Reads a torch DataLoader's settings; fastpipe's loaders describe themselves through
+        ``_fastpipe_describe()`` (a dict of these fields, and ``"wraps"``: the loader a wrapper
+        such as DataPrefetcher feeds from), so no class is recognised by its name."""
         from torch.utils.data import DataLoader
 
-        from fastpipe.loader import DataLoaderX
-        from fastpipe.prefetch import DataPrefetcher
-
-        info = cls()
-        if isinstance(loader, DataPrefetcher):
-            info.prefetcher = True
-            loader = loader.loader
-        if isinstance(loader, DataLoader):
-            info.kind = "DataLoaderX" if isinstance(loader, DataLoaderX) else "DataLoader"
-            info.num_workers = loader.num_workers
-            info.batch_size = loader.batch_size
-            info.pin_memory = loader.pin_memory
-            info.persistent_workers = loader.persistent_workers
-            info.prefetch_factor = loader.prefetch_factor
-            info.dataset = type(loader.dataset).__name__
-        elif type(loader).__name__ == "DALILoader":
-            info.kind = "DALILoader"
-        try:
-            info.batches_per_epoch = len(loader) or None
-        except TypeError:  # no len(): an iterable dataset or a generator
-            pass
+        described = describe_loader(loader)
+        wrapped = described.pop("wraps", None)
+        if wrapped is not None:
+            info = cls.of(wrapped)
+        else:
+            info = cls()
+            if isinstance(loader, DataLoader):
+                info.kind = "DataLoader"
+                info.num_workers = loader.num_workers
+                info.batch_size = loader.batch_size
+                info.pin_memory = loader.pin_memory
+                info.persistent_workers = loader.persistent_workers
+                info.prefetch_factor = loader.prefetch_factor
+                info.dataset = type(loader.dataset).__name__
+            try:
+                info.batches_per_epoch = len(loader) or None
+            except TypeError:  # no len(): an iterable dataset or a generator
+                pass
+        known = {f.name for f in fields(cls)}
+        for name, value in described.items():
+            if name in known:
+                setattr(info, name, value)
         return info
+
+
+def describe_loader(loader: Any) -> dict[str, Any]:
+    """What ``loader`` says about itself through ``_fastpipe_describe()``; empty when it has no
+    such method (looked up on the class, so a mock's invented attributes do not answer)."""
+    describe = getattr(type(loader), "_fastpipe_describe", None)
+    return dict(describe(loader)) if callable(describe) else {}
 
 
 @dataclass
@@ -565,8 +576,8 @@ def diagnose(summary: ProfileSummary, cuda: bool) -> tuple[str, list[str]]:
         advice.append(
             f"{lead}: the fast CPU path (fastpipe.data.ImageFolder + fastpipe.data.fast_collate, "
             "uint8 until the device), a pack file (`fastpipe pack`, read with "
-            "fastpipe.data.H5Dataset), or DALI (fastpipe.dali.DALILoader; decodes on the GPU with "
-            "device='mixed')."
+            "fastpipe.data.H5Dataset), or DALI (fastpipe.dali.DALILoader; decodes on the GPU "
+            "when there is one)."
         )
     return verdict, advice
 

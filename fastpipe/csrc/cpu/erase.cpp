@@ -72,6 +72,8 @@ FASTPIPE_ALWAYS_INLINE void prefetch_for_write(const T* begin, const T* end) {
 }
 
 // Writes the fill (or noise) into each sample's boxes of images, in place, through its strides.
+// fill holds C values shared by every box, or C values per box ((N, K, C)); boxes are written in
+// order, so where they overlap the later box's fill wins.
 template <typename T>
 void fill_boxes(at::Tensor& images, const at::Tensor& boxes, const at::Tensor& fill,
                 const std::optional<at::Tensor>& seeds) {
@@ -84,6 +86,7 @@ void fill_boxes(at::Tensor& images, const at::Tensor& boxes, const at::Tensor& f
   const int64_t* all_boxes = boxes_c.const_data_ptr<int64_t>();
   const at::Tensor fill_c = fill.contiguous();
   const T* fill_values = fill_c.const_data_ptr<T>();
+  const bool fill_per_box = fill.dim() == 3;
   at::Tensor seeds_c;
   if (seeds.has_value()) {
     seeds_c = seeds->contiguous();
@@ -92,7 +95,7 @@ void fill_boxes(at::Tensor& images, const at::Tensor& boxes, const at::Tensor& f
   T* data = images.mutable_data_ptr<T>();
 
   // One sample per task: boxes of a sample may overlap, boxes of different samples never share
-  // memory. A pixel covered twice gets the same value twice (the fill does not depend on the box).
+  // memory.
   at::parallel_for(0, g.n, sample_grain(g.c * g.h * g.w), [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       T* sample = data + n * s.n;
@@ -103,6 +106,7 @@ void fill_boxes(at::Tensor& images, const at::Tensor& boxes, const at::Tensor& f
         if (bottom <= top || right <= left) {
           continue;
         }
+        const T* box_fill = fill_per_box ? fill_values + (n * count + k) * g.c : fill_values;
         if (seed_values) {
           // erase_fill's noise, a row at a time: the counter of (c, y, x) is (c * H + y) * W + x.
           const uint32_t seed = static_cast<uint32_t>(seed_values[n]);
@@ -118,7 +122,7 @@ void fill_boxes(at::Tensor& images, const at::Tensor& boxes, const at::Tensor& f
             for (int64_t x = left; x < right; ++x) {
               T* pixel = sample + y * s.h + x * s.w;
               for (int64_t c = 0; c < g.c; ++c) {
-                pixel[c * s.c] = fill_values[c];
+                pixel[c * s.c] = box_fill[c];
               }
             }
           }
@@ -135,11 +139,11 @@ void fill_boxes(at::Tensor& images, const at::Tensor& boxes, const at::Tensor& f
               prefetch_for_write(ahead + left, ahead + right);
             }
             T* row = row_at(i);
-            std::fill(row + left, row + right, fill_values[i / rows]);
+            std::fill(row + left, row + right, box_fill[i / rows]);
           }
         } else {
           for (int64_t c = 0; c < g.c; ++c) {
-            const T v = fill_values[c];
+            const T v = box_fill[c];
             for (int64_t y = top; y < bottom; ++y) {
               T* row = sample + c * s.c + y * s.h;
               for (int64_t x = left; x < right; ++x) {
@@ -154,7 +158,8 @@ void fill_boxes(at::Tensor& images, const at::Tensor& boxes, const at::Tensor& f
 }
 
 // Functional erase with a constant fill of a batch dense in the output's layout, in one pass:
-// each row is copied, then its boxes' segments are filled while the row is still in cache.
+// each row is copied, then its boxes' segments are filled, in box order, while the row is still
+// in cache.
 template <typename T>
 void erase_dense(const at::Tensor& images, at::Tensor& out, const at::Tensor& boxes,
                  const at::Tensor& fill, bool channels_last) {
@@ -164,13 +169,14 @@ void erase_dense(const at::Tensor& images, at::Tensor& out, const at::Tensor& bo
   const int64_t* all_boxes = boxes_c.const_data_ptr<int64_t>();
   const at::Tensor fill_c = fill.contiguous();
   const T* fill_values = fill_c.const_data_ptr<T>();
+  const bool fill_per_box = fill.dim() == 3;
   const int64_t row_length = channels_last ? g.w * g.c : g.w;
   const int64_t pixel = channels_last ? g.c : 1;
   const int64_t rows_per_sample = channels_last ? g.h : g.c * g.h;
   const T* in = images.const_data_ptr<T>();
   T* dst = out.mutable_data_ptr<T>();
   // channels_last: the fill repeated along a row, so that a box's segment is one copy.
-  std::vector<T> fill_row(channels_last ? row_length : 0);
+  std::vector<T> fill_row(channels_last && !fill_per_box ? row_length : 0);
   for (int64_t j = 0; j < static_cast<int64_t>(fill_row.size()); ++j) {
     fill_row[j] = fill_values[j % g.c];
   }
@@ -185,10 +191,16 @@ void erase_dense(const at::Tensor& images, at::Tensor& out, const at::Tensor& bo
         if (box.empty()) {
           continue;
         }
-        if (channels_last) {
+        const T* box_fill = fill_per_box ? fill_values + (n * count + k) * g.c : fill_values;
+        if (channels_last && fill_per_box) {
+          // box.from and box.to are multiples of C: one pixel's C values at a time.
+          for (int64_t j = box.from; j < box.to; j += g.c) {
+            std::copy(box_fill, box_fill + g.c, o + j);
+          }
+        } else if (channels_last) {
           std::copy(fill_row.begin() + box.from, fill_row.begin() + box.to, o + box.from);
         } else {
-          std::fill(o + box.from, o + box.to, fill_values[r / g.h]);
+          std::fill(o + box.from, o + box.to, box_fill[r / g.h]);
         }
       }
     }

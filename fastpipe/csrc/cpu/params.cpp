@@ -20,8 +20,10 @@ constexpr int64_t kAttempts = 10;
 
 at::Tensor erasing_boxes_cpu(const at::Tensor& uniforms, int64_t height, int64_t width,
                              int64_t max_count, double p, double scale_low, double scale_high,
-                             double log_ratio_low, double log_ratio_high) {
-  TORCH_CHECK(max_count >= 1, "fastpipe::erasing_boxes: max_count must be >= 1, got ", max_count);
+                             double log_ratio_low, double log_ratio_high, int64_t min_count) {
+  TORCH_CHECK(min_count >= 1 && min_count <= max_count,
+              "fastpipe::erasing_boxes: need 1 <= min_count <= max_count, got min_count ",
+              min_count, " and max_count ", max_count);
   const int64_t per_box = 2 * kAttempts + 2;
   TORCH_CHECK(uniforms.dim() == 2 && uniforms.size(1) == 2 + max_count * per_box &&
                   uniforms.scalar_type() == at::kDouble && uniforms.device().is_cpu(),
@@ -45,7 +47,9 @@ at::Tensor erasing_boxes_cpu(const at::Tensor& uniforms, int64_t height, int64_t
     if (!(u[0] < p)) {
       continue;
     }
-    const double count = std::floor(u[1] * static_cast<double>(max_count)) + 1.0;
+    // Uniform in min_count..max_count.
+    const double count = std::floor(u[1] * static_cast<double>(max_count - min_count + 1)) +
+                         static_cast<double>(min_count);
     const double area_per_box = image_area / count;
     for (int64_t k = 0; k < max_count; ++k) {
       if (!(static_cast<double>(k) < count)) {

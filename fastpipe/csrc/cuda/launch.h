@@ -22,7 +22,8 @@ cudaError_t launch_normalize(const void* images, ImageType in_type, Strides in_s
                              ImageType out_type, bool out_channels_last, Geometry g,
                              const float* mean, const float* std, cudaStream_t stream);
 
-// boxes: (N, count, 4) int64; fill: C values of the image type; seeds: (N,) int64 or null.
+// boxes: (N, count, 4) int64; fill: (N, count, C) values of the image type, C per box; seeds:
+// (N,) int64 or null.
 cudaError_t launch_erase(const void* images, Strides in_strides, void* out, bool out_channels_last,
                          ImageType type, Geometry g, const int64_t* boxes, int64_t count,
                          const void* fill, const int64_t* seeds, cudaStream_t stream);

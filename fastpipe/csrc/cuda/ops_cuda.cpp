@@ -57,6 +57,15 @@ at::Tensor normalize_cuda(const at::Tensor& images, const at::Tensor& mean, cons
   return out;
 }
 
+// The kernels read C fill values per box: a fill shared by every box is expanded to (N, K, C).
+at::Tensor fill_per_box(const at::Tensor& fill, const at::Tensor& boxes) {
+  if (fill.dim() == 3) {
+    return fill.contiguous();
+  }
+  return fill.view({1, 1, fill.size(0)}).expand({boxes.size(0), boxes.size(1), fill.size(0)})
+      .contiguous();
+}
+
 at::Tensor erase_cuda(const at::Tensor& images, const at::Tensor& boxes, const at::Tensor& fill,
                       const std::optional<at::Tensor>& seeds) {
   check_erase_args(images, boxes, fill, seeds);
@@ -66,7 +75,7 @@ at::Tensor erase_cuda(const at::Tensor& images, const at::Tensor& boxes, const a
   if (out.numel() == 0) {
     return out;
   }
-  const at::Tensor boxes_c = boxes.contiguous(), fill_c = fill.contiguous();
+  const at::Tensor boxes_c = boxes.contiguous(), fill_c = fill_per_box(fill, boxes);
   at::Tensor seeds_c;
   if (seeds.has_value()) {
     seeds_c = seeds->contiguous();
@@ -90,7 +99,7 @@ void erase_inplace_cuda(at::Tensor& images, const at::Tensor& boxes, const at::T
   if (images.numel() == 0 || boxes.size(1) == 0) {
     return;
   }
-  const at::Tensor boxes_c = boxes.contiguous(), fill_c = fill.contiguous();
+  const at::Tensor boxes_c = boxes.contiguous(), fill_c = fill_per_box(fill, boxes);
   at::Tensor seeds_c;
   if (seeds.has_value()) {
     seeds_c = seeds->contiguous();

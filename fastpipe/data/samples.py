@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fastpipe import _validate as check
+
 _VERSION = 1
 _MARKER = ".fastpipe-sample.json"
 
@@ -38,12 +40,17 @@ def sample_images(
     temporary folder and renames it when complete, so an interrupted run never leaves a partial
     dataset behind.
     """
-    if num_images < 1 or num_classes < 1:
-        raise ValueError(f"num_images and num_classes must be >= 1, got {num_images}, {num_classes}")
+    num_images = check.positive_int("num_images", num_images)
+    num_classes = check.positive_int("num_classes", num_classes)
+    seed = check.non_negative_int("seed", seed)
+    quality = check.positive_int("quality", quality)
+    if quality > 100:
+        raise ValueError(f"quality is a JPEG quality in 1-100, got {quality}")
     params = {"version": _VERSION, "num_images": num_images, "num_classes": num_classes,
               "seed": seed, "quality": quality}
     if root is None:
-        root = default_cache_dir() / f"sample-v{_VERSION}-n{num_images}-c{num_classes}-s{seed}-q{quality}"
+        name = f"sample-v{_VERSION}-n{num_images}-c{num_classes}-s{seed}-q{quality}"
+        root = default_cache_dir() / name
     root = Path(root)
     marker = root / _MARKER
     if marker.is_file():
@@ -54,7 +61,9 @@ def sample_images(
             "pass another root or delete it"
         )
     if root.exists() and any(root.iterdir()):
-        raise ValueError(f"{root} exists and is not a fastpipe sample dataset; pass an empty or new root")
+        raise ValueError(
+            f"{root} exists and is not a fastpipe sample dataset; pass an empty or new root"
+        )
 
     root.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))

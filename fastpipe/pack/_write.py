@@ -67,12 +67,13 @@ class ShardWriter:
         self._labels = _index_dataset(self.f, fmt.LABELS, np.int64, chunk)
         self._crc = _index_dataset(self.f, fmt.CRC32, np.uint32, chunk)
         self._path_offsets = _index_dataset(self.f, fmt.PATH_OFFSETS, np.int64, chunk, np.zeros(1))
-        self._path_data = self.f.create_dataset(fmt.PATH_DATA, shape=(0,), dtype=np.uint8, maxshape=(None,),
+        self._path_data = self.f.create_dataset(fmt.PATH_DATA, shape=(0,), dtype=np.uint8,
+                                                maxshape=(None,),
                                                 chunks=(min(fmt.INDEX_CHUNK, 64 * chunk),))
         if spec.storage == "bytes":
             self._offsets = _index_dataset(self.f, fmt.OFFSETS, np.int64, chunk, np.zeros(1))
-            self._data = self.f.create_dataset(fmt.DATA, shape=(0,), dtype=np.uint8, maxshape=(None,),
-                                               chunks=(fmt.BYTES_CHUNK,))
+            self._data = self.f.create_dataset(fmt.DATA, shape=(0,), dtype=np.uint8,
+                                               maxshape=(None,), chunks=(fmt.BYTES_CHUNK,))
         else:
             shape = tuple(spec.sample_shape)
             self._data = self.f.create_dataset(
@@ -182,7 +183,8 @@ def write_merged_h5(readers: Sequence[PackReader], output: Path, meta: dict[str,
     total_bytes = int(sum(int(s.sum()) for s in sizes))
     parts: list[dict[str, Any]] = []
     with h5py.File(output, "w") as f:
-        labels = f.create_dataset(fmt.LABELS, shape=(total,), dtype=np.int64, chunks=_chunks1(total))
+        labels = f.create_dataset(fmt.LABELS, shape=(total,), dtype=np.int64,
+                                  chunks=_chunks1(total))
         crc = f.create_dataset(fmt.CRC32, shape=(total,), dtype=np.uint32, chunks=_chunks1(total))
         path_offsets = f.create_dataset(fmt.PATH_OFFSETS, shape=(total + 1,), dtype=np.int64,
                                         chunks=_chunks1(total + 1))
@@ -190,7 +192,8 @@ def write_merged_h5(readers: Sequence[PackReader], output: Path, meta: dict[str,
                                      chunks=(fmt.INDEX_CHUNK,))
         offsets = None
         if spec.storage == "bytes":
-            offsets = f.create_dataset(fmt.OFFSETS, shape=(total + 1,), dtype=np.int64, chunks=_chunks1(total + 1))
+            offsets = f.create_dataset(fmt.OFFSETS, shape=(total + 1,), dtype=np.int64,
+                                       chunks=_chunks1(total + 1))
             offsets[0:1] = 0
         path_offsets[0:1] = 0
         data = None
@@ -228,15 +231,16 @@ def write_merged_h5(readers: Sequence[PackReader], output: Path, meta: dict[str,
                     if on_samples is not None:
                         on_samples(b - a)
             else:
-                parts.extend(_map_virtual(h5py, layout, reader, output.parent, sample_base, byte_base))
+                parts.extend(_map_virtual(h5py, layout, reader, output.parent, sample_base,
+                                          byte_base))
                 if on_samples is not None:
                     on_samples(n)
             sample_base += n
             byte_base += int(size.sum())
         if mode != "copy":
             f.create_virtual_dataset(fmt.DATA, layout)
-        write_root(f, dict(meta, count=total, merge=mode, parts=parts if mode == "virtual" else None),
-                   spec, total)
+        mapped = parts if mode == "virtual" else None
+        write_root(f, dict(meta, count=total, merge=mode, parts=mapped), spec, total)
 
 
 def _chunks1(n: int) -> tuple[int] | None:
@@ -245,7 +249,8 @@ def _chunks1(n: int) -> tuple[int] | None:
 
 def _map_virtual(h5py, layout, reader: PackReader, root: Path, sample_base: int, byte_base: int):
     if not isinstance(reader, fmt.H5PackReader):
-        raise fmt.PackError(f"{reader.path} is not an HDF5 pack: a virtual merge maps HDF5 files; use merge='copy'")
+        raise fmt.PackError(f"{reader.path} is not an HDF5 pack: a virtual merge maps HDF5 "
+                            "files; use merge='copy'")
     parts = []
     for segment in reader._segments:
         s0, s1 = segment.sample_start, segment.sample_stop
@@ -318,7 +323,8 @@ def write_lmdb(readers: Sequence[PackReader], output: Path, meta: dict[str, Any]
                     else:
                         value = np.ascontiguousarray(block[j], _stored_dtype(reader.spec)).tobytes()
                     batch.append((fmt.lmdb_data_key(base + i), value))
-                    batch.append((fmt.lmdb_path_key(base + i), names[j].encode("utf-8", "surrogateescape")))
+                    name = names[j].encode("utf-8", "surrogateescape")
+                    batch.append((fmt.lmdb_path_key(base + i), name))
                     batch_bytes += len(value)
                     if batch_bytes >= LMDB_TXN_BYTES or len(batch) >= 2 * LMDB_TXN_RECORDS:
                         commit()
@@ -327,7 +333,8 @@ def write_lmdb(readers: Sequence[PackReader], output: Path, meta: dict[str, Any]
             base += reader.count
         batch.append((fmt.LMDB_LABELS, labels.tobytes()))
         batch.append((fmt.LMDB_CRC32, crcs.tobytes()))
-        batch.append((fmt.LMDB_META, fmt.meta_json(dict(meta, count=total, merge="copy", parts=None)).encode()))
+        final = dict(meta, count=total, merge="copy", parts=None)
+        batch.append((fmt.LMDB_META, fmt.meta_json(final).encode()))
         commit()
         env.sync(True)
     finally:

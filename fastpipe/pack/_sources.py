@@ -49,20 +49,24 @@ def list_source(source: Any) -> Listing:
             return _list_folder(path)
         if path.is_file():
             return _list_file(path)
-        raise FileNotFoundError(f"pack source {path} does not exist (expected an ImageFolder tree or a list file)")
+        raise FileNotFoundError(f"pack source {path} does not exist (expected an ImageFolder tree "
+                                "or a list file)")
     if hasattr(source, "__getitem__") and hasattr(source, "__len__"):
         n = len(source)
         classes = [str(c) for c in getattr(source, "classes", None) or []]
         name = type(source).__name__
-        digest = hashlib.sha256(f"dataset\0{type(source).__module__}.{name}\0{n}".encode()).hexdigest()
-        return Listing("dataset", f"{name} ({n} samples)", n, classes, dataset=source, fingerprint=digest)
+        key = f"dataset\0{type(source).__module__}.{name}\0{n}"
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        return Listing("dataset", f"{name} ({n} samples)", n, classes, dataset=source,
+                       fingerprint=digest)
     raise TypeError(
         f"pack source must be a folder, a list file or a map-style dataset (with __len__ and "
         f"__getitem__ returning (array, label)), got {type(source).__name__}"
     )
 
 
-def _fingerprint(kind: str, names: list[str], labels: np.ndarray, classes: list[str], files: list[str]) -> str:
+def _fingerprint(kind: str, names: list[str], labels: np.ndarray, classes: list[str],
+                 files: list[str]) -> str:
     """Names, labels and each file's size and mtime: a file rewritten in place changes the plan, so
     its old shard is not reused on resume."""
     h = hashlib.sha256(kind.encode())
@@ -91,7 +95,8 @@ def _list_folder(root: Path) -> Listing:
         raise PackError(f"{root} holds class folders but no images ({', '.join(IMG_EXTENSIONS)})")
     label_array = np.asarray(labels, np.int64)
     files = [str(root / n) for n in names]
-    return Listing("folder", str(root), len(names), classes, files=files, names=names, labels=label_array,
+    return Listing("folder", str(root), len(names), classes, files=files, names=names,
+                   labels=label_array,
                    fingerprint=_fingerprint("folder", names, label_array, classes, files))
 
 
@@ -116,7 +121,8 @@ def _list_file(list_path: Path) -> Listing:
         raise PackError(f"{list_path} lists no files (expected 'path [label]' per line)")
     given = [lab for lab in raw_labels if lab is not None]
     if given and len(given) != len(raw_labels):
-        raise PackError(f"{list_path}: some lines have a label and some do not; give every line a label or none")
+        raise PackError(f"{list_path}: some lines have a label and some do not; give every line "
+                        "a label or none")
     classes: list[str] = []
     if not given:
         labels = np.full(len(names), -1, np.int64)
@@ -128,8 +134,8 @@ def _list_file(list_path: Path) -> Listing:
         labels = np.asarray([index[lab] for lab in given], np.int64)
     base = list_path.parent
     files = [str(base / n) if not os.path.isabs(n) else n for n in names]
-    return Listing("list", str(list_path), len(names), classes, files=files, names=names, labels=labels,
-                   fingerprint=_fingerprint("list", names, labels, classes, files))
+    return Listing("list", str(list_path), len(names), classes, files=files, names=names,
+                   labels=labels, fingerprint=_fingerprint("list", names, labels, classes, files))
 
 
 def _is_int(text: str) -> bool:
@@ -162,7 +168,8 @@ def load_input(listing: Listing, index: int, local: int | None = None,
         try:
             label = int(label)
         except (TypeError, ValueError) as exc:
-            raise PackError(f"dataset[{index}] has label {label!r}; labels must be integers") from exc
+            raise PackError(f"dataset[{index}] has label {label!r}; labels must be "
+                            "integers") from exc
         return value, label
     path = (files if files is not None else listing.files)[index if local is None else local]
     try:
@@ -175,7 +182,8 @@ def load_input(listing: Listing, index: int, local: int | None = None,
     return data, -1  # file labels come from the listing
 
 
-def source_name(listing: Listing, index: int, names: list[str] | None = None, local: int | None = None) -> str:
+def source_name(listing: Listing, index: int, names: list[str] | None = None,
+                local: int | None = None) -> str:
     if listing.kind == "dataset":
         return f"{type(listing.dataset).__name__}[{index}]"
     return (names if names is not None else listing.names)[index if local is None else local]
@@ -196,7 +204,8 @@ def _is_image(array: np.ndarray) -> bool:
 
 
 def fit_image(image: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
-    """Resizes an (H, W, 3) uint8 image so it covers ``shape`` (aspect kept, bicubic) and crops the centre."""
+    """Resizes an (H, W, 3) uint8 image so it covers ``shape`` (aspect kept, bicubic) and crops
+    the centre."""
     from PIL import Image
 
     th, tw = shape
@@ -239,8 +248,9 @@ class Processor:
             if array.dtype == np.uint8 and (array.ndim == 2 or _is_image(array)):
                 return np.frombuffer(self._encode_array(array, source), np.uint8)
             raise PackError(
-                f"{source} is a {array.dtype} array of shape {array.shape}: bytes storage holds encoded "
-                "images (bytes, or uint8 HxW / HxWx3 arrays); use storage='array' for other arrays"
+                f"{source} is a {array.dtype} array of shape {array.shape}: bytes storage holds "
+                "encoded images (bytes, or uint8 HxW / HxWx3 arrays); use storage='array' for "
+                "other arrays"
             )
         if isinstance(value, bytes):
             value = _decode(value, source)
@@ -261,10 +271,12 @@ class Processor:
             want = self.spec.sample_shape
             if self.spec.layout == "CHW":
                 got, want = got[1:], want[1:]
-            hint = " pass shape=(H, W) (--shape HxW) to resize images to one size" if self.spec.layout == "CHW" else ""
+            hint = ""
+            if self.spec.layout == "CHW":
+                hint = " pass size=(H, W) to resize images to one size"
             raise PackError(
-                f"array storage needs one shape and dtype for all samples: {source} is {array.dtype} "
-                f"{got}, the pack holds {self.spec.dtype} {want};{hint}"
+                f"array storage needs one shape and dtype for all samples: {source} is "
+                f"{array.dtype} {got}, the pack holds {self.spec.dtype} {want};{hint}"
             )
         return np.ascontiguousarray(array)
 
@@ -307,8 +319,8 @@ class Processor:
         image = Image.fromarray(array)
         if self.max_side is not None and min(image.size) > self.max_side:
             scale = self.max_side / min(image.size)
-            image = image.resize((max(1, round(image.width * scale)), max(1, round(image.height * scale))),
-                                 Image.Resampling.BICUBIC)
+            size = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+            image = image.resize(size, Image.Resampling.BICUBIC)
         out = io.BytesIO()
         image.save(out, format="PNG")  # lossless: what the dataset returned is what comes back
         return out.getvalue()
@@ -339,8 +351,8 @@ def probe_spec(listing: Listing, storage: str, start: int, stop: int, shape: tup
             h, w = shape if shape is not None else array.shape[:2]
             return Spec("array", "CHW", (3, int(h), int(w)), "uint8")
         if shape is not None:
-            raise PackError(f"shape=(H, W) resizes images, but {name} is a {array.dtype} array of shape "
-                            f"{array.shape}; pack arrays without shape")
+            raise PackError(f"size=(H, W) resizes images, but {name} is a {array.dtype} array of "
+                            f"shape {array.shape}; pack arrays without size")
         if array.dtype.hasobject:
             raise PackError(f"{name} is an object array; array storage holds plain numeric arrays")
         return Spec("array", "raw", tuple(int(s) for s in array.shape), array.dtype.name)

@@ -1,0 +1,525 @@
+"""``image_loader``: normalized image batches on your device, by the fastest path this machine has.
+
+One set of arguments (the names of docs/vocabulary.md) builds either
+
+* ``"dali"``: :class:`fastpipe.dali.DALILoader`, decoding on the GPU (DALI's ``"mixed"`` decode)
+  when the device is CUDA, in DALI's CPU mode when it is the CPU;
+* ``"cpu"``: the fast CPU path: :class:`~fastpipe.data.ImageFolder` (or
+  :class:`~fastpipe.data.H5Dataset` / :class:`~fastpipe.data.LMDBDataset` for a pack file),
+  :func:`~fastpipe.data.fast_collate`, :class:`~fastpipe.DataLoaderX` and
+  :class:`~fastpipe.DataPrefetcher`, which moves the uint8 batch to the device and normalizes it
+  there.
+
+Both give the same batches: ``images`` ``(N, 3, H, W)`` of ``dtype`` on ``device`` (with
+``torch.channels_last`` strides when asked), normalized with ``mean``/``std``; ``labels`` ``(N,)``
+int64 on ``device``; every sample of this rank's share once per epoch, reshuffled every epoch,
+shards like ``DistributedSampler``; the same ``len``. An option a backend cannot honour is an
+error when the loader is built, never a silent difference.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import math
+import os
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Sampler
+
+from fastpipe import _validate as check
+from fastpipe._constants import (
+    DEFAULT_CROP_PCT,
+    DEFAULT_HFLIP,
+    DEFAULT_RATIO,
+    DEFAULT_SCALE,
+    DEFAULT_SIZE,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+)
+
+__all__ = ["image_loader"]
+
+BACKENDS = ("auto", "cpu", "dali")
+INTERPOLATIONS = ("bilinear", "bicubic")
+_PACK_SUFFIXES = {".h5": "hdf5", ".hdf5": "hdf5", ".lmdb": "lmdb", ".mdb": "lmdb"}
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# What DALI's crop_mirror_normalize can write.
+_DALI_DTYPES = (torch.float32, torch.float16, torch.uint8)
+
+
+def image_loader(
+    source: str | os.PathLike,
+    batch_size: int,
+    *,
+    train: bool,
+    size: int | tuple[int, int] = DEFAULT_SIZE,
+    device: str | torch.device | None = None,
+    backend: str = "auto",
+    scale: tuple[float, float] = DEFAULT_SCALE,
+    ratio: tuple[float, float] = DEFAULT_RATIO,
+    hflip: float = DEFAULT_HFLIP,
+    auto_augment: str | None = None,
+    interpolation: str = "bilinear",
+    mean: Sequence[float] | None = IMAGENET_MEAN,
+    std: Sequence[float] | None = IMAGENET_STD,
+    dtype: torch.dtype = torch.float32,
+    channels_last: bool = False,
+    rank: int | None = None,
+    world_size: int | None = None,
+    seed: int | None = None,
+    shuffle: bool | None = None,
+    drop_last: bool = False,
+    num_workers: int | None = None,
+    prefetch_depth: int = 2,
+    crop_pct: float = DEFAULT_CROP_PCT,
+) -> Any:
+    """Image classification batches from ``source``, built on the fastest path available.
+
+    Args:
+        source: an image folder in ImageFolder layout (``root/<class>/<image>``) or a fastpipe
+            pack of encoded images (``.h5``/``.hdf5``, ``.lmdb``; see ``fastpipe pack``).
+        batch_size: samples per batch.
+        train: random-resized crop (``scale``, ``ratio``), flip (``hflip``) and ``auto_augment``;
+            else eval: resize the shorter side to ``size / crop_pct`` and centre-crop ``size``.
+        size: output side, or ``(height, width)``.
+        device: where batches end; ``None``: CUDA when available, else the CPU.
+        backend: ``"auto"`` (DALI with GPU decoding when ``device`` is CUDA and DALI is
+            installed, else the fast CPU path), ``"dali"`` or ``"cpu"``.
+        scale, ratio, hflip, auto_augment, interpolation, crop_pct: as torchvision's
+            ``RandomResizedCrop`` / timm (docs/vocabulary.md); train-time options are unused in
+            eval, except that ``auto_augment`` in eval is an error.
+        mean, std: per channel, 0-1 scale; ``None`` for both: float images in 0-1 unnormalized.
+        dtype: ``torch.float32``, ``float16``, ``bfloat16`` (CPU backend only), or ``torch.uint8``
+            (raw pixels, with ``mean=std=None``).
+        channels_last: ``torch.channels_last`` strides; the shape stays ``(N, 3, H, W)``.
+        rank, world_size: this process's share for DDP; ``None``: from ``torch.distributed`` when
+            it is initialized, else 0 and 1.
+        seed: order and augmentation seed; ``None``: drawn once from torch's generator (0 for the
+            order when sharded, so that all ranks agree on the permutation).
+        shuffle: reshuffle every epoch; defaults to ``train``.
+        drop_last: drop the last partial batch (and, sharded, the samples that do not divide
+            evenly, as ``DistributedSampler(drop_last=True)``).
+        num_workers: DataLoader worker processes (CPU backend) or DALI CPU threads; ``None``:
+            this process's cores divided among the local ranks (``LOCAL_WORLD_SIZE``).
+        prefetch_depth: batches prepared ahead of the training step (DALI's prefetch queue, or
+            DataLoaderX's queue on the CPU backend, where the DataPrefetcher readies one more).
+
+    Returns:
+        An iterable of ``(images, labels)`` with ``len``, ``batch_size``, ``drop_last``,
+        ``dataset`` and ``set_epoch``: a :class:`fastpipe.dali.DALILoader` or a
+        :class:`fastpipe.DataPrefetcher`.
+    """
+    options = _Options.check(
+        source=source, batch_size=batch_size, train=train, size=size, device=device,
+        backend=backend, scale=scale, ratio=ratio, hflip=hflip, auto_augment=auto_augment,
+        interpolation=interpolation, mean=mean, std=std, dtype=dtype, channels_last=channels_last,
+        rank=rank, world_size=world_size, seed=seed, shuffle=shuffle, drop_last=drop_last,
+        num_workers=num_workers, prefetch_depth=prefetch_depth, crop_pct=crop_pct,
+    )
+    if options.backend == "dali":
+        return _build_dali(options)
+    return _build_cpu(options)
+
+
+class _Options:
+    """The arguments of :func:`image_loader`, checked and resolved once."""
+
+    @classmethod
+    def check(cls, **given: Any) -> _Options:
+        o = cls()
+        o.source = given["source"]
+        if not isinstance(o.source, (str, os.PathLike)):
+            raise TypeError(
+                f"source must be a path to an image folder or a pack file, got "
+                f"{type(o.source).__name__}; for a dataset object, build DataLoaderX + "
+                "DataPrefetcher (or DALILoader) directly"
+            )
+        o.path = Path(o.source)
+        o.batch_size = check.positive_int("batch_size", given["batch_size"])
+        if not isinstance(given["train"], bool):
+            raise TypeError(f"train must be True or False, got {given['train']!r}")
+        o.train = given["train"]
+        height, width = check.size_pair("size", given["size"])
+        o.size = height if height == width else (height, width)
+        o.scale = check.pair("scale", given["scale"])
+        if o.scale[1] > 1:
+            raise ValueError(f"scale is a fraction of the image area, at most 1; got {o.scale}")
+        o.ratio = check.pair("ratio", given["ratio"])
+        o.hflip = check.probability("hflip", given["hflip"])
+        o.crop_pct = check.probability("crop_pct", given["crop_pct"])
+        if o.crop_pct == 0:
+            raise ValueError("crop_pct must be in (0, 1], got 0")
+        o.auto_augment = given["auto_augment"]
+        if o.auto_augment is not None and not isinstance(o.auto_augment, str):
+            raise TypeError(f"auto_augment must be a policy name or None, got {o.auto_augment!r}")
+        if o.auto_augment is not None and not o.train:
+            raise ValueError(
+                f"auto_augment={o.auto_augment!r} with train=False: augmentation is for training; "
+                "pass auto_augment=None for evaluation"
+            )
+        interpolation = given["interpolation"]
+        interpolation = getattr(interpolation, "value", interpolation)  # InterpolationMode
+        o.interpolation = check.choice("interpolation", interpolation, INTERPOLATIONS)
+        o.dtype = given["dtype"]
+        check.choice("dtype", o.dtype, (*_FLOAT_DTYPES, torch.uint8))
+        o.mean, o.std = _mean_std(given["mean"], given["std"], o.dtype)
+        o.channels_last = bool(given["channels_last"])
+        o.seed = check.optional_seed("seed", given["seed"])
+        o.shuffle = o.train if given["shuffle"] is None else bool(given["shuffle"])
+        o.drop_last = bool(given["drop_last"])
+        o.rank, o.world_size = _rank_and_world_size(given["rank"], given["world_size"])
+        workers = given["num_workers"]
+        o.num_workers = _default_workers() if workers is None else check.non_negative_int(
+            "num_workers", workers)
+        o.prefetch_depth = check.positive_int("prefetch_depth", given["prefetch_depth"])
+        o.device = _resolve_device(given["device"])
+        o.backend = _choose_backend(check.choice("backend", given["backend"], BACKENDS), o)
+        if o.seed is None:
+            o.order_seed = 0 if o.world_size > 1 else _draw_seed()
+            o.augment_seed = _draw_seed()
+        else:
+            o.order_seed = o.augment_seed = o.seed
+        return o
+
+
+def _mean_std(mean: Any, std: Any, dtype: torch.dtype) -> tuple[Any, Any]:
+    if (mean is None) != (std is None):
+        raise ValueError("pass both mean and std to normalize, or neither (floats in 0-1)")
+    if mean is None:
+        return None, None
+    if dtype == torch.uint8:
+        raise ValueError(
+            "dtype=torch.uint8 gives raw pixels, which cannot be normalized: pass mean=None, "
+            "std=None, or a float dtype"
+        )
+    mean = tuple(float(m) for m in mean)
+    std = tuple(float(s) for s in std)
+    if len(mean) != 3 or len(std) != 3:
+        raise ValueError(f"mean and std need 3 values each (RGB, 0-1 scale), got {mean}, {std}")
+    if not all(math.isfinite(v) for v in mean + std) or min(std) <= 0:
+        raise ValueError(f"mean must be finite and std positive, got {mean}, {std}")
+    return mean, std
+
+
+def _rank_and_world_size(rank: Any, world_size: Any) -> tuple[int, int]:
+    if (rank is None) != (world_size is None):
+        raise ValueError(
+            "pass both rank and world_size, or neither (then torch.distributed decides)"
+        )
+    if rank is None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+    rank = check.non_negative_int("rank", rank)
+    world_size = check.positive_int("world_size", world_size)
+    if rank >= world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+    return rank, world_size
+
+
+def _default_workers() -> int:
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    return max(1, cores // max(1, local))
+
+
+def _resolve_device(device: Any) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(
+            f"unknown device {device!r}; pass 'cpu', 'cuda', 'cuda:N', a torch.device, or None"
+        ) from exc
+    if resolved.type not in ("cpu", "cuda"):
+        raise ValueError(f"image_loader delivers to 'cpu' or 'cuda' devices, got {device!r}")
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(
+            f"device={device!r}, but CUDA is not available here; pass device='cpu' or device=None"
+        )
+    return resolved
+
+
+def _dali_installed() -> bool:
+    try:
+        return importlib.util.find_spec("nvidia.dali") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _dali_sees_a_gpu() -> bool:
+    from nvidia.dali import backend as dali_backend
+
+    try:
+        return int(dali_backend.GetCUDADeviceCount()) > 0
+    except Exception:  # noqa: BLE001 - a DALI build for another CUDA major version
+        return False
+
+
+def _choose_backend(backend: str, o: _Options) -> str:
+    if backend == "auto":
+        if o.device.type != "cuda" or not _dali_installed():
+            return "cpu"
+        if not _dali_sees_a_gpu():
+            warnings.warn(
+                "image_loader: DALI is installed but sees no GPU (a wheel for another CUDA "
+                "version?), so the fast CPU path is used; install the DALI wheel for your CUDA "
+                "major version to decode on the GPU", RuntimeWarning, stacklevel=3,
+            )
+            return "cpu"
+        return "dali"
+    if backend == "dali":
+        if o.dtype not in _DALI_DTYPES:
+            raise ValueError(
+                f"backend='dali' cannot output {o.dtype}: DALI writes float32, float16 or uint8. "
+                "Pass backend='cpu', or dtype=torch.float16 and convert on the device"
+            )
+        if o.num_workers < 1:
+            raise ValueError(
+                "backend='dali' needs num_workers >= 1 (its CPU threads); num_workers=0 (load "
+                "in the main process) exists on backend='cpu' only"
+            )
+    return backend
+
+
+def _draw_seed() -> int:
+    # From torch's generator, like DataLoader's base seed, so torch.manual_seed reproduces it.
+    return int(torch.empty((), dtype=torch.int64).random_().item()) % 2**31
+
+
+def _pack_kind(path: Path) -> str | None:
+    kind = _PACK_SUFFIXES.get(path.suffix.lower())
+    if kind is None and path.is_dir() and (path / "data.mdb").is_file():
+        kind = "lmdb"
+    return kind
+
+
+# ---------------------------------------------------------------------------- the DALI backend
+
+
+def _build_dali(o: _Options) -> Any:
+    from fastpipe.dali import DALILoader
+
+    source: Any = str(o.path)
+    if _pack_kind(o.path) is None and not o.path.is_dir():
+        raise FileNotFoundError(
+            f"{str(o.path)!r} is neither an image folder nor a pack file (.h5, .hdf5, .lmdb)"
+        )
+    normalize: dict[str, Any] = {}
+    if o.dtype != torch.uint8:
+        # Without mean and std, DALI's normalize with mean 0 and std 1 (0-1 scale) gives x / 255:
+        # the floats in 0-1 the CPU backend gives.
+        normalize["mean"] = o.mean if o.mean is not None else (0.0, 0.0, 0.0)
+        normalize["std"] = o.std if o.std is not None else (1.0, 1.0, 1.0)
+    return _vocabulary_call(
+        DALILoader, source, batch_size=o.batch_size, train=o.train, size=o.size,
+        num_workers=o.num_workers, device=str(o.device), shuffle=o.shuffle,
+        drop_last=o.drop_last, seed=o.seed, dtype=o.dtype, channels_last=o.channels_last,
+        rank=o.rank, world_size=o.world_size, scale=o.scale, ratio=o.ratio, hflip=o.hflip,
+        crop_pct=o.crop_pct, auto_augment=o.auto_augment, interpolation=o.interpolation,
+        prefetch_depth=o.prefetch_depth, **normalize,
+    )
+
+
+# ----------------------------------------------------------------------- the fast CPU backend
+
+
+def _build_cpu(o: _Options) -> Any:
+    from fastpipe import DataLoaderX, DataPrefetcher
+    from fastpipe.data import fast_collate
+
+    dataset = _cpu_dataset(o)
+    sampler = _EpochSampler(len(dataset), shuffle=o.shuffle, seed=o.order_seed, rank=o.rank,
+                            world_size=o.world_size, drop_last=o.drop_last)
+    loader = _vocabulary_call(
+        DataLoaderX, dataset, batch_size=o.batch_size, sampler=sampler,
+        num_workers=o.num_workers, collate_fn=fast_collate, drop_last=o.drop_last,
+        pin_memory=o.device.type == "cuda", persistent_workers=o.num_workers > 0,
+        prefetch_depth=o.prefetch_depth,
+        # TODO(lead): drop after merge (ImageFolder(seed=) makes the draws reproducible).
+        generator=torch.Generator().manual_seed(o.augment_seed),
+    )
+    float_out = o.dtype != torch.uint8
+    return _vocabulary_call(
+        DataPrefetcher, loader, device=o.device, mean=o.mean, std=o.std,
+        dtype=o.dtype if float_out else None, channels_last=o.channels_last, prefetch_depth=1,
+    )
+
+
+def _cpu_dataset(o: _Options) -> Any:
+    kind = _pack_kind(o.path)
+    options = dict(train=o.train, size=o.size, scale=o.scale, ratio=o.ratio, hflip=o.hflip,
+                   crop_pct=o.crop_pct, auto_augment=o.auto_augment,
+                   interpolation=o.interpolation, seed=o.augment_seed)
+    if kind is None:
+        from fastpipe.data import ImageFolder
+
+        if not o.path.is_dir():
+            raise FileNotFoundError(
+                f"{str(o.path)!r} is neither an image folder nor a pack file (.h5, .hdf5, .lmdb)"
+            )
+        return _vocabulary_call(ImageFolder, str(o.path), **options)
+    if kind == "hdf5":
+        from fastpipe.data import H5Dataset as pack_class
+    else:
+        from fastpipe.data import LMDBDataset as pack_class
+    dataset = _pack_dataset(pack_class, str(o.path), options)
+    if dataset.storage != "bytes":
+        raise ValueError(
+            f"{o.path} stores decoded arrays of one size, so it cannot be cropped and resized "
+            "per sample; pack with storage='bytes' (fastpipe pack --storage bytes)"
+        )
+    return dataset
+
+
+class _EpochSampler(Sampler[int]):
+    """``DistributedSampler``'s order and sharding, with the epoch advancing at every ``iter()``
+    (as DALILoader's does) unless :meth:`set_epoch` chose it; yields ``SampleIndex`` (the index
+    with its epoch) when the datasets take one, so per-sample draws change every epoch.
+
+    TODO(lead): after merge, replace with h15's DDP-aware epoch sampler if it does the same.
+    """
+
+    def __init__(self, num_items: int, *, shuffle: bool, seed: int, rank: int, world_size: int,
+                 drop_last: bool) -> None:
+        self.num_items = num_items
+        self.shuffle = shuffle
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.drop_last = drop_last
+        if drop_last and num_items % world_size:
+            self.num_samples = num_items // world_size
+        else:
+            self.num_samples = math.ceil(num_items / world_size)
+        if self.num_samples == 0:
+            raise ValueError(
+                f"the dataset has {num_items} samples, fewer than world_size={world_size} with "
+                "drop_last=True: this rank would get none"
+            )
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Makes the next ``iter()`` run ``epoch``."""
+        self.epoch = check.non_negative_int("epoch", epoch)
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self) -> Iterator[int]:
+        epoch = self.epoch
+        self.epoch += 1
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + epoch)
+            order = torch.randperm(self.num_items, generator=generator).tolist()
+        else:
+            order = list(range(self.num_items))
+        total = self.num_samples * self.world_size
+        if total > len(order):
+            padding = total - len(order)
+            order += (order * math.ceil(padding / len(order)))[:padding]
+        order = order[:total][self.rank:total:self.world_size]
+        wrap = _sample_index_type()
+        if wrap is None:
+            return iter(order)
+        return (wrap(i, epoch) for i in order)
+
+
+def _sample_index_type() -> Callable[[int, int], int] | None:
+    try:
+        from fastpipe.data._random import SampleIndex  # issue 14's per-sample randomness
+    except ImportError:
+        return None
+    return SampleIndex
+
+
+# ------------------------------------------------------------------------------------------------
+# TODO(lead): drop after merge. The constructors are being renamed to docs/vocabulary.md in
+# parallel; until then these map the vocabulary names used above onto what a constructor takes
+# on this branch. After the merge every name is taken as it is, so the calls above become plain
+# ``ImageFolder(...)``, ``DataLoaderX(...)``, ``DataPrefetcher(...)``, ``DALILoader(...)``.
+
+_OLD_NAMES = {
+    "num_workers": ("num_threads",),  # DALILoader
+    "prefetch_depth": ("max_prefetch", "depth", "prefetch_queue_depth"),
+    "rank": ("shard_id",),
+    "world_size": ("num_shards",),
+    "hflip": ("flip",),
+}
+# Values equal to what the branch's constructors do without the parameter: dropped quietly.
+_ABSENT_MEANS = {"auto_augment": None, "interpolation": "bilinear", "channels_last": False,
+                 "seed": None}
+
+
+def _vocabulary_call(factory: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``factory(*args, **kwargs)`` with vocabulary names renamed to the ones it takes."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return factory(*args, **kwargs)
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    accepted: dict[str, Any] = {}
+    wrap: Callable[[Any], Any] | None = None
+    for name, value in kwargs.items():
+        if name in params:
+            accepted[name] = value
+            continue
+        old = next((o for o in _OLD_NAMES.get(name, ()) if o in params), None)
+        if old is not None:
+            accepted[old] = value
+        elif name == "channels_last" and "layout" in params:
+            accepted["layout"] = "NCHW"
+            if value:
+                accepted["layout"] = "NHWC"
+                wrap = _NHWCAsChannelsLast
+        elif name == "seed" and not takes_any:
+            continue  # the branch's ImageFolder draws from the worker seeds (generator=)
+        elif takes_any and name not in _ABSENT_MEANS:
+            accepted[name] = value  # DataLoader's own arguments, through DataLoaderX's **kwargs
+        elif _ABSENT_MEANS.get(name, object()) == value:
+            continue
+        else:
+            raise ValueError(
+                f"{getattr(factory, '__name__', factory)} in this build of fastpipe does not "
+                f"take {name}={value!r} yet"
+            )
+    built = factory(*args, **accepted)
+    return wrap(built) if wrap is not None else built
+
+
+def _pack_dataset(pack_class: type, path: str, options: dict[str, Any]) -> Any:
+    """A pack dataset that decodes like ImageFolder."""
+    if "train" in inspect.signature(pack_class).parameters:
+        return _vocabulary_call(pack_class, path, **options)
+    from fastpipe.data import ImageDecoder
+
+    decoder_options = {k: v for k, v in options.items() if k != "seed"}
+    return pack_class(path, decoder=_vocabulary_call(ImageDecoder, **decoder_options))
+
+
+class _NHWCAsChannelsLast:
+    """A DALILoader with ``layout="NHWC"`` whose images are seen as ``(N, C, H, W)`` with
+    channels_last strides."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+    def __len__(self) -> int:
+        return len(self._loader)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for images, labels in self._loader:
+            yield images.permute(0, 3, 1, 2), labels

@@ -1,0 +1,111 @@
+"""``verify``: check a pack's metadata, index arrays, checksums and images."""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from fastpipe.data import _pack_format as fmt
+from fastpipe.data._pack_format import PackFormatError, open_pack
+from fastpipe.pack._files import progress_bar
+from fastpipe.pack._reports import VerifyReport
+
+
+def verify(path: str | os.PathLike, sample: int | None = None, *, seed: int = 0,
+           progress: bool = False, max_problems: int = 1000) -> VerifyReport:
+    """Checks a pack: metadata, index arrays, every sample's checksum, and that images decode.
+
+    ``sample=K`` checks K random samples instead of all. Problems are collected, not raised: the
+    report's ``ok`` says whether the pack is sound.
+    """
+    started = time.perf_counter()
+    report = VerifyReport(Path(path))
+    try:
+        report.format = fmt.sniff_format(path)
+        reader = open_pack(path, report.format)
+    except (PackFormatError, OSError) as exc:
+        report.problems.append(str(exc))
+        report.seconds = time.perf_counter() - started
+        return report
+
+    def problem(text: str) -> None:
+        if len(report.problems) < max_problems:
+            report.problems.append(text)
+
+    with reader:
+        report.storage, report.count = reader.spec.storage, reader.count
+        report.skipped_inputs = len(reader.meta.get("skipped") or [])
+        _check_index(reader, report, problem)
+        _check_samples(reader, _indices(reader.count, sample, seed), report, problem, path,
+                       progress)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+def _indices(count: int, sample: int | None, seed: int) -> np.ndarray:
+    if sample is None or sample >= count:
+        return np.arange(count)
+    return np.sort(np.random.default_rng(seed).choice(count, int(sample), replace=False))
+
+
+def _check_index(reader, report: VerifyReport, problem) -> None:
+    """Labels in range, counts that add up, offsets that run forward from 0."""
+    meta, labels = reader.meta, reader.labels
+    if reader.classes:
+        bad = np.flatnonzero((labels < 0) | (labels >= len(reader.classes)))
+    else:
+        bad = np.flatnonzero(labels < -1)
+    for i in bad[:20]:
+        problem(f"sample {i}: label {labels[i]} is outside the {len(reader.classes)} classes")
+    if "inputs" in meta and meta["inputs"] != reader.count + report.skipped_inputs:
+        problem(f"metadata says {meta['inputs']} inputs, but {reader.count} samples + "
+                f"{report.skipped_inputs} skipped do not add up")
+    if isinstance(reader, fmt.H5PackReader):
+        for name, array in (("offsets", getattr(reader, "offsets", None)),
+                            ("path_offsets", reader._path_offsets)):
+            if array is not None and (array[0] != 0 or np.any(np.diff(array) < 0)):
+                problem(f"'{name}' is not a non-decreasing run from 0; the index is damaged")
+
+
+def _check_samples(reader, indices: np.ndarray, report: VerifyReport, problem, path,
+                   progress: bool) -> None:
+    """Each sample reads, matches its checksum and (encoded images) decodes."""
+    from fastpipe.data._decode import CorruptImageError, decode_rgb
+
+    try:
+        crcs = reader.crc32()
+    except PackFormatError as exc:
+        problem(str(exc))
+        crcs = None
+    decode = reader.spec.layout == "encoded"
+    with progress_bar(progress, len(indices), 0, "verify", "sample") as bar:
+        for i in indices:
+            i = int(i)
+            try:
+                data = reader.read(i)
+            except (PackFormatError, OSError, ValueError) as exc:
+                problem(f"sample {i}: cannot read: {exc}")
+                continue
+            finally:
+                bar.update(1)
+            report.checked += 1
+            if crcs is not None and zlib.crc32(np.ascontiguousarray(data)) != int(crcs[i]):
+                problem(f"sample {i} ({_safe_source(reader, i)}): checksum mismatch, the stored "
+                        "data is damaged")
+                continue
+            if decode:
+                try:
+                    decode_rgb(data, f"{path}[{i}]")
+                except CorruptImageError as exc:
+                    problem(f"sample {i} ({_safe_source(reader, i)}): {exc}")
+
+
+def _safe_source(reader, index: int) -> str:
+    try:
+        return reader.source(index)
+    except Exception:  # noqa: BLE001 - the path index may be damaged too
+        return "source unknown"

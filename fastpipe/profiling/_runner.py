@@ -1,0 +1,134 @@
+"""The loader runner shared by ``profile``, ``tune`` and ``bench``: iterate a loader under the
+profiler for a time or a number of steps, then stop its threads and processes."""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from fastpipe.profiling._datasets import DatasetSource
+from fastpipe.profiling._settings import LoaderSettings
+from fastpipe.profiling.profiler import LoaderInfo, Profiler, ProfileSummary
+
+
+@dataclass
+class Trial:
+    """The measurement of one setting. ``samples_per_second`` is None when it did not run."""
+
+    settings: LoaderSettings
+    stage: str
+    samples_per_second: float | None = None
+    batches: int = 0
+    seconds: float = 0.0
+    first_batch_seconds: float | None = None
+    wait_share: float | None = None
+    skipped: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["settings"] = asdict(self.settings)
+        return out
+
+
+def run_loader(
+    loader: Any,
+    seconds: float | None = None,
+    step_seconds: float = 0.0,
+    min_batches: int = 3,
+    steps: int | None = None,
+    progress: bool = False,
+) -> ProfileSummary:
+    """Iterates ``loader`` (epoch after epoch), profiled, for ``seconds`` or ``steps``.
+
+    The first batch (starting workers) is the profile's warm-up, reported apart; ``seconds`` and
+    ``steps`` count from after it. Epochs repeat until done, so the cost of restarting workers
+    each epoch counts when the dataset is small. With ``seconds``, at least ``min_batches`` are
+    counted unless that takes over three times ``seconds``. With ``step_seconds`` each batch is
+    followed by a sleep, standing in for a training step during which the host is idle (as
+    while a GPU computes).
+    """
+    if (seconds is None) == (steps is None):
+        raise ValueError("pass exactly one of seconds or steps")
+    profiler = Profiler(None, warmup=1, device="cpu", report=False)
+    epochs = profiler.wrap(_epochs(loader))
+    profiler.loader_info = LoaderInfo.of(loader)  # not of the epoch generator
+    from fastpipe._progress import progress_bar
+
+    bar = progress_bar(progress and steps is not None, only_on_terminal=True,
+                       total=(steps or 0) + 1, unit="step", desc="fastpipe profile")
+    counted, first = 0, True
+    deadline = hard_deadline = math.inf
+    try:
+        for _ in epochs:
+            if step_seconds:
+                time.sleep(step_seconds)
+            bar.update(1)
+            now = time.perf_counter()
+            if first:
+                first = False
+                if seconds is not None:
+                    deadline, hard_deadline = now + seconds, now + 3 * seconds
+            else:
+                counted += 1
+            if steps is not None:
+                if counted >= steps:
+                    break
+            elif (now >= deadline and counted >= min_batches) or now >= hard_deadline:
+                break
+    finally:
+        epochs.close()  # ends the last step, and stops the loader's iterator
+        bar.close()
+    return profiler.summary()
+
+
+def close_loader(loader: Any) -> None:
+    """Stops the threads of a loader (and of the loader a DataPrefetcher wraps)."""
+    for item in (loader, getattr(loader, "loader", None)):
+        close = getattr(item, "close", None)
+        if callable(close):
+            close()
+
+
+def measure(
+    source: DatasetSource,
+    settings: LoaderSettings,
+    seconds: float,
+    step_seconds: float = 0.0,
+    min_batches: int = 3,
+    stage: str = "",
+) -> Trial:
+    """Builds the loader for ``settings`` and measures it with :func:`run_loader`."""
+    with warnings.catch_warnings():
+        # More workers than cores is a deliberate point of the grid, not a mistake to warn about.
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        loader = settings.build(source.dataset, source.collate_fn)
+        try:
+            summary = run_loader(loader, seconds, step_seconds, min_batches)
+        finally:
+            close_loader(loader)
+            del loader
+            gc.collect()  # so persistent workers end now, not during the next trial
+    if not summary.steps:
+        return Trial(settings, stage, skipped="the dataset gave no batch")
+    if summary.steps_counted == 0:
+        return Trial(settings, stage, None, 0, 0.0, summary.warmup_seconds,
+                     skipped="the dataset gave only one batch; use a smaller batch size")
+    return Trial(
+        settings, stage, summary.samples_per_second, summary.steps_counted, summary.seconds,
+        summary.warmup_seconds, summary.wait_share,
+    )
+
+
+def _epochs(loader: Any) -> Iterator[Any]:
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            return
