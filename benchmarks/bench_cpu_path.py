@@ -1,7 +1,9 @@
 """The CPU image path, end to end: train transforms to normalized float NCHW batches on the CPU.
 
-All pipelines run in the same process, one after another and round-robin over ``--repeat``
-rounds, on the same sample dataset with the same settings: 2 workers (or DALI threads), batch 64,
+Every measurement runs in its own, fresh process (pipelines sharing a process distort each other:
+a DALI pipeline alive beside a DataLoader moved both by up to a third), round-robin over
+``--repeat`` rounds, after an untimed warm-up epoch, on three image sets (the built-in sample set,
+ImageNet-like photos and 1-2k px photos, see ``_photos.py``), with the same settings: 2 workers (or DALI threads), batch 64,
 RandomResizedCrop 224 + horizontal flip, output float32 (N, 3, 224, 224) normalized with the
 ImageNet mean and std. Reported: median images/s per pipeline, the ratio to the best baseline
 (torchvision + PIL, torchvision.transforms.v2 on decode_jpeg, DALI CPU), and the CPU time all
@@ -22,10 +24,12 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import importlib.util
+import json
 import os
 import platform
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -123,19 +127,42 @@ def fastpipe_folder_uint8(cfg) -> Iterable[torch.Tensor]:
     return (images for images, _ in _torch_loader(dataset, cfg, fast_collate))
 
 
-def fastpipe_h5(cfg) -> Iterable[torch.Tensor]:
+def fastpipe_folder_threads(cfg) -> Iterable[torch.Tensor]:
+    from torch.utils.data import BatchSampler
+
+    from fastpipe._threads import thread_batches
+    from fastpipe.data import ImageFolder, fast_collate
+
+    dataset = ImageFolder(cfg.root, train=True, size=cfg.size)
+    sampler = BatchSampler(RandomSampler(dataset, num_samples=len(dataset) * cfg.epochs),
+                           cfg.batch_size, drop_last=False)
+    batches = thread_batches(dataset, sampler, fast_collate, num_threads=cfg.workers,
+                             in_flight=2 * cfg.workers)
+    return (_normalized(images) for images, _ in batches)
+
+
+def _h5_batches(cfg, transcode: bool) -> Iterable[torch.Tensor]:
     if importlib.util.find_spec("h5py") is None:
         raise Skip("h5py is not installed (pip install 'fastpipe[hdf5]')")
-    try:
-        from fastpipe.data import H5Dataset, ImageDecoder, fast_collate
-        from fastpipe.pack import pack
-    except (ImportError, AttributeError) as exc:
-        raise Skip(f"fastpipe.pack / H5Dataset are not available in this checkout ({exc})") from None
-    out = Path(cfg.workdir) / "sample-bytes.h5"
+    from fastpipe.data import H5Dataset, ImageDecoder, fast_collate
+
+    out = _pack_path(cfg.root, cfg, transcode)
     if not out.exists():
-        pack(cfg.root, out, storage="bytes")
+        raise Skip(f"{out} was not packed")
     dataset = H5Dataset(out, decoder=ImageDecoder(train=True, size=cfg.size))
     return (_normalized(images) for images, _ in _torch_loader(dataset, cfg, fast_collate))
+
+
+def fastpipe_h5(cfg) -> Iterable[torch.Tensor]:
+    return _h5_batches(cfg, transcode=False)
+
+
+def fastpipe_h5_transcoded(cfg) -> Iterable[torch.Tensor]:
+    return _h5_batches(cfg, transcode=True)
+
+
+def _pack_path(root: str, cfg, transcode: bool = False) -> Path:
+    return Path(cfg.workdir) / f"{Path(root).name}-{'transcoded' if transcode else 'bytes'}.h5"
 
 
 def _normalized(images: torch.Tensor) -> torch.Tensor:
@@ -151,10 +178,12 @@ PIPELINES: dict[str, tuple[Callable[[Any], Iterable[torch.Tensor]], str]] = {
     "torchvision v2 on decode_jpeg": (torchvision_v2, "decode_jpeg tensors, v2 RandomResizedCrop/flip, ToDtype, Normalize in workers"),
     "DALI CPU (fastpipe.dali)": (dali_cpu, "fastpipe.dali.DALILoader(device='cpu', num_workers=2)"),
     "fastpipe ImageFolder": (fastpipe_folder, "fused decode/crop/resize/flip, fast_collate, fastpipe.ops.normalize in the main process"),
+    "fastpipe ImageFolder, threads": (fastpipe_folder_threads, "as fastpipe ImageFolder, loaded by threads of the main process instead of worker processes"),
     "fastpipe HDF5 pack (bytes)": (fastpipe_h5, "pack(storage='bytes'), H5Dataset + ImageDecoder, fast_collate, normalize"),
+    "fastpipe HDF5 pack (transcoded)": (fastpipe_h5_transcoded, "pack(storage='bytes', transcode=True): a restart marker per MCU, crops decode only their segments"),
     "fastpipe ImageFolder, uint8 out": (fastpipe_folder_uint8, "for reference: no normalize, not the same output as the rows above"),
 }
-OPTIONAL = (dali_cpu, fastpipe_h5)
+OPTIONAL = (dali_cpu, fastpipe_h5, fastpipe_h5_transcoded)
 
 
 # ---------------------------------------------------------------- the decode ceiling
@@ -251,102 +280,174 @@ def machine_description() -> str:
             f"{'compiled extension' if extension else 'pure-PyTorch reference'}")
 
 
+def _child(args) -> int:
+    """One measurement in this fresh process: build the pipeline, warm up, time, report as JSON."""
+    name = args.child
+    builder = PIPELINES[name][0] if name != "ceiling" else None
+    args.allow_uint8 = builder is fastpipe_folder_uint8
+    result: dict[str, Any] = {"name": name, "pid": os.getpid()}
+    try:
+        if builder is None:
+            cpu_start = cpu_seconds()
+            rate, total = decode_ceiling(args)
+        else:
+            batches = builder(args)
+            cpu_start = cpu_seconds()  # after one-time set-up (DALI's pipeline build)
+            rate, total = measure(batches, args)
+        result.update(rate=rate, cpu_ms=(cpu_seconds() - cpu_start) / total * 1e3)
+    except Skip as exc:
+        result["note"] = f"skipped: {exc}"
+    except Exception as exc:
+        # Parts built by other modules (DALI, HDF5) must not sink the whole run; their failure
+        # is reported in the table instead.
+        if builder not in OPTIONAL:
+            raise
+        result["note"] = f"failed: {type(exc).__name__}: {exc}"
+    Path(args.result).write_text(json.dumps(result))
+    return 0
+
+
+def _run_isolated(name: str, root: str, args, timeout: float = 1800) -> dict[str, Any]:
+    """Runs one measurement in a fresh interpreter: pipelines that share a process distort each
+    other (a DALI pipeline alive beside a DataLoader moved both by up to a third)."""
+    with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as out:
+        result_path = out.name
+    command = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--result",
+               result_path, "--root", root, "--workdir", args.workdir, "--epochs", str(args.epochs),
+               "--warmup", str(args.warmup), "--workers", str(args.workers),
+               "--main-threads", str(args.main_threads), "--batch-size", str(args.batch_size),
+               "--size", str(args.size)]
+    try:
+        subprocess.run(command, check=True, timeout=timeout)
+        return json.loads(Path(result_path).read_text())
+    finally:
+        Path(result_path).unlink(missing_ok=True)
+
+
+def _image_sets(args) -> dict[str, str]:
+    if args.root:
+        return {"your images": str(args.root)}
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _photos import photo_set
+
+    sets = {}
+    for kind in args.sets:
+        if kind == "sample":
+            from fastpipe.data import sample_images
+
+            sets["built-in sample set"] = str(sample_images(num_images=args.images))
+        elif kind == "imagenet":
+            sets["ImageNet-like photos"] = str(photo_set("imagenet", args.images))
+        else:
+            sets["1-2k px photos"] = str(photo_set("photos", max(64, args.images // 4)))
+    return sets
+
+
+def _prepare_pack(root: str, args) -> None:
+    """Packs the set once, before any timing, so that no measured process pays for it."""
+    if importlib.util.find_spec("h5py") is None:
+        return
+    from fastpipe.pack import pack
+
+    for name, transcode in (("fastpipe HDF5 pack (bytes)", False),
+                            ("fastpipe HDF5 pack (transcoded)", True)):
+        out = _pack_path(root, args, transcode)
+        if name in args.names and not out.exists():
+            try:
+                pack(root, out, storage="bytes", transcode=transcode, progress=False)
+            except ValueError as exc:  # transcode without fastpipe._jpeg: the row says why
+                print(f"{name}: not packed: {exc}", flush=True)
+
+
+def _table(set_name: str, root: str, rows: dict[str, list[dict[str, Any]]], args) -> list[str]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _photos import describe
+
+    medians = {n: statistics.median(r["rate"] for r in rs) for n, rs in rows.items()
+               if rs and all("rate" in r for r in rs)}
+    best_name = max((n for n in BASELINES if n in medians), key=medians.get, default=None)
+    best = medians.get(best_name) if best_name else None
+    lines = [
+        f"### {set_name}", "",
+        f"{describe(Path(root))}. {args.workers} workers, batch {args.batch_size}, "
+        f"RandomResizedCrop {args.size} + flip, float32 NCHW normalized output; each measurement "
+        f"in its own process, median of {args.repeat} interleaved round(s) of {args.epochs} "
+        f"epoch(s) after a warm-up of {args.warmup} batches. CPU ms/image: user + system time of "
+        "all the measuring process's processes per image.", "",
+        "| pipeline | images/s | vs best baseline | CPU ms/image | how |",
+        "| --- | ---: | ---: | ---: | --- |",
+    ]
+    for name in list(args.names) + ["ceiling"]:
+        how = PIPELINES[name][1] if name in PIPELINES else (
+            "simplejpeg.decode_jpeg of every file, no crop, resize or batching")
+        label = name if name in PIPELINES else f"ceiling: full-size decode only, {args.workers} processes"
+        if name in medians:
+            ratio = f"{medians[name] / best:.2f}x" if best else "n/a"
+            cpu = statistics.median(r["cpu_ms"] for r in rows[name])
+            lines.append(f"| {label} | {medians[name]:.0f} | {ratio} | {cpu:.2f} | {how} |")
+        else:
+            note = next((r.get("note") for r in rows.get(name, []) if r.get("note")), "not run")
+            lines.append(f"| {label} | - | - | - | {note} |")
+    if best_name:
+        lines += ["", f"Best baseline: {best_name}."]
+    return lines + [""]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: small dataset, one round")
-    parser.add_argument("--images", type=int, default=None, help="sample dataset size (default 1024, quick 256)")
-    parser.add_argument("--epochs", type=int, default=None, help="epochs per measurement (default 3, quick 1)")
+    parser.add_argument("--images", type=int, default=None, help="images per set (default 1024, quick 256)")
+    parser.add_argument("--epochs", type=int, default=None, help="timed epochs per measurement (default 3, quick 1)")
     parser.add_argument("--repeat", type=int, default=None, help="rounds; the median is reported (default 3, quick 1)")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="untimed batches first (default one epoch, quick 1)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--main-threads", type=int, default=1,
                         help="torch threads of the main process, where fastpipe normalizes (default 1)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--size", type=int, default=224)
-    parser.add_argument("--root", type=Path, default=None, help="an ImageFolder tree of JPEGs instead of the sample dataset")
+    parser.add_argument("--sets", nargs="*", default=["sample", "imagenet", "photos"],
+                        choices=["sample", "imagenet", "photos"],
+                        help="image sets: the built-in sample set, ImageNet-like photos, 1-2k px photos")
+    parser.add_argument("--root", type=Path, default=None, help="an ImageFolder tree of JPEGs instead of the sets")
     parser.add_argument("--only", nargs="*", default=None, help="run only pipelines whose name contains one of these words")
-    parser.add_argument("--markdown", type=Path, default=None, help="write the results table to this file")
+    parser.add_argument("--markdown", type=Path, default=None, help="write the results tables to this file")
+    parser.add_argument("--json", type=Path, default=None, help="write every measurement (with its PID) here")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--result", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    images = args.images or (256 if args.quick else 1024)
+    args.images = args.images or (256 if args.quick else 1024)
     args.epochs = args.epochs or (1 if args.quick else 3)
     args.repeat = args.repeat or (1 if args.quick else 3)
-    args.warmup = 1 if args.quick else 4
+    if args.warmup is None:
+        args.warmup = 1 if args.quick else max(4, args.images // args.batch_size)
     torch.set_num_threads(max(1, args.main_threads))
+    if args.child:
+        return _child(args)
 
-    from fastpipe.data import sample_images
-
-    args.root = str(args.root or sample_images(num_images=images))
-    names = [n for n in PIPELINES if not args.only or any(w.lower() in n.lower() for w in args.only)]
-    results: dict[str, list[float]] = {n: [] for n in names}
-    cpu_ms: dict[str, list[float]] = {n: [] for n in names + ["ceiling"]}
-    notes: dict[str, str] = {}
-    ceiling: list[float] = []
+    args.names = [n for n in PIPELINES if not args.only or any(w.lower() in n.lower() for w in args.only)]
+    lines = [f"Machine: {machine_description()}.", ""]
+    records: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="fastpipe-bench-") as workdir:
         args.workdir = workdir
-        for round_ in range(args.repeat):
-            for name in names:
-                if name in notes:
-                    continue
-                builder = PIPELINES[name][0]
-                args.allow_uint8 = builder is fastpipe_folder_uint8
-                try:
-                    batches = builder(args)
-                    cpu_start = cpu_seconds()  # after one-time set-up (the HDF5 pack, DALI's build)
-                    rate, total = measure(batches, args)
-                except Skip as exc:
-                    notes[name] = f"skipped: {exc}"
-                    print(f"{name:34s} skipped: {exc}", flush=True)
-                    continue
-                except Exception as exc:
-                    # Parts built by other modules (DALI, HDF5) must not sink the whole run;
-                    # their failure is reported in the table instead.
-                    if builder not in OPTIONAL:
-                        raise
-                    notes[name] = f"failed: {type(exc).__name__}: {exc}"
-                    print(f"{name:34s} FAILED: {exc!r}", flush=True)
-                    continue
-                results[name].append(rate)
-                cpu_ms[name].append((cpu_seconds() - cpu_start) / total * 1e3)
-                print(f"[round {round_ + 1}/{args.repeat}] {name:34s} {rate:8.1f} images/s "
-                      f"{cpu_ms[name][-1]:6.2f} CPU ms/image", flush=True)
-            cpu_start = cpu_seconds()
-            rate, total = decode_ceiling(args)
-            ceiling.append(rate)
-            cpu_ms["ceiling"].append((cpu_seconds() - cpu_start) / total * 1e3)
-            print(f"[round {round_ + 1}/{args.repeat}] {'decode ceiling':34s} {rate:8.1f} images/s "
-                  f"{cpu_ms['ceiling'][-1]:6.2f} CPU ms/image", flush=True)
-
-    medians = {n: statistics.median(r) for n, r in results.items() if r}
-    best_name = max((n for n in BASELINES if n in medians), key=medians.get, default=None)
-    best = medians.get(best_name) if best_name else None
-    lines = [
-        f"Machine: {machine_description()}.",
-        "",
-        f"Sample dataset: {images} photo-like JPEGs (~500x400, quality 90), {args.workers} workers, "
-        f"batch {args.batch_size}, RandomResizedCrop {args.size} + flip, float32 NCHW normalized "
-        f"output; median of {args.repeat} round(s) of {args.epochs} epoch(s). CPU ms/image: user + "
-        "system time of all processes over the whole run (worker start-up included) per image; main "
-        f"process with {torch.get_num_threads()} torch thread(s).",
-        "",
-        "| pipeline | images/s | vs best baseline | CPU ms/image | how |",
-        "| --- | ---: | ---: | ---: | --- |",
-    ]
-    for name in names:
-        how = PIPELINES[name][1]
-        if name in medians:
-            ratio = f"{medians[name] / best:.2f}x" if best else "n/a"
-            cpu = statistics.median(cpu_ms[name])
-            lines.append(f"| {name} | {medians[name]:.0f} | {ratio} | {cpu:.2f} | {how} |")
-        else:
-            lines.append(f"| {name} | - | - | - | {notes.get(name, 'not run')} |")
-    ceiling_rate = statistics.median(ceiling)
-    ratio = f"{ceiling_rate / best:.2f}x" if best else "n/a"
-    lines.append(f"| ceiling: full-size decode only, {args.workers} processes | {ceiling_rate:.0f} | "
-                 f"{ratio} | {statistics.median(cpu_ms['ceiling']):.2f} | "
-                 "simplejpeg.decode_jpeg of every file, no crop, resize or batching |")
-    if best_name:
-        lines += ["", f"Best baseline: {best_name}."]
-    lines += ["", f"fastpipe.ops.normalize alone on one uint8 batch ({args.batch_size}x3x{args.size}x"
-                  f"{args.size}, {torch.get_num_threads()} threads): {normalize_cost(args):.1f} ms."]
+        for set_name, root in _image_sets(args).items():
+            _prepare_pack(root, args)
+            rows: dict[str, list[dict[str, Any]]] = {n: [] for n in args.names + ["ceiling"]}
+            for round_ in range(args.repeat):
+                for name in args.names + ["ceiling"]:
+                    if any("note" in r for r in rows[name]):
+                        continue
+                    result = _run_isolated(name, root, args)
+                    rows[name].append(result)
+                    records.append({"set": set_name, "round": round_, **result})
+                    shown = (f"{result['rate']:8.1f} images/s {result['cpu_ms']:6.2f} CPU ms/image"
+                             if "rate" in result else result["note"])
+                    print(f"[{set_name}, round {round_ + 1}/{args.repeat}] {name:34s} {shown} "
+                          f"(pid {result['pid']})", flush=True)
+            lines += _table(set_name, root, rows, args)
+    lines += [f"fastpipe.ops.normalize alone on one uint8 batch ({args.batch_size}x3x{args.size}x"
+              f"{args.size}, {torch.get_num_threads()} threads): {normalize_cost(args):.1f} ms."]
     table = "\n".join(lines) + "\n"
     print()
     print(table)
@@ -354,6 +455,8 @@ def main(argv: list[str] | None = None) -> int:
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(table)
         print(f"wrote {args.markdown}")
+    if args.json:
+        args.json.write_text(json.dumps({"parent_pid": os.getpid(), "measurements": records}, indent=1))
     return 0
 
 

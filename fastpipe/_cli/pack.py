@@ -26,6 +26,8 @@ SPELLING = {
     "part=(i, n)": "--part I/N",
     "max_side applies": "--max-side applies",
     "size applies": "--size applies",
+    "transcode applies": "--transcode applies",
+    "transcode needs": "--transcode needs",
     "part must look like 'i/n'": "--part must look like I/N",
     "part (i, n) needs 0 <= i < n": "--part I/N needs 0 <= I < N",
     "size must look like 'HxW'": "--size must look like HxW",
@@ -68,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="array storage: resize and centre-crop images to HxW")
     parser.add_argument("--quality", type=quality, default=90,
                         help="JPEG quality when re-encoding (default 90)")
+    parser.add_argument("--transcode", action="store_true",
+                        help="bytes storage: rewrite JPEGs losslessly with a restart marker per "
+                             "MCU, so that crops decode only what they show (same pixels)")
     parser.add_argument("--strict", action="store_true",
                         help="stop at the first unreadable or corrupt input")
     parser.add_argument("--no-check", action="store_true",
@@ -103,7 +108,7 @@ def _merge(args: argparse.Namespace):
         raise CommandError("--merge-only needs OUTPUT and at least one PACK")
     given = (("--storage", args.storage != "bytes"), ("--workers", args.workers is not None),
              ("--part", args.part), ("--max-side", args.max_side), ("--size", args.size),
-             ("--strict", args.strict))
+             ("--strict", args.strict), ("--transcode", args.transcode))
     ignored = [flag for flag, value in given if value]
     if ignored:
         raise CommandError(f"{', '.join(ignored)} do not apply to --merge-only (the packs are "
@@ -123,5 +128,5 @@ def _pack(args: argparse.Namespace):
                 num_workers=args.workers if args.workers is not None else usable_cores(),
                 part=args.part, merge=args.merge, max_side=args.max_side, size=args.size,
                 strict=args.strict, progress=not args.quiet, format=args.format,
-                quality=args.quality, check=not args.no_check, shard_size=args.shard_size,
+                quality=args.quality, transcode=args.transcode, check=not args.no_check, shard_size=args.shard_size,
                 overwrite=args.overwrite)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ class PackOptions:
     progress: bool = True
     format: str | None = None
     quality: int = 90
+    transcode: bool = False
     check: bool = True
     shard_size: int = DEFAULT_SHARD_SIZE
     overwrite: bool = False
@@ -65,7 +67,15 @@ class PackOptions:
         if not 1 <= int(self.quality) <= 100:
             raise ValueError(f"quality must be in 1..100, got {self.quality}")
         self._set("quality", int(self.quality))
-        for flag in ("strict", "progress", "check", "overwrite"):
+        if self.transcode:
+            if self.storage != "bytes":
+                raise ValueError("transcode applies to bytes storage (it rewrites JPEG files); "
+                                 "array storage keeps decoded pixels")
+            if importlib.util.find_spec("fastpipe._jpeg") is None:
+                raise ValueError("transcode needs fastpipe._jpeg, built when libjpeg-turbo's "
+                                 "headers are installed (Debian: apt install libjpeg62-turbo-dev; "
+                                 "then reinstall fastpipe)")
+        for flag in ("strict", "progress", "check", "overwrite", "transcode"):
             self._set(flag, bool(getattr(self, flag)))
 
     def _set(self, name: str, value: Any) -> None:
@@ -85,7 +95,8 @@ class PackOptions:
         return {"max_side": self.max_side,
                 "quality": self.quality if self.max_side is not None else None,
                 "shape": list(self.size) if self.size is not None else None,
-                "check": bool(self.check), "strict": bool(self.strict)}
+                "check": bool(self.check), "strict": bool(self.strict),
+                **({"transcode": True} if self.transcode else {})}
 
 
 _NO_VIRTUAL_LMDB = "LMDB has no virtual datasets: use merge='copy' (the default for LMDB)"

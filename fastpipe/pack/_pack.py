@@ -56,6 +56,7 @@ def pack(
     progress: bool = True,
     format: str | None = None,
     quality: int = 90,
+    transcode: bool = False,
     check: bool = True,
     shard_size: int = DEFAULT_SHARD_SIZE,
     overwrite: bool = False,
@@ -89,6 +90,12 @@ def pack(
         progress: show a tqdm progress bar (files/s, ETA) on stderr.
         format: ``"hdf5"`` or ``"lmdb"``; default from the output suffix (``.lmdb`` means LMDB).
         quality: JPEG quality when re-encoding with ``max_side``.
+        transcode: bytes storage: rewrite each JPEG losslessly (its DCT coefficients, no
+            re-quantization) as a baseline JPEG with a restart marker after every MCU, so that
+            a train crop entropy-decodes only the part of the file around it (see
+            docs/packing.md). Still a plain JPEG every decoder reads as the same image;
+            progressive files become baseline. Needs ``fastpipe._jpeg``. A JPEG libjpeg-turbo
+            cannot rewrite keeps its original bytes; other formats are stored as they are.
         check: bytes storage: decode every input to catch corrupt files (off: trust the inputs).
         shard_size: inputs per shard at most; smaller shards lose less work on interruption.
         overwrite: replace an existing output. A complete output that is replaced is never
@@ -108,7 +115,7 @@ def pack(
     options = PackOptions(
         storage=storage, num_workers=num_workers, part=part, merge=merge, max_side=max_side,
         size=size, strict=strict, progress=progress, format=format, quality=quality,
-        check=check, shard_size=shard_size, overwrite=overwrite, resume=resume,
+        transcode=transcode, check=check, shard_size=shard_size, overwrite=overwrite, resume=resume,
         start_method=start_method,
     ).for_output(output)
     fmt.h5py_module()  # shards are HDF5 for both formats
@@ -167,7 +174,7 @@ class _Plan:
         root = output.with_name(output.name + ".shards")
         directory = root / (f"{plan}-{secrets.token_hex(4)}" if replacing else plan)
         processor = Processor(spec, options.max_side, options.size, options.quality,
-                              options.check)
+                              options.check, options.transcode)
         job = Job(listing, processor, spec, meta, directory, options.strict,
                   _RERUN if listing.kind != "dataset" else _RERUN_DATASET)
         return cls(listing, output, options, lo, hi, job,

@@ -235,16 +235,18 @@ class Processor:
     shape: tuple[int, int] | None = None
     quality: int = 90
     check: bool = True
+    transcode: bool = False
 
     def __call__(self, value: Any, source: str) -> np.ndarray:
         """Returns the sample to store: flat uint8 (bytes storage) or the sample array."""
         value = _as_array(value)
         if self.spec.storage == "bytes":
             if isinstance(value, bytes):
-                return np.frombuffer(self._encoded(value, source), np.uint8)
+                return np.frombuffer(self._rewritten(self._encoded(value, source)), np.uint8)
             array = np.asarray(value)
             if array.dtype == np.uint8 and array.ndim == 1:
-                return np.frombuffer(self._encoded(array.tobytes(), source), np.uint8)
+                data = self._encoded(array.tobytes(), source)
+                return np.frombuffer(self._rewritten(data), np.uint8)
             if array.dtype == np.uint8 and (array.ndim == 2 or _is_image(array)):
                 return np.frombuffer(self._encode_array(array, source), np.uint8)
             raise PackError(
@@ -279,6 +281,20 @@ class Processor:
                 f"{array.dtype} {got}, the pack holds {self.spec.dtype} {want};{hint}"
             )
         return np.ascontiguousarray(array)
+
+    def _rewritten(self, data: bytes) -> bytes:
+        """With ``transcode``, a JPEG with a restart marker per MCU (same pixels), for crops
+        that entropy-decode only what they show; anything else as it is."""
+        if not self.transcode or data[:2] != b"\xff\xd8":
+            return data
+        from fastpipe._jpeg import transcode
+
+        try:
+            return transcode(data)
+        except ValueError:
+            # What libjpeg-turbo warns about (the input check decoded it) is kept as it is:
+            # the same pixels, through the whole-image path.
+            return data
 
     def _encoded(self, data: bytes, source: str) -> bytes:
         if self.max_side is None:

@@ -21,9 +21,15 @@
 
 #include <csetjmp>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <new>
+#include <vector>
 
 #include <jpeglib.h>  // libjpeg-turbo's own header wraps itself in extern "C"
+#include <jerror.h>
+
+#include "restart_segments.h"
 
 /* Rows one jpeg_read_scanlines call is asked for (libjpeg's preferred batch, at most 16). */
 static JDIMENSION max_batch_rows(const jpeg_decompress_struct *cinfo) {
@@ -191,6 +197,128 @@ static int decode_region(region_request *req, strict_error_mgr *err) {
     return 0;
 }
 
+/* A destination that grows a malloc'ed buffer, so that the caller frees it on every path. */
+struct growing_destination {
+    struct jpeg_destination_mgr pub;
+    unsigned char *buffer;
+    size_t capacity;
+};
+
+static void grow_init(j_compress_ptr cinfo) {
+    auto *dest = reinterpret_cast<growing_destination *>(cinfo->dest);
+    dest->pub.next_output_byte = dest->buffer;
+    dest->pub.free_in_buffer = dest->capacity;
+}
+
+static boolean grow_empty(j_compress_ptr cinfo) {
+    auto *dest = reinterpret_cast<growing_destination *>(cinfo->dest);
+    const size_t used = dest->capacity;
+    auto *bigger = static_cast<unsigned char *>(std::realloc(dest->buffer, 2 * used));
+    if (bigger == nullptr) {
+        ERREXIT1(cinfo, JERR_OUT_OF_MEMORY, 0);
+    }
+    dest->buffer = bigger;
+    dest->capacity = 2 * used;
+    dest->pub.next_output_byte = bigger + used;
+    dest->pub.free_in_buffer = used;
+    return TRUE;
+}
+
+static void grow_term(j_compress_ptr cinfo) { (void)cinfo; }
+
+/* Rewrites `data` losslessly (coefficients copied, nothing re-quantized) as a baseline JPEG with a
+ * restart marker after every MCU and optimized Huffman tables, keeping its EXIF and ICC markers.
+ * 0 on success with *out (malloc'ed, the caller frees it) and *out_size. */
+static int transcode_for_crops(const unsigned char *data, unsigned long size, unsigned char **out,
+                               size_t *out_size, strict_error_mgr *err) {
+    jpeg_decompress_struct src;
+    jpeg_compress_struct dst;
+    /* On the heap: libjpeg changes it between setjmp and longjmp, and the handler frees its buffer. */
+    auto *dest = static_cast<growing_destination *>(std::malloc(sizeof(growing_destination)));
+    if (dest != nullptr) {
+        dest->capacity = size + size / 4 + 4096;
+        dest->buffer = static_cast<unsigned char *>(std::malloc(dest->capacity));
+    }
+    if (dest == nullptr || dest->buffer == nullptr) {
+        std::free(dest);
+        snprintf(err->message, sizeof err->message, "out of memory");
+        return -1;
+    }
+    begin_error_handling(&src, err);
+    dst.err = &err->pub;
+    if (setjmp(err->jump)) {
+        jpeg_destroy_compress(&dst);
+        jpeg_destroy_decompress(&src);
+        std::free(dest->buffer);
+        std::free(dest);
+        return -1;
+    }
+    jpeg_create_decompress(&src);
+    jpeg_create_compress(&dst);
+    jpeg_mem_src(&src, data, size);
+    jpeg_save_markers(&src, JPEG_APP0 + 1, 0xFFFF);
+    jpeg_save_markers(&src, JPEG_APP0 + 2, 0xFFFF);
+    jpeg_read_header(&src, TRUE);
+    if (src.data_precision != 8) {
+        snprintf(err->message, sizeof err->message, "%d-bit samples: only 8-bit JPEGs are rewritten",
+                 src.data_precision);
+        longjmp(err->jump, 1);
+    }
+    jvirt_barray_ptr *coefficients = jpeg_read_coefficients(&src);
+    dest->pub.init_destination = grow_init;
+    dest->pub.empty_output_buffer = grow_empty;
+    dest->pub.term_destination = grow_term;
+    dst.dest = &dest->pub;
+    jpeg_copy_critical_parameters(&src, &dst);
+    dst.optimize_coding = TRUE;
+    dst.restart_interval = 1;
+    jpeg_write_coefficients(&dst, coefficients);
+    for (jpeg_saved_marker_ptr m = src.marker_list; m != nullptr; m = m->next) {
+        jpeg_write_marker(&dst, m->marker, m->data, m->data_length);
+    }
+    jpeg_finish_compress(&dst);
+    *out_size = dest->capacity - dest->pub.free_in_buffer;
+    jpeg_finish_decompress(&src);
+    jpeg_destroy_compress(&dst);
+    jpeg_destroy_decompress(&src);
+    *out = dest->buffer;
+    std::free(dest);
+    return 0;
+}
+
+PyDoc_STRVAR(transcode_doc,
+"transcode(data) -> bytes\n"
+"\n"
+"``data`` rewritten losslessly (DCT coefficients copied, as jpegtran does) as a baseline JPEG with\n"
+"a restart marker after every MCU, optimized Huffman tables, and its EXIF and ICC markers. Every\n"
+"decoder reads it as the same image; decode_region then entropy-decodes only the MCUs around the\n"
+"crop. Progressive files become baseline. Raises ValueError for what libjpeg-turbo rejects or\n"
+"warns about.");
+
+static PyObject *py_transcode(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "y*:transcode", &view)) {
+        return nullptr;
+    }
+    strict_error_mgr err;
+    unsigned char *out = nullptr;
+    size_t out_size = 0;
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = transcode_for_crops(static_cast<const unsigned char *>(view.buf),
+                                 (unsigned long)view.len, &out, &out_size, &err);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    if (status != 0) {
+        return PyErr_Format(PyExc_ValueError, "libjpeg-turbo: %s", err.message);
+    }
+    PyObject *result = PyBytes_FromStringAndSize(reinterpret_cast<const char *>(out),
+                                                 (Py_ssize_t)out_size);
+    std::free(out);
+    return result;
+}
+
 PyDoc_STRVAR(decode_region_doc,
 "decode_region(data, scale_denom, top, left, height, width, fast_upsample)\n"
 "    -> (pixels: bytearray, row_stride: int, column: int)\n"
@@ -202,6 +330,8 @@ PyDoc_STRVAR(decode_region_doc,
 "numpy, ``np.frombuffer(pixels, np.uint8, height * row_stride).reshape(height, -1, 3)\n"
 "[:, column:column + width]``. Bytes after the last row are zero.\n"
 "Accurate integer DCT; fast_upsample replicates chroma samples instead of interpolating them.\n"
+"A file from transcode() (a restart marker after every MCU) is entropy-decoded only around the\n"
+"rectangle; its pixels are the same.\n"
 "Raises ValueError for anything libjpeg-turbo warns about or rejects (strict, like simplejpeg's\n"
 "strict=True), for colour spaces other than YCbCr, RGB and greyscale, and for a rectangle\n"
 "outside the decoded image.");
@@ -238,6 +368,20 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args) {
     req.capacity = 0;
     req.out = nullptr;
     req.row_pixels = req.column = 0;
+    /* A file with a restart segment per MCU: decode a JPEG of the segments around the region. */
+    std::vector<unsigned char> segments;
+    Py_BEGIN_ALLOW_THREADS
+    try {
+        segments = segmented_crop(req.data, req.size, scale_denom, &req.top, &req.left, req.height,
+                                  req.width);
+    } catch (const std::bad_alloc &) {
+        segments.clear();
+    }
+    Py_END_ALLOW_THREADS
+    if (!segments.empty()) {
+        req.data = segments.data();
+        req.size = (unsigned long)segments.size();
+    }
     strict_error_mgr err;
     int status;
     /* The header first: a region that does not fit is refused before its buffer is allocated. */
@@ -271,6 +415,7 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"decode_region", py_decode_region, METH_VARARGS, decode_region_doc},
+    {"transcode", py_transcode, METH_VARARGS, transcode_doc},
     {nullptr, nullptr, 0, nullptr},
 };
 
