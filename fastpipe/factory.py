@@ -20,16 +20,14 @@ error when the loader is built, never a silent difference.
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import math
 import os
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils.data import Sampler
 
 from fastpipe import _validate as check
 from fastpipe._constants import (
@@ -321,8 +319,8 @@ def _build_dali(o: _Options) -> Any:
         # the floats in 0-1 the CPU backend gives.
         normalize["mean"] = o.mean if o.mean is not None else (0.0, 0.0, 0.0)
         normalize["std"] = o.std if o.std is not None else (1.0, 1.0, 1.0)
-    return _vocabulary_call(
-        DALILoader, source, batch_size=o.batch_size, train=o.train, size=o.size,
+    return DALILoader(
+        source, batch_size=o.batch_size, train=o.train, size=o.size,
         num_workers=o.num_workers, device=str(o.device), shuffle=o.shuffle,
         drop_last=o.drop_last, seed=o.seed, dtype=o.dtype, channels_last=o.channels_last,
         rank=o.rank, world_size=o.world_size, scale=o.scale, ratio=o.ratio, hflip=o.hflip,
@@ -336,31 +334,30 @@ def _build_dali(o: _Options) -> Any:
 
 def _build_cpu(o: _Options) -> Any:
     from fastpipe import DataLoaderX, DataPrefetcher
-    from fastpipe.data import fast_collate
+    from fastpipe.data import DistributedSampler, fast_collate
 
     dataset = _cpu_dataset(o)
-    sampler = _EpochSampler(len(dataset), shuffle=o.shuffle, seed=o.order_seed, rank=o.rank,
-                            world_size=o.world_size, drop_last=o.drop_last)
-    loader = _vocabulary_call(
-        DataLoaderX, dataset, batch_size=o.batch_size, sampler=sampler,
-        num_workers=o.num_workers, collate_fn=fast_collate, drop_last=o.drop_last,
-        pin_memory=o.device.type == "cuda", persistent_workers=o.num_workers > 0,
-        prefetch_depth=o.prefetch_depth,
-        # TODO(lead): drop after merge (ImageFolder(seed=) makes the draws reproducible).
-        generator=torch.Generator().manual_seed(o.augment_seed),
+    # DistributedSampler's order and sharding (also for one process), advancing its epoch at
+    # every iter() as DALILoader does, and resumable through the loader's state_dict().
+    sampler = DistributedSampler(dataset, world_size=o.world_size, rank=o.rank,
+                                 shuffle=o.shuffle, seed=o.order_seed, drop_last=o.drop_last)
+    loader = DataLoaderX(
+        dataset, batch_size=o.batch_size, sampler=sampler, num_workers=o.num_workers,
+        collate_fn=fast_collate, drop_last=o.drop_last, pin_memory=o.device.type == "cuda",
+        persistent_workers=o.num_workers > 0, prefetch_depth=o.prefetch_depth,
     )
     float_out = o.dtype != torch.uint8
-    return _vocabulary_call(
-        DataPrefetcher, loader, device=o.device, mean=o.mean, std=o.std,
+    return DataPrefetcher(
+        loader, device=o.device, mean=o.mean, std=o.std,
         dtype=o.dtype if float_out else None, channels_last=o.channels_last, prefetch_depth=1,
     )
 
 
 def _cpu_dataset(o: _Options) -> Any:
     kind = _pack_kind(o.path)
-    options = dict(train=o.train, size=o.size, scale=o.scale, ratio=o.ratio, hflip=o.hflip,
-                   crop_pct=o.crop_pct, auto_augment=o.auto_augment,
-                   interpolation=o.interpolation, seed=o.augment_seed)
+    options = dict(auto_augment=o.auto_augment, seed=o.augment_seed)
+    decoding = dict(train=o.train, size=o.size, scale=o.scale, ratio=o.ratio, hflip=o.hflip,
+                    crop_pct=o.crop_pct, interpolation=o.interpolation)
     if kind is None:
         from fastpipe.data import ImageFolder
 
@@ -368,158 +365,17 @@ def _cpu_dataset(o: _Options) -> Any:
             raise FileNotFoundError(
                 f"{str(o.path)!r} is neither an image folder nor a pack file (.h5, .hdf5, .lmdb)"
             )
-        return _vocabulary_call(ImageFolder, str(o.path), **options)
+        return ImageFolder(str(o.path), **decoding, **options)
+    from fastpipe.data import ImageDecoder
+
     if kind == "hdf5":
         from fastpipe.data import H5Dataset as pack_class
     else:
         from fastpipe.data import LMDBDataset as pack_class
-    dataset = _pack_dataset(pack_class, str(o.path), options)
+    dataset = pack_class(str(o.path), decoder=ImageDecoder(**decoding), **options)
     if dataset.storage != "bytes":
         raise ValueError(
             f"{o.path} stores decoded arrays of one size, so it cannot be cropped and resized "
             "per sample; pack with storage='bytes' (fastpipe pack --storage bytes)"
         )
     return dataset
-
-
-class _EpochSampler(Sampler[int]):
-    """``DistributedSampler``'s order and sharding, with the epoch advancing at every ``iter()``
-    (as DALILoader's does) unless :meth:`set_epoch` chose it; yields ``SampleIndex`` (the index
-    with its epoch) when the datasets take one, so per-sample draws change every epoch.
-
-    TODO(lead): after merge, replace with h15's DDP-aware epoch sampler if it does the same.
-    """
-
-    def __init__(self, num_items: int, *, shuffle: bool, seed: int, rank: int, world_size: int,
-                 drop_last: bool) -> None:
-        self.num_items = num_items
-        self.shuffle = shuffle
-        self.seed = seed
-        self.rank = rank
-        self.world_size = world_size
-        self.drop_last = drop_last
-        if drop_last and num_items % world_size:
-            self.num_samples = num_items // world_size
-        else:
-            self.num_samples = math.ceil(num_items / world_size)
-        if self.num_samples == 0:
-            raise ValueError(
-                f"the dataset has {num_items} samples, fewer than world_size={world_size} with "
-                "drop_last=True: this rank would get none"
-            )
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        """Makes the next ``iter()`` run ``epoch``."""
-        self.epoch = check.non_negative_int("epoch", epoch)
-
-    def __len__(self) -> int:
-        return self.num_samples
-
-    def __iter__(self) -> Iterator[int]:
-        epoch = self.epoch
-        self.epoch += 1
-        if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed + epoch)
-            order = torch.randperm(self.num_items, generator=generator).tolist()
-        else:
-            order = list(range(self.num_items))
-        total = self.num_samples * self.world_size
-        if total > len(order):
-            padding = total - len(order)
-            order += (order * math.ceil(padding / len(order)))[:padding]
-        order = order[:total][self.rank:total:self.world_size]
-        wrap = _sample_index_type()
-        if wrap is None:
-            return iter(order)
-        return (wrap(i, epoch) for i in order)
-
-
-def _sample_index_type() -> Callable[[int, int], int] | None:
-    try:
-        from fastpipe.data._random import SampleIndex  # issue 14's per-sample randomness
-    except ImportError:
-        return None
-    return SampleIndex
-
-
-# ------------------------------------------------------------------------------------------------
-# TODO(lead): drop after merge. The constructors are being renamed to docs/vocabulary.md in
-# parallel; until then these map the vocabulary names used above onto what a constructor takes
-# on this branch. After the merge every name is taken as it is, so the calls above become plain
-# ``ImageFolder(...)``, ``DataLoaderX(...)``, ``DataPrefetcher(...)``, ``DALILoader(...)``.
-
-_OLD_NAMES = {
-    "num_workers": ("num_threads",),  # DALILoader
-    "prefetch_depth": ("max_prefetch", "depth", "prefetch_queue_depth"),
-    "rank": ("shard_id",),
-    "world_size": ("num_shards",),
-    "hflip": ("flip",),
-}
-# Values equal to what the branch's constructors do without the parameter: dropped quietly.
-_ABSENT_MEANS = {"auto_augment": None, "interpolation": "bilinear", "channels_last": False,
-                 "seed": None}
-
-
-def _vocabulary_call(factory: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``factory(*args, **kwargs)`` with vocabulary names renamed to the ones it takes."""
-    try:
-        params = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        return factory(*args, **kwargs)
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    accepted: dict[str, Any] = {}
-    wrap: Callable[[Any], Any] | None = None
-    for name, value in kwargs.items():
-        if name in params:
-            accepted[name] = value
-            continue
-        old = next((o for o in _OLD_NAMES.get(name, ()) if o in params), None)
-        if old is not None:
-            accepted[old] = value
-        elif name == "channels_last" and "layout" in params:
-            accepted["layout"] = "NCHW"
-            if value:
-                accepted["layout"] = "NHWC"
-                wrap = _NHWCAsChannelsLast
-        elif name == "seed" and not takes_any:
-            continue  # the branch's ImageFolder draws from the worker seeds (generator=)
-        elif takes_any and name not in _ABSENT_MEANS:
-            accepted[name] = value  # DataLoader's own arguments, through DataLoaderX's **kwargs
-        elif _ABSENT_MEANS.get(name, object()) == value:
-            continue
-        else:
-            raise ValueError(
-                f"{getattr(factory, '__name__', factory)} in this build of fastpipe does not "
-                f"take {name}={value!r} yet"
-            )
-    built = factory(*args, **accepted)
-    return wrap(built) if wrap is not None else built
-
-
-def _pack_dataset(pack_class: type, path: str, options: dict[str, Any]) -> Any:
-    """A pack dataset that decodes like ImageFolder."""
-    if "train" in inspect.signature(pack_class).parameters:
-        return _vocabulary_call(pack_class, path, **options)
-    from fastpipe.data import ImageDecoder
-
-    decoder_options = {k: v for k, v in options.items() if k != "seed"}
-    return pack_class(path, decoder=_vocabulary_call(ImageDecoder, **decoder_options))
-
-
-class _NHWCAsChannelsLast:
-    """A DALILoader with ``layout="NHWC"`` whose images are seen as ``(N, C, H, W)`` with
-    channels_last strides."""
-
-    def __init__(self, loader: Any) -> None:
-        self._loader = loader
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._loader, name)
-
-    def __len__(self) -> int:
-        return len(self._loader)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for images, labels in self._loader:
-            yield images.permute(0, 3, 1, 2), labels

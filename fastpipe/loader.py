@@ -13,6 +13,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from fastpipe._background import BackgroundIterator
 from fastpipe._compat import shutdown_dataloader_workers
+from fastpipe._threads import thread_batches
 from fastpipe.data._resume import (
     STATE_VERSION,
     EpochSampler,
@@ -52,6 +53,15 @@ class DataLoaderX(DataLoader):
     exceptions: its thread stays blocked in ``put()`` after an early ``break`` (holding the
     batches and the DataLoader's workers), and it has no ``close()``.
 
+    ``worker_method="thread"`` runs the ``num_workers`` workers as threads of this process
+    instead of DataLoader's worker processes: each loads and collates whole batches, in sampler
+    order, with no shared-memory hand-over, no pickling of batches and no worker start-up. It
+    pays off for datasets whose per-sample work releases the GIL, as fastpipe's JPEG decode and
+    resize do (measured in docs/benchmarks.md); Python-heavy transforms are better in processes.
+    It needs a map-style dataset and ``batch_size``; ``worker_init_fn`` is refused (there are no
+    worker processes), and the threads are started per epoch (``persistent_workers`` changes
+    nothing).
+
     Without ``sampler=`` / ``batch_sampler=`` (map-style datasets), the sampler is one of
     fastpipe's resumable samplers: ``shuffle=True`` gives ``fastpipe.data.RandomSampler`` seeded
     with the keyword ``seed: int | None`` (None: one draw from ``generator=``, else from torch's
@@ -59,7 +69,9 @@ class DataLoaderX(DataLoader):
     :meth:`state_dict` / :meth:`load_state_dict` can resume mid-epoch (docs/resume.md).
     """
 
-    def __init__(self, *args: Any, prefetch_depth: int = 2, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, prefetch_depth: int = 2, worker_method: str = "process", **kwargs: Any
+    ) -> None:
         if (
             not isinstance(prefetch_depth, int)
             or isinstance(prefetch_depth, bool)
@@ -69,9 +81,17 @@ class DataLoaderX(DataLoader):
                 "prefetch_depth must be a positive int (batches kept ready ahead), "
                 f"got {prefetch_depth!r}"
             )
+        if worker_method not in ("process", "thread"):
+            raise ValueError(
+                f"worker_method must be 'process' (DataLoader's worker processes) or 'thread' "
+                f"(threads of this process), got {worker_method!r}"
+            )
         args, kwargs = with_stateful_sampler(args, kwargs)
         super().__init__(*args, **kwargs)
         self.prefetch_depth = prefetch_depth
+        self.worker_method = worker_method
+        if worker_method == "thread" and self.num_workers > 0:
+            _check_thread_workers(self)
         self._epoch: weakref.ref[BackgroundIterator] | None = None
         self._epoch_thread: threading.Thread | None = None
 
@@ -104,7 +124,14 @@ class DataLoaderX(DataLoader):
         self._position = self._begin_position()
         # The base iterator (and with it any worker processes) is created here in the caller's
         # thread; only next() runs in the background.
-        base = super().__iter__()
+        if self.worker_method == "thread" and self.num_workers > 0:
+            base: Iterator[Any] = thread_batches(
+                self.dataset, self.batch_sampler, self.collate_fn, self.num_workers,
+                in_flight=self.num_workers * (self.prefetch_factor or 2),
+                pin_memory=self.pin_memory, name="fastpipe-DataLoaderX-worker",
+            )
+        else:
+            base = super().__iter__()
         epoch = BackgroundIterator(
             _batches(base, shut_down_workers=not self.persistent_workers),
             prefetch_depth=self.prefetch_depth,
@@ -206,6 +233,22 @@ class DataLoaderX(DataLoader):
                 "fastpipe.data.RandomSampler, SequentialSampler or DistributedSampler"
             )
         return sampler, batch_size
+
+
+def _check_thread_workers(loader: DataLoaderX) -> None:
+    """Refuses what thread workers cannot do as DataLoader's processes would."""
+    if isinstance(loader.dataset, IterableDataset):
+        raise ValueError(
+            "worker_method='thread' needs a map-style dataset (each thread loads whole batches "
+            "of indices); an IterableDataset needs worker_method='process'"
+        )
+    if not loader._auto_collation:
+        raise ValueError("worker_method='thread' loads whole batches: pass batch_size= (not None)")
+    if loader.worker_init_fn is not None:
+        raise ValueError(
+            "worker_init_fn runs in worker processes; with worker_method='thread' there are none "
+            "(set up the dataset before building the loader, or use worker_method='process')"
+        )
 
 
 def _warn_if_rebuilt_by_accelerate() -> None:

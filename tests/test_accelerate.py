@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from process_helpers import run_group
 
 pytest.importorskip("accelerate")
 
@@ -31,7 +31,7 @@ def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("accelerate")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc_per_node", "2", str(SCRIPT), str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT,
+    done = run_group(command, timeout=240, cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     return [json.loads((out / f"rank{rank}.json").read_text()) for rank in (0, 1)]

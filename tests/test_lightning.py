@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from process_helpers import run_group
 
 pytest.importorskip("lightning")
 
@@ -26,10 +26,8 @@ SAMPLES = 20
 
 def run(scenario: str, out: Path) -> dict[int, dict[int, list[int]]]:
     """{rank: {epoch: ids in order}} of a 2-process run of ``scenario``."""
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), str(out), scenario], capture_output=True, text=True,
-        timeout=480, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    done = run_group([sys.executable, str(SCRIPT), str(out), scenario], timeout=480, cwd=ROOT,
+                     env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
     if (out / "error.txt").exists():
         raise RuntimeError((out / "error.txt").read_text())

@@ -75,15 +75,15 @@ def test_transcoded_pack_holds_the_same_images_and_reports_what_it_skipped(jpeg,
 @pytest.mark.parametrize("train", [True, False])
 def test_decoded_samples_equal_the_original_files(jpeg, good_root, tmp_path, train):
     pack(good_root, tmp_path / "transcoded.h5", transcode=True, progress=False)
-    folder = ImageFolder(good_root, train=train, size=64)
-    packed = H5Dataset(tmp_path / "transcoded.h5", decoder=ImageDecoder(train=train, size=64))
+    folder = ImageFolder(good_root, train=train, size=64, seed=7)
+    packed = H5Dataset(tmp_path / "transcoded.h5", decoder=ImageDecoder(train=train, size=64),
+                       seed=7)
     assert len(folder) == len(packed)
     for epoch in range(2):
+        folder.set_epoch(epoch)
+        packed.set_epoch(epoch)
         for i in range(len(folder)):
-            torch.manual_seed(1000 * epoch + i)
-            want = folder[i][0]
-            torch.manual_seed(1000 * epoch + i)
-            got = packed[i][0]
+            want, got = folder[i][0], packed[i][0]
             assert torch.equal(got, want), (epoch, folder.path(i))
 
 

@@ -106,7 +106,7 @@ def test_seed_none_is_drawn_from_torch_at_construction(sample_root):
 @pytest.fixture(scope="module")
 def bytes_pack(sample_root, tmp_path_factory):
     path = tmp_path_factory.mktemp("pack") / "images.h5"
-    pack(sample_root, path, workers=1, progress=False)
+    pack(sample_root, path, num_workers=1, progress=False)
     return path
 
 

@@ -66,13 +66,18 @@ class Fingerprinted(Augmented):
 
 # One loader configuration, as a dict (it crosses to the restoring process as JSON).
 def build(config: dict) -> DataLoaderX | DataPrefetcher:
-    dataset = Augmented(config.get("length", 29))
+    dataset = _dataset(config)
     kwargs = dict(
         batch_size=config.get("batch_size", 4),
         num_workers=config["num_workers"],
         persistent_workers=config.get("persistent_workers", False),
         drop_last=config.get("drop_last", False),
     )
+    if "dataset" in config:  # fastpipe's image datasets: uint8 images, fast_collate
+        from fastpipe.data import fast_collate
+
+        kwargs["collate_fn"] = fast_collate
+        kwargs["worker_method"] = config.get("worker_method", "process")
     if "world_size" in config:
         sampler = DistributedSampler(
             dataset, world_size=config["world_size"], rank=config["rank"], seed=5
@@ -83,6 +88,20 @@ def build(config: dict) -> DataLoaderX | DataPrefetcher:
     if config.get("prefetcher"):
         return DataPrefetcher(loader, device="cpu")
     return loader
+
+
+def _dataset(config: dict) -> Dataset:
+    """The synthetic dataset, or ImageFolder / H5Dataset over real JPEGs (train crops, flips and
+    RandAugment, all drawn per (seed, epoch, index))."""
+    kind = config.get("dataset")
+    if kind is None:
+        return Augmented(config.get("length", 29))
+    from fastpipe.data import H5Dataset, ImageDecoder, ImageFolder
+
+    if kind == "folder":
+        return ImageFolder(config["root"], train=True, size=32, auto_augment="ra", seed=13)
+    return H5Dataset(config["pack"], decoder=ImageDecoder(train=True, size=32),
+                     auto_augment="ra", seed=13)
 
 
 def epoch_batches(loader) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -157,9 +176,20 @@ CONFIGS = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_restored_in_a_fresh_process_yields_the_uninterrupted_batches(name, tmp_path):
-    config = CONFIGS[name]
+@pytest.mark.parametrize("name", sorted(CONFIGS) + ["folder_prefetcher_w2", "h5_w2_threads"])
+def test_restored_in_a_fresh_process_yields_the_uninterrupted_batches(name, tmp_path,
+                                                                      sample_root):
+    config = CONFIGS.get(name)
+    if name == "folder_prefetcher_w2":
+        config = dict(dataset="folder", root=str(sample_root), num_workers=2, prefetcher=True,
+                      batch_size=8)
+    elif name == "h5_w2_threads":
+        from fastpipe.pack import pack
+
+        path = tmp_path / "sample.h5"
+        pack(sample_root, path, progress=False)
+        config = dict(dataset="h5", pack=str(path), num_workers=2, worker_method="thread",
+                      batch_size=8)
     reference = build(config)
     uninterrupted = [epoch_batches(reference) for _ in range(3)]
     reference.close()

@@ -6,11 +6,11 @@ collate time (DataLoader, DataLoaderX) or in DataPrefetcher's batch_transform, a
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from process_helpers import run_group
 
 pytest.importorskip("torchvision")
 
@@ -21,10 +21,8 @@ SCRIPT = ROOT / "examples" / "train_classification.py"
 
 
 def _run(args: list[str]) -> str:
-    done = subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"},
-    )
+    done = run_group([sys.executable, *args], timeout=300, cwd=ROOT,
+                     env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout
 

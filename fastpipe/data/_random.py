@@ -85,14 +85,20 @@ def reseeded(seed: int) -> torch.Generator:
     return generator
 
 
+# One sample at a time in torch's global generator: thread workers (DataLoaderX's
+# worker_method="thread") would otherwise draw from one another's seeded streams.
+_global_generator_lock = threading.Lock()
+
+
 class forked_default_generator:  # noqa: N801 - used like a function, as torch.random.fork_rng
     """Context manager: torch's default CPU generator seeded with ``seed`` inside, its state
     restored on exit, for code that draws from the global generator (torchvision transforms).
 
     Like ``torch.random.fork_rng(devices=[])`` + ``torch.manual_seed``, without their cost
-    (``torch.manual_seed`` also seeds every CUDA device). The global generator is shared by every
-    thread of the process: code drawing from it in another thread meanwhile would draw these
-    numbers (and move this sample's stream), so run such transforms in DataLoader workers.
+    (``torch.manual_seed`` also seeds every CUDA device). fastpipe's own threads take turns inside
+    it, so thread workers draw the same numbers as processes; code outside fastpipe drawing from
+    the global generator in another thread meanwhile (a CPU training step with ``num_workers=0``)
+    would still draw these numbers, so run such transforms in workers.
     """
 
     __slots__ = ("seed", "_state")
@@ -101,9 +107,13 @@ class forked_default_generator:  # noqa: N801 - used like a function, as torch.r
         self.seed = seed
 
     def __enter__(self) -> None:
+        _global_generator_lock.acquire()
         generator = torch.default_generator
         self._state = generator.get_state()
         generator.manual_seed(self.seed)
 
     def __exit__(self, *exc: object) -> None:
-        torch.default_generator.set_state(self._state)
+        try:
+            torch.default_generator.set_state(self._state)
+        finally:
+            _global_generator_lock.release()

@@ -1,0 +1,92 @@
+"""DataLoaderX(worker_method="thread"): DataLoader's batches from threads, nothing left running."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from torch.utils.data import IterableDataset
+
+from fastpipe import DataLoaderX
+from fastpipe.data import ImageFolder, fast_collate
+
+
+class Numbers(torch.utils.data.Dataset):
+    def __init__(self, n: int, fail_at: int | None = None) -> None:
+        self.n, self.fail_at = n, fail_at
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        if i == self.fail_at:
+            raise KeyError(f"sample {i} is broken")
+        return torch.full((3,), float(i)), int(i)
+
+
+def _equal(a, b) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_thread_workers_give_the_process_workers_batches(sample_root, no_thread_leak):
+    dataset = ImageFolder(sample_root, train=True, size=32, seed=5)
+    kwargs = dict(batch_size=8, shuffle=True, seed=3, collate_fn=fast_collate, num_workers=2)
+    processes = list(DataLoaderX(dataset, **kwargs))
+    threads = list(DataLoaderX(dataset, worker_method="thread", **kwargs))
+    assert len(threads) == len(processes) == 6
+    for a, b in zip(threads, processes, strict=True):
+        assert _equal(a, b)
+
+
+def test_an_error_reaches_the_loop_at_its_batch_and_the_threads_end(no_thread_leak):
+    loader = DataLoaderX(Numbers(40, fail_at=13), batch_size=4, num_workers=2,
+                         worker_method="thread")
+    seen = []
+    with pytest.raises(KeyError, match="sample 13 is broken"):
+        for _, labels in loader:
+            seen.append(labels.tolist())
+    assert len(seen) == 3
+
+
+@pytest.mark.parametrize("stop", ["break", "close"])
+def test_threads_end_after_an_early_stop(stop, no_thread_leak):
+    loader = DataLoaderX(Numbers(4000), batch_size=4, num_workers=2, worker_method="thread")
+    for _ in loader:
+        break
+    if stop == "close":
+        loader.close()
+
+
+def test_resume_with_thread_workers(no_thread_leak):
+    kwargs = dict(batch_size=4, shuffle=True, seed=1, num_workers=2, worker_method="thread")
+    whole = list(DataLoaderX(Numbers(30), **kwargs))
+    loader = DataLoaderX(Numbers(30), **kwargs)
+    batches = iter(loader)
+    for _ in range(3):
+        next(batches)
+    state = loader.state_dict()
+    del batches
+    resumed = DataLoaderX(Numbers(30), **kwargs)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert len(rest) == len(whole) - 3
+    for a, b in zip(rest, whole[3:], strict=True):
+        assert _equal(a, b)
+    assert pickle.loads(pickle.dumps(resumed)).worker_method == "thread"
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter(range(4))
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(dataset=Numbers(4), worker_method="threads"), "worker_method must be 'process'"),
+    (dict(dataset=Stream(), worker_method="thread"), "needs a map-style dataset"),
+    (dict(dataset=Numbers(4), batch_size=None, worker_method="thread"), "pass batch_size="),
+    (dict(dataset=Numbers(4), worker_method="thread", worker_init_fn=print), "worker_init_fn"),
+])
+def test_what_threads_cannot_do_is_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DataLoaderX(num_workers=2, **kwargs)
