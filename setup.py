@@ -21,8 +21,8 @@ Build against the installed torch:    pip install --no-build-isolation -e .
 In place, for development:            python setup.py build_ext --inplace
 
 Environment switches: FASTPIPE_NO_EXTENSION=1 skips all extensions (fastpipe then uses its
-pure-PyTorch ops, torch's resize and whole-image decoding), FASTPIPE_NO_CUDA=1 builds the CPU kernels only,
-FASTPIPE_NO_JPEG=1 skips fastpipe._jpeg, MAX_JOBS=N limits parallel compiles (ninja).
+pure-PyTorch ops, torch's resize and whole-image decoding), FASTPIPE_NO_CUDA=1 builds the CPU
+kernels only, FASTPIPE_NO_JPEG=1 skips fastpipe._jpeg, MAX_JOBS=N limits parallel compiles (ninja).
 """
 
 import glob
@@ -124,15 +124,16 @@ def _cuda_arch_list(cuda_home) -> str:
 
 
 def _with_cuda(torch, cuda_home) -> bool:
-    """CUDA kernels need a CUDA torch and a toolkit of the same major version (as torch requires)."""
+    """CUDA kernels need a CUDA torch and a toolkit of the same major version (as torch
+    requires)."""
     if cuda_home is None or torch.version.cuda is None:
         return False
     release = _nvcc_release(cuda_home)
     if release is None or release.split(".")[0] != torch.version.cuda.split(".")[0]:
         print(
             f"fastpipe: building the CPU kernels only: the CUDA toolkit in {cuda_home} is "
-            f"{release or 'unusable'}, torch was built with CUDA {torch.version.cuda}; set CUDA_HOME "
-            "to a toolkit of the same major version to build the CUDA kernels"
+            f"{release or 'unusable'}, torch was built with CUDA {torch.version.cuda}; set "
+            "CUDA_HOME to a toolkit of the same major version to build the CUDA kernels"
         )
         return False
     return True
@@ -175,10 +176,10 @@ def _jpeg_extension():
         return None
     if not _libjpeg_turbo_found():
         print(
-            "fastpipe: building without fastpipe._jpeg (crop-only JPEG decoding): libjpeg-turbo >= 2.1 "
-            "headers and library not found. Install them (Debian: libjpeg62-turbo-dev, Ubuntu: "
-            "libjpeg-turbo8-dev, Fedora: libjpeg-turbo-devel) and reinstall; fastpipe works without "
-            "it, decoding whole images with simplejpeg"
+            "fastpipe: building without fastpipe._jpeg (crop-only JPEG decoding): libjpeg-turbo >= "
+            "2.1 headers and library not found. Install them (Debian: libjpeg62-turbo-dev, Ubuntu: "
+            "libjpeg-turbo8-dev, Fedora: libjpeg-turbo-devel) and reinstall; fastpipe works "
+            "without it, decoding whole images with simplejpeg"
         )
         return None
     return Extension(
@@ -213,7 +214,8 @@ def _build_extension_class():
             super().__init__(*args, no_python_abi_suffix=True, **kwargs)
 
         def get_ext_filename(self, ext_name):
-            if ext_name.split(".")[-1] in _VERSIONED_EXTENSIONS:  # distutils passes the last part only
+            # distutils passes the last part only
+            if ext_name.split(".")[-1] in _VERSIONED_EXTENSIONS:
                 return setuptools_build_ext.get_ext_filename(self, ext_name)
             return super().get_ext_filename(ext_name)
 

@@ -132,9 +132,9 @@ def describe(root: Path) -> str:
             grey += image.mode == "L"
             large += max(image.size) >= 800
         sizes += path.stat().st_size
-    return (f"{len(files)} files, {sizes / len(files) / 1e3:.0f} kB and {pixels / len(files) / 1e3:.0f}"
-            f" kpx on average, {8 * sizes / pixels:.2f} bits/pixel, {large} of >= 800 px, "
-            f"{progressive} progressive, {grey} greyscale")
+    return (f"{len(files)} files, {sizes / len(files) / 1e3:.0f} kB and "
+            f"{pixels / len(files) / 1e3:.0f} kpx on average, {8 * sizes / pixels:.2f} bits/pixel, "
+            f"{large} of >= 800 px, {progressive} progressive, {grey} greyscale")
 
 
 if __name__ == "__main__":

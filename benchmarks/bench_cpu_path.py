@@ -3,14 +3,14 @@
 Every measurement runs in its own, fresh process (pipelines sharing a process distort each other:
 a DALI pipeline alive beside a DataLoader moved both by up to a third), round-robin over
 ``--repeat`` rounds, after an untimed warm-up epoch, on three image sets (the built-in sample set,
-ImageNet-like photos and 1-2k px photos, see ``_photos.py``), with the same settings: 2 workers (or DALI threads), batch 64,
-RandomResizedCrop 224 + horizontal flip, output float32 (N, 3, 224, 224) normalized with the
-ImageNet mean and std. Reported: median images/s per pipeline, the ratio to the best baseline
-(torchvision + PIL, torchvision.transforms.v2 on decode_jpeg, DALI CPU), and the CPU time all
-processes spent per image (less sensitive to other load on the machine than images/s). The main
-process runs torch with ``--main-threads`` (1) threads: with as many workers as cores, more threads
-for the main process's normalize only contend with the workers. The ceiling row is a full-size
-libjpeg-turbo decode alone (simplejpeg, no crop, no resize, no batching) in 2 processes.
+ImageNet-like photos and 1-2k px photos, see ``_photos.py``), with the same settings: 2 workers (or
+DALI threads), batch 64, RandomResizedCrop 224 + horizontal flip, output float32 (N, 3, 224, 224)
+normalized with the ImageNet mean and std. Reported: median images/s per pipeline, the ratio to the
+best baseline (torchvision + PIL, torchvision.transforms.v2 on decode_jpeg, DALI CPU), and the CPU
+time all processes spent per image (less sensitive to other load on the machine than images/s). The
+main process runs torch with ``--main-threads`` (1) threads: with as many workers as cores, more
+threads for the main process's normalize only contend with the workers. The ceiling row is a
+full-size libjpeg-turbo decode alone (simplejpeg, no crop, no resize, no batching) in 2 processes.
 
     python benchmarks/bench_cpu_path.py                 # full run (a few minutes)
     python benchmarks/bench_cpu_path.py --quick         # smoke run, seconds
@@ -91,7 +91,8 @@ def torchvision_v2(cfg) -> Iterable[torch.Tensor]:
         v2.RandomResizedCrop(cfg.size, antialias=True), v2.RandomHorizontalFlip(),
         v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD),
     ])
-    dataset = torchvision.datasets.ImageFolder(cfg.root, transform=transform, loader=_decode_jpeg_file)
+    dataset = torchvision.datasets.ImageFolder(cfg.root, transform=transform,
+                                               loader=_decode_jpeg_file)
     return (images for images, _ in _torch_loader(dataset, cfg))
 
 
@@ -174,14 +175,30 @@ def _normalized(images: torch.Tensor) -> torch.Tensor:
 
 
 PIPELINES: dict[str, tuple[Callable[[Any], Iterable[torch.Tensor]], str]] = {
-    "torchvision + PIL": (torchvision_pil, "ImageFolder, PIL RandomResizedCrop/flip, PILToTensor, float, Normalize in workers"),
-    "torchvision v2 on decode_jpeg": (torchvision_v2, "decode_jpeg tensors, v2 RandomResizedCrop/flip, ToDtype, Normalize in workers"),
+    "torchvision + PIL": (
+        torchvision_pil,
+        "ImageFolder, PIL RandomResizedCrop/flip, PILToTensor, float, Normalize in workers"),
+    "torchvision v2 on decode_jpeg": (
+        torchvision_v2,
+        "decode_jpeg tensors, v2 RandomResizedCrop/flip, ToDtype, Normalize in workers"),
     "DALI CPU (fastpipe.dali)": (dali_cpu, "fastpipe.dali.DALILoader(device='cpu', num_workers=2)"),
-    "fastpipe ImageFolder": (fastpipe_folder, "fused decode/crop/resize/flip, fast_collate, fastpipe.ops.normalize in the main process"),
-    "fastpipe ImageFolder, threads": (fastpipe_folder_threads, "as fastpipe ImageFolder, loaded by threads of the main process instead of worker processes"),
-    "fastpipe HDF5 pack (bytes)": (fastpipe_h5, "pack(storage='bytes'), H5Dataset + ImageDecoder, fast_collate, normalize"),
-    "fastpipe HDF5 pack (transcoded)": (fastpipe_h5_transcoded, "pack(storage='bytes', transcode=True): a restart marker per MCU, crops decode only their segments"),
-    "fastpipe ImageFolder, uint8 out": (fastpipe_folder_uint8, "for reference: no normalize, not the same output as the rows above"),
+    "fastpipe ImageFolder": (
+        fastpipe_folder,
+        "fused decode/crop/resize/flip, fast_collate, fastpipe.ops.normalize in the main process"),
+    "fastpipe ImageFolder, threads": (
+        fastpipe_folder_threads,
+        "as fastpipe ImageFolder, loaded by threads of the main process instead of worker "
+        "processes"),
+    "fastpipe HDF5 pack (bytes)": (
+        fastpipe_h5,
+        "pack(storage='bytes'), H5Dataset + ImageDecoder, fast_collate, normalize"),
+    "fastpipe HDF5 pack (transcoded)": (
+        fastpipe_h5_transcoded,
+        "pack(storage='bytes', transcode=True): a restart marker per MCU, crops decode only their "
+        "segments"),
+    "fastpipe ImageFolder, uint8 out": (
+        fastpipe_folder_uint8,
+        "for reference: no normalize, not the same output as the rows above"),
 }
 OPTIONAL = (dali_cpu, fastpipe_h5, fastpipe_h5_transcoded)
 
@@ -234,7 +251,8 @@ def measure(batches: Iterable[torch.Tensor], cfg) -> tuple[float, int]:
         if images.dtype != torch.float32 and not cfg.allow_uint8:
             raise AssertionError(f"expected float32 batches, got {images.dtype}")
         if tuple(images.shape[1:]) != (3, cfg.size, cfg.size):
-            raise AssertionError(f"expected (N, 3, {cfg.size}, {cfg.size}) batches, got {tuple(images.shape)}")
+            raise AssertionError(f"expected (N, 3, {cfg.size}, {cfg.size}) batches, got "
+                                 f"{tuple(images.shape)}")
         if i == cfg.warmup - 1:
             start = time.perf_counter()
         elif start is not None:
@@ -380,7 +398,8 @@ def _table(set_name: str, root: str, rows: dict[str, list[dict[str, Any]]], args
     for name in list(args.names) + ["ceiling"]:
         how = PIPELINES[name][1] if name in PIPELINES else (
             "simplejpeg.decode_jpeg of every file, no crop, resize or batching")
-        label = name if name in PIPELINES else f"ceiling: full-size decode only, {args.workers} processes"
+        label = name if name in PIPELINES else (
+            f"ceiling: full-size decode only, {args.workers} processes")
         if name in medians:
             ratio = f"{medians[name] / best:.2f}x" if best else "n/a"
             cpu = statistics.median(r["cpu_ms"] for r in rows[name])
@@ -396,23 +415,32 @@ def _table(set_name: str, root: str, rows: dict[str, list[dict[str, Any]]], args
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke run: small dataset, one round")
-    parser.add_argument("--images", type=int, default=None, help="images per set (default 1024, quick 256)")
-    parser.add_argument("--epochs", type=int, default=None, help="timed epochs per measurement (default 3, quick 1)")
-    parser.add_argument("--repeat", type=int, default=None, help="rounds; the median is reported (default 3, quick 1)")
+    parser.add_argument("--images", type=int, default=None,
+                        help="images per set (default 1024, quick 256)")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="timed epochs per measurement (default 3, quick 1)")
+    parser.add_argument("--repeat", type=int, default=None,
+                        help="rounds; the median is reported (default 3, quick 1)")
     parser.add_argument("--warmup", type=int, default=None,
                         help="untimed batches first (default one epoch, quick 1)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--main-threads", type=int, default=1,
-                        help="torch threads of the main process, where fastpipe normalizes (default 1)")
+                        help="torch threads of the main process, where fastpipe normalizes "
+                             "(default 1)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--sets", nargs="*", default=["sample", "imagenet", "photos"],
                         choices=["sample", "imagenet", "photos"],
-                        help="image sets: the built-in sample set, ImageNet-like photos, 1-2k px photos")
-    parser.add_argument("--root", type=Path, default=None, help="an ImageFolder tree of JPEGs instead of the sets")
-    parser.add_argument("--only", nargs="*", default=None, help="run only pipelines whose name contains one of these words")
-    parser.add_argument("--markdown", type=Path, default=None, help="write the results tables to this file")
-    parser.add_argument("--json", type=Path, default=None, help="write every measurement (with its PID) here")
+                        help="image sets: the built-in sample set, ImageNet-like photos, 1-2k px "
+                             "photos")
+    parser.add_argument("--root", type=Path, default=None,
+                        help="an ImageFolder tree of JPEGs instead of the sets")
+    parser.add_argument("--only", nargs="*", default=None,
+                        help="run only pipelines whose name contains one of these words")
+    parser.add_argument("--markdown", type=Path, default=None,
+                        help="write the results tables to this file")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="write every measurement (with its PID) here")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--result", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
@@ -426,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return _child(args)
 
-    args.names = [n for n in PIPELINES if not args.only or any(w.lower() in n.lower() for w in args.only)]
+    args.names = [n for n in PIPELINES if not args.only
+                  or any(w.lower() in n.lower() for w in args.only)]
     lines = [f"Machine: {machine_description()}.", ""]
     records: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="fastpipe-bench-") as workdir:
@@ -456,7 +485,8 @@ def main(argv: list[str] | None = None) -> int:
         args.markdown.write_text(table)
         print(f"wrote {args.markdown}")
     if args.json:
-        args.json.write_text(json.dumps({"parent_pid": os.getpid(), "measurements": records}, indent=1))
+        args.json.write_text(
+            json.dumps({"parent_pid": os.getpid(), "measurements": records}, indent=1))
     return 0
 
 

@@ -1,8 +1,10 @@
-"""fastpipe.ops on the CPU: the compiled op vs the pure-PyTorch reference vs per-sample Python loops.
+"""fastpipe.ops on the CPU: the compiled op vs the pure-PyTorch reference vs per-sample Python
+loops.
 
 For each op on a 64x3x224x224 batch (by default):
   * ``ext``: the compiled kernel (fastpipe._C), as fastpipe.ops calls it;
-  * ``ref``: the same public function on the pure-PyTorch reference (what runs without the extension);
+  * ``ref``: the same public function on the pure-PyTorch reference (what runs without the
+    extension);
   * ``loop``: how it is done today, written here (not imported): timm's RandomErasing per-sample
     loop (in place, no copy), the Cutout paper's per-sample loop, timm's Mixup 'elem' loop, and for
     normalize timm's PrefetchLoader expression ``x.float().sub_(mean).div_(std)``;
@@ -346,9 +348,10 @@ def run(batch: int, size: int, repeat: int) -> list[dict]:
         results.append(row)
         extra = f" in place {row['inplace_ms']:7.2f} ms" if row["inplace_ms"] is not None else ""
         print(
-            f"{row['op']:36s} {row['dtype']:8s} ext {row['ext_ms']:7.2f} ms{extra}  ref {row['ref_ms']:7.2f} ms  "
-            f"loop {row['loop_ms']:7.2f} ms  x{row['vs_loop']:.1f} loop  x{row['vs_ref']:.1f} ref  "
-            f"{row['gbps']:.1f} GB/s = {row['of_clone']:.0%} of clone  targets met: {row['targets']}",
+            f"{row['op']:36s} {row['dtype']:8s} ext {row['ext_ms']:7.2f} ms{extra}  ref "
+            f"{row['ref_ms']:7.2f} ms  loop {row['loop_ms']:7.2f} ms  x{row['vs_loop']:.1f} loop  "
+            f"x{row['vs_ref']:.1f} ref  {row['gbps']:.1f} GB/s = {row['of_clone']:.0%} of clone  "
+            f"targets met: {row['targets']}",
             flush=True,
         )
     return results
@@ -375,9 +378,9 @@ def allocator_description() -> str:
 
 def markdown(results: list[dict], batch: int, size: int, repeat: int) -> str:
     lines = [
-        f"Batch {batch}x3x{size}x{size} on the CPU, median of {repeat} rounds (each round runs every "
-        "variant of a row once, so a row's ratios compare runs made under the same conditions); "
-        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"Batch {batch}x3x{size}x{size} on the CPU, median of {repeat} rounds (each round runs "
+        "every variant of a row once, so a row's ratios compare runs made under the same "
+        f"conditions); {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"{torch.get_num_threads()} torch threads, torch {torch.__version__}. "
         f"Allocator: {allocator_description()}.",
         "",
@@ -388,9 +391,10 @@ def markdown(results: list[dict], batch: int, size: int, repeat: int) -> str:
     ]
     for r in results:
         lines.append(
-            f"| {r['op']} | {r['dtype']} | {_ms(r['ext_ms'])} | {_ms(r['inplace_ms'])} | {_ms(r['ref_ms'])} "
-            f"| {_ms(r['loop_ms'])} | {_ms(r['vectorized_ms'])} | {r['vs_loop']:.1f} | {r['vs_ref']:.1f} "
-            f"| {r['gbps']:.1f} | {_ms(r['clone_ms'])} | {r['of_clone']:.0%} | {r['targets']} |"
+            f"| {r['op']} | {r['dtype']} | {_ms(r['ext_ms'])} | {_ms(r['inplace_ms'])} | "
+            f"{_ms(r['ref_ms'])} | {_ms(r['loop_ms'])} | {_ms(r['vectorized_ms'])} | "
+            f"{r['vs_loop']:.1f} | {r['vs_ref']:.1f} | {r['gbps']:.1f} | {_ms(r['clone_ms'])} | "
+            f"{r['of_clone']:.0%} | {r['targets']} |"
         )
     lines += [
         "",
@@ -399,8 +403,9 @@ def markdown(results: list[dict], batch: int, size: int, repeat: int) -> str:
         "and Mixup do (normalize: the functional op); "
         "x reference compares the functional op with the same call on the pure-PyTorch reference.",
         "- GB/s: bytes the functional op reads and writes, over its time; of clone(): against the "
-        "GB/s of a `clone()` of a tensor like the op's output (same size and dtype: the same allocation). Targets: x loop >= 5, x reference >= 2, and >= 50% of clone() "
-        "for cutout, random_erasing and normalize.",
+        "GB/s of a `clone()` of a tensor like the op's output (same size and dtype: the same "
+        "allocation). Targets: x loop >= 5, x reference >= 2, and >= 50% of clone() for cutout, "
+        "random_erasing and normalize.",
         "- Per-sample loops:",
     ]
     for label in dict.fromkeys(r["loop_label"] for r in results):

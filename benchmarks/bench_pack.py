@@ -52,7 +52,8 @@ class MemmapDataset(Dataset):
 
 
 class FilesDataset(Dataset):
-    """The starting point: torchvision's ImageFolder over the original files, one read per sample."""
+    """The starting point: torchvision's ImageFolder over the original files, one read per
+    sample."""
 
     def __init__(self, root: Path, decoder) -> None:
         from torchvision.datasets import ImageFolder
@@ -125,7 +126,8 @@ def run(args: argparse.Namespace) -> list[dict]:
     work = Path(tempfile.mkdtemp(prefix="fastpipe-bench-pack-", dir=args.workdir))
     rows: list[dict] = []
 
-    def add(group: str, variant: str, value: float, baseline: float | None = None, unit: str = "samples/s"):
+    def add(group: str, variant: str, value: float, baseline: float | None = None,
+            unit: str = "samples/s"):
         rows.append({"group": group, "variant": variant, "value": value, "unit": unit,
                      "ratio": None if baseline is None else value / baseline})
         ratio = "" if baseline is None else f"  ({value / baseline:.2f}x)"
@@ -139,9 +141,11 @@ def run(args: argparse.Namespace) -> list[dict]:
 
         size = (args.size, args.size)
         pack(root, work / "bytes.h5", merge="copy", progress=False)
-        pack(root, work / "bytes-virtual.h5", num_workers=2, shard_size=max(1, n // 4), progress=False)
+        pack(root, work / "bytes-virtual.h5", num_workers=2, shard_size=max(1, n // 4),
+             progress=False)
         pack(root, work / "bytes.lmdb", progress=False)
-        pack(root, work / "array.h5", storage="array", size=size, num_workers=2, merge="copy", progress=False)
+        pack(root, work / "array.h5", storage="array", size=size, num_workers=2, merge="copy",
+             progress=False)
         pack(root, work / "array-virtual.h5", storage="array", size=size, num_workers=2,
              shard_size=max(1, n // 4), progress=False)
         pack(root, work / "array.lmdb", storage="array", size=size, num_workers=2, progress=False)
@@ -194,8 +198,10 @@ def run(args: argparse.Namespace) -> list[dict]:
             add(group, "np.memmap (ceiling)", base, base)
             for name, path in (("H5Dataset array (copy)", "array.h5"),
                                ("H5Dataset array (virtual)", "array-virtual.h5")):
-                add(group, name, bench_loader(H5Dataset(work / path), args.batch_size, workers), base)
-            add(group, "LMDBDataset array", bench_loader(LMDBDataset(work / "array.lmdb"), args.batch_size, workers),
+                add(group, name, bench_loader(H5Dataset(work / path), args.batch_size, workers),
+                    base)
+            add(group, "LMDBDataset array",
+                bench_loader(LMDBDataset(work / "array.lmdb"), args.batch_size, workers),
                 base)
     finally:
         if not args.keep:
@@ -205,8 +211,9 @@ def run(args: argparse.Namespace) -> list[dict]:
 
 def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
     lines = [
-        f"{args.num_images} sample JPEGs (~500x400), arrays {args.size}x{args.size}, batch {args.batch_size}; "
-        f"{os.cpu_count()} cores ({platform.processor() or platform.machine()}), torch {torch.__version__}. "
+        f"{args.num_images} sample JPEGs (~500x400), arrays {args.size}x{args.size}, batch "
+        f"{args.batch_size}; {os.cpu_count()} cores "
+        f"({platform.processor() or platform.machine()}), torch {torch.__version__}. "
         "Ratio: against the first row of its group (packing: 1 worker; bytes: the original files; "
         "arrays: the np.memmap ceiling). Files sit in the page cache, so the file rows show "
         "per-file overhead, not disk seeks.",
@@ -222,10 +229,13 @@ def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--num-images", type=int, default=2048, help="sample dataset size (default 2048)")
-    parser.add_argument("--size", type=int, default=224, help="array storage side and decode size (default 224)")
+    parser.add_argument("--num-images", type=int, default=2048,
+                        help="sample dataset size (default 2048)")
+    parser.add_argument("--size", type=int, default=224,
+                        help="array storage side and decode size (default 224)")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes (default 2)")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="DataLoader worker processes (default 2)")
     parser.add_argument("--reads", type=int, default=4000, help="random reads per raw-access row")
     parser.add_argument("--workdir", help="where to write the packs (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the packs afterwards")

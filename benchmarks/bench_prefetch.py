@@ -49,9 +49,11 @@ def _variants(dataset: Dataset) -> dict:
 
     return {
         "DataLoader (plain loop)": lambda: loader(),
-        "prefetch_generator.BackgroundGenerator": lambda: BackgroundGenerator(loader(), max_prefetch=2),
+        "prefetch_generator.BackgroundGenerator": (
+            lambda: BackgroundGenerator(loader(), max_prefetch=2)),
         "DataLoaderX": lambda: loader(DataLoaderX, prefetch_depth=2),
-        "DataPrefetcher(DataLoader)": lambda: DataPrefetcher(loader(), device="cpu", prefetch_depth=2),
+        "DataPrefetcher(DataLoader)": (
+            lambda: DataPrefetcher(loader(), device="cpu", prefetch_depth=2)),
         "DataPrefetcher(DataLoaderX)": lambda: DataPrefetcher(
             loader(DataLoaderX, prefetch_depth=2), device="cpu", prefetch_depth=2
         ),
@@ -88,9 +90,9 @@ def run(steps: int, load_ms: float, compute_ms: float, repeats: int) -> list[dic
 
 def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
     lines = [
-        f"Simulated loop: {args.steps} steps, load {args.load_ms:g} ms, compute {args.compute_ms:g} ms "
-        f"per step, median of {args.repeats} runs. Ratio = wall time / ideal "
-        "(steps x max(load, compute)); lower is better, 1.00 is perfect overlap.",
+        f"Simulated loop: {args.steps} steps, load {args.load_ms:g} ms, compute "
+        f"{args.compute_ms:g} ms per step, median of {args.repeats} runs. Ratio = wall time / "
+        "ideal (steps x max(load, compute)); lower is better, 1.00 is perfect overlap.",
         "",
         "| loading | variant | ratio to ideal |",
         "|---|---|---:|",

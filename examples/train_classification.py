@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, Sequ
 from torch.utils.data.dataloader import default_collate
 
 from fastpipe import DataLoaderX, DataPrefetcher, ops
-from fastpipe.datasets import sample_images
+from fastpipe.data import sample_images
 
 LOADERS = ("dataloader", "dataloaderx", "prefetcher", "both")
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet

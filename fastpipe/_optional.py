@@ -10,7 +10,8 @@ class MissingDependencyError(ImportError):
     """An optional dependency needed by the feature in use is not installed."""
 
 
-def require(module: str, *, extra: str, package: str | None = None, feature: str = "") -> ModuleType:
+def require(module: str, *, extra: str, package: str | None = None,
+            feature: str = "") -> ModuleType:
     """Import ``module`` or raise :class:`MissingDependencyError` naming the extra to install.
 
     ``package`` is the name pip knows it by when it differs from the module name.

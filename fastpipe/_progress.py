@@ -1,4 +1,5 @@
-"""Progress bars for long work (pack, tune, bench): tqdm on stderr, without tqdm's monitor thread."""
+"""Progress bars for long work (pack, tune, bench): tqdm on stderr, without tqdm's monitor
+thread."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""DataPrefetcher: the next batch moves to the device, and is normalized there, while this one trains."""
+"""DataPrefetcher: the next batch moves to the device, and is normalized there, while this one
+trains."""
 
 from __future__ import annotations
 
@@ -511,7 +512,8 @@ class DataPrefetcher:
     def _normalize(self, images: Any, where: tuple[Any, ...]) -> torch.Tensor:
         place = "batch" + "".join(f"[{k!r}]" for k in where)
         if not isinstance(images, torch.Tensor) or images.dim() != 4:
-            shape = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
+            shape = (tuple(images.shape) if isinstance(images, torch.Tensor)
+                     else type(images).__name__)
             raise TypeError(
                 f"DataPrefetcher was asked to normalize {place}, which is {shape}, not a 4-D "
                 "(N, C, H, W) image batch; pass image_key=... to point at the images, or leave "

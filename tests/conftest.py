@@ -39,7 +39,8 @@ def require_cuda_part(available: bool, what: str) -> None:
 
 
 def wait_for_threads(baseline: set[int], timeout: float = 10.0) -> list[str]:
-    """Waits until no thread outside ``baseline`` (thread idents) is alive; returns the leftovers."""
+    """Waits until no thread outside ``baseline`` (thread idents) is alive; returns the
+    leftovers."""
     deadline = time.monotonic() + timeout
     while True:
         gc.collect()

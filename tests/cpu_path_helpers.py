@@ -31,7 +31,8 @@ def large_jpeg(sample: Path, factor: int = 4) -> bytes:
     """A photo-like JPEG ``factor`` times the size of ``sample`` (about 1700x2300 for 4), large
     enough that train crops decode at 1/2, 1/4 or 1/8 scale."""
     with Image.open(sample) as image:
-        big = image.convert("RGB").resize((image.width * factor, image.height * factor), Image.BICUBIC)
+        big = image.convert("RGB").resize((image.width * factor, image.height * factor),
+                                          Image.BICUBIC)
     return encode(big, quality=90)
 
 

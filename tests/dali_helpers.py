@@ -72,7 +72,8 @@ def ddp_worker(rank: int, world_size: int, init_file: str, list_file: str, out_d
 
     from fastpipe.dali import DALILoader
 
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world_size)
     try:
         loader = DALILoader(
             list_file, batch_size=5, train=False, shuffle=True, size=32, num_workers=1,

@@ -1,4 +1,5 @@
-"""Shared by the tests of fastpipe.ops' kernels (compiled, and their CUDA bodies run on the host)."""
+"""Shared by the tests of fastpipe.ops' kernels (compiled, and their CUDA bodies run on the
+host)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Runs a command whose processes (torchrun's ranks, Lightning's spawned workers) all end with it."""
+"""Runs a command whose processes (torchrun's ranks, Lightning's spawned workers) all end with
+it."""
 
 from __future__ import annotations
 

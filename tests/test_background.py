@@ -1,4 +1,5 @@
-"""The background-thread contract of fastpipe._background.BackgroundIterator, one test per clause."""
+"""The background-thread contract of fastpipe._background.BackgroundIterator, one test per
+clause."""
 
 from __future__ import annotations
 
@@ -131,7 +132,8 @@ def test_interpreter_exit_with_a_blocked_producer_is_prompt():
         """
     )
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=30)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=30)
     assert done.returncode == 0, done.stderr
     # The producer is stopped and its source closed before the interpreter goes away.
     assert done.stdout.split() == ["exiting", "source", "closed"]

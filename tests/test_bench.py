@@ -25,7 +25,8 @@ def test_ratio_is_the_median_of_ratios_within_each_round(sample_root, monkeypatc
     def broken(config):
         raise Skip("not here")
 
-    monkeypatch.setattr("fastpipe.bench.suite.VARIANTS", (*VARIANTS[:2], Variant("x", "X", "", broken)))
+    monkeypatch.setattr("fastpipe.bench.suite.VARIANTS",
+                        (*VARIANTS[:2], Variant("x", "X", "", broken)))
     report = run_bench(sample_root, batch_size=8, num_workers=0, size=32, seconds=0.2, rounds=2,
                        variants=("dataloader", "dataloaderx", "x"), min_batches=2)
     base, other, skipped = report.rows

@@ -139,13 +139,15 @@ def _resident_pages(tensor: torch.Tensor) -> tuple[int, int]:
     return sum(v & 1 for v in vec), pages
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE is Linux-only")
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="MADV_POPULATE_WRITE is Linux-only")
 def test_shared_batch_pages_are_mapped_up_front(monkeypatch):
     monkeypatch.setattr(collate, "_populate", lambda tensor: None)
     lazy = collate._empty_shared((8, 3, 224, 224), torch.uint8)
     monkeypatch.undo()
     resident, pages = _resident_pages(lazy)
-    assert resident < pages, "a fresh shared allocation was already resident: the test proves nothing"
+    assert resident < pages, (
+        "a fresh shared allocation was already resident: the test proves nothing")
     out = collate._empty_shared((8, 3, 224, 224), torch.uint8)
     resident, pages = _resident_pages(out)
     if resident < pages and tuple(int(p) for p in platform.release().split(".")[:2]) < (5, 14):

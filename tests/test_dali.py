@@ -1,4 +1,5 @@
-"""DALILoader on DALI's CPU mode (the real nvidia-dali package): epochs, last batches, errors, threads.
+"""DALILoader on DALI's CPU mode (the real nvidia-dali package): epochs, last batches, errors,
+threads.
 
 These tests import DALI unconditionally: without it they fail, they do not skip.
 """
@@ -33,7 +34,8 @@ SIZE = 48  # small outputs keep the suite fast; decoding the ~500x400 JPEGs domi
 @pytest.fixture(scope="module")
 def index_list(sample_root, tmp_path_factory) -> Path:
     """The 48 sample images in a list file labelled 0..47, so labels name samples."""
-    return write_index_list(tmp_path_factory.mktemp("lists") / "index.txt", image_files(sample_root))
+    return write_index_list(tmp_path_factory.mktemp("lists") / "index.txt",
+                            image_files(sample_root))
 
 
 def run_epoch(loader) -> tuple[list[int], list[torch.Tensor]]:
@@ -149,7 +151,8 @@ def test_batches_stay_valid_while_later_batches_are_produced(index_list):
 
 
 def test_prefetch_depth_one(index_list, no_thread_leak):
-    with DALILoader(index_list, batch_size=16, size=SIZE, device="cpu", prefetch_depth=1, seed=0) as loader:
+    with DALILoader(index_list, batch_size=16, size=SIZE, device="cpu", prefetch_depth=1,
+                    seed=0) as loader:
         for _ in loader:
             break
         assert sorted(run_epoch(loader)[0]) == list(range(48))
@@ -169,7 +172,8 @@ def test_partial_last_batch_and_drop_last(index_list):
     with DALILoader(index_list, batch_size=20, size=SIZE, device="cpu", seed=0) as loader:
         sizes = [len(labels) for _, labels in loader]
         assert sizes == [20, 20, 8] and len(loader) == 3
-    with DALILoader(index_list, batch_size=20, size=SIZE, device="cpu", seed=0, drop_last=True) as loader:
+    with DALILoader(index_list, batch_size=20, size=SIZE, device="cpu", seed=0,
+                    drop_last=True) as loader:
         assert len(loader) == 2
         for _ in range(2):
             labels, _ = run_epoch(loader)
@@ -195,7 +199,8 @@ def test_epoch_iterator_len_and_a_superseded_iterator(index_list):
 
 def test_same_seed_gives_the_same_batches(index_list):
     def first_batches(seed):
-        with DALILoader(index_list, batch_size=8, size=SIZE, device="cpu", seed=seed, color_jitter=0.3) as loader:
+        with DALILoader(index_list, batch_size=8, size=SIZE, device="cpu", seed=seed,
+                        color_jitter=0.3) as loader:
             iterator = iter(loader)
             return [next(iterator) for _ in range(2)]
 
@@ -211,7 +216,8 @@ def test_float16_channels_last_uint8_and_unnormalized_outputs(index_list):
     normalize = {"mean": IMAGENET_MEAN, "std": IMAGENET_STD}
 
     def batch(**kwargs):
-        with DALILoader(sources, batch_size=8, train=False, size=SIZE, device="cpu", **kwargs) as loader:
+        with DALILoader(sources, batch_size=8, train=False, size=SIZE, device="cpu",
+                        **kwargs) as loader:
             (images, _), = list(loader)
         return images
 
@@ -238,7 +244,8 @@ def test_cutout_erases_a_square_per_sample(index_list):
     with DALILoader(index_list, batch_size=16, size=SIZE, device="cpu", seed=0, cutout_holes=1,
                     cutout_size=24, **normalize) as loader:
         images = torch.cat(run_epoch(loader)[1])
-    with DALILoader(index_list, batch_size=16, size=SIZE, device="cpu", seed=0, **normalize) as loader:
+    with DALILoader(index_list, batch_size=16, size=SIZE, device="cpu", seed=0,
+                    **normalize) as loader:
         plain = torch.cat(run_epoch(loader)[1])
     erased = (images == 0).all(dim=1)  # (N, H, W): pixels zero in all three channels
     # The square's centre is uniform and the square is clipped at the borders, so at least a
@@ -258,7 +265,8 @@ def test_encoded_dataset_source(sample_root):
     assert sorted(first) == sorted(second) == list(range(48)) and first != second
     # Any dataset, through fetch=: here a plain list of (bytes, label) pairs.
     pairs = [(dataset.blobs[i].tobytes(), i) for i in range(20)]
-    with DALILoader(pairs, batch_size=8, train=False, size=SIZE, device="cpu", fetch=pairs.__getitem__) as loader:
+    with DALILoader(pairs, batch_size=8, train=False, size=SIZE, device="cpu",
+                    fetch=pairs.__getitem__) as loader:
         assert run_epoch(loader)[0] == list(range(20))
 
 
@@ -393,7 +401,8 @@ def test_gpu_request_without_gpu_is_a_clear_fastpipe_error(index_list):
         ({"batch_size": 0}, "batch_size"),
         ({"batch_size": 4, "channels_last": "NHWC"}, "channels_last"),
         ({"batch_size": 4, "mean": IMAGENET_MEAN}, "both mean and std"),
-        ({"batch_size": 4, "dtype": torch.uint8, "mean": IMAGENET_MEAN, "std": IMAGENET_STD}, "float dtype"),
+        ({"batch_size": 4, "dtype": torch.uint8, "mean": IMAGENET_MEAN, "std": IMAGENET_STD},
+         "float dtype"),
         ({"batch_size": 4, "cutout_holes": -1}, "cutout_holes"),
         ({"batch_size": 4, "cutout_size": 0.5}, "cutout_size"),
         ({"batch_size": 4, "prefetch_depth": 0}, "prefetch_depth"),
@@ -419,7 +428,8 @@ def test_bad_arguments(index_list, kwargs, message):
 
 def _python(code: str) -> subprocess.CompletedProcess:
     root = Path(__file__).resolve().parents[1]
-    return subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                          timeout=120)
 
 
 def test_import_fastpipe_does_not_import_dali():

@@ -14,7 +14,8 @@ pytestmark = [pytest.mark.dali, pytest.mark.slow, pytest.mark.timeout(150)]
 def test_ranks_get_disjoint_covering_shards_reshuffled_every_epoch(sample_root, tmp_path):
     list_file = write_index_list(tmp_path / "index.txt", image_files(sample_root))
     mp.spawn(
-        ddp_worker, args=(2, str(tmp_path / "init"), str(list_file), str(tmp_path)), nprocs=2, join=True
+        ddp_worker, args=(2, str(tmp_path / "init"), str(list_file), str(tmp_path)), nprocs=2,
+        join=True
     )
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
     # The shard comes from the process group, not from arguments.
@@ -27,7 +28,8 @@ def test_ranks_get_disjoint_covering_shards_reshuffled_every_epoch(sample_root, 
         assert sorted(shards[0] + shards[1]) == list(range(48))
     for r in ranks:
         assert r["epochs"][0] != r["epochs"][1]
-        assert set(r["epochs"][0]) != set(r["epochs"][1]), "each epoch deals a new share to every rank"
+        assert set(r["epochs"][0]) != set(r["epochs"][1]), (
+            "each epoch deals a new share to every rank")
     # Each rank resumed its own stream mid-epoch exactly, and the ranks' streams stay disjoint.
     assert [r["resumed"] for r in ranks] == [True, True]
     assert not set(ranks[0]["resumed_labels"][:10]) & set(ranks[1]["resumed_labels"][:10])

@@ -36,7 +36,8 @@ def _eval_epoch(source) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize("kind", ["virtual", "copy", "lmdb"])
-def test_pack_gives_the_same_eval_batches_as_the_folder_it_was_packed_from(kind, packs, sample_root):
+def test_pack_gives_the_same_eval_batches_as_the_folder_it_was_packed_from(kind, packs,
+                                                                           sample_root):
     assert len(H5Dataset(packs["copy"])) == 48
     folder_images, folder_labels = _eval_epoch(sample_root)
     pack_images, pack_labels = _eval_epoch(packs[kind])
@@ -49,7 +50,8 @@ def test_pack_gives_the_same_eval_batches_as_the_folder_it_was_packed_from(kind,
 def test_train_epochs_over_a_pack_see_every_sample_once(packs):
     dataset = H5Dataset(packs["copy"])
     expected = torch.bincount(torch.as_tensor(dataset.targets), minlength=4)
-    with DALILoader(packs["copy"], batch_size=7, train=True, size=SIZE, device="cpu", seed=1) as loader:
+    with DALILoader(packs["copy"], batch_size=7, train=True, size=SIZE, device="cpu",
+                    seed=1) as loader:
         assert len(loader) == 7
         for _ in range(2):
             labels = torch.cat([labels for _, labels in loader])

@@ -1,4 +1,5 @@
-"""image_pipeline driven directly, the GPU graph as far as it goes without a GPU, device selection."""
+"""image_pipeline driven directly, the GPU graph as far as it goes without a GPU, device
+selection."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ pytestmark = [pytest.mark.dali, pytest.mark.timeout(60)]
 
 @pytest.fixture(scope="module")
 def index_list(sample_root, tmp_path_factory):
-    return write_index_list(tmp_path_factory.mktemp("lists") / "index.txt", image_files(sample_root))
+    return write_index_list(tmp_path_factory.mktemp("lists") / "index.txt",
+                            image_files(sample_root))
 
 
 def epoch_labels(iterator) -> tuple[list[int], list[int]]:
@@ -32,7 +34,8 @@ def epoch_labels(iterator) -> tuple[list[int], list[int]]:
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_file_reader_pipeline_with_dalis_iterator_gives_exact_epochs(index_list, shuffle):
     # The documented standalone recipe: pad_last_batch in the pipeline + PARTIAL in the iterator.
-    pipe = image_pipeline(index_list, batch_size=10, size=32, device="cpu", seed=1, shuffle=shuffle, num_workers=1)
+    pipe = image_pipeline(index_list, batch_size=10, size=32, device="cpu", seed=1, shuffle=shuffle,
+                          num_workers=1)
     iterator = DALIGenericIterator(
         [pipe], ["images", "labels"], reader_name="Reader",
         last_batch_policy=LastBatchPolicy.PARTIAL, auto_reset=True,
@@ -49,7 +52,8 @@ def test_file_reader_pipeline_with_dalis_iterator_gives_exact_epochs(index_list,
 
 
 def test_folder_source_labels_follow_sorted_class_folders(sample_root):
-    pipe = image_pipeline(sample_root, batch_size=12, train=False, size=32, device="cpu", num_workers=1)
+    pipe = image_pipeline(sample_root, batch_size=12, train=False, size=32, device="cpu",
+                          num_workers=1)
     try:
         pipe.build()
         images, labels = pipe.run()
@@ -92,7 +96,8 @@ def test_encoded_dataset_is_wrapped_with_the_pipeline_shard_arguments(sample_roo
 def test_copying_conversion_matches_the_zero_copy_one(sample_root, dtype):
     # The copy is what GPU batches go through (feed_ndarray); on the CPU it must give what the
     # zero-copy path gives.
-    pipe = image_pipeline(sample_root, batch_size=4, train=False, size=32, device="cpu", dtype=dtype, num_workers=1)
+    pipe = image_pipeline(sample_root, batch_size=4, train=False, size=32, device="cpu",
+                          dtype=dtype, num_workers=1)
     try:
         pipe.build()
         images, labels = pipe.run()
@@ -125,7 +130,8 @@ def test_gpu_graph_decodes_mixed_keeps_images_and_labels_on_gpu_and_serializes(s
     decoder = "ImageRandomCrop" if train else "Image"
     assert (decoder, "mixed") in ops
     assert all(device == "gpu" for name, device in ops if name in GPU_IMAGE_OPS)
-    assert {name for name, _ in ops} >= ({"Resize", "CropMirrorNormalize"} | ({"ColorTwist", "Erase"} if train else set()))
+    assert {name for name, _ in ops} >= (
+        {"Resize", "CropMirrorNormalize"} | ({"ColorTwist", "Erase"} if train else set()))
     assert graph_output_devices(pipe) == ["gpu", "gpu"]
     serialized = pipe.serialize()
     assert b"device_memory_padding" in serialized and b"mixed" in serialized
@@ -153,7 +159,8 @@ def fake_cuda(monkeypatch):
 def test_device_resolution_with_a_gpu_stand_in(fake_cuda):
     assert resolve_device(None) == 1  # torch's current device
     assert resolve_device("gpu") == resolve_device("cuda") == 1
-    assert resolve_device("cuda:0") == resolve_device(0) == resolve_device(torch.device("cuda", 0)) == 0
+    assert (resolve_device("cuda:0") == resolve_device(0)
+            == resolve_device(torch.device("cuda", 0)) == 0)
     assert resolve_device("cpu") is None and resolve_device(torch.device("cpu")) is None
     with pytest.raises(ValueError, match="DALI sees 2 GPU"):
         resolve_device("cuda:2")
@@ -188,9 +195,11 @@ def test_device_resolution_on_this_machine():
 
 def test_pipeline_argument_checks(sample_root):
     with pytest.raises(ValueError, match="set shuffle and sharding on the EncodedSource"):
-        image_pipeline(EncodedSource(JpegBytes(image_files(sample_root)[:4]), batch_size=2), batch_size=2, shuffle=True)
+        image_pipeline(EncodedSource(JpegBytes(image_files(sample_root)[:4]), batch_size=2),
+                       batch_size=2, shuffle=True)
     with pytest.raises(ValueError, match="more than batch_size"):
-        image_pipeline(EncodedSource(JpegBytes(image_files(sample_root)[:4]), batch_size=4), batch_size=2, train=False)
+        image_pipeline(EncodedSource(JpegBytes(image_files(sample_root)[:4]), batch_size=4),
+                       batch_size=2, train=False)
     with pytest.raises(TypeError, match="source must be"):
         image_pipeline(42, batch_size=2)
     with pytest.raises(ValueError, match="root= applies"):
@@ -236,7 +245,8 @@ class RecordingDense:
 
     def __init__(self, tensor: torch.Tensor, log: list) -> None:
         self.tensor, self.log = tensor, log
-        self.dtype = type("DALIDataType", (), {"name": {torch.uint8: "UINT8"}.get(tensor.dtype, "INT64")})
+        self.dtype = type("DALIDataType", (),
+                          {"name": {torch.uint8: "UINT8"}.get(tensor.dtype, "INT64")})
 
     def shape(self):
         return list(self.tensor.shape)

@@ -33,7 +33,8 @@ def test_list_file_paths_relative_to_the_list_or_root_with_spaces(tmp_path, samp
     assert listed.files == [str(folder / "a b.jpg"), str(second)]
     assert listed.targets.tolist() == [3, 1] and listed.classes is None
     (tmp_path / "elsewhere.txt").write_text("a b.jpg 0\n")
-    assert FileList.from_path(tmp_path / "elsewhere.txt", root=folder).files == [str(folder / "a b.jpg")]
+    assert (FileList.from_path(tmp_path / "elsewhere.txt", root=folder).files
+            == [str(folder / "a b.jpg")])
     data, label = listed.encoded(0)
     assert data.dtype == np.uint8 and data.tobytes() == first.read_bytes() and label == 3
 
@@ -68,20 +69,23 @@ def test_file_disappearing_after_the_scan_is_named(tmp_path, sample_root):
 
 @pytest.mark.parametrize("num_samples, num_shards", [(48, 2), (47, 2), (10, 3), (2, 4)])
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_shards_are_even_and_match_distributed_sampler_without_shuffle(num_samples, num_shards, drop_last):
+def test_shards_are_even_and_match_distributed_sampler_without_shuffle(num_samples, num_shards,
+                                                                       drop_last):
     shards = [
         shard_indices(num_samples, rank=k, world_size=num_shards, drop_last=drop_last)
         for k in range(num_shards)
     ]
     for k, shard in enumerate(shards):
-        sampler = DistributedSampler(range(num_samples), num_replicas=num_shards, rank=k, shuffle=False, drop_last=drop_last)
+        sampler = DistributedSampler(range(num_samples), num_replicas=num_shards, rank=k,
+                                     shuffle=False, drop_last=drop_last)
         assert shard.tolist() == list(sampler)
     assert len({len(shard) for shard in shards}) == 1, "every rank runs the same number of steps"
     together = np.concatenate(shards)
     if num_samples % num_shards == 0:
         assert sorted(together.tolist()) == list(range(num_samples))  # disjoint and covering
     elif drop_last:
-        assert len(set(together.tolist())) == len(together) == num_samples - num_samples % num_shards
+        assert (len(set(together.tolist())) == len(together)
+                == num_samples - num_samples % num_shards)
     else:
         assert set(together.tolist()) == set(range(num_samples))
         assert len(together) - num_samples == num_shards - num_samples % num_shards  # repeats
@@ -90,11 +94,13 @@ def test_shards_are_even_and_match_distributed_sampler_without_shuffle(num_sampl
 def test_shuffled_shards_change_every_epoch_and_stay_disjoint():
     orders = []
     for epoch in range(3):
-        shards = [shard_indices(48, epoch=epoch, seed=9, shuffle=True, rank=k, world_size=2) for k in range(2)]
+        shards = [shard_indices(48, epoch=epoch, seed=9, shuffle=True, rank=k, world_size=2)
+                  for k in range(2)]
         assert sorted(np.concatenate(shards).tolist()) == list(range(48))
         orders.append(shards[0].tolist())
     assert orders[0] != orders[1] != orders[2]
-    assert shard_indices(48, epoch=1, seed=9, shuffle=True).tolist() != shard_indices(48, epoch=1, seed=10, shuffle=True).tolist()
+    assert (shard_indices(48, epoch=1, seed=9, shuffle=True).tolist()
+            != shard_indices(48, epoch=1, seed=10, shuffle=True).tolist())
 
 
 def test_encoded_source_epochs_batches_and_shards(sample_root):
@@ -123,7 +129,8 @@ def test_encoded_source_accepts_bytes_and_checks_what_fetch_returns(sample_root)
     blob = image_files(sample_root)[0].read_bytes()
     pairs = [(blob, 0), (bytearray(blob), 1)]
     (data, labels), = EncodedSource(pairs, batch_size=2, fetch=pairs.__getitem__)
-    assert all(d.dtype == np.uint8 and d.tobytes() == blob for d in data) and labels.tolist() == [0, 1]
+    assert (all(d.dtype == np.uint8 and d.tobytes() == blob for d in data)
+            and labels.tolist() == [0, 1])
 
     def read(fetch, size=1):
         return list(EncodedSource(list(range(size)), batch_size=1, fetch=fetch))

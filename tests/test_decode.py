@@ -26,7 +26,8 @@ def big_jpeg(sample_root) -> bytes:
     return large_jpeg(sample_files(sample_root)[0])
 
 
-def _finish(decoder: ImageDecoder, array: np.ndarray, full_size: tuple[int, int], plan: _Plan) -> torch.Tensor:
+def _finish(decoder: ImageDecoder, array: np.ndarray, full_size: tuple[int, int],
+            plan: _Plan) -> torch.Tensor:
     """The decoder's output for a whole decoded array and a fixed plan (no random draw)."""
     return decoder._resized(decoder._pixels_of(array, full_size, plan), plan)
 
@@ -73,7 +74,8 @@ def test_non_buffer_input_is_a_type_error_naming_the_source():
 def test_other_modes_and_formats_decode_like_pil(jpegs, mode, fmt):
     original = pil_rgb(jpegs[1])
     data = encode(original.convert(mode), fmt)
-    out = ImageDecoder(train=False, size=128, reducing_gap=float("inf"))(data, f"image.{fmt.lower()}")
+    out = ImageDecoder(train=False, size=128, reducing_gap=float("inf"))(
+        data, f"image.{fmt.lower()}")
     assert out.shape == (3, 128, 128) and out.dtype == torch.uint8
     reference = T.Compose([T.Resize(146), T.CenterCrop(128)])(pil_rgb(data))
     assert np.abs(out.numpy().astype(np.int32) - chw(reference)).mean() <= 0.5
@@ -175,7 +177,8 @@ def test_dct_scale_is_the_smallest_that_covers_the_output():
     assert _crop.dct_scale(1000, 1000, 501, 224) == 1
     assert _crop.dct_scale(1000, 1000, 500, 500) == 2
     assert _crop.dct_scale(4000, 3000, 300, 300) == 8
-    assert _crop.dct_scale(100, 100, 224, 224) == 1  # smaller than the output: upsampled, full decode
+    # smaller than the output: upsampled, full decode
+    assert _crop.dct_scale(100, 100, 224, 224) == 1
 
 
 def test_reducing_gap_defaults_and_infinity():
@@ -202,7 +205,8 @@ def test_fast_upsample_train_crops_within_bound_of_accurate_upsampling(jpegs):
         outs = []
         for fast in (False, True):
             torch.manual_seed(3)
-            outs.append(ImageDecoder(train=True, fast_upsample=fast)(data, "x").numpy().astype(np.int32))
+            outs.append(
+                ImageDecoder(train=True, fast_upsample=fast)(data, "x").numpy().astype(np.int32))
         diffs.append(np.abs(outs[0] - outs[1]).mean())
     assert max(diffs) > 0, "fast_upsample changed nothing: the test would prove nothing"
     assert np.mean(diffs) <= 0.5 and max(diffs) <= 1.0, diffs
@@ -267,7 +271,8 @@ def test_crop_distribution_check_detects_a_wrong_sampler():
     instead of log-uniformly, and a scale range of (0.2, 1) instead of (0.08, 1)."""
     height, width = 400, 500
     torch.manual_seed(0)
-    good = [_crop.random_resized_crop_box(height, width, _crop.draw_uniforms()) for _ in range(DRAWS)]
+    good = [_crop.random_resized_crop_box(height, width, _crop.draw_uniforms())
+            for _ in range(DRAWS)]
     rng = np.random.default_rng(0)
     lo, hi = np.log(3 / 4), np.log(4 / 3)
     uniform_ratio = []
@@ -289,7 +294,8 @@ def test_crop_falls_back_to_clamped_centre_crop_like_torchvision():
     never_fits = [0.99, 0.0] * 10 + [0.5, 0.5, 0.5]
     assert _crop.random_resized_crop_box(20, 1000, never_fits) == _crop.Box(0, 486, 20, 27)
     assert _crop.random_resized_crop_box(1000, 20, never_fits) == _crop.Box(486, 0, 27, 20)
-    assert _crop.random_resized_crop_box(100, 110, [1.5] * 20 + [0, 0, 0]) == _crop.Box(0, 0, 100, 110)
+    assert (_crop.random_resized_crop_box(100, 110, [1.5] * 20 + [0, 0, 0])
+            == _crop.Box(0, 0, 100, 110))
 
 
 # ---------------------------------------------------------------- randomness and flips
@@ -344,7 +350,8 @@ def test_truncated_jpeg_raises_naming_the_source(jpegs):
         assert isinstance(info.value, ValueError)
 
 
-@pytest.mark.parametrize("payload", [b"not an image at all\n" * 10, b"", b"\xff\xd8\xff\xe0garbage"])
+@pytest.mark.parametrize("payload",
+                         [b"not an image at all\n" * 10, b"", b"\xff\xd8\xff\xe0garbage"])
 def test_non_image_bytes_raise_naming_the_source(payload):
     with pytest.raises(CorruptImageError, match="notes.txt"):
         ImageDecoder()(payload, "notes.txt")

@@ -93,19 +93,23 @@ def test_pickles_for_spawned_workers(tree):
 
 
 @pytest.mark.timeout(120)
-def test_two_workers_see_every_sample_once_and_a_seed_reproduces_the_run(sample_root, no_thread_leak):
+def test_two_workers_see_every_sample_once_and_a_seed_reproduces_the_run(sample_root,
+                                                                         no_thread_leak):
     dataset = ImageFolder(sample_root, size=64)
 
     def run(seed):
         torch.manual_seed(seed)
-        loader = DataLoader(dataset, batch_size=8, shuffle=True, num_workers=2, collate_fn=fast_collate)
+        loader = DataLoader(dataset, batch_size=8, shuffle=True, num_workers=2,
+                            collate_fn=fast_collate)
         return [(images, labels) for images, labels in loader]
 
     first, again, other = run(0), run(0), run(1)
     labels = torch.cat([labels for _, labels in first])
     assert sorted(labels.tolist()) == sorted(dataset.targets.tolist())
-    assert all(images.shape[1:] == (3, 64, 64) and images.dtype == torch.uint8 for images, _ in first)
-    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(first, again, strict=True))
+    assert all(images.shape[1:] == (3, 64, 64) and images.dtype == torch.uint8
+               for images, _ in first)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+               for a, b in zip(first, again, strict=True))
     assert not all(torch.equal(a[0], b[0]) for a, b in zip(first, other, strict=True))
 
 

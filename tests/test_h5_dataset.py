@@ -38,7 +38,8 @@ def bytes_pack(sample_root, tmp_path_factory):
 
 def expected_arrays(n: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
     source = ArrayDataset(n=n)
-    images = torch.stack([torch.from_numpy(source.array(i).transpose(2, 0, 1).copy()) for i in range(n)])
+    images = torch.stack(
+        [torch.from_numpy(source.array(i).transpose(2, 0, 1).copy()) for i in range(n)])
     return images, torch.tensor([source.label(i) for i in range(n)])
 
 
@@ -47,7 +48,8 @@ def expected_arrays(n: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
 def test_dataloader_workers_read_the_right_samples(array_pack, context, no_thread_leak):
     ds = H5Dataset(array_pack)
     ds[3]  # a handle open in the parent before the workers start must not leak into them
-    loader = DataLoader(ds, batch_size=6, num_workers=2, multiprocessing_context=context, shuffle=False)
+    loader = DataLoader(ds, batch_size=6, num_workers=2, multiprocessing_context=context,
+                        shuffle=False)
     images, labels = zip(*loader, strict=True)
     want_images, want_labels = expected_arrays()
     assert torch.equal(torch.cat(images), want_images)
@@ -93,7 +95,8 @@ def test_pickles_without_an_open_handle(array_pack):
 
 def test_index_errors_are_clear(array_pack, bytes_pack):
     ds = H5Dataset(array_pack)
-    with pytest.raises(IndexError, match=r"index 40 is out of range for .*images\.h5 with 40 samples"):
+    with pytest.raises(IndexError,
+                       match=r"index 40 is out of range for .*images\.h5 with 40 samples"):
         ds[40]
     with pytest.raises(IndexError, match="out of range"):
         ds.__getitems__([0, -41])
@@ -148,7 +151,8 @@ def test_verify_catches_a_missing_part_and_a_truncated_file(array_pack, bytes_pa
     part = next((folder / "v.h5.shards").glob("*/part-*.h5"))
     part.unlink()
     report = verify(folder / "v.h5")
-    assert not report.ok and "part files are missing" in report.problems[0] and part.name in report.problems[0]
+    assert (not report.ok and "part files are missing" in report.problems[0]
+            and part.name in report.problems[0])
     with pytest.raises(PackFormatError, match="keep the .shards folder"):
         H5Dataset(folder / "v.h5")
     truncated = tmp_path / "truncated.h5"
@@ -165,7 +169,8 @@ def test_verify_of_something_else(sample_root, tmp_path):
 
 @pytest.mark.parametrize("which", ["array", "bytes"])
 def test_a_pack_rewritten_with_compression_still_reads(array_pack, bytes_pack, tmp_path, which):
-    """Data the direct reader cannot map (here gzip chunks, as after h5repack) reads through h5py."""
+    """Data the direct reader cannot map (here gzip chunks, as after h5repack) reads through
+    h5py."""
     source = array_pack if which == "array" else bytes_pack
     rewritten = tmp_path / "gzip.h5"
     with h5py.File(source) as src, h5py.File(rewritten, "w") as dst:

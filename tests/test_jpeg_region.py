@@ -40,7 +40,8 @@ def _photo(height: int, width: int, seed: int = 0) -> Image.Image:
     """Smooth colour gradients plus noise: sharp enough that chroma upsampling matters."""
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:height, 0:width].astype(np.float32)
-    base = np.stack([128 + 100 * np.sin(x / 17 + c) * np.cos(y / 23 - c) for c in range(3)], axis=-1)
+    base = np.stack([128 + 100 * np.sin(x / 17 + c) * np.cos(y / 23 - c) for c in range(3)],
+                    axis=-1)
     noisy = base + rng.normal(0, 12, base.shape)
     return Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8))
 
@@ -70,14 +71,16 @@ def _regions(height: int, width: int, rng: np.random.Generator) -> list[tuple[in
     random = []
     for _ in range(12):
         top, left = int(rng.integers(0, height)), int(rng.integers(0, width))
-        random.append((top, left, int(rng.integers(1, height - top + 1)), int(rng.integers(1, width - left + 1))))
+        random.append((top, left, int(rng.integers(1, height - top + 1)),
+                       int(rng.integers(1, width - left + 1))))
     return fixed + random
 
 
 def _region_pixels(region, data, k, box, fast_upsample) -> np.ndarray:
     top, left, height, width = box
     pixels, row_stride, column = region(data, k, top, left, height, width, fast_upsample)
-    assert isinstance(pixels, bytearray) and row_stride % 3 == 0 and row_stride >= 3 * (column + width)
+    assert (isinstance(pixels, bytearray) and row_stride % 3 == 0
+            and row_stride >= 3 * (column + width))
     assert len(pixels) >= height * row_stride
     rows = np.frombuffer(pixels, dtype=np.uint8, count=height * row_stride)
     return rows.reshape(height, row_stride // 3, 3)[:, column:column + width]
@@ -92,7 +95,8 @@ def test_region_equals_the_crop_of_the_whole_decode_with_fast_upsampling(region,
     for box in _regions(*whole.shape[:2], rng):
         top, left, height, width = box
         got = _region_pixels(region, data, k, box, fast_upsample=True)
-        np.testing.assert_array_equal(got, whole[top:top + height, left:left + width], err_msg=f"{box}")
+        np.testing.assert_array_equal(got, whole[top:top + height, left:left + width],
+                                      err_msg=f"{box}")
 
 
 @pytest.mark.parametrize("kind", sorted(JPEG_KINDS))
@@ -139,7 +143,8 @@ def test_decoder_reports_a_truncated_jpeg_whatever_the_crop(region, sample_root)
     ((3, 0, 0, 1, 1, True), "scale_denom must be 1, 2, 4 or 8, got 3"),
     ((1, -1, 0, 1, 1, True), "need top, left >= 0"),
     ((1, 0, 0, 0, 5, True), "need top, left >= 0 and a size of 1 to 65535"),
-    ((1, 300, 0, 40, 10, True), r"region 40x10 at \(300, 0\) exceeds the decoded image, 333x517 at 1/1"),
+    ((1, 300, 0, 40, 10, True),
+     r"region 40x10 at \(300, 0\) exceeds the decoded image, 333x517 at 1/1"),
     ((2, 0, 250, 10, 10, True), r"exceeds the decoded image, 167x259 at 1/2"),
 ])
 def test_bad_arguments_are_value_errors_that_say_what_is_wrong(region, args, match):
@@ -173,7 +178,8 @@ def test_any_byte_buffer_is_accepted(region):
     data = JPEG_KINDS["444"]()
     expected = _region_pixels(region, data, 1, (5, 6, 20, 30), True)
     for wrapped in (bytearray(data), memoryview(data), np.frombuffer(data, dtype=np.uint8)):
-        np.testing.assert_array_equal(_region_pixels(region, wrapped, 1, (5, 6, 20, 30), True), expected)
+        np.testing.assert_array_equal(_region_pixels(region, wrapped, 1, (5, 6, 20, 30), True),
+                                      expected)
 
 
 def test_the_gil_is_released_while_decoding(region):
@@ -217,7 +223,8 @@ def sampling_encoder(tmp_path_factory) -> Path:
         pytest.skip("no C compiler to build the test's JPEG encoder")
     out = tmp_path_factory.mktemp("encoder") / "encoder"
     source = Path(__file__).with_name("jpeg_sampling_encoder.c")
-    subprocess.run([compiler, str(source), "-o", str(out), "-ljpeg"], check=True, capture_output=True)
+    subprocess.run([compiler, str(source), "-o", str(out), "-ljpeg"], check=True,
+                   capture_output=True)
     return out
 
 
@@ -228,7 +235,8 @@ def _encode_with_sampling(encoder: Path, image: Image.Image, h: int, v: int) -> 
 
 
 @pytest.mark.parametrize("h, v", [(4, 2), (2, 4), (4, 1)])
-def test_chroma_subsampled_beyond_2x_is_refused_with_smooth_upsampling(region, sampling_encoder, h, v):
+def test_chroma_subsampled_beyond_2x_is_refused_with_smooth_upsampling(region, sampling_encoder,
+                                                                       h, v):
     """libjpeg-turbo 2.1.5's smooth upsampling gives wrong pixels inside a cropped column range
     when chroma is subsampled more than 2x along an axis; those files decode whole. Replicated
     chroma (fast_upsample) stays exact."""

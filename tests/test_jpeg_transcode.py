@@ -55,7 +55,8 @@ def test_regions_of_the_transcoded_file_equal_the_originals(jpeg, kind, k, fast_
     transcoded = jpeg.transcode(data)
     height, width = _whole(data, k, fast_upsample).shape[:2]
     rng = np.random.default_rng(k)
-    boxes = _regions(height, width, rng) + [(height // 3, width // 3, height // 4 or 1, width // 4 or 1)]
+    boxes = _regions(height, width, rng) + [
+        (height // 3, width // 3, height // 4 or 1, width // 4 or 1)]
     for box in boxes:
         want = _region_pixels(jpeg.decode_region, data, k, box, fast_upsample)
         got = _region_pixels(jpeg.decode_region, transcoded, k, box, fast_upsample)
@@ -69,7 +70,8 @@ def test_unusual_chroma_sampling_stays_exact(jpeg, sampling_encoder, h, v):  # n
     for k in (1, 2, 4):
         box = (-(-120 // k) // 3, -(-160 // k) // 3, -(-120 // k) // 3, -(-160 // k) // 4)
         want = _region_pixels(jpeg.decode_region, data, k, box, True)
-        np.testing.assert_array_equal(_region_pixels(jpeg.decode_region, transcoded, k, box, True), want)
+        np.testing.assert_array_equal(_region_pixels(jpeg.decode_region, transcoded, k, box, True),
+                                      want)
 
 
 def test_segments_away_from_the_crop_are_never_read(jpeg):
@@ -83,7 +85,8 @@ def test_segments_away_from_the_crop_are_never_read(jpeg):
             transcoded[start] = 0x00
     box = (0, 0, 100, 120)
     want = _region_pixels(jpeg.decode_region, data, 1, box, False)
-    np.testing.assert_array_equal(_region_pixels(jpeg.decode_region, bytes(transcoded), 1, box, False),
+    np.testing.assert_array_equal(
+        _region_pixels(jpeg.decode_region, bytes(transcoded), 1, box, False),
                                   want)
     with pytest.raises(ValueError, match="libjpeg-turbo"):
         _region_pixels(jpeg.decode_region, bytes(transcoded), 1, (300, 0, 33, 517), False)

@@ -22,7 +22,8 @@ def test_bytes_round_trip_is_bit_exact(sample_root, tmp_path):
     out = tmp_path / "p.lmdb"
     report = pack(sample_root, out, num_workers=2, shard_size=20, progress=False)
     assert (report.format, report.merge, report.count) == ("lmdb", "copy", 48)
-    assert out.is_file() and not (tmp_path / "p.lmdb-lock").exists() and not (tmp_path / "p.lmdb.shards").exists()
+    assert (out.is_file() and not (tmp_path / "p.lmdb-lock").exists()
+            and not (tmp_path / "p.lmdb.shards").exists())
     files = sorted(sample_root.glob("class_*/*.jpg"), key=lambda p: (p.parent.name, p.name))
     ds = LMDBDataset(out)
     assert ds.classes == ["class_00", "class_01", "class_02", "class_03"]
@@ -46,7 +47,8 @@ def test_array_round_trip_through_dataloader_workers(tmp_path, no_thread_leak):
     for context in ("fork", "spawn"):
         loader = DataLoader(ds, batch_size=7, num_workers=2, multiprocessing_context=context)
         images, labels = zip(*loader, strict=True)
-        want = torch.stack([torch.from_numpy(source.array(i).transpose(2, 0, 1).copy()) for i in range(30)])
+        want = torch.stack(
+            [torch.from_numpy(source.array(i).transpose(2, 0, 1).copy()) for i in range(30)])
         assert torch.equal(torch.cat(images), want)
         assert torch.cat(labels).tolist() == [source.label(i) for i in range(30)]
     ds.close()
@@ -73,7 +75,8 @@ def test_merge_shards_into_lmdb_and_verify_catches_damage(sample_root, tmp_path)
         txn.put(b"data/0000000007", bytes(value))
     env.close()
     report = verify(out)
-    assert not report.ok and report.problems[0].startswith("sample 7 ") and "checksum" in report.problems[0]
+    assert (not report.ok and report.problems[0].startswith("sample 7 ")
+            and "checksum" in report.problems[0])
 
 
 def test_not_an_lmdb_pack(tmp_path, sample_root):
@@ -86,10 +89,12 @@ def test_not_an_lmdb_pack(tmp_path, sample_root):
     pack(sample_root, tmp_path / "p.lmdb", progress=False)
     with pytest.raises(IndexError, match="index 48 is out of range"):
         LMDBDataset(tmp_path / "p.lmdb")[48]
-    with pytest.raises(PackFormatError, match=r"LMDB file, but H5Dataset reads HDF5 packs: .*LMDBDataset"):
+    with pytest.raises(PackFormatError,
+                       match=r"LMDB file, but H5Dataset reads HDF5 packs: .*LMDBDataset"):
         H5Dataset(tmp_path / "p.lmdb")
     pack(sample_root, tmp_path / "p.h5", progress=False)
-    with pytest.raises(PackFormatError, match=r"HDF5 file, but LMDBDataset reads LMDB packs: .*H5Dataset"):
+    with pytest.raises(PackFormatError,
+                       match=r"HDF5 file, but LMDBDataset reads LMDB packs: .*H5Dataset"):
         LMDBDataset(tmp_path / "p.h5")
 
 
@@ -100,7 +105,8 @@ def test_lmdb_draws_what_h5_draws_for_the_same_seed(sample_root, tmp_path):
     pack(sample_root, tmp_path / "p.lmdb", progress=False)
     pack(sample_root, tmp_path / "p.h5", progress=False)
     kwargs = {"decoder": ImageDecoder(train=True, size=40), "auto_augment": "ra", "seed": 3}
-    ours, theirs = LMDBDataset(tmp_path / "p.lmdb", **kwargs), H5Dataset(tmp_path / "p.h5", **kwargs)
+    ours, theirs = (LMDBDataset(tmp_path / "p.lmdb", **kwargs),
+                    H5Dataset(tmp_path / "p.h5", **kwargs))
     ours.set_epoch(2), theirs.set_epoch(2)
     assert all(torch.equal(ours[i][0], theirs[i][0]) for i in range(6))
     assert ours.targets.dtype == np.int64 and np.array_equal(ours.targets, theirs.targets)

@@ -210,7 +210,8 @@ def test_interpreter_exit_mid_epoch_with_workers_is_prompt():
         """
     )
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=60)
     assert done.returncode == 0, done.stderr
     assert "exiting" in done.stdout
     assert time.monotonic() - started < 45
@@ -225,7 +226,8 @@ class _Slow(Dataset):
         return torch.tensor([index])
 
 
-def test_new_epoch_waits_for_a_slow_batch_before_reusing_persistent_workers(monkeypatch, no_thread_leak):
+def test_new_epoch_waits_for_a_slow_batch_before_reusing_persistent_workers(monkeypatch,
+                                                                            no_thread_leak):
     import fastpipe._background as background
 
     # close() gives up waiting after this long and warns; the next epoch must still wait.

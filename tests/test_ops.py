@@ -239,7 +239,8 @@ def test_cutout_boxes_are_the_same_in_numpy_and_under_torch_compile(monkeypatch)
 
 def test_random_erasing_boxes_are_the_same_in_eager_mode_and_under_torch_compile(monkeypatch):
     # Eager code computes the boxes with the compiled fastpipe::erasing_boxes when the extension
-    # is built (test_ops_extension.py checks that op itself), torch.compile traces the torch version.
+    # is built (test_ops_extension.py checks that op itself), torch.compile traces the torch
+    # version.
     cases = [(0.7, (0.02, 1 / 3), (0.3, 3.3), 1), (1.0, (0.1, 0.9), (0.5, 4.0), 3)]
     eager = [_erasing(n=4000, p=p, scale=s, ratio=r, max_count=k) for p, s, r, k in cases]
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
@@ -287,7 +288,8 @@ def test_tiny_alpha_mixes_without_error(backend, name):
     images = torch.rand(4, 3, 8, 8)
     targets = torch.tensor([0, 1, 2, 3])
     for seed in range(30):
-        mixed, soft = getattr(ops, name)(images, targets, 0.001, num_classes=4, generator=_gen(seed))
+        mixed, soft = getattr(ops, name)(images, targets, 0.001, num_classes=4,
+                                         generator=_gen(seed))
         assert not bool(mixed.isnan().any()) and not bool(soft.isnan().any())
         torch.testing.assert_close(soft.sum(1), torch.ones(4))
 
@@ -344,7 +346,8 @@ def test_cutmix_box_is_the_same_in_python_and_under_torch_compile(monkeypatch):
     sizes = ((40, 30), (7, 9), (1, 1))
     eager = [_params.cutmix_box(h, w, lam, _gen(i)) for i, lam in enumerate(lams) for h, w in sizes]
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    traced = [_params.cutmix_box(h, w, lam, _gen(i)) for i, lam in enumerate(lams) for h, w in sizes]
+    traced = [_params.cutmix_box(h, w, lam, _gen(i))
+              for i, lam in enumerate(lams) for h, w in sizes]
     for (box_a, lam_a), (box_b, lam_b) in zip(eager, traced, strict=True):
         assert box_a.dtype == box_b.dtype == torch.int64 and torch.equal(box_a, box_b)
         assert lam_a.dtype == lam_b.dtype == torch.float64 and torch.equal(lam_a, lam_b)

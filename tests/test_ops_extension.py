@@ -1,4 +1,5 @@
-"""The compiled extension fastpipe._C: bit-exact with the reference, opcheck, torch.compile, autograd.
+"""The compiled extension fastpipe._C: bit-exact with the reference, opcheck, torch.compile,
+autograd.
 
 Without the extension these tests skip, unless FASTPIPE_REQUIRE_EXTENSION=1 (CI builds it, so a
 missing extension there is a failure, not a skip).
@@ -319,7 +320,8 @@ def test_public_ops_give_the_same_result_with_and_without_the_extension(name, mo
 
 
 def _sample_inputs(name):
-    """Arguments for opcheck: uint8 and float (requiring grad), dense, channels_last, strided, empty."""
+    """Arguments for opcheck: uint8 and float (requiring grad), dense, channels_last, strided,
+    empty."""
     g = torch.Generator().manual_seed(0)
     cases = []
     for dtype, layout, n in (
@@ -560,7 +562,8 @@ def test_a_freed_normalize_output_is_reused_by_the_next_one():
     per 2 MiB with transparent huge pages); the memory of a freed output is handed to the next
     output of the same size instead (kept_memory.cpp), which then takes no page faults."""
     g = torch.Generator().manual_seed(0)
-    first, second = (torch.randint(0, 256, KEPT_SHAPE, dtype=torch.uint8, generator=g) for _ in range(2))
+    first, second = (torch.randint(0, 256, KEPT_SHAPE, dtype=torch.uint8, generator=g)
+                     for _ in range(2))
     out = ops.normalize(first, (0.5, 0.4, 0.3), (0.2, 0.3, 0.4))
     where = out.data_ptr()
     del out
@@ -572,7 +575,8 @@ def test_a_freed_normalize_output_is_reused_by_the_next_one():
     faults = _page_faults()
     fresh.fill_(1.0)
     assert _page_faults() - faults >= 16
-    reference = _reference.normalize(second, torch.tensor([0.5, 0.4, 0.3]), torch.tensor([0.2, 0.3, 0.4]))
+    reference = _reference.normalize(second, torch.tensor([0.5, 0.4, 0.3]),
+                                     torch.tensor([0.2, 0.3, 0.4]))
     assert torch.equal(again, reference)
 
 
@@ -632,7 +636,8 @@ def _normalize_in_child(queue):
     outputs = [ops.normalize(images, (0.5,) * 3, (0.25,) * 3) for _ in range(3)]
     del outputs
     out = ops.normalize(images, (0.5,) * 3, (0.25,) * 3)
-    queue.put(bool(torch.equal(out, _reference.normalize(images, torch.full((3,), 0.5), torch.full((3,), 0.25)))))
+    queue.put(bool(torch.equal(
+        out, _reference.normalize(images, torch.full((3,), 0.5), torch.full((3,), 0.25)))))
 
 
 @pytest.mark.timeout(120)

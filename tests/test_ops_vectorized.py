@@ -1,4 +1,5 @@
-"""The vectorized CPU conversions (float <-> uint8, float16, bfloat16) against torch's own, bit for bit.
+"""The vectorized CPU conversions (float <-> uint8, float16, bfloat16) against torch's own, bit for
+bit.
 
 The CPU kernels convert runs of values with hand-written vector code (F16C, bit tricks for
 bfloat16, SSE2 for uint8), compiled three times: for AVX-512 and AVX2, chosen at run time, and for

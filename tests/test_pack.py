@@ -1,4 +1,5 @@
-"""Packing: round trips, parallel shards, merges, interruption and resume, corrupt inputs, the CLI."""
+"""Packing: round trips, parallel shards, merges, interruption and resume, corrupt inputs, the
+CLI."""
 
 from __future__ import annotations
 
@@ -76,7 +77,8 @@ def test_array_round_trip_is_pixel_exact(tmp_path):
     assert np.array_equal(batch[2][0].numpy(), images.array(11).transpose(2, 0, 1))
     # Arrays that are not images (audio, features) come back exactly as stored.
     features = ArrayDataset(n=6, shape=(16, 5), dtype="float32")
-    pack(features, tmp_path / "feat.h5", storage="array", progress=False, num_workers=2, merge="copy")
+    pack(features, tmp_path / "feat.h5", storage="array", progress=False, num_workers=2,
+         merge="copy")
     ds = H5Dataset(tmp_path / "feat.h5")
     assert ds.layout == "raw" and ds.meta["dtype"] == "float32"
     for i in range(6):
@@ -84,7 +86,8 @@ def test_array_round_trip_is_pixel_exact(tmp_path):
 
 
 def reference_fit(image: np.ndarray, height: int, width: int) -> np.ndarray:
-    """The documented resize for array storage: cover HxW keeping the aspect (bicubic), crop the centre."""
+    """The documented resize for array storage: cover HxW keeping the aspect (bicubic), crop the
+    centre."""
     from PIL import Image
 
     h, w = image.shape[:2]
@@ -96,7 +99,8 @@ def reference_fit(image: np.ndarray, height: int, width: int) -> np.ndarray:
 
 
 def test_array_storage_of_a_folder_resizes_to_shape(sample_root, tmp_path):
-    report = pack(sample_root, tmp_path / "a.h5", storage="array", size="48x64", num_workers=2, progress=False)
+    report = pack(sample_root, tmp_path / "a.h5", storage="array", size="48x64", num_workers=2,
+                  progress=False)
     assert report.count == 48
     ds = H5Dataset(tmp_path / "a.h5")
     files = image_files(sample_root)
@@ -110,18 +114,22 @@ def test_array_storage_of_a_folder_resizes_to_shape(sample_root, tmp_path):
 @pytest.mark.timeout(90)
 def test_virtual_and_copy_merges_read_identically(sample_root, tmp_path):
     pack(sample_root, tmp_path / "v.h5", num_workers=2, shard_size=10, progress=False)
-    copy = pack(sample_root, tmp_path / "c.h5", num_workers=2, shard_size=10, merge="copy", progress=False)
+    copy = pack(sample_root, tmp_path / "c.h5", num_workers=2, shard_size=10, merge="copy",
+                progress=False)
     assert pack(sample_root, tmp_path / "s.h5", progress=False).merge == "none"
     assert (copy.shards, copy.merge) == (5, "copy")
-    v, c, s = H5Dataset(tmp_path / "v.h5"), H5Dataset(tmp_path / "c.h5"), H5Dataset(tmp_path / "s.h5")
+    v, c, s = (H5Dataset(tmp_path / "v.h5"), H5Dataset(tmp_path / "c.h5"),
+               H5Dataset(tmp_path / "s.h5"))
     assert_same_pack(v, c)
     assert_same_pack(c, s)
     assert len(list((tmp_path / "v.h5.shards").glob("*/part-*.h5"))) == 5
     assert not (tmp_path / "c.h5.shards").exists()  # copy: self-contained, intermediates gone
-    with h5py.File(tmp_path / "v.h5") as f:  # plain h5py sees the virtual dataset too (e.g. for DALI)
+    # plain h5py sees the virtual dataset too (e.g. for DALI)
+    with h5py.File(tmp_path / "v.h5") as f:
         assert f["data"].is_virtual
         offsets = f["offsets"][:]
-        assert f["data"][offsets[30]:offsets[31]].tobytes() == image_files(sample_root)[30].read_bytes()
+        assert (f["data"][offsets[30]:offsets[31]].tobytes()
+                == image_files(sample_root)[30].read_bytes())
     with h5py.File(tmp_path / "c.h5") as f:
         assert f["data"].chunks is None and f["data"].id.get_offset() is not None  # contiguous
     # The copy moves anywhere on its own.
@@ -130,7 +138,8 @@ def test_virtual_and_copy_merges_read_identically(sample_root, tmp_path):
     # Array storage merges alike.
     images = ArrayDataset(n=20)
     pack(images, tmp_path / "av.h5", storage="array", num_workers=2, shard_size=6, progress=False)
-    pack(images, tmp_path / "ac.h5", storage="array", num_workers=2, shard_size=6, merge="copy", progress=False)
+    pack(images, tmp_path / "ac.h5", storage="array", num_workers=2, shard_size=6, merge="copy",
+         progress=False)
     assert_same_pack(H5Dataset(tmp_path / "av.h5"), H5Dataset(tmp_path / "ac.h5"))
 
 
@@ -149,11 +158,14 @@ def test_killed_worker_then_resume_keeps_finished_shards(tmp_path, no_thread_lea
     finished = sorted(p.name for p in shards.glob("part-*.h5"))
     assert "part-0000000008-0000000016.h5" not in finished  # the killed worker's shard
     assert len(finished) == 4
-    before = {name: (os.stat(shards / name).st_ino, os.stat(shards / name).st_mtime_ns) for name in finished}
+    before = {name: (os.stat(shards / name).st_ino, os.stat(shards / name).st_mtime_ns)
+              for name in finished}
 
-    report = pack(source, out, storage="array", num_workers=2, shard_size=8, progress=False, resume=True)
+    report = pack(source, out, storage="array", num_workers=2, shard_size=8, progress=False,
+                  resume=True)
     assert (report.count, report.shards, report.resumed_shards) == (40, 5, 4)
-    after = {name: (os.stat(shards / name).st_ino, os.stat(shards / name).st_mtime_ns) for name in finished}
+    after = {name: (os.stat(shards / name).st_ino, os.stat(shards / name).st_mtime_ns)
+             for name in finished}
     assert after == before  # kept, not rewritten
     assert not list(shards.glob("*.partial"))
     ds = H5Dataset(out)
@@ -208,7 +220,8 @@ def test_dataset_sources_resume_only_when_asked(tmp_path):
     assert pack(other, out, storage="array", shard_size=6, progress=False).resumed_shards == 0
     assert np.array_equal(H5Dataset(out)[3][0].numpy(), np.full((3, 24, 32), 3, np.uint8))
     out.unlink()
-    assert pack(other, out, storage="array", shard_size=6, progress=False, resume=True).resumed_shards == 2
+    assert pack(other, out, storage="array", shard_size=6, progress=False,
+                resume=True).resumed_shards == 2
 
 
 def test_resume_discards_shards_made_with_other_settings(tmp_path):
@@ -261,7 +274,8 @@ def test_a_virtual_pack_refuses_a_replaced_part_file(tmp_path):
     out = tmp_path / "v.h5"
     pack(ArrayDataset(n=12), out, storage="array", shard_size=6, progress=False)
     part = next((tmp_path / "v.h5.shards").glob("*/part-0000000006-*.h5"))
-    pack(ArrayDataset(n=5), part, storage="array", overwrite=True, progress=False)  # same name, other data
+    # same name, other data
+    pack(ArrayDataset(n=5), part, storage="array", overwrite=True, progress=False)
     ds = H5Dataset(out)
     assert np.array_equal(ds[0][0].numpy(), ArrayDataset().array(0).transpose(2, 0, 1))
     with pytest.raises(PackFormatError, match="replaced after the merge"):
@@ -271,7 +285,8 @@ def test_a_virtual_pack_refuses_a_replaced_part_file(tmp_path):
 @pytest.mark.parametrize("workers", [1, 2])
 def test_corrupt_inputs_are_skipped_and_listed(sample_root, tmp_path, workers):
     bad = make_corrupt_folder(sample_root, tmp_path / "src")
-    report = pack(tmp_path / "src", tmp_path / "p.h5", num_workers=workers, shard_size=4, progress=False)
+    report = pack(tmp_path / "src", tmp_path / "p.h5", num_workers=workers, shard_size=4,
+                  progress=False)
     assert (report.inputs, report.count) == (12, 8)
     assert {s["source"]: s["reason"] for s in report.skipped}.keys() == bad.keys()
     for s in report.skipped:
@@ -280,14 +295,16 @@ def test_corrupt_inputs_are_skipped_and_listed(sample_root, tmp_path, workers):
     assert ds.skipped == report.skipped and len(ds) == 8
     assert all("class_" in ds.path(i) and "truncated" not in ds.path(i) for i in range(8))
     assert verify(tmp_path / "p.h5").ok
-    assert "skipped 4 inputs" in report.summary() and "class_02/empty.jpg: empty file" in report.summary()
+    summary = report.summary()
+    assert "skipped 4 inputs" in summary and "class_02/empty.jpg: empty file" in summary
 
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_strict_stops_at_the_first_corrupt_input(sample_root, tmp_path, workers, no_thread_leak):
     make_corrupt_folder(sample_root, tmp_path / "src")
     with pytest.raises(CorruptInputError, match=r"class_0\d/\w+\.jpg"):
-        pack(tmp_path / "src", tmp_path / "p.h5", num_workers=workers, strict=True, shard_size=4, progress=False)
+        pack(tmp_path / "src", tmp_path / "p.h5", num_workers=workers, strict=True, shard_size=4,
+             progress=False)
     assert not (tmp_path / "p.h5").exists()
     assert multiprocessing.active_children() == []
 
@@ -304,15 +321,18 @@ def test_strict_run_does_not_reuse_shards_that_skipped_inputs(sample_root, tmp_p
 @pytest.mark.timeout(120)
 def test_spawned_workers_need_a_picklable_source(tmp_path):
     images = ArrayDataset(n=8)
-    pack(images, tmp_path / "s.h5", storage="array", num_workers=2, shard_size=4, start_method="spawn", progress=False)
+    pack(images, tmp_path / "s.h5", storage="array", num_workers=2, shard_size=4,
+         start_method="spawn", progress=False)
     ds = H5Dataset(tmp_path / "s.h5")
-    assert all(np.array_equal(ds[i][0].numpy(), images.array(i).transpose(2, 0, 1)) for i in range(8))
+    assert all(np.array_equal(ds[i][0].numpy(), images.array(i).transpose(2, 0, 1))
+               for i in range(8))
 
     class Local(ArrayDataset):  # not importable by a spawned process
         pass
 
     with pytest.raises(PackError, match="picklable"):
-        pack(Local(n=8), tmp_path / "l.h5", storage="array", num_workers=2, start_method="spawn", progress=False)
+        pack(Local(n=8), tmp_path / "l.h5", storage="array", num_workers=2, start_method="spawn",
+             progress=False)
     assert multiprocessing.active_children() == []
 
 
@@ -322,7 +342,8 @@ def test_shards_from_several_machines_merge(sample_root, tmp_path):
         part = tmp_path / f"part{i}.h5"
         # Part 1 is itself a virtual merge of 3 shards: a virtual merge maps straight to its files.
         report = pack(sample_root, part, part=f"{i}/3", merge="virtual" if i == 1 else "copy",
-                      num_workers=2 if i == 1 else 1, shard_size=6 if i == 1 else 100, progress=False)
+                      num_workers=2 if i == 1 else 1, shard_size=6 if i == 1 else 100,
+                      progress=False)
         assert (report.inputs, report.shards) == (16, 3 if i == 1 else 1)
         parts.append(part)
     pack(sample_root, tmp_path / "full.h5", progress=False)
@@ -361,8 +382,8 @@ def test_folder_listing_matches_torchvision_image_folder(sample_root, tmp_path):
     jpegs = image_files(sample_root)
     root = tmp_path / "tree"
     layout = [".ipynb_checkpoints/x-checkpoint.jpg", "cat/b.jpg", "cat/.hidden.jpg", "cat/a/z.jpg",
-              "cat/a/sub/y.JPG", "cat/a-b/w.jpg", "cat/a.b/v.png.txt", "cat/a.b/v.jpeg", "dog/1.jpg",
-              "dog/.cache/2.jpg", "dog/10.jpg", "dog/2.jpg", "root.jpg"]
+              "cat/a/sub/y.JPG", "cat/a-b/w.jpg", "cat/a.b/v.png.txt", "cat/a.b/v.jpeg",
+              "dog/1.jpg", "dog/.cache/2.jpg", "dog/10.jpg", "dog/2.jpg", "root.jpg"]
     for k, rel in enumerate(layout):
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_bytes(jpegs[k].read_bytes())
@@ -371,14 +392,16 @@ def test_folder_listing_matches_torchvision_image_folder(sample_root, tmp_path):
     reference = torchvision.datasets.ImageFolder(str(root))
     assert ds.classes == reference.classes == [".ipynb_checkpoints", "cat", "dog"]
     assert ds.targets.tolist() == reference.targets
-    assert [ds.path(i) for i in range(len(ds))] == [os.path.relpath(p, root) for p, _ in reference.samples]
+    assert [ds.path(i) for i in range(len(ds))] == [
+        os.path.relpath(p, root) for p, _ in reference.samples]
 
 
 def test_list_file_source(sample_root, tmp_path):
     files = image_files(sample_root)[:6]
     named = tmp_path / "named.txt"
     named.write_text("# path label\n" + "".join(
-        f"{os.path.relpath(p, tmp_path)} {'cat' if k % 2 else 'dog'}\n" for k, p in enumerate(files)) + "\n")
+        f"{os.path.relpath(p, tmp_path)} {'cat' if k % 2 else 'dog'}\n"
+        for k, p in enumerate(files)) + "\n")
     pack(named, tmp_path / "n.h5", progress=False)
     ds = H5Dataset(tmp_path / "n.h5")
     assert ds.classes == ["cat", "dog"] and ds.targets.tolist() == [1, 0, 1, 0, 1, 0]
@@ -418,14 +441,16 @@ def test_bad_arguments_say_what_to_do(sample_root, tmp_path):
 
 def test_cli_pack_merge_and_verify(sample_root, tmp_path, capsys):
     out = tmp_path / "cli.h5"
-    assert main(["pack", str(sample_root), str(out), "--workers", "2", "--shard-size", "20", "--json", "--quiet"]) == 0
+    assert main(["pack", str(sample_root), str(out), "--workers", "2", "--shard-size", "20",
+                 "--json", "--quiet"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert (report["count"], report["shards"], report["merge"]) == (48, 3, "virtual")
     for i in range(2):
-        assert main(["pack", str(sample_root), str(tmp_path / f"s{i}.h5"), "--part", f"{i}/2", "--quiet"]) == 0
+        assert main(["pack", str(sample_root), str(tmp_path / f"s{i}.h5"), "--part", f"{i}/2",
+                     "--quiet"]) == 0
     assert "packed 24 of 24 inputs" in capsys.readouterr().out
-    assert main(["pack", "--merge-only", str(tmp_path / "m.h5"), str(tmp_path / "s0.h5"), str(tmp_path / "s1.h5"),
-                 "--merge", "copy", "--quiet"]) == 0
+    assert main(["pack", "--merge-only", str(tmp_path / "m.h5"), str(tmp_path / "s0.h5"),
+                 str(tmp_path / "s1.h5"), "--merge", "copy", "--quiet"]) == 0
     capsys.readouterr()
     assert_same_pack(H5Dataset(tmp_path / "m.h5"), H5Dataset(out))
     assert main(["verify", str(tmp_path / "m.h5"), "--json"]) == 0
@@ -439,7 +464,8 @@ def test_cli_errors(sample_root, tmp_path, capsys):
     assert "expected SOURCE OUTPUT" in capsys.readouterr().err
     assert main(["pack", str(tmp_path / "nowhere"), str(tmp_path / "o.h5")]) == 2
     assert "does not exist" in capsys.readouterr().err
-    assert main(["pack", "--merge-only", str(tmp_path / "o.h5"), str(tmp_path / "a.h5"), "--workers", "2"]) == 2
+    assert main(["pack", "--merge-only", str(tmp_path / "o.h5"), str(tmp_path / "a.h5"),
+                 "--workers", "2"]) == 2
     assert main(["verify", str(tmp_path / "missing.h5")]) == 2
     make_corrupt_folder(sample_root, tmp_path / "src")
     assert main(["pack", str(tmp_path / "src"), str(tmp_path / "o.h5"), "--strict", "--quiet"]) == 1

@@ -49,7 +49,8 @@ def _batches(kind: str, n: int = 5):
         elif kind == "namedtuple":
             out.append(Pair(image, label))
         elif kind == "nested":
-            out.append({"inputs": [image, {"mask": label > 1}], "names": ("a", "b"), "label": label})
+            out.append(
+                {"inputs": [image, {"mask": label > 1}], "names": ("a", "b"), "label": label})
     return out
 
 
@@ -173,7 +174,8 @@ def test_early_break_and_training_exception_leak_no_thread(no_thread_leak):
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
-        (dict(mean=(0.5, 0.5), std=(0.5, 0.5)), ValueError, "mean has 2 values but batch\\[0\\] has 3 channels"),
+        (dict(mean=(0.5, 0.5), std=(0.5, 0.5)), ValueError,
+         "mean has 2 values but batch\\[0\\] has 3 channels"),
         (dict(mean=MEAN, std=(0.5,)), ValueError, "std has 1 values"),
         (dict(mean=MEAN), ValueError, "pass both mean and std"),
         (dict(mean=MEAN, std=(0.2, 0.0, 0.1)), ValueError, "std must not contain zeros"),
@@ -343,7 +345,8 @@ def test_every_handed_over_tensor_is_recorded_on_the_consumer_stream(recording):
         records = [e for e in recording.log if e[0] == "record"]
         # The normalized images (float32, made on the side stream) and the labels.
         assert ("record", int(labels[0]), torch.int64, "default") in records
-        assert any(dtype == torch.float32 and stream == "default" for _, _, dtype, stream in records)
+        assert any(dtype == torch.float32 and stream == "default"
+                   for _, _, dtype, stream in records)
     assert len([e for e in recording.log if e[0] == "record"]) == 4
 
 

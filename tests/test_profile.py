@@ -103,7 +103,8 @@ def test_wait_left_by_a_background_loader_is_what_its_thread_could_not_hide(no_t
             time.sleep(0.03)
             return index
 
-    prof = profile(DataLoaderX(Sleepy(), batch_size=1, num_workers=0, prefetch_depth=2), report=False)
+    prof = profile(DataLoaderX(Sleepy(), batch_size=1, num_workers=0, prefetch_depth=2),
+                   report=False)
     for _batch in prof:
         time.sleep(0.02)
     assert prof.summary().wait_share == pytest.approx(1 / 3, abs=0.06)
@@ -138,7 +139,8 @@ def test_steps_run_from_one_ask_to_the_next(monkeypatch):
     steps = prof.summary().steps
     assert [(s.wait, s.step, s.warmup) for s in steps] == [
         (1.0, 1.5, True), (pytest.approx(0.2), pytest.approx(0.7), False),
-        (pytest.approx(0.3), pytest.approx(0.8), False), (pytest.approx(0.1), pytest.approx(0.6), False),
+        (pytest.approx(0.3), pytest.approx(0.8), False),
+        (pytest.approx(0.1), pytest.approx(0.6), False),
     ]
     assert [s.start for s in steps] == pytest.approx([0.0, 1.5, 2.2, 3.0])
     summary = prof.summary()

@@ -72,9 +72,9 @@ SHAPES = [((300, 300), (224, 224)), ((150, 170), (224, 224)), ((480, 500), (224,
 
 @pytest.mark.parametrize("in_size, out_size", SHAPES)
 def test_equals_the_exact_filter_rounded_half_up(module, in_size, out_size):
-    """Rows are summed with 14-bit fixed-point weights (exactly), columns in float, and rounded once:
-    every value is the float64 result rounded half up, except where that result lies within 0.05
-    of a rounding boundary (the weights' quantization), where it may be the other neighbour."""
+    """Rows are summed with 14-bit fixed-point weights (exactly), columns in float, and rounded
+    once: every value is the float64 result rounded half up, except where that result lies within
+    0.05 of a rounding boundary (the weights' quantization), where it may be the other neighbour."""
     pixels = _image(*in_size)
     exact = _reference(pixels, out_size)
     got = _resize(module, pixels, out_size).astype(np.float64)
@@ -88,7 +88,8 @@ def test_equals_the_exact_filter_rounded_half_up(module, in_size, out_size):
 @pytest.mark.parametrize("in_size, out_size", SHAPES[:6])
 def test_within_a_grey_level_of_torch_and_pil(module, in_size, out_size):
     """The same filter as torch's F.interpolate(antialias=True) and PIL's BILINEAR resize; each
-    rounds its own way (16-bit weights, two fixed-point roundings), so values differ by at most 1."""
+    rounds its own way (16-bit weights, two fixed-point roundings), so values differ by at most
+    1."""
     pixels = _image(*in_size, seed=1)
     got = _resize(module, pixels, out_size).astype(np.int32)
     tensor = torch.from_numpy(pixels).permute(2, 0, 1).unsqueeze(0)
@@ -199,7 +200,8 @@ def test_a_strided_crop_view_reads_like_its_copy(module):
 
 @pytest.mark.parametrize("in_size, resized", [((400, 500), (256, 320)), ((333, 517), (256, 397)),
                                               ((120, 90), (341, 256)), ((256, 256), (256, 256))])
-def test_a_window_read_from_its_input_box_equals_that_window_of_the_whole_resize(module, in_size, resized):
+def test_a_window_read_from_its_input_box_equals_that_window_of_the_whole_resize(module, in_size,
+                                                                                 resized):
     """Eval's centre crop: the window of the resized image, from only the input pixels it reads
     (input_box), is that window of the whole resize, pixel for pixel, flipped or not."""
     image = _image(*in_size, seed=2)
@@ -207,7 +209,8 @@ def test_a_window_read_from_its_input_box_equals_that_window_of_the_whole_resize
     rng = np.random.default_rng(0)
     for _ in range(6):
         height, width = int(rng.integers(1, resized[0] + 1)), int(rng.integers(1, resized[1] + 1))
-        top, left = int(rng.integers(0, resized[0] - height + 1)), int(rng.integers(0, resized[1] - width + 1))
+        top, left = (int(rng.integers(0, resized[0] - height + 1)),
+                     int(rng.integers(0, resized[1] - width + 1)))
         box = module.input_box(in_size, resized, (top, left), (height, width))
         itop, ileft, iheight, iwidth = box
         region = np.ascontiguousarray(image[itop:itop + iheight, ileft:ileft + iwidth])
@@ -237,7 +240,8 @@ def test_input_box_is_the_span_of_the_filter(module):
     """Shrinking 1000 -> 100 (scale 10), output pixel i reads the inputs within 10 of its centre."""
     top, left, height, width = module.input_box((1000, 1000), (100, 100), (50, 50), (1, 1))
     centre = 10 * 50.5
-    assert (top, height) == (int(centre - 10 + 0.5), int(centre + 10 + 0.5) - int(centre - 10 + 0.5))
+    assert (top, height) == (int(centre - 10 + 0.5),
+                             int(centre + 10 + 0.5) - int(centre - 10 + 0.5))
     assert (top, left, height, width) == (top, top, height, height)
     assert module.input_box((10, 10), (10, 10), (0, 0), (10, 10)) == (0, 0, 10, 10)
 
@@ -252,7 +256,8 @@ def test_input_box_is_the_span_of_the_filter(module):
 ])
 def test_bad_pixels_are_refused(module, pixels, message):
     with pytest.raises(ValueError, match=message):
-        module.resize(pixels, (0, 0), (10, 10), np.empty((3, 5, 5), np.uint8), (0, 0), (5, 5), False)
+        module.resize(pixels, (0, 0), (10, 10), np.empty((3, 5, 5), np.uint8), (0, 0), (5, 5),
+                      False)
 
 
 @pytest.mark.parametrize("out, message", [
@@ -273,7 +278,8 @@ def test_read_only_output_is_refused(module):
 
 
 @pytest.mark.parametrize("at, image_size, out_at, out_size, message", [
-    ((1, 0), (10, 10), (0, 0), (5, 5), r"pixels: a 10x10 box at \(1, 0\) does not fit an image of 10x10"),
+    ((1, 0), (10, 10), (0, 0), (5, 5),
+     r"pixels: a 10x10 box at \(1, 0\) does not fit an image of 10x10"),
     ((0, 0), (10, 10), (1, 0), (5, 5), r"out: a 5x5 box at \(1, 0\) does not fit an image of 5x5"),
     ((0, 0), (10, 10), (0, 0), (2**25, 5), "sides up to 2\\*\\*24"),
     ((-1, 0), (10, 10), (0, 0), (5, 5), "does not fit"),
@@ -309,12 +315,14 @@ def test_reference_weights_are_pils(module):
     """The float64 reference above is PIL's filter: it matches PIL's own resize to a grey level,
     so the exactness test compares against the right thing."""
     pixels = _image(97, 131, seed=3)
-    pil_out = np.asarray(Image.fromarray(pixels).resize((50, 40), Image.BILINEAR)).transpose(2, 0, 1)
+    pil_out = np.asarray(
+        Image.fromarray(pixels).resize((50, 40), Image.BILINEAR)).transpose(2, 0, 1)
     assert np.abs(np.floor(_reference(pixels, (40, 50)) + 0.5) - pil_out).max() <= 1
     assert math.isclose(_weights(10, 3).sum(axis=1).min(), 1.0)
 
 
-def test_without_the_module_image_decoder_stays_within_a_grey_level(module, sample_root, monkeypatch):
+def test_without_the_module_image_decoder_stays_within_a_grey_level(module, sample_root,
+                                                                    monkeypatch):
     """Installed without extensions, ImageDecoder resizes with torch and decodes eval images
     whole; train and eval outputs stay within a grey level of the module's."""
     images = [p.read_bytes() for p in sample_files(sample_root)[:6]]

@@ -1,4 +1,5 @@
-"""Thread-pool loading: DataLoader's batches in order, errors at their batch, no thread left behind."""
+"""Thread-pool loading: DataLoader's batches in order, errors at their batch, no thread left
+behind."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """Every public signature held to the vocabulary table (docs/vocabulary.md).
 
-For every name in ``__all__`` of fastpipe, fastpipe.data, fastpipe.ops, fastpipe.dali and fastpipe.pack (the
-factory ``image_loader`` is in fastpipe's): no parameter, and no public attribute or method of a
-public class, may use another spelling of a concept the table names (``max_prefetch`` for
-``prefetch_depth``, ``flip`` for ``hflip``, ...), and every table name that appears has the
+For every name in ``__all__`` of fastpipe, fastpipe.data, fastpipe.ops, fastpipe.dali and
+fastpipe.pack (the factory ``image_loader`` is in fastpipe's): no parameter, and no public attribute
+or method of a public class, may use another spelling of a concept the table names (``max_prefetch``
+for ``prefetch_depth``, ``flip`` for ``hflip``, ...), and every table name that appears has the
 table's default where the table fixes one.
 """
 
@@ -79,7 +79,8 @@ EXEMPT = {
     ("shard_indices", "world_size"): "a pure function of its arguments: the share is explicit",
     ("shard_indices", "seed"): "a pure function of its arguments: the order seed is explicit",
     ("image_pipeline", "rank"): "a DALI pipeline for driving DALI yourself: the share is explicit",
-    ("image_pipeline", "world_size"): "a DALI pipeline for driving DALI yourself: the share is explicit",
+    ("image_pipeline", "world_size"): "a DALI pipeline for driving DALI yourself: the share is "
+                                      "explicit",
     ("pack", "size"): "the stored arrays' size (None keeps each image's own), not an output size",
     ("PackOptions", "size"): "the stored arrays' size (None keeps each image's own)",
 }

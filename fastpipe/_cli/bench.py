@@ -23,7 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sample dataset size (default 256; generated once and cached)")
     parser.add_argument("--batch-size", type=positive_int, default=None, help="(default 32)")
     parser.add_argument("--workers", type=int, default=None,
-                        help="num_workers (DataLoader processes, DALI threads) (default: the usable cores)")
+                        help="num_workers (DataLoader processes, DALI threads) (default: the "
+                             "usable cores)")
     parser.add_argument("--size", type=positive_int, default=None, help="crop size (default 224)")
     parser.add_argument("--seconds", type=non_negative_float, default=None,
                         help="seconds per loader and round, after its first batch (default 4)")

@@ -128,5 +128,5 @@ def _pack(args: argparse.Namespace):
                 num_workers=args.workers if args.workers is not None else usable_cores(),
                 part=args.part, merge=args.merge, max_side=args.max_side, size=args.size,
                 strict=args.strict, progress=not args.quiet, format=args.format,
-                quality=args.quality, transcode=args.transcode, check=not args.no_check, shard_size=args.shard_size,
-                overwrite=args.overwrite)
+                quality=args.quality, transcode=args.transcode, check=not args.no_check,
+                shard_size=args.shard_size, overwrite=args.overwrite)

@@ -44,8 +44,9 @@ def describe_machine() -> dict[str, Any]:
     gpu = None
     if torch.cuda.is_available():
         gpu = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
-    dali = next((v for v in (_version("nvidia-dali-cuda130"), _version("nvidia-dali-cuda120")) if v),
-                None)
+    dali = next(
+        (v for v in (_version("nvidia-dali-cuda130"), _version("nvidia-dali-cuda120")) if v),
+        None)
     memory = _memory_gib()
     return {
         "cpu": _cpu_model(),

@@ -377,7 +377,7 @@ def run_model_bench(
     if unknown or not chosen:
         raise ValueError(f"unknown variant(s) {unknown}; choose from {', '.join(known)}")
     build_model(model)  # an unknown model name fails before any data is made
-    from fastpipe.datasets import default_cache_dir, sample_images
+    from fastpipe.data.samples import default_cache_dir, sample_images
 
     if num_workers is None:
         num_workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2

@@ -124,8 +124,8 @@ class BenchReport:
         s = self.settings
         lines += ["", f"Machine: {machine_line(self.machine)}.",
                   f"Command: `{s['command']}` ({s['num_images']} images, batch {s['batch_size']}, "
-                  f"{_workers(s['num_workers'])}, {s['size']}x{s['size']} crops, {s['seconds']:g} s "
-                  f"per loader, {s['step_ms']:g} ms simulated step, median of {s['rounds']} "
+                  f"{_workers(s['num_workers'])}, {s['size']}x{s['size']} crops, {s['seconds']:g} "
+                  f"s per loader, {s['step_ms']:g} ms simulated step, median of {s['rounds']} "
                   "round(s))."]
         text = "\n".join(lines) + "\n"
         if path is not None:
@@ -262,7 +262,8 @@ def run_bench(
     from fastpipe._progress import progress_bar
 
     results: dict[str, list[BenchRow]] = {key: [] for key in chosen}
-    bar = progress_bar(progress, only_on_terminal=True, total=len(chosen) * rounds, desc="fastpipe bench", unit="run")
+    bar = progress_bar(progress, only_on_terminal=True, total=len(chosen) * rounds,
+                       desc="fastpipe bench", unit="run")
     started = time.perf_counter()
     try:
         # Rounds interleave the variants, so a burst of load from elsewhere on the machine

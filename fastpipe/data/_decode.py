@@ -53,8 +53,8 @@ def _bytes_of(data: ImageBytes, source: str) -> bytes | bytearray | memoryview:
         view = memoryview(data)
     except TypeError:
         raise TypeError(
-            f"image {source}: expected encoded image bytes (bytes, bytearray, memoryview or a numpy "
-            f"array), got {type(data).__name__}"
+            f"image {source}: expected encoded image bytes (bytes, bytearray, memoryview or a "
+            f"numpy array), got {type(data).__name__}"
         ) from None
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
@@ -98,7 +98,8 @@ def _decode_jpeg(
         return None
 
 
-def _decoded_box(box: _crop.Box, full_size: tuple[int, int], decoded_size: tuple[int, int]) -> _crop.Box:
+def _decoded_box(box: _crop.Box, full_size: tuple[int, int],
+                 decoded_size: tuple[int, int]) -> _crop.Box:
     """``box`` (full-size pixels) in the pixels of a decode of size ``decoded_size``: a 1/k decode
     maps full-size pixel p to p / k, and snapping the edges to that grid moves them by at most
     k / 2 full-size pixels. Never empty, never outside the decoded image."""
@@ -263,7 +264,8 @@ class ImageDecoder:
         if not 0.0 <= hflip <= 1.0:
             raise ValueError(f"hflip is a probability in [0, 1], got {hflip!r}")
         if not 0.0 < crop_pct <= 1.0:
-            raise ValueError(f"crop_pct must be in (0, 1] (0.875 resizes 224 crops from 256), got {crop_pct!r}")
+            raise ValueError("crop_pct must be in (0, 1] (0.875 resizes 224 crops from 256), got "
+                             f"{crop_pct!r}")
         if reducing_gap is None:
             reducing_gap = 1.0 if train else 2.0
         if not reducing_gap >= 1.0:
@@ -305,7 +307,8 @@ class ImageDecoder:
             if pixels is None:
                 array = _decode_jpeg(data, size[0], size[1], plan.k, self.fast_upsample)
                 if array is None:
-                    # simplejpeg refused it: PIL decodes recoverable damage, or raises naming the source.
+                    # simplejpeg refused it: PIL decodes recoverable damage, or raises naming the
+                    # source.
                     array, plan = _decode_pil(data, source), plan._replace(k=1)
                 pixels = self._pixels_of(array, size, plan)
         else:
@@ -329,7 +332,8 @@ class ImageDecoder:
         gap = self.reducing_gap
         return _crop.dct_scale(height, width, need[0] * gap, need[1] * gap)
 
-    def _decode_region(self, data: ImageBytes, full_size: tuple[int, int], plan: _Plan) -> _Pixels | None:
+    def _decode_region(self, data: ImageBytes, full_size: tuple[int, int],
+                       plan: _Plan) -> _Pixels | None:
         """Only the pixels the output needs, through fastpipe._jpeg, or None (decode whole).
 
         Train: the crop. Eval: the input pixels the centre crop of the resized image reads, plus

@@ -31,7 +31,8 @@ def list_image_folder(
     for label, name in enumerate(classes):
         for dirpath, _, filenames in sorted(os.walk(root / name, followlinks=True)):
             rel = os.path.relpath(dirpath, root)
-            found = [os.path.join(rel, f) for f in sorted(filenames) if f.lower().endswith(suffixes)]
+            found = [os.path.join(rel, f) for f in sorted(filenames)
+                     if f.lower().endswith(suffixes)]
             paths.extend(found)
             labels.extend([label] * len(found))
     return classes, paths, labels

@@ -74,8 +74,8 @@ class PackDataset(PerSample, Dataset):
             reader = "LMDBDataset" if found == "lmdb" else "H5Dataset"
             raise fmt.PackFormatError(
                 f"{self.file} is an {'LMDB' if found == 'lmdb' else 'HDF5'} file, but "
-                f"{type(self).__name__} reads {'LMDB' if self._format == 'lmdb' else 'HDF5'} packs: "
-                f"open it with fastpipe.data.{reader}")
+                f"{type(self).__name__} reads {'LMDB' if self._format == 'lmdb' else 'HDF5'} "
+                f"packs: open it with fastpipe.data.{reader}")
         return fmt.open_pack(self.file, self._format)
 
     def _get_reader(self) -> fmt.PackReader:

@@ -102,7 +102,8 @@ class Spec:
 
 
 def sniff_format(path: str | os.PathLike) -> str:
-    """``"hdf5"`` or ``"lmdb"`` from the file's content; raises :class:`PackFormatError` otherwise."""
+    """``"hdf5"`` or ``"lmdb"`` from the file's content; raises :class:`PackFormatError`
+    otherwise."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"no such pack: {path}")
@@ -155,7 +156,8 @@ def read_h5_meta(f, where: str) -> dict[str, Any]:
             "make one with: fastpipe pack SOURCE OUTPUT"
         )
     if META not in f:
-        raise PackFormatError(f"{where} is a fastpipe pack without its '{META}' dataset; the file is damaged")
+        raise PackFormatError(f"{where} is a fastpipe pack without its '{META}' dataset; the file "
+                              "is damaged")
     raw = f[META][()]
     try:
         meta = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
@@ -186,7 +188,8 @@ class _Segment:
     def __init__(self, path: Path, sample_start: int, sample_stop: int, local_start: int,
                  byte_start: int = 0, local_byte_start: int = 0) -> None:
         self.path = path
-        self.sample_start, self.sample_stop, self.local_start = sample_start, sample_stop, local_start
+        self.sample_start, self.sample_stop = sample_start, sample_stop
+        self.local_start = local_start
         self.byte_start, self.local_byte_start = byte_start, local_byte_start
         self._file = None
         self._dataset = None
@@ -242,10 +245,11 @@ class _Segment:
         meta = read_h5_meta(f, str(self.path))
         found = {key: meta.get(key) for key in self.expect}
         if key_mismatch := [k for k in self.expect if found[k] != self.expect[k]]:
+            mismatches = ", ".join(f"{k} {found[k]!r}, expected {self.expect[k]!r}"
+                                   for k in key_mismatch)
             raise PackFormatError(
                 f"the part file {self.path} of a virtual pack was replaced after the merge "
-                f"({', '.join(f'{k} {found[k]!r}, expected {self.expect[k]!r}' for k in key_mismatch)}); "
-                "pack the output again")
+                f"({mismatches}); pack the output again")
 
     def _pread(self, out: np.ndarray, offset: int) -> None:
         if os.preadv(self._fd, [out], offset) != out.nbytes:
@@ -325,7 +329,8 @@ class PackReader:
     classes: list[str]
 
     def read(self, index: int, out: np.ndarray | None = None) -> np.ndarray:
-        """Sample ``index``: flat uint8 bytes (bytes storage) or the sample array (array storage)."""
+        """Sample ``index``: flat uint8 bytes (bytes storage) or the sample array (array
+        storage)."""
         raise NotImplementedError
 
     def source(self, index: int) -> str:
@@ -368,7 +373,8 @@ class H5PackReader(PackReader):
         except FileNotFoundError:
             raise
         except OSError as exc:
-            raise PackFormatError(f"cannot open {where} as HDF5 ({exc}): not a fastpipe pack or damaged") from exc
+            raise PackFormatError(f"cannot open {where} as HDF5 ({exc}): not a fastpipe pack or "
+                                  "damaged") from exc
         try:
             self.meta = read_h5_meta(f, where)
             self.spec = Spec.from_meta(self.meta)
@@ -388,7 +394,8 @@ class H5PackReader(PackReader):
             else:
                 expected = (self.count, *self.spec.sample_shape)
                 if tuple(data.shape) != expected:
-                    raise PackFormatError(f"{where}: '{DATA}' has shape {data.shape}, expected {expected}")
+                    raise PackFormatError(f"{where}: '{DATA}' has shape {data.shape}, expected "
+                                          f"{expected}")
             self._file = f
             self._segments = self._make_segments(data.is_virtual)
         except BaseException:
@@ -411,14 +418,15 @@ class H5PackReader(PackReader):
             b0 = part["bytes"][0] if self.spec.storage == "bytes" else 0
             lb0 = part.get("local_bytes", [0])[0] if self.spec.storage == "bytes" else 0
             segment = _Segment(file, s0, s1, part.get("local_samples", [0])[0], b0, lb0)
-            segment.expect = {k: part[f"part_{k}"] for k in ("count", "plan") if f"part_{k}" in part}
+            segment.expect = {k: part[f"part_{k}"] for k in ("count", "plan")
+                              if f"part_{k}" in part}
             segments.append(segment)
         missing = [str(s.path) for s in segments if not s.path.exists()]
         if missing:
             raise PackFormatError(
-                f"{self.path} is a virtual pack whose part files are missing: {', '.join(missing[:3])}"
-                f"{' ...' if len(missing) > 3 else ''}; keep the .shards folder next to the pack "
-                "(or pack with merge='copy' for one self-contained file)"
+                f"{self.path} is a virtual pack whose part files are missing: "
+                f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}; keep the .shards "
+                "folder next to the pack (or pack with merge='copy' for one self-contained file)"
             )
         return segments
 
@@ -480,7 +488,8 @@ class H5PackReader(PackReader):
 def _read_index(f, name: str, where: str, shape: tuple[int, ...], dtype) -> np.ndarray:
     ds = _require_dataset(f, name, where)
     if tuple(ds.shape) != shape:
-        raise PackFormatError(f"{where}: '{name}' has shape {ds.shape}, expected {shape}; the file is damaged")
+        raise PackFormatError(f"{where}: '{name}' has shape {ds.shape}, expected {shape}; the file "
+                              "is damaged")
     out = np.empty(shape, dtype)
     if out.size:
         ds.read_direct(out)
@@ -522,7 +531,8 @@ def _lmdb_acquire(path: Path):
                 env = lmdb.open(str(path), subdir=path.is_dir(), readonly=True, lock=False,
                                 readahead=False, max_readers=1024)
             except lmdb.Error as exc:
-                raise PackFormatError(f"cannot open {path} as LMDB ({exc}): not a fastpipe pack or damaged") from exc
+                raise PackFormatError(f"cannot open {path} as LMDB ({exc}): not a fastpipe pack or "
+                                      "damaged") from exc
             entry = _LMDB_ENVS[key] = [env, 0, pid]
         entry[1] += 1
         return entry[0]
@@ -551,7 +561,8 @@ class LMDBPackReader(PackReader):
             self._txn = self._env.begin(buffers=True)
             raw = self._txn.get(LMDB_META)
             if raw is None:
-                raise PackFormatError(f"{where} is an LMDB file but not a fastpipe pack (no {LMDB_META!r} key)")
+                raise PackFormatError(f"{where} is an LMDB file but not a fastpipe pack (no "
+                                      f"{LMDB_META!r} key)")
             try:
                 meta = json.loads(bytes(raw).decode())
             except ValueError as exc:
@@ -568,16 +579,19 @@ class LMDBPackReader(PackReader):
     def _array(self, key: bytes, dtype: str) -> np.ndarray:
         raw = self._txn.get(key)
         if raw is None:
-            raise PackFormatError(f"{self.path} is a fastpipe pack without the key {key!r}; the file is damaged")
+            raise PackFormatError(f"{self.path} is a fastpipe pack without the key {key!r}; the "
+                                  "file is damaged")
         out = np.frombuffer(bytes(raw), dtype)
         if out.shape != (self.count,):
-            raise PackFormatError(f"{self.path}: {key!r} holds {out.shape[0]} values, expected {self.count}")
+            raise PackFormatError(f"{self.path}: {key!r} holds {out.shape[0]} values, expected "
+                                  f"{self.count}")
         return out
 
     def _get(self, key: bytes, index: int):
         raw = self._txn.get(key)
         if raw is None:
-            raise PackFormatError(f"{self.path} has no key {bytes(key)!r} for sample {index}; the file is damaged")
+            raise PackFormatError(f"{self.path} has no key {bytes(key)!r} for sample {index}; the "
+                                  "file is damaged")
         return raw
 
     def read(self, index: int, out: np.ndarray | None = None) -> np.ndarray:
@@ -589,7 +603,8 @@ class LMDBPackReader(PackReader):
             out = np.empty(self.spec.sample_shape, self.spec.dtype)
         flat = out.reshape(-1).view(np.uint8)
         if len(raw) != flat.size:
-            raise PackFormatError(f"{self.path}: sample {i} holds {len(raw)} bytes, expected {flat.size}")
+            raise PackFormatError(f"{self.path}: sample {i} holds {len(raw)} bytes, expected "
+                                  f"{flat.size}")
         flat[...] = np.frombuffer(raw, np.uint8)
         return out
 

@@ -89,7 +89,8 @@ def fast_collate(
     if not isinstance(first, torch.Tensor):
         raise TypeError(f"fast_collate expects image tensors, got {type(first).__name__}")
     for i, image in enumerate(images):
-        if not isinstance(image, torch.Tensor) or image.shape != first.shape or image.dtype != first.dtype:
+        if (not isinstance(image, torch.Tensor) or image.shape != first.shape
+                or image.dtype != first.dtype):
             what = (f"{tuple(image.shape)} {image.dtype}" if isinstance(image, torch.Tensor)
                     else type(image).__name__)
             raise ValueError(

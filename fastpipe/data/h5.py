@@ -10,9 +10,9 @@ __all__ = ["H5Dataset"]
 class H5Dataset(PackDataset):
     """Reads an HDF5 pack: ``dataset[i] -> (image, label)``.
 
-    Bytes storage: ``decoder(data, source)`` turns the stored bytes (uint8 1-D array) into the image;
-    the default decodes fully to a uint8 ``(3, H, W)`` tensor. Array storage: the stored array as a
-    tensor (images as uint8 ``(3, H, W)``).
+    Bytes storage: ``decoder(data, source)`` turns the stored bytes (uint8 1-D array) into the
+    image; the default decodes fully to a uint8 ``(3, H, W)`` tensor. Array storage: the stored
+    array as a tensor (images as uint8 ``(3, H, W)``).
 
     Safe with DataLoader workers under fork and spawn (the file opens lazily in each process) and
     with DistributedSampler. Reads never use h5py fancy indexing: contiguous data (``merge="copy"``)

@@ -1,4 +1,5 @@
-"""Loads the compiled operators (fastpipe._C) and records which ops have kernels on which devices."""
+"""Loads the compiled operators (fastpipe._C) and records which ops have kernels on which
+devices."""
 
 from __future__ import annotations
 

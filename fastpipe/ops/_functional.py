@@ -133,7 +133,8 @@ def _check_range(op: str, name: str, value: object, low: float, high: float) -> 
         or not low <= value[0] <= value[1] <= high
     ):
         raise ValueError(
-            f"{op}: {name} must be a (min, max) pair with {low} <= min <= max <= {high}, got {value!r}"
+            f"{op}: {name} must be a (min, max) pair with {low} <= min <= max <= {high}, got "
+            f"{value!r}"
         )
     return float(value[0]), float(value[1])
 
@@ -268,7 +269,8 @@ def random_erasing(
     inplace: bool = False,
     min_count: int = 1,
 ) -> torch.Tensor:
-    """Random Erasing (Zhong et al., 2017) of every sample, as torchvision's and timm's RandomErasing.
+    """Random Erasing (Zhong et al., 2017) of every sample, as torchvision's and timm's
+    RandomErasing.
 
     Each sample is erased with probability ``p``, in ``count`` rectangles (``count`` uniform in
     ``min_count..max_count``, timm's ``count``). A rectangle has an area of ``uniform(scale)``
@@ -380,7 +382,8 @@ def _check_mix_args(op, images, targets, alpha, num_classes, label_smoothing, ge
     elif targets.dtype in (torch.int64, torch.int32, torch.int16, torch.uint8, torch.int8):
         if tuple(targets.shape) != (n,):
             raise ValueError(
-                f"{op}: class-index targets must have shape (N,) = ({n},), got {tuple(targets.shape)}"
+                f"{op}: class-index targets must have shape (N,) = ({n},), got "
+                f"{tuple(targets.shape)}"
             )
         # Checked on the CPU only: reading a CUDA tensor's values would wait for the GPU.
         if (
@@ -395,14 +398,16 @@ def _check_mix_args(op, images, targets, alpha, num_classes, label_smoothing, ge
             )
     else:
         raise TypeError(
-            f"{op}: targets must be integer class indices or float soft targets, got {targets.dtype}"
+            f"{op}: targets must be integer class indices or float soft targets, got "
+            f"{targets.dtype}"
         )
 
 
 def _soft_targets(
     targets: torch.Tensor, num_classes: int, lam: torch.Tensor, label_smoothing: float
 ) -> torch.Tensor:
-    """timm's mixup_target: smoothed one-hot (or smoothed soft) targets mixed with the flipped batch.
+    """timm's mixup_target: smoothed one-hot (or smoothed soft) targets mixed with the flipped
+    batch.
 
     ``y * lam + y.flip(0) * (1 - lam)`` in float32, with ``y`` the smoothed targets and ``lam`` a
     0-d float32 tensor on the CPU.

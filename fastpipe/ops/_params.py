@@ -137,7 +137,8 @@ def beta(alpha: float, generator: torch.Generator | None = None) -> torch.Tensor
     """
     alpha = float(alpha)
     gammas = standard_gamma(torch.full((2,), alpha + 1.0, dtype=torch.float64), generator=generator)
-    uniforms = 1.0 - torch.rand(2, dtype=torch.float64, **generator_kwargs(generator))  # (0, 1]: log is finite
+    # (0, 1]: log is finite
+    uniforms = 1.0 - torch.rand(2, dtype=torch.float64, **generator_kwargs(generator))
     log_draws = gammas.log() + uniforms.log() / alpha
     return torch.sigmoid(log_draws[0] - log_draws[1])
 

@@ -1,4 +1,5 @@
-"""Pure-PyTorch reference of every fastpipe operator: the fallback without the extension, and the oracle.
+"""Pure-PyTorch reference of every fastpipe operator: the fallback without the extension, and the
+oracle.
 
 Each function has the signature and semantics of the operator ``torch.ops.fastpipe.<name>`` (see
 fastpipe/csrc/fastpipe.cpp) and computes the same bits as the C++ and CUDA kernels: the same float
@@ -15,7 +16,8 @@ _GOLDEN32 = 0x9E3779B9
 
 
 def output_format(images: torch.Tensor) -> torch.memory_format:
-    """channels_last for a channels_last input (that is not also plain contiguous), else contiguous."""
+    """channels_last for a channels_last input (that is not also plain contiguous), else
+    contiguous."""
     if images.is_contiguous(memory_format=torch.channels_last) and not images.is_contiguous():
         return torch.channels_last
     return torch.contiguous_format
@@ -43,7 +45,8 @@ def normalize(
 
 
 def _box_mask(boxes: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """``(N, K, 4)`` boxes (top, left, bottom, right; exclusive) -> ``(N, 1, H, W)`` bool, any box."""
+    """``(N, K, 4)`` boxes (top, left, bottom, right; exclusive) -> ``(N, 1, H, W)`` bool, any
+    box."""
     device = boxes.device
     ys = torch.arange(height, device=device).view(1, 1, height, 1)
     xs = torch.arange(width, device=device).view(1, 1, 1, width)
@@ -140,7 +143,8 @@ def mixup(images: torch.Tensor, lam: torch.Tensor) -> torch.Tensor:
 
 
 def cutmix(images: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
-    """``out[n] = images[n]`` with the ``(N, 4)`` box of sample n copied from ``images[N - 1 - n]``."""
+    """``out[n] = images[n]`` with the ``(N, 4)`` box of sample n copied from
+    ``images[N - 1 - n]``."""
     memory_format = output_format(images)
     inside = _box_mask(boxes.unsqueeze(1), images.shape[2], images.shape[3])
     out = torch.where(inside, images.flip(0), images)

@@ -66,7 +66,8 @@ def plot_profile(summary: ProfileSummary, path: str | os.PathLike) -> Path:
     bottom.hist(counted, bins=min(40, max(5, len(counted) // 3)), color=_WAIT)
     for value, name in ((summary.wait_p50, "p50"), (summary.wait_p95, "p95")):
         bottom.axvline(value * 1e3, color="k", linestyle="--", linewidth=1)
-        bottom.annotate(name, (value * 1e3, 1), textcoords="offset points", xytext=(3, 3), fontsize=8)
+        bottom.annotate(name, (value * 1e3, 1), textcoords="offset points", xytext=(3, 3),
+                        fontsize=8)
     bottom.set_xlabel("data wait per step (ms)")
     bottom.set_ylabel("steps")
     fig.tight_layout()

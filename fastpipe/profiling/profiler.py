@@ -282,7 +282,8 @@ class Profiler:
         if loader is not None and not hasattr(loader, "__iter__"):
             raise TypeError(f"profile() wraps an iterable of batches, got {type(loader).__name__}")
         if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
-            raise ValueError(f"warmup must be an int >= 0 (steps left out of the summary), got {warmup!r}")
+            raise ValueError("warmup must be an int >= 0 (steps left out of the summary), got "
+                             f"{warmup!r}")
         if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
             raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
         self.loader = loader
@@ -508,7 +509,8 @@ def diagnose(summary: ProfileSummary, cuda: bool) -> tuple[str, list[str]]:
     if summary.steps_counted == 0 or math.isnan(share):
         return ("no steps measured: run more steps than warmup", [])
     info = summary.loader
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+             else os.cpu_count() or 1)
     advice: list[str] = []
     if share < NOT_INPUT_BOUND:
         verdict = f"compute-bound: only {share:.0%} of each step waits for data"
