@@ -298,9 +298,17 @@ def machine_description() -> str:
             f"{'compiled extension' if extension else 'pure-PyTorch reference'}")
 
 
+BASELINE_SUFFIX = " [baseline checkout]"
+# The rows whose code an earlier fastpipe also has: --baseline-checkout measures them with it.
+COMPARABLE = ("fastpipe ImageFolder", "fastpipe HDF5 pack (bytes)",
+              "fastpipe ImageFolder, uint8 out")
+
+
 def _child(args) -> int:
     """One measurement in this fresh process: build the pipeline, warm up, time, report as JSON."""
     name = args.child
+    if args.fastpipe_path:
+        sys.path.insert(0, args.fastpipe_path)  # before any import of fastpipe
     builder = PIPELINES[name][0] if name != "ceiling" else None
     args.allow_uint8 = builder is fastpipe_folder_uint8
     result: dict[str, Any] = {"name": name, "pid": os.getpid()}
@@ -330,14 +338,21 @@ def _run_isolated(name: str, root: str, args, timeout: float = 1800) -> dict[str
     other (a DALI pipeline alive beside a DataLoader moved both by up to a third)."""
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as out:
         result_path = out.name
-    command = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--result",
+    extra = []
+    if name.endswith(BASELINE_SUFFIX):
+        name = name[: -len(BASELINE_SUFFIX)]
+        extra = ["--fastpipe-path", str(args.baseline_checkout)]
+    command = [sys.executable, str(Path(__file__).resolve()), *extra, "--child", name, "--result",
                result_path, "--root", root, "--workdir", args.workdir, "--epochs", str(args.epochs),
                "--warmup", str(args.warmup), "--workers", str(args.workers),
                "--main-threads", str(args.main_threads), "--batch-size", str(args.batch_size),
                "--size", str(args.size)]
     try:
         subprocess.run(command, check=True, timeout=timeout)
-        return json.loads(Path(result_path).read_text())
+        result = json.loads(Path(result_path).read_text())
+        if extra:
+            result["name"] += BASELINE_SUFFIX
+        return result
     finally:
         Path(result_path).unlink(missing_ok=True)
 
@@ -377,6 +392,17 @@ def _prepare_pack(root: str, args) -> None:
                 print(f"{name}: not packed: {exc}", flush=True)
 
 
+def _measured(args) -> list[str]:
+    """The measurements of a round, in order: each pipeline (then, with --baseline-checkout, the
+    same pipeline with the other checkout's fastpipe, right after it), then the ceiling."""
+    names = []
+    for name in args.names:
+        names.append(name)
+        if args.baseline_checkout and name in COMPARABLE:
+            names.append(name + BASELINE_SUFFIX)
+    return names + ["ceiling"]
+
+
 def _table(set_name: str, root: str, rows: dict[str, list[dict[str, Any]]], args) -> list[str]:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _photos import describe
@@ -395,10 +421,14 @@ def _table(set_name: str, root: str, rows: dict[str, list[dict[str, Any]]], args
         "| pipeline | images/s | vs best baseline | CPU ms/image | how |",
         "| --- | ---: | ---: | ---: | --- |",
     ]
-    for name in list(args.names) + ["ceiling"]:
-        how = PIPELINES[name][1] if name in PIPELINES else (
+    for name in _measured(args):
+        base = name.removesuffix(BASELINE_SUFFIX)
+        how = PIPELINES[base][1] if base in PIPELINES else (
             "simplejpeg.decode_jpeg of every file, no crop, resize or batching")
-        label = name if name in PIPELINES else (
+        if base != name:
+            how = (f"the row above, with the fastpipe of {args.baseline_checkout} "
+                   f"({args.baseline_label})")
+        label = name if base in PIPELINES else (
             f"ceiling: full-size decode only, {args.workers} processes")
         if name in medians:
             ratio = f"{medians[name] / best:.2f}x" if best else "n/a"
@@ -441,7 +471,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="write the results tables to this file")
     parser.add_argument("--json", type=Path, default=None,
                         help="write every measurement (with its PID) here")
+    parser.add_argument("--baseline-checkout", type=Path, default=None,
+                        help="also measure the fastpipe rows with the fastpipe package of this "
+                             "checkout (e.g. a git worktree of an earlier commit, built in place), "
+                             "each in its own process: before and after in the same run")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--fastpipe-path", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--result", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -456,15 +491,20 @@ def main(argv: list[str] | None = None) -> int:
 
     args.names = [n for n in PIPELINES if not args.only
                   or any(w.lower() in n.lower() for w in args.only)]
+    args.baseline_label = ""
+    if args.baseline_checkout:
+        described = subprocess.run(["git", "-C", str(args.baseline_checkout), "log", "-1",
+                                    "--format=%h %s"], capture_output=True, text=True)
+        args.baseline_label = described.stdout.strip()[:60] or "not a git checkout"
     lines = [f"Machine: {machine_description()}.", ""]
     records: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="fastpipe-bench-") as workdir:
         args.workdir = workdir
         for set_name, root in _image_sets(args).items():
             _prepare_pack(root, args)
-            rows: dict[str, list[dict[str, Any]]] = {n: [] for n in args.names + ["ceiling"]}
+            rows: dict[str, list[dict[str, Any]]] = {n: [] for n in _measured(args)}
             for round_ in range(args.repeat):
-                for name in args.names + ["ceiling"]:
+                for name in _measured(args):
                     if any("note" in r for r in rows[name]):
                         continue
                     result = _run_isolated(name, root, args)
@@ -472,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
                     records.append({"set": set_name, "round": round_, **result})
                     shown = (f"{result['rate']:8.1f} images/s {result['cpu_ms']:6.2f} CPU ms/image"
                              if "rate" in result else result["note"])
-                    print(f"[{set_name}, round {round_ + 1}/{args.repeat}] {name:34s} {shown} "
+                    print(f"[{set_name}, round {round_ + 1}/{args.repeat}] {name:48s} {shown} "
                           f"(pid {result['pid']})", flush=True)
             lines += _table(set_name, root, rows, args)
     lines += [f"fastpipe.ops.normalize alone on one uint8 batch ({args.batch_size}x3x{args.size}x"
