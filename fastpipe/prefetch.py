@@ -296,7 +296,7 @@ class DataPrefetcher:
         self.close()
         _check_sharded(self.loader)
         self._range_checked = False
-        self._handed_out = _Handed(self.loader)
+        self._handed_out = _Handed(self.loader, self.batch_transform)
         tracked = _accelerate_loader(self.loader)
         if self._streams is None and tracked is None:
             epoch: Iterator[Any] = BackgroundIterator(
@@ -342,11 +342,21 @@ class DataPrefetcher:
 
         ``{"version": 1, "loader": loader.state_dict() as it was then}``. The loader must have
         ``state_dict()`` / ``load_state_dict()`` (DataLoaderX, torchdata's StatefulDataLoader).
+        With a ``batch_transform`` that has ``state_dict()`` (``fastpipe.ops.Mixup``,
+        ``RandomErasing`` with a generator), its state after that batch too, under
+        ``"batch_transform"``: the batches transformed ahead come again with the same draws.
         """
-        loader_state = self._handed_out.state() if self._handed_out is not None else None
+        handed = self._handed_out
+        loader_state = handed.state() if handed is not None else None
         if loader_state is None:
             loader_state = _loader_state(self.loader)
-        return {"version": STATE_VERSION, "loader": loader_state}
+        state = {"version": STATE_VERSION, "loader": loader_state}
+        if callable(getattr(self.batch_transform, "state_dict", None)):
+            transform_state = handed.transform_state() if handed is not None else None
+            if transform_state is None:
+                transform_state = self.batch_transform.state_dict()
+            state["batch_transform"] = transform_state
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores a :meth:`state_dict` into the wrapped loader; the next epoch continues it."""
@@ -361,7 +371,17 @@ class DataPrefetcher:
                 f"this DataPrefetcher state has version {state.get('version')!r}; this fastpipe "
                 f"reads version {STATE_VERSION}"
             )
+        if "batch_transform" in state and not callable(
+            getattr(self.batch_transform, "load_state_dict", None)
+        ):
+            raise ValueError(
+                "this DataPrefetcher state holds a batch_transform's state, and this prefetcher's "
+                f"batch_transform ({type(self.batch_transform).__name__}) has no "
+                "load_state_dict(): build it with the same batch_transform"
+            )
         _loader_method(self.loader, "load_state_dict")(state["loader"])
+        if "batch_transform" in state:
+            self.batch_transform.load_state_dict(state["batch_transform"])
         self.close()
         self._handed_out = None
 
@@ -462,6 +482,8 @@ class DataPrefetcher:
     def _transform(self, batch: Any, image_path: tuple[Any, ...]) -> Any:
         target_path = self._target_path(batch, image_path)
         out = self.batch_transform(_get_at(batch, image_path), _get_at(batch, target_path))
+        if self._handed_out is not None:
+            self._handed_out.transformed()
         if not isinstance(out, tuple) or len(out) != 2:
             raise TypeError(
                 "batch_transform must return a pair (images, targets), got "
@@ -650,7 +672,7 @@ class _Handed:
     wraps what the training loop iterates and makes the state of each batch it receives current.
     """
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, transform: Any = None) -> None:
         self._loader = loader
         self._stateful = callable(getattr(loader, "state_dict", None))
         self._current: Any = None
@@ -660,6 +682,18 @@ class _Handed:
             except TypeError:  # a loader that cannot say; state_dict() asks it again and raises
                 self._stateful = False
         self._states: deque[Any] = deque()
+        # A batch_transform with randomness of its own (Mixup): its state after each batch.
+        self._transform = transform if callable(getattr(transform, "state_dict", None)) else None
+        self._transform_current = self._transform.state_dict() if self._transform else None
+        self._transform_states: deque[Any] = deque()
+
+    def transformed(self) -> None:
+        """Called right after ``batch_transform`` ran on the batch taken last."""
+        if self._transform is not None:
+            self._transform_states.append(self._transform.state_dict())
+
+    def transform_state(self) -> Any:
+        return self._transform_current
 
     def source(self, loader: Iterable[Any]) -> Iterator[Any]:
         batches = iter(loader)
@@ -680,6 +714,8 @@ class _Handed:
     def handed(self) -> None:
         if self._stateful:
             self._current = self._states.popleft()
+        if self._transform_states:
+            self._transform_current = self._transform_states.popleft()
 
     def ended(self) -> None:
         # The loader saw the end of its epoch before the loop did; its state now says so.

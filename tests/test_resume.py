@@ -616,3 +616,33 @@ def test_two_gloo_ranks_resumed_mid_epoch_reproduce_both_streams(tmp_path):
         assert_same(full[1], rest[1], f"rank {rank}, next epoch")
         labels += [int(i) for _, batch_labels in full[0] for i in batch_labels]
     assert sorted(labels) == list(range(26)), "the two ranks' shares cover the dataset once"
+
+
+class _Pictures(Augmented):
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image, label = super().__getitem__(index)
+        return image.reshape(1, 2, 3).expand(3, 2, 3).contiguous(), label
+
+
+def test_prefetcher_state_carries_its_batch_transform_at_the_handed_batch(no_thread_leak):
+    from fastpipe.ops import Mixup
+
+    def prefetcher(mixer_seed: int) -> DataPrefetcher:
+        loader = DataLoaderX(_Pictures(29), batch_size=4, shuffle=True, seed=5, num_workers=0)
+        mixer = Mixup(mixup_alpha=1.0, cutmix_alpha=1.0, num_classes=29,
+                      generator=torch.Generator().manual_seed(mixer_seed))
+        return DataPrefetcher(loader, device="cpu", batch_transform=mixer, prefetch_depth=3)
+
+    whole = epoch_batches(prefetcher(0))
+    interrupted = prefetcher(0)
+    batches = iter(interrupted)
+    for _ in range(3):
+        next(batches)
+    wait_until_prefetch_queue_is_full(batches)  # batches mixed ahead, never received
+    state = interrupted.state_dict()
+    interrupted.close()
+    assert "batch_transform" in state
+    resumed = prefetcher(1)  # another seed: only the restored state can give the same draws
+    resumed.load_state_dict(state)
+    assert_same(whole[3:], epoch_batches(resumed), "prefetcher with Mixup, resumed at batch 3")
+    resumed.close()
