@@ -483,8 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     args.images = args.images or (256 if args.quick else 1024)
     args.epochs = args.epochs or (1 if args.quick else 3)
     args.repeat = args.repeat or (1 if args.quick else 3)
-    if args.warmup is None:
-        args.warmup = 1 if args.quick else max(4, args.images // args.batch_size)
+    warmup = args.warmup
     torch.set_num_threads(max(1, args.main_threads))
     if args.child:
         return _child(args)
@@ -502,6 +501,9 @@ def main(argv: list[str] | None = None) -> int:
         args.workdir = workdir
         for set_name, root in _image_sets(args).items():
             _prepare_pack(root, args)
+            # An untimed warm-up epoch of this set (the sets differ in size).
+            files = sum(1 for _ in Path(root).rglob("*.jpg"))
+            args.warmup = warmup or (1 if args.quick else max(2, files // args.batch_size))
             rows: dict[str, list[dict[str, Any]]] = {n: [] for n in _measured(args)}
             for round_ in range(args.repeat):
                 for name in _measured(args):
