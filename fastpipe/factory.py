@@ -73,6 +73,7 @@ def image_loader(
     shuffle: bool | None = None,
     drop_last: bool = False,
     num_workers: int | None = None,
+    worker_method: str = "process",
     prefetch_depth: int = 2,
     crop_pct: float = DEFAULT_CROP_PCT,
 ) -> Any:
@@ -104,6 +105,9 @@ def image_loader(
             evenly, as ``DistributedSampler(drop_last=True)``).
         num_workers: DataLoader worker processes (CPU backend) or DALI CPU threads; ``None``:
             this process's cores divided among the local ranks (``LOCAL_WORLD_SIZE``).
+        worker_method: CPU backend: ``"process"`` (DataLoader's worker processes) or
+            ``"thread"`` (threads of this process: faster on the measured CPU runs, see
+            docs/benchmarks.md; see ``DataLoaderX``). DALI runs its own threads: an error there.
         prefetch_depth: batches prepared ahead of the training step (DALI's prefetch queue, or
             DataLoaderX's queue on the CPU backend, where the DataPrefetcher readies one more).
 
@@ -117,7 +121,8 @@ def image_loader(
         backend=backend, scale=scale, ratio=ratio, hflip=hflip, auto_augment=auto_augment,
         interpolation=interpolation, mean=mean, std=std, dtype=dtype, channels_last=channels_last,
         rank=rank, world_size=world_size, seed=seed, shuffle=shuffle, drop_last=drop_last,
-        num_workers=num_workers, prefetch_depth=prefetch_depth, crop_pct=crop_pct,
+        num_workers=num_workers, worker_method=worker_method, prefetch_depth=prefetch_depth,
+        crop_pct=crop_pct,
     )
     if options.backend == "dali":
         return _build_dali(options)
@@ -174,6 +179,8 @@ class _Options:
         workers = given["num_workers"]
         o.num_workers = _default_workers() if workers is None else check.non_negative_int(
             "num_workers", workers)
+        o.worker_method = check.choice("worker_method", given["worker_method"],
+                                       ("process", "thread"))
         o.prefetch_depth = check.positive_int("prefetch_depth", given["prefetch_depth"])
         o.device = _resolve_device(given["device"])
         o.backend = _choose_backend(check.choice("backend", given["backend"], BACKENDS), o)
@@ -266,8 +273,8 @@ def _dali_sees_a_gpu() -> bool:
 
 def _choose_backend(backend: str, o: _Options) -> str:
     if backend == "auto":
-        if o.device.type != "cuda" or not _dali_installed():
-            return "cpu"
+        if o.device.type != "cuda" or not _dali_installed() or o.worker_method == "thread":
+            return "cpu"  # thread workers are the CPU backend's
         if not _dali_sees_a_gpu():
             warnings.warn(
                 "image_loader: DALI is installed but sees no GPU (a wheel for another CUDA "
@@ -281,6 +288,11 @@ def _choose_backend(backend: str, o: _Options) -> str:
             raise ValueError(
                 f"backend='dali' cannot output {o.dtype}: DALI writes float32, float16 or uint8. "
                 "Pass backend='cpu', or dtype=torch.float16 and convert on the device"
+            )
+        if o.worker_method != "process":
+            raise ValueError(
+                f"worker_method={o.worker_method!r} is the CPU backend's (DataLoaderX); DALI runs "
+                "num_workers threads of its own. Pass backend='cpu', or leave worker_method unset"
             )
         if o.num_workers < 1:
             raise ValueError(
@@ -344,7 +356,8 @@ def _build_cpu(o: _Options) -> Any:
     loader = DataLoaderX(
         dataset, batch_size=o.batch_size, sampler=sampler, num_workers=o.num_workers,
         collate_fn=fast_collate, drop_last=o.drop_last, pin_memory=o.device.type == "cuda",
-        persistent_workers=o.num_workers > 0, prefetch_depth=o.prefetch_depth,
+        persistent_workers=o.num_workers > 0 and o.worker_method == "process",
+        worker_method=o.worker_method, prefetch_depth=o.prefetch_depth,
     )
     float_out = o.dtype != torch.uint8
     return DataPrefetcher(

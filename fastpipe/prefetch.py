@@ -679,7 +679,9 @@ class _Handed:
         if self._stateful:
             try:
                 self._current = _loader_state(loader)
-            except TypeError:  # a loader that cannot say; state_dict() asks it again and raises
+            except Exception:  # noqa: BLE001 - a loader whose state_dict() cannot answer (accelerate's
+                # DataLoaderShard has the method but raises without a stateful DataLoader inside):
+                # the prefetcher's state_dict() asks it again and raises there, where it was asked.
                 self._stateful = False
         self._states: deque[Any] = deque()
         # A batch_transform with randomness of its own (Mixup): its state after each batch.

@@ -460,3 +460,18 @@ def test_cpu_backend_orders_and_shards_like_distributed_sampler(indexed_root, wo
             assert [int(i) for i in ours] == list(theirs)
             assert len(ours) == len(theirs)
         loader.close()
+
+
+def test_thread_workers_give_the_same_batches_and_dali_refuses_them(sample_root, no_thread_leak):
+    batches = {}
+    for method in ("process", "thread"):
+        loader = image_loader(sample_root, 8, train=True, size=32, backend="cpu", device="cpu",
+                              num_workers=2, seed=4, worker_method=method)
+        batches[method] = [(images.clone(), labels.clone()) for images, labels in loader]
+        loader.close()
+    assert len(batches["thread"]) == len(batches["process"]) == 6
+    for (a, la), (b, lb) in zip(batches["thread"], batches["process"], strict=True):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    with pytest.raises(ValueError, match="worker_method='thread' is the CPU backend's"):
+        image_loader(sample_root, 8, train=True, backend="dali", device="cpu",
+                     worker_method="thread")

@@ -316,10 +316,13 @@ def test_prefetcher_next_api_resumes_after_the_last_batch_it_returned(no_thread_
 class _StandInStreams:
     """The CUDA calls of DataPrefetcher's stream path, done on the CPU (no GPU here)."""
 
-    def new_stream(self):
+    def concrete_device(self, device):
+        return device
+
+    def new_stream(self, device):
         return "side"
 
-    def current_stream(self):
+    def current_stream(self, device):
         return "default"
 
     def use(self, stream):
@@ -333,6 +336,9 @@ class _StandInStreams:
 
     def record_stream(self, tensor, stream):
         pass
+
+    def on_device(self, tensor):
+        return False
 
     def to_device(self, tensor, device, non_blocking):
         return tensor.clone()
