@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fastpipe import _validate as check
 from fastpipe.data import _crop
 from fastpipe.data._augment import interpolation_name
 
@@ -203,20 +204,6 @@ _EVAL_REGION_MARGIN = 4
 _FILTERS = {"bilinear": 0, "bicubic": 1}
 
 
-def _size_pair(size: int | tuple[int, int]) -> tuple[int, int]:
-    """``(height, width)`` from an int (square) or a pair of positive ints."""
-    pair = (size, size) if isinstance(size, int) else size
-    try:
-        ok = len(pair) == 2 and all(
-            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in pair)
-    except TypeError:
-        ok = False
-    if isinstance(size, bool) or not ok:
-        raise ValueError(
-            f"size must be a positive int (square output) or (height, width), got {size!r}")
-    return int(pair[0]), int(pair[1])
-
-
 class ImageDecoder:
     """Callable ``(data: bytes, source: str) -> uint8 tensor (3, H, W)``, the fused path.
 
@@ -256,13 +243,10 @@ class ImageDecoder:
         reducing_gap: float | None = None,
         fast_upsample: bool | None = None,
     ) -> None:
-        out_size = _size_pair(size)
+        out_size = check.size_pair("size", size)
         self.interpolation = interpolation_name(interpolation)
-        for name, pair in (("scale", scale), ("ratio", ratio)):
-            if len(pair) != 2 or not 0 < pair[0] <= pair[1]:
-                raise ValueError(f"{name} must be (low, high) with 0 < low <= high, got {pair!r}")
-        if not 0.0 <= hflip <= 1.0:
-            raise ValueError(f"hflip is a probability in [0, 1], got {hflip!r}")
+        scale, ratio = check.pair("scale", scale), check.pair("ratio", ratio)
+        hflip = check.probability("hflip", hflip)
         if not 0.0 < crop_pct <= 1.0:
             raise ValueError("crop_pct must be in (0, 1] (0.875 resizes 224 crops from 256), got "
                              f"{crop_pct!r}")
