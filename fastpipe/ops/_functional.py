@@ -419,7 +419,8 @@ def _soft_targets(
         return y * weight + y.flip(0) * (1 - weight)
     # Class indices: every entry of that sum is one of four float32 numbers, computed here with
     # the same float32 roundings, so the result is the same bits from one fill and two scatters
-    # instead of six passes over (N, K) (~80 us per call for a batch of 64 x 1000 classes).
+    # instead of six passes over (N, K), which cost more than the mix itself on small images
+    # (timed in docs/ops.md, "Less Python per call").
     weight = np.float32(lam.item())
     rest = np.float32(1) - weight
     off32, on32 = np.float32(off), np.float32(on)
