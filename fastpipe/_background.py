@@ -25,6 +25,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, Generic, TypeVar
 
+from fastpipe import _validate as check
 from fastpipe._compat import register_before_thread_join
 
 T = TypeVar("T")
@@ -139,12 +140,7 @@ class BackgroundIterator(Generic[T]):
     ):
         if max_prefetch is not None:
             prefetch_depth = max_prefetch
-        if (
-            not isinstance(prefetch_depth, int)
-            or isinstance(prefetch_depth, bool)
-            or prefetch_depth < 1
-        ):
-            raise ValueError(f"prefetch_depth must be a positive int, got {prefetch_depth!r}")
+        prefetch_depth = check.positive_int("prefetch_depth", prefetch_depth)
         self._items: queue.Queue = queue.Queue(maxsize=prefetch_depth)
         self._stop = threading.Event()
         self._done = False

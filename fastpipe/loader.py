@@ -11,6 +11,7 @@ from typing import Any
 
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
+from fastpipe import _validate as check
 from fastpipe._background import BackgroundIterator
 from fastpipe._compat import shutdown_dataloader_workers
 from fastpipe._threads import thread_batches
@@ -72,15 +73,7 @@ class DataLoaderX(DataLoader):
     def __init__(
         self, *args: Any, prefetch_depth: int = 2, worker_method: str = "process", **kwargs: Any
     ) -> None:
-        if (
-            not isinstance(prefetch_depth, int)
-            or isinstance(prefetch_depth, bool)
-            or prefetch_depth < 1
-        ):
-            raise ValueError(
-                "prefetch_depth must be a positive int (batches kept ready ahead), "
-                f"got {prefetch_depth!r}"
-            )
+        prefetch_depth = check.positive_int("prefetch_depth", prefetch_depth)
         if worker_method not in ("process", "thread"):
             raise ValueError(
                 f"worker_method must be 'process' (DataLoader's worker processes) or 'thread' "

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from fastpipe import _validate as check
 from fastpipe import ops
 from fastpipe._background import BackgroundIterator
 from fastpipe.data.sampler import STATE_VERSION
@@ -177,15 +178,7 @@ class DataPrefetcher:
             raise ValueError("pass both mean and std to normalize, or neither")
         if dtype is not None and dtype not in _FLOAT_DTYPES:
             raise TypeError(f"dtype must be torch.float32, float16 or bfloat16, got {dtype}")
-        if (
-            not isinstance(prefetch_depth, int)
-            or isinstance(prefetch_depth, bool)
-            or prefetch_depth < 1
-        ):
-            raise ValueError(
-                f"prefetch_depth must be a positive int (batches prepared ahead), "
-                f"got {prefetch_depth!r}"
-            )
+        prefetch_depth = check.positive_int("prefetch_depth", prefetch_depth)
         if not hasattr(loader, "__iter__"):
             raise TypeError(f"loader must be an iterable of batches, got {type(loader).__name__}")
         if batch_transform is not None and not callable(batch_transform):

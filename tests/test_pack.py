@@ -485,7 +485,7 @@ def test_pack_options_check_and_normalise_once():
         "lmdb", "copy")
     assert (options.for_output("x.h5").format, options.for_output("x.h5").merge) == (
         "hdf5", "virtual")
-    with pytest.raises(ValueError, match="num_workers must be an int >= 1, got True"):
+    with pytest.raises(ValueError, match="num_workers must be a positive int, got the bool True"):
         PackOptions(num_workers=True)
     with pytest.raises(ValueError, match="LMDB has no virtual"):
         PackOptions(merge="virtual").for_output("x.lmdb")

@@ -94,3 +94,117 @@ def test_optional_seed():
         check.optional_seed("seed", True)
     with pytest.raises(ValueError, match="seed must be an int >= 0"):
         check.optional_seed("seed", -1)
+
+
+# Every part of fastpipe uses these checks: a flag passed where a number belongs is refused with a
+# message naming the parameter, for the parameters that took ``True`` as 1 before the checks were
+# shared (and for those that already refused it). One test per module family.
+
+_BOOL = r"got the bool True"
+
+
+def test_wrong_types_are_type_errors_that_old_value_error_handlers_still_catch():
+    with pytest.raises(check.ArgumentTypeError) as caught:
+        check.positive_int("batch_size", 1.5)
+    assert isinstance(caught.value, TypeError) and isinstance(caught.value, ValueError)
+    with pytest.raises(ValueError, match="cutout: size must be a positive int"):
+        check.positive_int("size", 0, where="cutout")
+    # The fix names the parameter alone, not the prefix.
+    with pytest.raises(TypeError, match=r"^cutout: size must be .*pass an int such as size=2$"):
+        check.positive_int("size", "2", where="cutout")
+
+
+def test_loaders_refuse_a_bool_prefetch_depth():
+    import torch
+    from torch.utils.data import TensorDataset
+
+    from fastpipe import DataLoaderX, DataPrefetcher
+    from fastpipe._background import BackgroundIterator
+
+    data = TensorDataset(torch.zeros(4, 2))
+    with pytest.raises(TypeError, match=f"prefetch_depth must be a positive int, {_BOOL}"):
+        DataLoaderX(data, prefetch_depth=True)
+    with pytest.raises(TypeError, match=f"prefetch_depth must be a positive int, {_BOOL}"):
+        DataPrefetcher([torch.zeros(2, 3, 4, 4)], device="cpu", prefetch_depth=True)
+    with pytest.raises(TypeError, match=f"prefetch_depth must be a positive int, {_BOOL}"):
+        BackgroundIterator(iter([]), prefetch_depth=True)
+
+
+def test_ops_refuse_bools_and_name_the_op():
+    import torch
+
+    from fastpipe import ops
+
+    images = torch.zeros(2, 3, 8, 8, dtype=torch.uint8)
+    targets = torch.zeros(2, dtype=torch.long)
+    with pytest.raises(TypeError, match=f"^cutout: num_holes must be an int >= 0, {_BOOL}"):
+        ops.cutout(images, num_holes=True)
+    with pytest.raises(TypeError, match=f"^cutout: size must be a positive int, {_BOOL}"):
+        ops.cutout(images, size=True)
+    # p=True was taken as 1.0 before.
+    with pytest.raises(TypeError, match=f"^random_erasing: p must be a probability .*{_BOOL}"):
+        ops.random_erasing(images, p=True)
+    with pytest.raises(TypeError, match=f"max_count must be a positive int, {_BOOL}"):
+        ops.random_erasing(images, max_count=True)
+    with pytest.raises(TypeError, match=f"^mixup: alpha must be a positive number, {_BOOL}"):
+        ops.mixup(images.float(), targets, True, 3)
+    with pytest.raises(TypeError, match=f"^mixup: num_classes must be a positive int, {_BOOL}"):
+        ops.mixup(images.float(), targets, 1.0, True)
+    # probability=True was taken as 1.0 before.
+    with pytest.raises(TypeError, match=f"^RandomErasing: probability must be .*{_BOOL}"):
+        ops.RandomErasing(probability=True)
+    with pytest.raises(TypeError, match=f"^Mixup: prob must be a probability .*{_BOOL}"):
+        ops.Mixup(num_classes=3, prob=True)
+    with pytest.raises(TypeError, match=f"^Mixup: mixup_alpha must be a number >= 0, {_BOOL}"):
+        ops.Mixup(num_classes=3, mixup_alpha=True)
+
+
+def test_data_refuses_bools(tmp_path):
+    from fastpipe.data import DistributedSampler, ImageDecoder, RandomSampler
+
+    # hflip=True and scale=(True, 1) were taken as numbers before.
+    with pytest.raises(TypeError, match=f"hflip must be a probability in \\[0, 1\\], {_BOOL}"):
+        ImageDecoder(train=True, size=32, hflip=True)
+    with pytest.raises(TypeError, match=f"scale must be .*{_BOOL}"):
+        ImageDecoder(train=True, size=32, scale=(True, 1.0))
+    with pytest.raises(TypeError, match=f"size must be a positive int, {_BOOL}"):
+        ImageDecoder(train=True, size=True)
+    with pytest.raises(ValueError, match=r"size must be a positive int \(>= 1\), got 0"):
+        ImageDecoder(train=True, size=(32, 0))
+    sampler = RandomSampler(range(4), seed=0)
+    with pytest.raises(TypeError, match=f"epoch must be an int >= 0, {_BOOL}"):
+        sampler.set_epoch(True)
+    with pytest.raises(TypeError, match=f"seed must be an int >= 0, {_BOOL}"):
+        RandomSampler(range(4), seed=True)
+    # world_size=True was taken as 1 before.
+    with pytest.raises(TypeError, match=f"world_size must be a positive int, {_BOOL}"):
+        DistributedSampler(range(4), world_size=True, rank=0)
+
+
+def test_dali_cpu_mode_refuses_bools(tmp_path):
+    pytest.importorskip("nvidia.dali")
+    from fastpipe.dali import DALILoader
+
+    for name in ("batch_size", "num_workers", "prefetch_depth"):
+        arguments = {"batch_size": 2, "device": "cpu", name: True}
+        with pytest.raises(TypeError, match=f"{name} must be a positive int, {_BOOL}"):
+            DALILoader(tmp_path, **arguments)
+    # hflip=True was taken as 1.0 before.
+    with pytest.raises(TypeError, match=f"hflip must be a probability .*{_BOOL}"):
+        DALILoader(tmp_path, batch_size=2, device="cpu", hflip=True)
+
+
+def test_pack_and_profile_refuse_bools(tmp_path):
+    from fastpipe import profile
+    from fastpipe.pack import PackOptions, pack
+
+    with pytest.raises(TypeError, match=f"num_workers must be a positive int, {_BOOL}"):
+        pack(tmp_path / "missing", tmp_path / "out.h5", num_workers=True)
+    # shard_size=True was taken as 1 before.
+    with pytest.raises(TypeError, match=f"shard_size must be a positive int, {_BOOL}"):
+        PackOptions(shard_size=True)
+    # batch_size=True was taken as 1 before.
+    with pytest.raises(TypeError, match=f"batch_size must be a positive int, {_BOOL}"):
+        profile([], batch_size=True, report=False)
+    with pytest.raises(TypeError, match=f"warmup must be an int >= 0, {_BOOL}"):
+        profile([], warmup=True, report=False)

@@ -43,6 +43,7 @@ import torch
 from nvidia.dali.pipeline import Pipeline
 from nvidia.dali.plugin.pytorch import feed_ndarray
 
+from fastpipe import _validate as check
 from fastpipe._background import BackgroundIterator
 from fastpipe._compat import shutdown_dali_pipeline
 from fastpipe.dali.pipelines import Transform, build_pipeline, resolve_device
@@ -464,12 +465,9 @@ class DALILoader:
         prefetch_depth: int = 2,
         fetch: Callable[[int], tuple[Any, Any]] | None = None,
     ) -> None:
-        for name, value in (
-            ("batch_size", batch_size), ("num_workers", num_workers),
-            ("prefetch_depth", prefetch_depth),
-        ):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        batch_size = check.positive_int("batch_size", batch_size)
+        num_workers = check.positive_int("num_workers", num_workers)
+        prefetch_depth = check.positive_int("prefetch_depth", prefetch_depth)
         self.transform = Transform.create(
             train=train, size=size, scale=scale, ratio=ratio, hflip=hflip,
             color_jitter=color_jitter, crop_pct=crop_pct, interpolation=interpolation,
@@ -550,8 +548,7 @@ class DALILoader:
     def set_epoch(self, epoch: int) -> None:
         """Makes the next ``iter()`` run ``epoch`` from its start (``DistributedSampler``'s
         name; Lightning calls it through :attr:`sampler`)."""
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        epoch = check.non_negative_int("epoch", epoch)
         if self._resume is not None and self._resume[0] == epoch:
             return  # a resumed epoch continues where it stopped
         self._resume = None

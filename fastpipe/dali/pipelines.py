@@ -16,6 +16,7 @@ from nvidia.dali import pipeline_def
 from nvidia.dali.auto_aug import auto_augment, rand_augment, trivial_augment
 from nvidia.dali.pipeline import Pipeline
 
+from fastpipe import _validate as check
 from fastpipe.dali.sources import EncodedSource, FileList
 
 _DALI_DTYPES = {torch.float32: types.FLOAT, torch.float16: types.FLOAT16, torch.uint8: types.UINT8}
@@ -124,25 +125,6 @@ def resolve_device(device: str | int | torch.device | None = None) -> int | None
         raise ValueError(f"device={device!r}: DALI sees {count} GPU(s), numbered 0 to {count - 1}")
     return index
 
-
-def _pair(name: str, value: Sequence[float]) -> tuple[float, float]:
-    low, high = (float(v) for v in value)
-    if not 0 < low <= high:
-        raise ValueError(f"{name} must be (low, high) with 0 < low <= high, got {tuple(value)}")
-    return low, high
-
-
-def _probability(name: str, value: float) -> float:
-    value = float(value)
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must be a probability in [0, 1], got {value}")
-    return value
-
-
-def _count(name: str, value: int, low: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
-    return value
 
 
 _INTERPOLATIONS = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC}
@@ -304,11 +286,7 @@ class Transform:
         cutout_size: int = 16,
     ) -> Transform:
         """Validates and normalizes the arguments (see :func:`image_pipeline`)."""
-        if isinstance(size, int):
-            size = (size, size)
-        size = tuple(int(s) for s in size)
-        if len(size) != 2 or min(size) < 1:
-            raise ValueError(f"size must be a positive int or (height, width), got {size}")
+        size = check.size_pair("size", size)
         if color_jitter is not None:
             if isinstance(color_jitter, (int, float)):
                 values = [float(color_jitter)] * 3
@@ -352,12 +330,13 @@ class Transform:
                 f"auto_augment={auto_augment!r} is a train augmentation; pass train=True or drop it"
             )
         return cls(
-            train=bool(train), size=size, scale=_pair("scale", scale), ratio=_pair("ratio", ratio),
-            hflip=_probability("hflip", hflip), color_jitter=color_jitter,
+            train=bool(train), size=size, scale=check.pair("scale", scale),
+            ratio=check.pair("ratio", ratio), hflip=check.probability("hflip", hflip),
+            color_jitter=color_jitter,
             crop_pct=float(crop_pct), interpolation=_interpolation(interpolation),
             auto_augment=policy, mean=mean, std=std, dtype=dtype, channels_last=channels_last,
-            cutout_holes=_count("cutout_holes", cutout_holes, 0),
-            cutout_size=_count("cutout_size", cutout_size, 1),
+            cutout_holes=check.non_negative_int("cutout_holes", cutout_holes),
+            cutout_size=check.positive_int("cutout_size", cutout_size),
         )
 
     @property
@@ -591,9 +570,9 @@ def build_pipeline(
     be built and serialized on a machine without a GPU (``device_id=None``, ``"mixed"``); such a
     pipeline cannot run there.
     """
-    _count("batch_size", batch_size, 1)
-    _count("num_workers", num_workers, 1)
-    _count("prefetch_depth", prefetch_depth, 1)
+    check.positive_int("batch_size", batch_size)
+    check.positive_int("num_workers", num_workers)
+    check.positive_int("prefetch_depth", prefetch_depth)
     if decode_device not in ("cpu", "mixed"):
         raise ValueError(f"decode_device must be 'cpu' or 'mixed', got {decode_device!r}")
     reader: dict[str, Any] = {}

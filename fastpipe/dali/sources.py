@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from fastpipe import _validate as check
 from fastpipe.data._listing import list_image_folder
 
 # What DALI's image decoders read (JPEG, JPEG 2000, PNG, BMP, TIFF, PNM, WebP); the same
@@ -299,8 +300,7 @@ class EncodedSource:
         epoch: int = 0,
         fetch: Callable[[int], tuple[Any, Any]] | None = None,
     ) -> None:
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        batch_size = check.positive_int("batch_size", batch_size)
         if fetch is None:
             fetch = getattr(dataset, "encoded", None)
             if not callable(fetch):

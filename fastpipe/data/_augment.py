@@ -79,10 +79,11 @@ def auto_augment_transform(
 
 
 def _sharpness(image: torch.Tensor, factor: float) -> torch.Tensor:
-    """torchvision's ``adjust_sharpness`` on uint8, equal pixel for pixel, ~10x faster: its
-    float32 3x3 convolution rounded equals the exact ``(8 neighbours + 5 * centre) / 13``
-    rounded (a multiple of 1/13 is never within float32 error of a half), computed here from
-    integer sums of shifted views; the blend is torchvision's own float32 arithmetic."""
+    """torchvision's ``adjust_sharpness`` on uint8, equal pixel for pixel and faster (timed in
+    docs/cpu-path.md, "Augmentation"): its float32 3x3 convolution rounded equals the exact
+    ``(8 neighbours + 5 * centre) / 13`` rounded (a multiple of 1/13 is never within float32
+    error of a half), computed here from integer sums of shifted views; the blend is
+    torchvision's own float32 arithmetic."""
     wide = image.to(torch.int16)
     sums = 5 * wide[..., 1:-1, 1:-1]
     for dy in (0, 1, 2):

@@ -12,8 +12,8 @@ from typing import NamedTuple
 import torch
 
 # libjpeg-turbo decodes at any M/8 scale, but only 1/2, 1/4 and 1/8 have fast reduced inverse DCTs
-# (SIMD 4x4 and 2x2, DC-only 1x1); the others (7/8, 3/4, ...) run plain C and measured slower than a
-# full-size decode, so they are never asked for.
+# (SIMD 4x4 and 2x2, DC-only 1x1); the others (7/8, 3/4, ...) run plain C, slower than a full-size
+# decode (docs/cpu-path.md), so they are never asked for.
 DCT_SCALES = (8, 4, 2, 1)
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fastpipe import _validate as check
 from fastpipe.data import _crop
 from fastpipe.data._augment import interpolation_name
 
@@ -203,20 +204,6 @@ _EVAL_REGION_MARGIN = 4
 _FILTERS = {"bilinear": 0, "bicubic": 1}
 
 
-def _size_pair(size: int | tuple[int, int]) -> tuple[int, int]:
-    """``(height, width)`` from an int (square) or a pair of positive ints."""
-    pair = (size, size) if isinstance(size, int) else size
-    try:
-        ok = len(pair) == 2 and all(
-            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in pair)
-    except TypeError:
-        ok = False
-    if isinstance(size, bool) or not ok:
-        raise ValueError(
-            f"size must be a positive int (square output) or (height, width), got {size!r}")
-    return int(pair[0]), int(pair[1])
-
-
 class ImageDecoder:
     """Callable ``(data: bytes, source: str) -> uint8 tensor (3, H, W)``, the fused path.
 
@@ -235,11 +222,12 @@ class ImageDecoder:
     numbers compare with PIL pipelines (docs/cpu-path.md has the measurements);
     ``float("inf")`` always decodes at full size. ``fast_upsample`` (default: on in train mode,
     off in eval) has libjpeg-turbo replicate the half-resolution chroma of 4:2:0 JPEGs instead of
-    interpolating it: about 6% less decode time, 0.2 grey levels of mean difference on train
-    crops, the largest at sharp colour edges. Randomness comes from ``generator`` when the call
-    passes one (fastpipe's datasets pass one seeded from (seed, epoch, index)), else from torch's
-    default generator, one draw per image. The output stays uint8; normalize on the device
-    (``DataPrefetcher(mean=..., std=...)`` or ``fastpipe.ops.normalize``).
+    interpolating it: a little less decode time for a small mean difference on train crops, the
+    largest at sharp colour edges (docs/cpu-path.md has both). Randomness comes from
+    ``generator`` when the call passes one (fastpipe's datasets pass one seeded from (seed,
+    epoch, index)), else from torch's default generator, one draw per image. The output stays
+    uint8; normalize on the device (``DataPrefetcher(mean=..., std=...)`` or
+    ``fastpipe.ops.normalize``).
 
     Raises :class:`CorruptImageError` naming ``source`` for bytes that are not a decodable image.
     """
@@ -256,13 +244,10 @@ class ImageDecoder:
         reducing_gap: float | None = None,
         fast_upsample: bool | None = None,
     ) -> None:
-        out_size = _size_pair(size)
+        out_size = check.size_pair("size", size)
         self.interpolation = interpolation_name(interpolation)
-        for name, pair in (("scale", scale), ("ratio", ratio)):
-            if len(pair) != 2 or not 0 < pair[0] <= pair[1]:
-                raise ValueError(f"{name} must be (low, high) with 0 < low <= high, got {pair!r}")
-        if not 0.0 <= hflip <= 1.0:
-            raise ValueError(f"hflip is a probability in [0, 1], got {hflip!r}")
+        scale, ratio = check.pair("scale", scale), check.pair("ratio", ratio)
+        hflip = check.probability("hflip", hflip)
         if not 0.0 < crop_pct <= 1.0:
             raise ValueError("crop_pct must be in (0, 1] (0.875 resizes 224 crops from 256), got "
                              f"{crop_pct!r}")
@@ -367,8 +352,9 @@ class ImageDecoder:
         the planned centre crop of the image ``pixels`` belong to, resized to ``plan.resize``.
 
         Into a fresh tensor: decoding straight into the rows of a shared-memory batch (skipping
-        fast_collate's copy) measured ~7% slower per image, the resize's scattered stores then
-        landing in cold memory instead of a buffer the allocator just freed, still in cache.
+        fast_collate's copy) was slower per image (docs/cpu-path.md, "Batches"), the resize's
+        scattered stores then landing in cold memory instead of a buffer the allocator just freed,
+        still in cache.
         """
         if plan.resize is None:
             resized_size, window = self._out, _crop.Box(0, 0, *self._out)
@@ -389,8 +375,8 @@ def _torch_resized(pixels: _Pixels, size: tuple[int, int], window: _crop.Box, fl
     grey level of PIL's), then the window, flipped if asked; ``(3, h, w)`` contiguous."""
     if pixels.at != (0, 0) or pixels.array.shape[:2] != tuple(pixels.image_size):
         raise ValueError("torch's resize needs the whole image; a region needs fastpipe._resize")
-    # A contiguous copy first: torch's uint8 kernel reads a strided view much more slowly, and the
-    # copy (~0.02 ms) saved ~0.045 ms per image, with identical output.
+    # A contiguous copy first: torch's uint8 kernel reads a strided view so much more slowly that
+    # the copy saves more than it costs, with identical output (docs/cpu-path.md, per-image table).
     image = torch.from_numpy(np.ascontiguousarray(pixels.array)).permute(2, 0, 1).unsqueeze(0)
     if tuple(image.shape[-2:]) != tuple(size):
         image = F.interpolate(image, size=tuple(size), mode=interpolation, antialias=True,

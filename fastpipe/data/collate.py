@@ -39,8 +39,8 @@ _madvise = None
 
 def _populate(tensor: torch.Tensor) -> None:
     """Maps all pages of a fresh shared-memory tensor in one ``madvise(MADV_POPULATE_WRITE)``
-    call instead of one page fault per 4 KiB page while the batch is written: measured 4.7 ->
-    3.4 ms for a 64x3x224x224 uint8 batch. Best effort: other systems just fault as usual."""
+    call instead of one page fault per 4 KiB page while the batch is written (the collate's time
+    is in docs/cpu-path.md, "Batches"). Best effort: other systems just fault as usual."""
     global _madvise
     if not sys.platform.startswith("linux") or tensor.numel() == 0:
         return

@@ -18,10 +18,11 @@ from fastpipe.data._random import forked_default_generator, reseeded, sample_see
 
 
 def _read_file(path: str) -> bytes:
-    """The file's bytes, with one open, fstat, read and close: ~2.5 us less than ``open().read()``,
-    which also builds a buffered file object, of ~8 us per small image. Unless the first read
-    returns exactly the size fstat gave, it reads on to the end of the file, as ``read()`` does
-    (a file still growing, a short read, or a file system that reports no size)."""
+    """The file's bytes, with one open, fstat, read and close: about a third less time than
+    ``open().read()`` (docs/cpu-path.md), which also builds a buffered file object. Unless the
+    first read returns exactly the size fstat gave, it reads on to the end of the file, as
+    ``read()`` does (a file still growing, a short read, or a file system that reports no
+    size)."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
     try:
         size = os.fstat(fd).st_size

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.utils import data as torch_data
 
+from fastpipe import _validate as check
 from fastpipe.data._random import SampleIndex
 
 STATE_VERSION = 1
@@ -30,7 +31,8 @@ def _draw_seed(generator: torch.Generator | None = None) -> int:
 def _check_seed(seed: int | None) -> int:
     if seed is None:
         return _draw_seed()
-    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+    seed = check.non_negative_int("seed", seed)
+    if seed >= 2**63:
         raise ValueError(f"seed must be an int in [0, 2**63) or None, got {seed!r}")
     return seed
 
@@ -75,8 +77,7 @@ class _EpochSampler:
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch of the next iteration; a resumed position is kept for the same epoch."""
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative int, got {epoch!r}")
+        epoch = check.non_negative_int("epoch", epoch)
         if epoch != self.epoch:
             self._start = 0
             self._reset_history()
@@ -238,9 +239,9 @@ def _distributed_setting(world_size: int | None, rank: int | None) -> tuple[int,
             world_size = dist.get_world_size() if initialized else 1
         if rank is None:
             rank = dist.get_rank() if initialized else 0
-    if not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
-    if not isinstance(rank, int) or not 0 <= rank < world_size:
+    world_size = check.positive_int("world_size", world_size)
+    rank = check.non_negative_int("rank", rank)
+    if rank >= world_size:
         raise ValueError(f"rank must be an int in [0, world_size={world_size}), got {rank!r}")
     return world_size, rank
 

@@ -6,6 +6,7 @@ import numbers
 
 import torch
 
+from fastpipe import _validate as check
 from fastpipe.ops import _functional
 
 _MODES = {"const": 0, "": 0, "rand": "rand", "pixel": "pixel"}
@@ -71,14 +72,13 @@ class RandomErasing:
         self.mode = mode.lower() or "const"
         self.min_count = min_count
         self.max_count = max_count or min_count
-        self.num_splits = _functional._check_int(op, "num_splits", num_splits, 0)
+        self.num_splits = check.non_negative_int("num_splits", num_splits, where=op)
         _functional._check_generator(op, generator)
         if generator is None:
             generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, ())))
         self.generator = generator
         self.inplace = bool(inplace)
-        if not isinstance(probability, numbers.Real) or not 0 <= probability <= 1:
-            raise ValueError(f"{op}: probability must be in [0, 1], got {probability!r}")
+        check.probability("probability", probability, where=op)
         if not all(isinstance(a, numbers.Real) for a in (min_area, max_area)) or not (
             0 <= min_area <= max_area <= 1
         ):

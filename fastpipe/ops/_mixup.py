@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from fastpipe import _validate as check
 from fastpipe.ops import _functional
 
 _MODES = ("batch", "pair", "elem")
@@ -33,18 +34,6 @@ def _below(bounds: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One uniform integer in ``0..bound - 1`` per entry of the int64 ``bounds`` (all >= 1)."""
     u = torch.rand(bounds.shape, dtype=torch.float64, generator=generator)
     return torch.minimum((u * bounds).to(torch.int64), bounds - 1)
-
-
-def _check_alpha(name: str, value: object) -> float:
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not value >= 0:
-        raise ValueError(f"Mixup: {name} must be a number >= 0 (0 turns it off), got {value!r}")
-    return float(value)
-
-
-def _check_probability(name: str, value: object) -> float:
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not 0 <= value <= 1:
-        raise ValueError(f"Mixup: {name} must be a probability in [0, 1], got {value!r}")
-    return float(value)
 
 
 class Mixup:
@@ -106,8 +95,9 @@ class Mixup:
         generator: torch.Generator | None = None,
         inplace: bool = False,
     ) -> None:
-        self.mixup_alpha = _check_alpha("mixup_alpha", mixup_alpha)
-        self.cutmix_alpha = _check_alpha("cutmix_alpha", cutmix_alpha)
+        # An alpha of 0 turns that mix off.
+        self.mixup_alpha = check.non_negative_float("mixup_alpha", mixup_alpha, where="Mixup")
+        self.cutmix_alpha = check.non_negative_float("cutmix_alpha", cutmix_alpha, where="Mixup")
         if cutmix_minmax is not None:
             if (
                 not isinstance(cutmix_minmax, Sequence)
@@ -127,8 +117,8 @@ class Mixup:
                 "Mixup: mixup_alpha and cutmix_alpha are both 0, so nothing would be mixed; set "
                 "one of them > 0 (timm's defaults: mixup_alpha=0.8, cutmix_alpha=1.0)"
             )
-        self.prob = _check_probability("prob", prob)
-        self.switch_prob = _check_probability("switch_prob", switch_prob)
+        self.prob = check.probability("prob", prob, where="Mixup")
+        self.switch_prob = check.probability("switch_prob", switch_prob, where="Mixup")
         if mode not in _MODES:
             raise ValueError(
                 f"Mixup: mode must be one of {_MODES}, got {mode!r} (timm's 'half' mode belongs "
@@ -139,7 +129,7 @@ class Mixup:
         if not isinstance(label_smoothing, numbers.Real) or not 0 <= label_smoothing < 1:
             raise ValueError(f"Mixup: label_smoothing must be in [0, 1), got {label_smoothing!r}")
         self.label_smoothing = float(label_smoothing)
-        self.num_classes = _functional._check_int("Mixup", "num_classes", num_classes, 1)
+        self.num_classes = check.positive_int("num_classes", num_classes, where="Mixup")
         _functional._check_generator("Mixup", generator)
         if generator is None:
             seed = int(torch.randint(0, 2**62, ()))

@@ -88,8 +88,8 @@ def erasing_boxes(
     fits. A box with no accepted attempt is empty (the sample is left as is, as in torchvision).
     """
     # One draw of all the uniforms: per sample apply and count, per box 10 areas, 10 ratios and a
-    # position. Their geometry costs less than the overhead of the ~50 small ops below (0.2-0.3 ms
-    # a call once a training step has flushed the caches), so eager calls use the compiled
+    # position. Their geometry costs less than the overhead of the ~50 small ops below (timed in
+    # docs/ops.md, "Less Python per call"), so eager calls use the compiled
     # fastpipe::erasing_boxes, one call doing the same float64 operations in the same order;
     # torch.compile, and a build without the extension, run the torch version.
     k, a = max_count, ERASING_ATTEMPTS
@@ -154,8 +154,8 @@ def cutmix_box(
     ``1 - box area / (H * W)``, the share of each sample that stays its own.
     """
     if not torch.compiler.is_compiling():
-        # The same float64 and integer arithmetic on Python numbers: the ~15 small torch ops below
-        # cost ~60 us per call, which is most of a small batch's cutmix.
+        # The same float64 and integer arithmetic on Python numbers: the overhead of the ~15 small
+        # torch ops below is most of a small batch's cutmix (docs/ops.md, "Less Python per call").
         cut = math.sqrt(1.0 - float(lam))
         cut_h, cut_w = int(height * cut), int(width * cut)
         cy = int(torch.randint(0, height, (), generator=generator))

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fastpipe import _validate
+
 DEFAULT_SHARD_SIZE = 10_000
 
 
@@ -48,11 +50,8 @@ class PackOptions:
             raise ValueError(_NO_VIRTUAL_LMDB)
         if self.storage not in ("bytes", "array"):
             raise ValueError(f"storage must be 'bytes' or 'array', got {self.storage!r}")
-        if (not isinstance(self.num_workers, int) or isinstance(self.num_workers, bool)
-                or self.num_workers < 1):
-            raise ValueError(f"num_workers must be an int >= 1, got {self.num_workers!r}")
-        if not isinstance(self.shard_size, int) or self.shard_size < 1:
-            raise ValueError(f"shard_size must be an int >= 1, got {self.shard_size!r}")
+        self._set("num_workers", _validate.positive_int("num_workers", self.num_workers))
+        self._set("shard_size", _validate.positive_int("shard_size", self.shard_size))
         self._set("part", parse_part(self.part))
         self._set("size", parse_size(self.size))
         if self.max_side is not None:

@@ -27,6 +27,8 @@ from typing import Any, TextIO
 import torch
 from torch.utils import _pytree as pytree
 
+from fastpipe import _validate as check
+
 # The host clock, a module attribute so tests can drive it.
 _now = time.perf_counter
 
@@ -281,11 +283,9 @@ class Profiler:
     ) -> None:
         if loader is not None and not hasattr(loader, "__iter__"):
             raise TypeError(f"profile() wraps an iterable of batches, got {type(loader).__name__}")
-        if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
-            raise ValueError("warmup must be an int >= 0 (steps left out of the summary), got "
-                             f"{warmup!r}")
-        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
-            raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
+        warmup = check.non_negative_int("warmup", warmup)  # steps left out of the summary
+        if batch_size is not None:
+            batch_size = check.positive_int("batch_size", batch_size)
         self.loader = loader
         self.batch_size = batch_size
         self.warmup = warmup

@@ -51,9 +51,9 @@ struct NoiseRow {
 };
 
 // Consecutive rows of a box are a whole image row apart, a stride the hardware prefetcher does
-// not follow: a store then waits for its cache line, one row at a time (~12 ns a line measured on
-// a batch just written by clone()). Asking for the lines kPrefetchRows rows ahead keeps several
-// rows in flight.
+// not follow: a store then waits for its cache line, one row at a time (docs/ops.md, "Prefetching
+// the rows of a box"). Asking for the lines kPrefetchRows rows ahead keeps several rows in
+// flight.
 constexpr int64_t kPrefetchRows = 8;
 
 template <typename T>

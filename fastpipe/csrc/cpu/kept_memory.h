@@ -17,8 +17,8 @@ constexpr size_t kKeptBlocks = 2;
 // at::empty for the CPU kernels' outputs, except that an output of at least kKeptMinBytes reuses
 // the memory of an earlier output of the same size once every tensor using it has been freed.
 // glibc gives allocations above 32 MiB fresh pages from mmap and unmaps them on free, so a float
-// batch (38.5 MB for 64x3x224x224) would otherwise take one page fault per 4 KiB, every batch:
-// normalize to float32 took ~10 ms that way against ~2.4 ms in reused memory. Memory is reused
+// batch would otherwise take one page fault per 4 KiB, every batch, which made normalize to
+// float32 several times slower (docs/ops.md, "On the CPU, keep freed memory"). Memory is reused
 // only after its last tensor is gone, as torch's CUDA caching allocator does on the GPU.
 at::Tensor empty_output(at::IntArrayRef sizes, at::ScalarType dtype, at::MemoryFormat format);
 

@@ -158,9 +158,9 @@ at::Tensor normalize_cpu(const at::Tensor& images, const at::Tensor& mean, const
     with_image_type(dtype, "normalize", [&](auto out_tag) {
       using TOut = decltype(out_tag);
       if constexpr (std::is_same_v<TOut, float>) {
-        // A float batch of kKeptMinBytes or more is far larger than the caches: measured in the
-        // CPU-path benchmark's main process, ~5.5 ms of a 64x3x224x224 batch's ~6 ms went to
-        // writing the output, most of it reading each line in before overwriting it.
+        // A float batch of kKeptMinBytes or more is far larger than the caches: in the CPU-path
+        // benchmark's main process most of the op's time went to writing the output, most of
+        // that reading each line in before overwriting it (docs/ops.md, "Benchmark").
         if (out.nbytes() >= kKeptMinBytes) {
           normalize_rows<TIn, TOut, true>(images, out, channels_last, row_scale, row_shift);
         } else {

@@ -2,8 +2,8 @@
 //
 // The uniforms come from torch's generator (fastpipe/ops/_params.py), so a seed fixes them; this is
 // only their geometry, the same float64 operations in the same order as the traced torch version
-// in _params.erasing_boxes, in one call instead of ~50 small tensor ops (which cost 0.2-0.3 ms per
-// call once a training step has flushed the caches).
+// in _params.erasing_boxes, in one call instead of ~50 small tensor ops, whose overhead is most of
+// the geometry's cost (docs/ops.md, "Less Python per call").
 #include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
