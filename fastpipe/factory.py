@@ -356,7 +356,8 @@ def _build_cpu(o: _Options) -> Any:
     loader = DataLoaderX(
         dataset, batch_size=o.batch_size, sampler=sampler, num_workers=o.num_workers,
         collate_fn=fast_collate, drop_last=o.drop_last, pin_memory=o.device.type == "cuda",
-        persistent_workers=o.num_workers > 0 and o.worker_method == "process",
+        # Not persistent: closing the loader then ends its worker processes with it.
+        persistent_workers=False,
         worker_method=o.worker_method, prefetch_depth=o.prefetch_depth,
     )
     float_out = o.dtype != torch.uint8

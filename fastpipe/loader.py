@@ -66,7 +66,9 @@ class DataLoaderX(DataLoader):
     Without ``sampler=`` / ``batch_sampler=`` (map-style datasets), the sampler is one of
     fastpipe's resumable samplers: ``shuffle=True`` gives ``fastpipe.data.RandomSampler`` seeded
     with the keyword ``seed: int | None`` (None: one draw from ``generator=``, else from torch's
-    global generator, when the loader is built), otherwise ``SequentialSampler``; so
+    global generator, when the loader is built; 0 in a multi-process ``torch.distributed`` run,
+    as ``DistributedSampler``'s default, so that all ranks agree), otherwise
+    ``SequentialSampler``; so
     :meth:`state_dict` / :meth:`load_state_dict` can resume mid-epoch (docs/resume.md).
     """
 
@@ -111,7 +113,7 @@ class DataLoaderX(DataLoader):
         # With persistent_workers the DataLoader resets and reuses one worker iterator, so the
         # previous epoch's thread must have stopped, however long its last batch takes, before
         # that iterator is touched again.
-        self.close()
+        self._close_epoch()
         if self.persistent_workers and self._epoch_thread is not None:
             self._epoch_thread.join()
         self._position = self._begin_position()
@@ -136,7 +138,11 @@ class DataLoaderX(DataLoader):
         return _HandedOut(epoch, self._position)
 
     def close(self) -> None:
-        """Stops the background thread of the current epoch, if one is running."""
+        """Stops the background thread of the current epoch, if one is running. (Persistent
+        worker processes live until the loader is garbage collected, as DataLoader's do.)"""
+        self._close_epoch()
+
+    def _close_epoch(self) -> None:
         epoch = self._epoch() if self._epoch is not None else None
         if epoch is not None:
             epoch.close()

@@ -286,7 +286,7 @@ class DataPrefetcher:
 
     def __iter__(self) -> Iterator[Any]:
         # One epoch at a time: the side stream and the loader's iterator are shared.
-        self.close()
+        self._close_epoch()
         _check_sharded(self.loader)
         self._range_checked = False
         self._handed_out = _Handed(self.loader, self.batch_transform)
@@ -317,7 +317,14 @@ class DataPrefetcher:
             return None
 
     def close(self) -> None:
-        """Stops the current epoch's prefetching and releases what it holds."""
+        """Stops the current epoch's prefetching, releases what it holds, and closes the wrapped
+        loader when it can be closed (DataLoaderX: its thread and persistent workers)."""
+        self._close_epoch()
+        close = getattr(self.loader, "close", None)
+        if callable(close):
+            close()
+
+    def _close_epoch(self) -> None:
         self._next_epoch = None
         epoch = self._epoch() if self._epoch is not None else None
         self._epoch = None
@@ -375,7 +382,7 @@ class DataPrefetcher:
         _loader_method(self.loader, "load_state_dict")(state["loader"])
         if "batch_transform" in state:
             self.batch_transform.load_state_dict(state["batch_transform"])
-        self.close()
+        self._close_epoch()
         self._handed_out = None
 
     def _ahead_epoch(self, tracked: Any) -> Iterator[Any]:
@@ -597,12 +604,13 @@ def _check_sharded(loader: Any) -> None:
             value = getattr(candidate, name, None)
             if isinstance(value, int) and value > 1:
                 return
-    if type(inner) not in (RandomSampler, SequentialSampler):
+    if not isinstance(inner, (RandomSampler, SequentialSampler)):  # fastpipe's are subclasses
         return  # a sampler of the user's own: trust it
     world = dist.get_world_size()
     what = (
-        f"DataPrefetcher wraps a {type(loader).__name__} whose sampler is torch's "
-        f"{type(inner).__name__}, in a distributed run of {world} processes: every process would "
+        f"DataPrefetcher wraps a {type(loader).__name__} whose sampler, a "
+        f"{type(inner).__name__}, is not sharded, in a distributed run of {world} processes: "
+        "every process would "
         "iterate the whole dataset. Lightning and accelerate shard only the DataLoaders they are "
         "given directly, not one inside a DataPrefetcher. Fix: with Lightning, return the "
         "DataLoader(X) itself from *_dataloader() and move/normalize the batch in "
@@ -612,7 +620,7 @@ def _check_sharded(loader: Any) -> None:
         "DataPrefetcher(accelerator.prepare(loader)); with torchrun, pass "
         "sampler=DistributedSampler(dataset) and call prefetcher.set_epoch(epoch) every epoch"
     )
-    if type(inner) is RandomSampler:
+    if isinstance(inner, RandomSampler):
         raise RuntimeError(what)
     warnings.warn(what + " (if every process should see every sample, ignore this warning)",
                   UserWarning, stacklevel=3)

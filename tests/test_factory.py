@@ -350,7 +350,8 @@ def test_auto_picks_dali_gpu_decode_only_with_cuda_and_dali(monkeypatch, sample_
         scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip=0.5, auto_augment=None,
         interpolation="bilinear", mean=IMAGENET_MEAN, std=IMAGENET_STD, dtype=torch.float32,
         channels_last=False, rank=None, world_size=None, seed=0, shuffle=None,
-        drop_last=False, num_workers=2, prefetch_depth=2, crop_pct=0.875,
+        drop_last=False, num_workers=2, worker_method="process", prefetch_depth=2,
+        crop_pct=0.875,
     )
     assert options.backend == expected
     assert options.device.type == ("cuda" if cuda else "cpu")
@@ -366,7 +367,8 @@ def test_auto_falls_back_to_the_cpu_path_when_dali_sees_no_gpu(monkeypatch, samp
             backend="auto", scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip=0.5,
             auto_augment=None, interpolation="bilinear", mean=IMAGENET_MEAN, std=IMAGENET_STD,
             dtype=torch.float32, channels_last=False, rank=None, world_size=None, seed=0,
-            shuffle=None, drop_last=False, num_workers=2, prefetch_depth=2, crop_pct=0.875,
+            shuffle=None, drop_last=False, num_workers=2, worker_method="process",
+            prefetch_depth=2, crop_pct=0.875,
         )
     assert options.backend == "cpu"
 

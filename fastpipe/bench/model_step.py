@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import gc
 import importlib.util
-import inspect
 import json
 import os
 import shutil
@@ -34,8 +33,6 @@ import torch
 
 from fastpipe.bench.machine import describe_machine, machine_line
 from fastpipe.bench.variants import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
     VARIANTS,
     BenchConfig,
     Skip,
@@ -44,7 +41,6 @@ from fastpipe.bench.variants import (
 
 BASELINE = "dataloader"
 NUM_CLASSES = 1000
-FACTORY_KEY = "image_loader"
 
 
 @dataclass
@@ -187,30 +183,12 @@ def _build_dali_gpu(config: BenchConfig) -> Any:
     from fastpipe.dali import DALILoader
 
     return DALILoader(str(config.root), batch_size=config.batch_size, train=True,
-                      size=config.size, num_threads=max(1, config.num_workers), device="cuda")
-
-
-def _build_factory(config: BenchConfig) -> Any:
-    import fastpipe
-
-    factory = getattr(fastpipe, FACTORY_KEY, None)
-    if factory is None:
-        raise Skip("this fastpipe has no fastpipe.image_loader")
-    offered = {"root": str(config.root), "batch_size": config.batch_size, "train": True,
-               "size": config.size, "num_workers": config.num_workers, "device": config.device,
-               "mean": IMAGENET_MEAN, "std": IMAGENET_STD}
-    accepted = inspect.signature(factory).parameters
-    if "root" not in accepted:
-        first = next(iter(accepted))
-        offered[first] = offered.pop("root")
-    return factory(**{k: v for k, v in offered.items() if k in accepted})
+                      size=config.size, num_workers=max(1, config.num_workers), device="cuda")
 
 
 def model_variants(device: torch.device) -> list[Variant]:
-    """The loaders of the suite for ``device``: DALI decodes on the GPU on CUDA; the factory
-    ``fastpipe.image_loader`` is added when this fastpipe has it and the suite does not."""
-    import fastpipe
-
+    """The loaders of the suite (the factory ``fastpipe.image_loader`` among them) for
+    ``device``: DALI decodes on the GPU on CUDA."""
     chosen = []
     for variant in VARIANTS:
         if variant.key == "dali" and device.type == "cuda":
@@ -218,10 +196,6 @@ def model_variants(device: torch.device) -> list[Variant]:
                               "fastpipe.dali.DALILoader(device='cuda'): nvJPEG decode and "
                               "augmentation on the GPU", _build_dali_gpu)
         chosen.append(variant)
-    has_factory_row = any(v.key in (FACTORY_KEY, "factory") for v in chosen)
-    if getattr(fastpipe, FACTORY_KEY, None) is not None and not has_factory_row:
-        chosen.append(Variant(FACTORY_KEY, "fastpipe.image_loader",
-                              "the factory's choice for this machine", _build_factory))
     return chosen
 
 
@@ -281,7 +255,7 @@ def run_model_variant(variant: Variant, config: BenchConfig, step: TrainStep, se
                       warmup: int) -> ModelBenchRow:
     """Feeds ``step`` from ``variant``'s loader for ``seconds`` after ``warmup`` batches."""
     from fastpipe.profiling import profile
-    from fastpipe.profiling.tuner import close_loader
+    from fastpipe.profiling._runner import close_loader
 
     row = ModelBenchRow(variant.key, variant.name, variant.description)
     try:

@@ -7,7 +7,7 @@ from typing import Any
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from fastpipe.data.sampler import STATE_VERSION, RandomSampler, SequentialSampler, _draw_seed
+from fastpipe.data.sampler import STATE_VERSION, RandomSampler, SequentialSampler, _default_seed
 from fastpipe.data.sampler import _EpochSampler as EpochSampler
 
 __all__ = [
@@ -76,7 +76,7 @@ def with_stateful_sampler(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, d
         return args, kwargs
     if given.get("shuffle"):
         if seed is None:
-            seed = _draw_seed(given.get("generator"))
+            seed = _default_seed(given.get("generator"))
         sampler: Any = RandomSampler(dataset, seed=seed)
     else:
         sampler = SequentialSampler(dataset)

@@ -28,9 +28,22 @@ def _draw_seed(generator: torch.Generator | None = None) -> int:
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
 
 
+def _default_seed(generator: torch.Generator | None = None) -> int:
+    """The seed of ``seed=None``: one draw from ``generator`` (torch's global generator when None),
+    except in a multi-process ``torch.distributed`` run without a generator, where it is 0 (as
+    ``DistributedSampler``'s default): every rank must shuffle the same way, and ranks' global
+    generators need not agree (accelerate and Lightning shard one order across ranks)."""
+    if generator is None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            return 0
+    return _draw_seed(generator)
+
+
 def _check_seed(seed: int | None) -> int:
     if seed is None:
-        return _draw_seed()
+        return _default_seed()
     seed = check.non_negative_int("seed", seed)
     if seed >= 2**63:
         raise ValueError(f"seed must be an int in [0, 2**63) or None, got {seed!r}")
