@@ -154,3 +154,23 @@ def optional_seed(name: str, value: Any, *, where: str = "") -> int | None:
     if value is None:
         return None
     return non_negative_int(name, value, where=where)
+
+
+def rank_and_world_size(rank: Any, world_size: Any) -> tuple[int, int]:
+    """This process's DDP share: both given, or neither (then ``torch.distributed``'s, when it is
+    initialized, else rank 0 of 1)."""
+    if (rank is None) != (world_size is None):
+        raise ValueError(
+            "pass both rank and world_size, or neither (then torch.distributed decides)"
+        )
+    if rank is None:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+        return 0, 1
+    rank = non_negative_int("rank", rank)
+    world_size = positive_int("world_size", world_size)
+    if rank >= world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+    return rank, world_size

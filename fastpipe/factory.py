@@ -175,7 +175,7 @@ class _Options:
         o.seed = check.optional_seed("seed", given["seed"])
         o.shuffle = o.train if given["shuffle"] is None else bool(given["shuffle"])
         o.drop_last = bool(given["drop_last"])
-        o.rank, o.world_size = _rank_and_world_size(given["rank"], given["world_size"])
+        o.rank, o.world_size = check.rank_and_world_size(given["rank"], given["world_size"])
         workers = given["num_workers"]
         o.num_workers = _default_workers() if workers is None else check.non_negative_int(
             "num_workers", workers)
@@ -209,23 +209,6 @@ def _mean_std(mean: Any, std: Any, dtype: torch.dtype) -> tuple[Any, Any]:
     if not all(math.isfinite(v) for v in mean + std) or min(std) <= 0:
         raise ValueError(f"mean must be finite and std positive, got {mean}, {std}")
     return mean, std
-
-
-def _rank_and_world_size(rank: Any, world_size: Any) -> tuple[int, int]:
-    if (rank is None) != (world_size is None):
-        raise ValueError(
-            "pass both rank and world_size, or neither (then torch.distributed decides)"
-        )
-    if rank is None:
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-        return 0, 1
-    rank = check.non_negative_int("rank", rank)
-    world_size = check.positive_int("world_size", world_size)
-    if rank >= world_size:
-        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-    return rank, world_size
 
 
 def _default_workers() -> int:

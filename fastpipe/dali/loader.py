@@ -257,23 +257,6 @@ class _State:
             runtime.close()
 
 
-def _resolve_shards(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    if (rank is None) != (world_size is None):
-        raise ValueError(
-            "pass both rank and world_size, or neither (then torch.distributed decides)"
-        )
-    if rank is None:
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-        return 0, 1
-    if not 0 <= rank < world_size:
-        raise ValueError(
-            f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}"
-        )
-    return int(rank), int(world_size)
-
-
 def _launched_world_size() -> int:
     # torchrun, Lightning and accelerate launchers set WORLD_SIZE in every process.
     value = os.environ.get("WORLD_SIZE", "")
@@ -486,7 +469,7 @@ class DALILoader:
             raise ValueError("root= applies to a list file source only")
         self.dataset = source
         self.classes: list[str] | None = getattr(source, "classes", None)
-        self.rank, self.world_size = _resolve_shards(rank, world_size)
+        self.rank, self.world_size = check.rank_and_world_size(rank, world_size)
         self._shards_from_group = rank is None
         if self._shards_from_group and self.world_size == 1 and _launched_world_size() > 1:
             warnings.warn(
@@ -585,7 +568,7 @@ class DALILoader:
         """Refuses to run unsharded when the process group appeared after construction."""
         if not self._shards_from_group:
             return
-        now = _resolve_shards(None, None)
+        now = check.rank_and_world_size(None, None)
         if now != (self.rank, self.world_size):
             raise RuntimeError(
                 f"this DALILoader was built as rank {self.rank} of {self.world_size}, but "
