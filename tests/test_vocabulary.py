@@ -161,11 +161,6 @@ def _members():
 
 
 PARAMETERS = list(_parameters())
-MEMBERS = [
-    pytest.param(owner, member, id=f"{owner}.{member}")
-    for owner, member in _members()
-    if member in MEMBER_ALIASES and (owner, member) not in EXEMPT
-]
 
 
 @pytest.mark.parametrize("owner, parameter, module", [
@@ -203,10 +198,13 @@ def test_parameter_has_the_vocabulary_default(owner, parameter, module):
     )
 
 
-@pytest.mark.parametrize("owner, member", MEMBERS)
-def test_member_uses_the_vocabulary_name(owner, member):
-    pytest.fail(f"{owner}.{member}: the vocabulary name is {MEMBER_ALIASES[member]!r} "
-                "(docs/vocabulary.md)")
+def test_members_use_the_vocabulary_names():
+    members = list(_members())
+    assert len(members) > 50  # the scan reads the public classes' members
+    offenders = [f"{owner}.{member}: the vocabulary name is {MEMBER_ALIASES[member]!r}"
+                 for owner, member in members
+                 if member in MEMBER_ALIASES and (owner, member) not in EXEMPT]
+    assert not offenders, f"{offenders} (docs/vocabulary.md)"
 
 
 def test_every_checked_name_is_in_the_table():
