@@ -17,6 +17,7 @@ break, it has no ``close()``, and it treats a ``None`` item as the end of the da
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -107,6 +108,18 @@ def _shutdown(thread: threading.Thread, items: queue.Queue, stop: threading.Even
 
 
 _live: weakref.WeakSet[BackgroundIterator] = weakref.WeakSet()
+
+
+def _forget_the_parents_iterators() -> None:
+    # A forked child (a DataLoader worker) inherits copies of the parent's iterators, whose
+    # threads do not exist in it and whose queues may have been locked by them at the fork;
+    # stopping those at the child's exit made workers exit with code 1 (fastpipe bench).
+    global _live
+    _live = weakref.WeakSet()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_the_parents_iterators)
 
 
 def _close_all_at_exit() -> None:

@@ -138,3 +138,19 @@ def test_interpreter_exit_with_a_blocked_producer_is_prompt():
     # The producer is stopped and its source closed before the interpreter goes away.
     assert done.stdout.split() == ["exiting", "source", "closed"]
     assert time.monotonic() - started < 20
+
+
+def test_workers_forked_after_an_earlier_loader_exit_cleanly(sample_root):
+    """fastpipe bench runs loaders one after another in one process. DataLoader workers forked
+    while an earlier DataLoaderX's iterator was still known to the parent stopped that copy at
+    their own exit and exited with code 1 ("DataLoader worker exited unexpectedly")."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "fastpipe", "bench", "--root", str(sample_root),
+         "--variants", "dataloaderx,fast-cpu", "--seconds", "2", "--rounds", "1",
+         "--no-progress"], capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "exited unexpectedly" not in done.stderr
