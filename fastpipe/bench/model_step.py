@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -199,16 +199,6 @@ def model_variants(device: torch.device) -> list[Variant]:
     return chosen
 
 
-def _epochs(loader: Any) -> Iterator[Any]:
-    while True:
-        empty = True
-        for batch in loader:
-            empty = False
-            yield batch
-        if empty:
-            return
-
-
 def _images_of(batch: Any) -> torch.Tensor:
     if isinstance(batch, torch.Tensor):
         return batch
@@ -255,7 +245,7 @@ def run_model_variant(variant: Variant, config: BenchConfig, step: TrainStep, se
                       warmup: int) -> ModelBenchRow:
     """Feeds ``step`` from ``variant``'s loader for ``seconds`` after ``warmup`` batches."""
     from fastpipe.profiling import profile
-    from fastpipe.profiling._runner import close_loader
+    from fastpipe.profiling._runner import close_loader, epochs
 
     row = ModelBenchRow(variant.key, variant.name, variant.description)
     try:
@@ -267,7 +257,7 @@ def run_model_variant(variant: Variant, config: BenchConfig, step: TrainStep, se
     device = step.device
     prof = profile(warmup=warmup, device=device, report=False)
     utilization = _Utilization(device) if _Utilization.available(device) else None
-    batches = _epochs(loader)
+    batches = epochs(loader)
     counted, deadline, started = 0, None, time.perf_counter()
     try:
         with warnings.catch_warnings():

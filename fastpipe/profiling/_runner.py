@@ -55,7 +55,7 @@ def run_loader(
     if (seconds is None) == (steps is None):
         raise ValueError("pass exactly one of seconds or steps")
     profiler = Profiler(None, warmup=1, device="cpu", report=False)
-    epochs = profiler.wrap(_epochs(loader))
+    wrapped = profiler.wrap(epochs(loader))
     profiler.loader_info = LoaderInfo.of(loader)  # not of the epoch generator
     from fastpipe._progress import progress_bar
 
@@ -64,7 +64,7 @@ def run_loader(
     counted, first = 0, True
     deadline = hard_deadline = math.inf
     try:
-        for _ in epochs:
+        for _ in wrapped:
             if step_seconds:
                 time.sleep(step_seconds)
             bar.update(1)
@@ -81,7 +81,7 @@ def run_loader(
             elif (now >= deadline and counted >= min_batches) or now >= hard_deadline:
                 break
     finally:
-        epochs.close()  # ends the last step, and stops the loader's iterator
+        wrapped.close()  # ends the last step, and stops the loader's iterator
         bar.close()
     return profiler.summary()
 
@@ -124,7 +124,8 @@ def measure(
     )
 
 
-def _epochs(loader: Any) -> Iterator[Any]:
+def epochs(loader: Any) -> Iterator[Any]:
+    """The loader's batches, epoch after epoch, until an epoch yields none."""
     while True:
         empty = True
         for batch in loader:
