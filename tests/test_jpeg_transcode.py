@@ -92,6 +92,29 @@ def test_segments_away_from_the_crop_are_never_read(jpeg):
         _region_pixels(jpeg.decode_region, bytes(transcoded), 1, (300, 0, 33, 517), False)
 
 
+def _damage(data: bytearray, starts: list[int]) -> None:
+    for start in starts:
+        data[start] ^= 0x5A
+        if data[start] == 0xFF:
+            data[start] = 0x00
+
+
+def test_replicated_chroma_reads_only_the_crops_own_mcus(jpeg):
+    data = JPEG_KINDS["420"]()  # 333x517: 21 rows of 33 MCUs of 16x16
+    transcoded = bytearray(jpeg.transcode(data))
+    starts = [at - 1 for at in _segment_starts(bytes(transcoded))]  # the markers' 0xD0-0xD7 bytes
+    # Damage the entropy data of MCU columns 5 and 12 (each MCU's data begins at a marker, the
+    # first one's at the end of the scan header, which the column-0 MCUs hold and stay intact).
+    _damage(transcoded, [starts[r * 33 + c - 1] + 1 for r in range(21) for c in (5, 12)])
+    box = (40, 96, 100, 96)  # columns 96-191: MCU columns 6 to 11
+    want = _region_pixels(jpeg.decode_region, data, 1, box, True)
+    np.testing.assert_array_equal(
+        _region_pixels(jpeg.decode_region, bytes(transcoded), 1, box, True), want)
+    # Smooth upsampling interpolates from the neighbouring MCUs, so it reads columns 5 and 12.
+    with pytest.raises(ValueError, match="libjpeg-turbo"):
+        _region_pixels(jpeg.decode_region, bytes(transcoded), 1, box, False)
+
+
 @pytest.mark.parametrize("payload", [b"", b"not a jpeg", None])
 def test_transcoding_rejects_what_is_not_a_whole_jpeg(jpeg, payload):
     if payload is None:

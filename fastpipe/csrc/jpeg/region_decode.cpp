@@ -373,7 +373,7 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     try {
         segments = segmented_crop(req.data, req.size, scale_denom, &req.top, &req.left, req.height,
-                                  req.width);
+                                  req.width, fast_upsample ? 0u : 1u);
     } catch (const std::bad_alloc &) {
         segments.clear();
     }

@@ -8,10 +8,12 @@
  * transcode_for_crops() rewrites a JPEG losslessly (its DCT coefficients, not its pixels, as
  * jpegtran does) as a baseline JPEG with a restart marker after every MCU and optimized Huffman
  * tables. segmented_crop() recognises such a file, finds its segments (one pass of memchr over
- * the entropy data), and assembles a small valid JPEG of the MCUs that cover the crop plus one on
- * each side: the same headers with the frame's size patched, the segments in raster order, the
- * restart markers renumbered. Decoding that gives the crop's pixels exactly: every block holds
- * the same coefficients, and the margin gives upsampling the same neighbours.
+ * the entropy data), and assembles a small valid JPEG of the MCUs that cover the crop: the same
+ * headers with the frame's size patched, the segments in raster order, the restart markers
+ * renumbered. Decoding that gives the crop's pixels exactly: every block holds the same
+ * coefficients. Smooth (fancy) upsampling interpolates chroma from neighbouring samples, so for it
+ * one more MCU on each side gives the edges the same neighbours; replicated chroma (fast
+ * upsampling) reads no neighbour, and the crop's own MCUs suffice.
  */
 #pragma once
 
@@ -145,19 +147,20 @@ static bool find_segments(const unsigned char *d, size_t n, segment_layout *layo
 
 /* For a file with one restart segment per MCU: the JPEG holding the MCUs that cover the region
  * (rows [top, top + height) and columns [left, left + width) of the image decoded at
- * 1/scale_denom) and one more MCU on each side, with *top and *left moved to its coordinates.
- * Empty when the file has no such segments, or when the crop needs (nearly) all of it. */
+ * 1/scale_denom) and `margin` more MCUs on each side (1 for smooth upsampling, 0 for replicated
+ * chroma), with *top and *left moved to its coordinates. Empty when the file has no such
+ * segments, or when the crop needs (nearly) all of it. */
 static std::vector<unsigned char> segmented_crop(const unsigned char *d, size_t n, int scale_denom,
                                                  unsigned *top, unsigned *left, unsigned height,
-                                                 unsigned width) {
+                                                 unsigned width, unsigned margin) {
     std::vector<unsigned char> out;
     segment_layout L;
     if (!find_segments(d, n, &L)) {
         return out;
     }
     const unsigned s = (unsigned)scale_denom;
-    auto span = [s](unsigned first, unsigned count, unsigned mcu, unsigned full, unsigned mcus,
-                    unsigned *lo, unsigned *hi) {
+    auto span = [s, margin](unsigned first, unsigned count, unsigned mcu, unsigned full,
+                            unsigned mcus, unsigned *lo, unsigned *hi) {
         unsigned from = first * s, to = (first + count) * s;
         to = to < full ? to : full;
         if (from >= to) {
@@ -165,8 +168,8 @@ static std::vector<unsigned char> segmented_crop(const unsigned char *d, size_t 
         }
         *lo = from / mcu;
         *hi = (to - 1) / mcu;
-        *lo = *lo > 0 ? *lo - 1 : 0;
-        *hi = *hi + 1 < mcus ? *hi + 1 : mcus - 1;
+        *lo = *lo > margin ? *lo - margin : 0;
+        *hi = *hi + margin < mcus ? *hi + margin : mcus - 1;
         return true;
     };
     unsigned r0, r1, c0, c1;
@@ -175,8 +178,8 @@ static std::vector<unsigned char> segmented_crop(const unsigned char *d, size_t 
         return out;
     }
     const size_t kept = (size_t)(r1 - r0 + 1) * (c1 - c0 + 1);
-    if (4 * kept > 3 * (size_t)L.mcus_x * L.mcus_y) {
-        return out; /* the crop covers most of the image: decode the file as it is */
+    if (kept == (size_t)L.mcus_x * L.mcus_y) {
+        return out; /* the crop needs every MCU: decode the file as it is */
     }
     const unsigned new_height = r1 + 1 == L.mcus_y ? L.height - r0 * L.mcu_height
                                                    : (r1 - r0 + 1) * L.mcu_height;
