@@ -129,16 +129,28 @@ def fastpipe_folder_uint8(cfg) -> Iterable[torch.Tensor]:
 
 
 def _thread_loaded(dataset, cfg) -> Iterable[torch.Tensor]:
-    from torch.utils.data import BatchSampler
-
-    from fastpipe._threads import thread_batches
+    from fastpipe import DataLoaderX
     from fastpipe.data import fast_collate
 
-    sampler = BatchSampler(RandomSampler(dataset, num_samples=len(dataset) * cfg.epochs),
-                           cfg.batch_size, drop_last=False)
-    batches = thread_batches(dataset, sampler, fast_collate, num_threads=cfg.workers,
-                             in_flight=2 * cfg.workers)
-    return (_normalized(images) for images, _ in batches)
+    sampler = RandomSampler(dataset, num_samples=len(dataset) * cfg.epochs)
+    loader = DataLoaderX(dataset, batch_size=cfg.batch_size, sampler=sampler,
+                         num_workers=cfg.workers, collate_fn=fast_collate, worker_method="thread")
+    return (_normalized(images) for images, _ in loader)
+
+
+def fastpipe_image_loader(cfg) -> Iterable[torch.Tensor]:
+    from fastpipe import image_loader
+
+    loader = image_loader(cfg.root, cfg.batch_size, train=True, size=cfg.size, device="cpu",
+                          num_workers=cfg.workers, seed=0)
+
+    def batches() -> Iterator[torch.Tensor]:
+        for _ in range(cfg.epochs):
+            for images, _labels in loader:
+                yield images
+        loader.close()
+
+    return batches()
 
 
 def fastpipe_folder_threads(cfg) -> Iterable[torch.Tensor]:
@@ -200,6 +212,10 @@ PIPELINES: dict[str, tuple[Callable[[Any], Iterable[torch.Tensor]], str]] = {
         fastpipe_folder_threads,
         "as fastpipe ImageFolder, loaded by threads of the main process instead of worker "
         "processes"),
+    "fastpipe.image_loader": (
+        fastpipe_image_loader,
+        "the factory on the ImageFolder, defaults (threads for 2 workers), normalized by its "
+        "DataPrefetcher"),
     "fastpipe HDF5 pack (bytes)": (
         fastpipe_h5,
         "pack(storage='bytes'), H5Dataset + ImageDecoder, fast_collate, normalize"),

@@ -73,7 +73,7 @@ def image_loader(
     shuffle: bool | None = None,
     drop_last: bool = False,
     num_workers: int | None = None,
-    worker_method: str = "process",
+    worker_method: str | None = None,
     prefetch_depth: int = 2,
     crop_pct: float = DEFAULT_CROP_PCT,
 ) -> Any:
@@ -106,8 +106,12 @@ def image_loader(
         num_workers: DataLoader worker processes (CPU backend) or DALI CPU threads; ``None``:
             this process's cores divided among the local ranks (``LOCAL_WORLD_SIZE``).
         worker_method: CPU backend: ``"process"`` (DataLoader's worker processes) or
-            ``"thread"`` (threads of this process: faster on the measured CPU runs, see
-            docs/benchmarks.md; see ``DataLoaderX``). DALI runs its own threads: an error there.
+            ``"thread"`` (threads of this process; see ``DataLoaderX``). ``None``: threads for
+            up to :data:`THREAD_WORKERS_UP_TO` workers without ``auto_augment`` (fastpipe's
+            decode and resize release the GIL, and threads skip the hand-over between
+            processes: faster on the measured CPU runs, docs/benchmarks.md), else processes
+            (with more threads, or Python-heavy augmentation, the GIL becomes the limit). DALI
+            runs its own threads: ``"thread"`` is an error there.
         prefetch_depth: batches prepared ahead of the training step (DALI's prefetch queue, or
             DataLoaderX's queue on the CPU backend, where the DataPrefetcher readies one more).
 
@@ -179,8 +183,9 @@ class _Options:
         workers = given["num_workers"]
         o.num_workers = _default_workers() if workers is None else check.non_negative_int(
             "num_workers", workers)
-        o.worker_method = check.choice("worker_method", given["worker_method"],
-                                       ("process", "thread"))
+        o.worker_method = given["worker_method"]
+        if o.worker_method is not None:
+            check.choice("worker_method", o.worker_method, ("process", "thread"))
         o.prefetch_depth = check.positive_int("prefetch_depth", given["prefetch_depth"])
         o.device = _resolve_device(given["device"])
         o.backend = _choose_backend(check.choice("backend", given["backend"], BACKENDS), o)
@@ -272,7 +277,7 @@ def _choose_backend(backend: str, o: _Options) -> str:
                 f"backend='dali' cannot output {o.dtype}: DALI writes float32, float16 or uint8. "
                 "Pass backend='cpu', or dtype=torch.float16 and convert on the device"
             )
-        if o.worker_method != "process":
+        if o.worker_method == "thread":
             raise ValueError(
                 f"worker_method={o.worker_method!r} is the CPU backend's (DataLoaderX); DALI runs "
                 "num_workers threads of its own. Pass backend='cpu', or leave worker_method unset"
@@ -341,13 +346,26 @@ def _build_cpu(o: _Options) -> Any:
         collate_fn=fast_collate, drop_last=o.drop_last, pin_memory=o.device.type == "cuda",
         # Not persistent: closing the loader then ends its worker processes with it.
         persistent_workers=False,
-        worker_method=o.worker_method, prefetch_depth=o.prefetch_depth,
+        worker_method=_cpu_worker_method(o), prefetch_depth=o.prefetch_depth,
     )
     float_out = o.dtype != torch.uint8
     return DataPrefetcher(
         loader, device=o.device, mean=o.mean, std=o.std,
         dtype=o.dtype if float_out else None, channels_last=o.channels_last, prefetch_depth=1,
     )
+
+
+# Each sample holds the GIL for its Python steps, a few percent of its time on the fast path
+# (docs/benchmarks.md): a few threads share it without waiting, many would queue for it.
+THREAD_WORKERS_UP_TO = 4
+
+
+def _cpu_worker_method(o: _Options) -> str:
+    if o.worker_method is not None:
+        return o.worker_method
+    if o.auto_augment is None and 0 < o.num_workers <= THREAD_WORKERS_UP_TO:
+        return "thread"
+    return "process"
 
 
 def _cpu_dataset(o: _Options) -> Any:

@@ -464,6 +464,25 @@ def test_cpu_backend_orders_and_shards_like_distributed_sampler(indexed_root, wo
         loader.close()
 
 
+@pytest.mark.parametrize("given, expected", [
+    (dict(num_workers=2), "thread"),
+    (dict(num_workers=4), "thread"),
+    (dict(num_workers=5), "process"),
+    (dict(num_workers=0), "process"),
+    (dict(num_workers=2, auto_augment="ra"), "process"),
+    (dict(num_workers=2, worker_method="process"), "process"),
+    (dict(num_workers=8, worker_method="thread"), "thread"),
+])
+def test_the_cpu_backend_loads_with_threads_for_a_few_workers(sample_root, given, expected):
+    loader = image_loader(sample_root, 8, train=True, size=32, backend="cpu", device="cpu",
+                          seed=0, **given)
+    try:
+        assert loader.loader.worker_method == expected
+        assert loader.loader.num_workers == given["num_workers"]
+    finally:
+        loader.close()
+
+
 def test_thread_workers_give_the_same_batches_and_dali_refuses_them(sample_root, no_thread_leak):
     batches = {}
     for method in ("process", "thread"):

@@ -54,6 +54,8 @@ DEFAULTS = {
 }
 PER_CALLABLE_DEFAULTS = {
     ("DataLoaderX", "prefetch_depth"): 2,
+    ("DataLoaderX", "worker_method"): "process",
+    ("image_loader", "worker_method"): None,
     ("DataPrefetcher", "prefetch_depth"): 1,
     ("DALILoader", "prefetch_depth"): 2,
     ("image_loader", "prefetch_depth"): 2,
