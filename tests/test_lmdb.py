@@ -110,3 +110,42 @@ def test_lmdb_draws_what_h5_draws_for_the_same_seed(sample_root, tmp_path):
     ours.set_epoch(2), theirs.set_epoch(2)
     assert all(torch.equal(ours[i][0], theirs[i][0]) for i in range(6))
     assert ours.targets.dtype == np.int64 and np.array_equal(ours.targets, theirs.targets)
+
+
+@pytest.mark.timeout(120)
+def test_thread_workers_read_through_a_transaction_each(sample_root, tmp_path, no_thread_leak):
+    import threading
+
+    from fastpipe import DataLoaderX
+    from fastpipe.data import ImageDecoder, fast_collate
+
+    out = tmp_path / "p.lmdb"
+    pack(sample_root, out, progress=False)
+    ds = LMDBDataset(out, decoder=ImageDecoder(train=True, size=32), seed=2)
+    kwargs = dict(batch_size=8, shuffle=True, seed=1, collate_fn=fast_collate, num_workers=2)
+    by_processes = DataLoaderX(ds, **kwargs)
+    processes = [batch for _ in range(2) for batch in by_processes]
+    loader = DataLoaderX(ds, worker_method="thread", **kwargs)
+    threads = [batch for _ in range(2) for batch in loader]  # 2 epochs: 4 threads in all
+    assert len(threads) == len(processes) == 12
+    for (a, la), (b, lb) in zip(threads, processes, strict=True):
+        assert torch.equal(a, b) and torch.equal(la, lb)
+    reader = ds._reader
+    # A transaction is used by one thread only (LMDB's rule), and those of ended threads are
+    # ended when a new thread begins one, so they do not pile up epoch after epoch.
+    assert len(reader._txns) <= 3
+    txns, both_running = {}, threading.Barrier(2)
+
+    def use() -> None:
+        both_running.wait()  # alive together, so their idents differ
+        txns[threading.get_ident()] = reader._txn
+        both_running.wait()
+
+    workers = [threading.Thread(target=use) for _ in range(2)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert len({id(txn) for txn in txns.values()}) == 2
+    ds.close()
+    assert reader._txns == {}

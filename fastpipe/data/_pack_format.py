@@ -557,8 +557,11 @@ class LMDBPackReader(PackReader):
         if not self.path.exists():
             raise FileNotFoundError(f"no such pack: {where}")
         self._env = _lmdb_acquire(self.path)
+        # One read transaction per thread: an LMDB transaction must not be used by two threads at
+        # once, and DataLoaderX(worker_method="thread") reads from several.
+        self._txns: dict[int, Any] = {}  # thread ident -> its transaction
+        self._txns_lock = threading.Lock()
         try:
-            self._txn = self._env.begin(buffers=True)
             raw = self._txn.get(LMDB_META)
             if raw is None:
                 raise PackFormatError(f"{where} is an LMDB file but not a fastpipe pack (no "
@@ -575,6 +578,24 @@ class LMDBPackReader(PackReader):
         except BaseException:
             self.close()
             raise
+
+    @property
+    def _txn(self):
+        txn = self._txns.get(threading.get_ident())
+        if txn is None:
+            txn = self._begin()
+        return txn
+
+    def _begin(self):
+        with self._txns_lock:
+            if self._env is None:
+                raise ValueError(f"{self.path}: the pack reader is closed")
+            # Thread workers start per epoch: end the transactions of threads that have ended.
+            alive = {thread.ident for thread in threading.enumerate()}
+            for ident in [i for i in self._txns if i not in alive]:
+                self._txns.pop(ident).abort()
+            txn = self._txns[threading.get_ident()] = self._env.begin(buffers=True)
+        return txn
 
     def _array(self, key: bytes, dtype: str) -> np.ndarray:
         raw = self._txn.get(key)
@@ -625,14 +646,14 @@ class LMDBPackReader(PackReader):
     def close(self) -> None:
         env = getattr(self, "_env", None)
         if env is not None:
-            txn = getattr(self, "_txn", None)
-            if txn is not None:
+            with self._txns_lock:
+                txns, self._txns = list(self._txns.values()), {}
+                self._env = None
+            for txn in txns:
                 try:
                     txn.abort()
                 except Exception:  # noqa: BLE001 - the transaction may already be gone
                     pass
-                self._txn = None
-            self._env = None
             _lmdb_release(self.path, env)
 
 
