@@ -521,6 +521,8 @@ def _prepare_same_pixels(root: str, args) -> None:
     """Once per set and FFCV max_resolution M, before any timing: FFCV's .beton (written by the
     FFCV interpreter) and the fastpipe bytes pack of as many pixels."""
     wanted = [n for n in args.names if n in PER_RESOLUTION]
+    if not args.ffcv_python and "FFCV" in wanted:
+        wanted.remove("FFCV")
     if not wanted:
         return
     sizes = _image_sizes(root)
@@ -706,6 +708,10 @@ def main(argv: list[str] | None = None) -> int:
 
     args.names = [n for n in PIPELINES if not args.only
                   or any(w.lower() in n.lower() for w in args.only)]
+    if not args.ffcv_python and not args.only:
+        # The same-pixels fastpipe rows are there to be compared with FFCV: without FFCV, a full
+        # run lists FFCV as skipped (with how to install it) and does not pack or time them.
+        args.names = [n for n in args.names if n not in PER_RESOLUTION or n == "FFCV"]
     args.baseline_label = ""
     args.same_pixels = {}
     if args.baseline_checkout:
