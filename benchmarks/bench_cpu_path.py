@@ -369,6 +369,25 @@ def machine_description() -> str:
             f"{'compiled extension' if extension else 'pure-PyTorch reference'}")
 
 
+def ffcv_description(python: Path) -> str:
+    """The versions in the FFCV interpreter, asked in a process of its own."""
+    code = ("import importlib.metadata as m, platform\n"
+            "names = ('ffcv', 'numba', 'llvmlite', 'numpy', 'opencv-python', 'torch', 'pillow')\n"
+            "found = []\n"
+            "for name in names:\n"
+            "    try:\n"
+            "        found.append(f'{name} {m.version(name)}')\n"
+            "    except m.PackageNotFoundError:\n"
+            "        found.append(f'{name} not installed')\n"
+            "print(f'Python {platform.python_version()}; ' + ', '.join(found))")
+    try:
+        done = subprocess.run([str(python), "-c", code], capture_output=True, text=True,
+                              timeout=120)
+    except OSError as exc:
+        return f"{python} does not run ({exc})"
+    return f"{python}, " + (done.stdout.strip() or done.stderr.strip()[-300:])
+
+
 BASELINE_SUFFIX = " [baseline checkout]"
 # The rows whose code an earlier fastpipe also has: --baseline-checkout measures them with it.
 COMPARABLE = ("fastpipe ImageFolder", "fastpipe HDF5 pack (bytes)",
@@ -708,6 +727,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args.names = [n for n in PIPELINES if not args.only
                   or any(w.lower() in n.lower() for w in args.only)]
+    if args.ffcv_python and not os.access(args.ffcv_python, os.X_OK):
+        parser.error(f"--ffcv-python {args.ffcv_python} is not an executable file; "
+                     f"{FFCV_INSTALL}")
     if not args.ffcv_python and not args.only:
         # The same-pixels fastpipe rows are there to be compared with FFCV: without FFCV, a full
         # run lists FFCV as skipped (with how to install it) and does not pack or time them.
@@ -719,6 +741,8 @@ def main(argv: list[str] | None = None) -> int:
                                     "--format=%h %s"], capture_output=True, text=True)
         args.baseline_label = described.stdout.strip()[:60] or "not a git checkout"
     lines = [f"Machine: {machine_description()}.", ""]
+    if args.ffcv_python and "FFCV" in args.names:
+        lines += [f"FFCV rows: {ffcv_description(args.ffcv_python)}.", ""]
     records: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="fastpipe-bench-") as workdir:
         args.workdir = workdir
