@@ -12,16 +12,16 @@ main process runs torch with ``--main-threads`` (1) threads: with as many worker
 threads for the main process's normalize only contend with the workers. The ceiling row is a
 full-size libjpeg-turbo decode alone (simplejpeg, no crop, no resize, no batching) in 2 processes.
 
+    python benchmarks/bench_cpu_path.py                 # full run (a few minutes)
+    python benchmarks/bench_cpu_path.py --quick         # smoke run, seconds
+    python benchmarks/bench_cpu_path.py --markdown docs/cpu-path-table.md
+
 The FFCV rows (``--ffcv-python``, optional, never in CI) compare FFCV's loader with a fastpipe
 bytes pack storing as many pixels, at each FFCV ``max_resolution`` of ``--max-side``; FFCV runs in
 an interpreter of its own (see ``_ffcv.py`` for its install commands):
 
     python benchmarks/bench_cpu_path.py --sets imagenet --only FFCV DALI "ImageFolder, threads" \
         --ffcv-python /work/ffcv-venv/bin/python --max-side 256 512
-
-    python benchmarks/bench_cpu_path.py                 # full run (a few minutes)
-    python benchmarks/bench_cpu_path.py --quick         # smoke run, seconds
-    python benchmarks/bench_cpu_path.py --markdown docs/cpu-path-table.md
 
 Compare ratios within one run only; absolute numbers depend on the machine and its load.
 """
