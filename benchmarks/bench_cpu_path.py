@@ -135,14 +135,7 @@ def fastpipe_folder_uint8(cfg) -> Iterable[torch.Tensor]:
     return (images for images, _ in _torch_loader(dataset, cfg, fast_collate))
 
 
-def fastpipe_folder_threads(cfg) -> Iterable[torch.Tensor]:
-    from fastpipe.data import ImageFolder
-
-    dataset = ImageFolder(cfg.root, train=True, size=cfg.size)
-    return (_normalized(images) for images, _ in _thread_loader(dataset, cfg))
-
-
-def _thread_loader(dataset, cfg) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def _thread_loaded(dataset, cfg) -> Iterable[torch.Tensor]:
     from torch.utils.data import BatchSampler
 
     from fastpipe._threads import thread_batches
@@ -150,69 +143,45 @@ def _thread_loader(dataset, cfg) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
 
     sampler = BatchSampler(RandomSampler(dataset, num_samples=len(dataset) * cfg.epochs),
                            cfg.batch_size, drop_last=False)
-    return thread_batches(dataset, sampler, fast_collate, num_threads=cfg.workers,
-                          in_flight=2 * cfg.workers)
+    batches = thread_batches(dataset, sampler, fast_collate, num_threads=cfg.workers,
+                             in_flight=2 * cfg.workers)
+    return (_normalized(images) for images, _ in batches)
 
 
-def _h5_batches(cfg, transcode: bool = False, max_side: bool = False,
-                threads: bool = False) -> Iterable[torch.Tensor]:
+def fastpipe_folder_threads(cfg) -> Iterable[torch.Tensor]:
+    from fastpipe.data import ImageFolder
+
+    return _thread_loaded(ImageFolder(cfg.root, train=True, size=cfg.size), cfg)
+
+
+def _h5_batches(cfg, transcode: bool, threads: bool = False) -> Iterable[torch.Tensor]:
     if importlib.util.find_spec("h5py") is None:
         raise Skip("h5py is not installed (pip install 'fastpipe[hdf5]')")
     from fastpipe.data import H5Dataset, ImageDecoder, fast_collate
 
-    out = _pack_path(cfg.root, cfg, transcode, cfg.ffcv_resolution if max_side else None)
+    out = _pack_path(cfg.root, cfg, transcode)
     if not out.exists():
         raise Skip(f"{out} was not packed")
     dataset = H5Dataset(out, decoder=ImageDecoder(train=True, size=cfg.size))
-    batches = (_thread_loader(dataset, cfg) if threads
-               else _torch_loader(dataset, cfg, fast_collate))
-    return (_normalized(images) for images, _ in batches)
+    if threads:
+        return _thread_loaded(dataset, cfg)
+    return (_normalized(images) for images, _ in _torch_loader(dataset, cfg, fast_collate))
 
 
 def fastpipe_h5(cfg) -> Iterable[torch.Tensor]:
-    return _h5_batches(cfg)
+    return _h5_batches(cfg, transcode=False)
 
 
 def fastpipe_h5_transcoded(cfg) -> Iterable[torch.Tensor]:
     return _h5_batches(cfg, transcode=True)
 
 
-def fastpipe_h5_max_side(cfg) -> Iterable[torch.Tensor]:
-    return _h5_batches(cfg, max_side=True)
+def fastpipe_h5_transcoded_threads(cfg) -> Iterable[torch.Tensor]:
+    return _h5_batches(cfg, transcode=True, threads=True)
 
 
-def fastpipe_h5_max_side_threads(cfg) -> Iterable[torch.Tensor]:
-    return _h5_batches(cfg, max_side=True, threads=True)
-
-
-def ffcv(cfg) -> Iterable[torch.Tensor]:
-    if importlib.util.find_spec("ffcv") is None:
-        raise Skip(f"ffcv is not installed in {sys.executable}; {FFCV_INSTALL}")
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import _ffcv
-
-    beton = _beton_path(cfg.root, cfg, cfg.ffcv_resolution)
-    if not beton.exists():
-        raise Skip(f"{beton} was not written")
-    # numba compiles FFCV's pipeline during the first batch (tens of CPU seconds): one-time
-    # set-up, like DALI's pipeline build, so one whole epoch runs before the CPU clock starts
-    # (a partial one would leave FFCV's loading thread running); its cost is reported apart.
-    start, cpu_start = time.perf_counter(), cpu_seconds()
-    loader = _ffcv.loader(beton, cfg)
-    for _ in loader:
-        pass
-    cfg.setup = {"setup_s": time.perf_counter() - start, "setup_cpu_s": cpu_seconds() - cpu_start}
-    return _ffcv.batches(loader, cfg.epochs)
-
-
-def _pack_path(root: str, cfg, transcode: bool = False, max_resolution: int | None = None) -> Path:
-    if max_resolution is not None:
-        return Path(cfg.workdir) / f"{Path(root).name}-bytes-as-ffcv-{max_resolution}.h5"
+def _pack_path(root: str, cfg, transcode: bool = False) -> Path:
     return Path(cfg.workdir) / f"{Path(root).name}-{'transcoded' if transcode else 'bytes'}.h5"
-
-
-def _beton_path(root: str, cfg, max_resolution: int) -> Path:
-    return Path(cfg.workdir) / f"{Path(root).name}-{max_resolution}.beton"
 
 
 def _normalized(images: torch.Tensor) -> torch.Tensor:
@@ -245,33 +214,15 @@ PIPELINES: dict[str, tuple[Callable[[Any], Iterable[torch.Tensor]], str]] = {
         fastpipe_h5_transcoded,
         "pack(storage='bytes', transcode=True): a restart marker per MCU, crops decode only their "
         "segments"),
+    "fastpipe HDF5 pack (transcoded), threads": (
+        fastpipe_h5_transcoded_threads,
+        "as the transcoded pack, loaded by threads of the main process instead of worker "
+        "processes"),
     "fastpipe ImageFolder, uint8 out": (
         fastpipe_folder_uint8,
         "for reference: no normalize, not the same output as the rows above"),
-    "FFCV": (
-        ffcv,
-        "FFCV Loader (its own venv, --ffcv-python) on a .beton of RGBImageField(write_mode='jpg', "
-        "max_resolution=M, jpeg_quality=90): RandomResizedCrop decoder, flip, NormalizeImage "
-        "float32, ToTensor, ToTorchImage (channels-last); 2 numba threads, RANDOM order, "
-        "os_cache"),
-    "fastpipe HDF5 pack, FFCV's pixels": (
-        fastpipe_h5_max_side,
-        "pack(storage='bytes', max_side=S, quality=90), S chosen so the pack stores as many "
-        "pixels as FFCV at M; H5Dataset + ImageDecoder, fast_collate, normalize"),
-    "fastpipe HDF5 pack, FFCV's pixels, threads": (
-        fastpipe_h5_max_side_threads,
-        "the row above, loaded by threads of the main process instead of worker processes"),
 }
-OPTIONAL = (dali_cpu, fastpipe_h5, fastpipe_h5_transcoded, fastpipe_h5_max_side,
-            fastpipe_h5_max_side_threads, ffcv)
-# Rows measured once per FFCV max_resolution (--max-side), named "<row> @ M".
-PER_RESOLUTION = ("FFCV", "fastpipe HDF5 pack, FFCV's pixels",
-                  "fastpipe HDF5 pack, FFCV's pixels, threads")
-FFCV_COMMANDS = ("apt-get install -y libopencv-dev libturbojpeg0-dev pkg-config; "
-                 "python3.11 -m venv /work/ffcv-venv; "
-                 "/work/ffcv-venv/bin/pip install torch==2.13.0 pillow ffcv")
-FFCV_INSTALL = (f"install FFCV in a venv of its own ({FFCV_COMMANDS}) and pass "
-                "--ffcv-python /work/ffcv-venv/bin/python")
+OPTIONAL = (dali_cpu, fastpipe_h5, fastpipe_h5_transcoded, fastpipe_h5_transcoded_threads)
 
 
 # ---------------------------------------------------------------- the decode ceiling
@@ -301,6 +252,86 @@ def _warm_up(_: int) -> int:
     import simplejpeg  # noqa: F401 - import outside the timed part
 
     return 0
+
+
+# ---------------------------------------------------------------- FFCV, at the same stored pixels
+# Rows measured once per FFCV max_resolution M (--max-side): FFCV's loader in its own interpreter
+# (--ffcv-python), and a fastpipe bytes pack storing as many pixels.
+
+def _same_pixels_batches(cfg, threads: bool) -> Iterable[torch.Tensor]:
+    if importlib.util.find_spec("h5py") is None:
+        raise Skip("h5py is not installed (pip install 'fastpipe[hdf5]')")
+    from fastpipe.data import H5Dataset, ImageDecoder, fast_collate
+
+    out = _same_pixels_pack_path(cfg.root, cfg, cfg.ffcv_resolution)
+    if not out.exists():
+        raise Skip(f"{out} was not packed")
+    dataset = H5Dataset(out, decoder=ImageDecoder(train=True, size=cfg.size))
+    if threads:
+        return _thread_loaded(dataset, cfg)
+    return (_normalized(images) for images, _ in _torch_loader(dataset, cfg, fast_collate))
+
+
+def fastpipe_h5_max_side(cfg) -> Iterable[torch.Tensor]:
+    return _same_pixels_batches(cfg, threads=False)
+
+
+def fastpipe_h5_max_side_threads(cfg) -> Iterable[torch.Tensor]:
+    return _same_pixels_batches(cfg, threads=True)
+
+
+def ffcv(cfg) -> Iterable[torch.Tensor]:
+    if importlib.util.find_spec("ffcv") is None:
+        raise Skip(f"ffcv is not installed in {sys.executable}; {FFCV_INSTALL}")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _ffcv
+
+    beton = _beton_path(cfg.root, cfg, cfg.ffcv_resolution)
+    if not beton.exists():
+        raise Skip(f"{beton} was not written")
+    # numba compiles FFCV's pipeline during the first batch (tens of CPU seconds): one-time
+    # set-up, like DALI's pipeline build, so one whole epoch runs before the CPU clock starts
+    # (a partial one would leave FFCV's loading thread running); its cost is reported apart.
+    start, cpu_start = time.perf_counter(), cpu_seconds()
+    loader = _ffcv.loader(beton, cfg)
+    for _ in loader:
+        pass
+    cfg.setup = {"setup_s": time.perf_counter() - start, "setup_cpu_s": cpu_seconds() - cpu_start}
+    return _ffcv.batches(loader, cfg.epochs)
+
+
+def _same_pixels_pack_path(root: str, cfg, max_resolution: int) -> Path:
+    return Path(cfg.workdir) / f"{Path(root).name}-bytes-as-ffcv-{max_resolution}.h5"
+
+
+def _beton_path(root: str, cfg, max_resolution: int) -> Path:
+    return Path(cfg.workdir) / f"{Path(root).name}-{max_resolution}.beton"
+
+
+PIPELINES.update({
+    "FFCV": (
+        ffcv,
+        "FFCV Loader (its own venv, --ffcv-python) on a .beton of RGBImageField(write_mode='jpg', "
+        "max_resolution=M, jpeg_quality=90): RandomResizedCrop decoder, flip, NormalizeImage "
+        "float32, ToTensor, ToTorchImage (channels-last); 2 numba threads, RANDOM order, "
+        "os_cache"),
+    "fastpipe HDF5 pack, FFCV's pixels": (
+        fastpipe_h5_max_side,
+        "pack(storage='bytes', max_side=S, quality=90), S chosen so the pack stores as many "
+        "pixels as FFCV at M; H5Dataset + ImageDecoder, fast_collate, normalize"),
+    "fastpipe HDF5 pack, FFCV's pixels, threads": (
+        fastpipe_h5_max_side_threads,
+        "the row above, loaded by threads of the main process instead of worker processes"),
+})
+OPTIONAL += (fastpipe_h5_max_side, fastpipe_h5_max_side_threads, ffcv)
+# Rows measured once per FFCV max_resolution (--max-side), named "<row> @ M".
+PER_RESOLUTION = ("FFCV", "fastpipe HDF5 pack, FFCV's pixels",
+                  "fastpipe HDF5 pack, FFCV's pixels, threads")
+FFCV_COMMANDS = ("apt-get install -y libopencv-dev libturbojpeg0-dev pkg-config; "
+                 "python3.11 -m venv /work/ffcv-venv; "
+                 "/work/ffcv-venv/bin/pip install torch==2.13.0 pillow ffcv")
+FFCV_INSTALL = (f"install FFCV in a venv of its own ({FFCV_COMMANDS}) and pass "
+                "--ffcv-python /work/ffcv-venv/bin/python")
 
 
 # ---------------------------------------------------------------- measuring
@@ -490,7 +521,7 @@ def _prepare_pack(root: str, args) -> None:
     for name, transcode in (("fastpipe HDF5 pack (bytes)", False),
                             ("fastpipe HDF5 pack (transcoded)", True)):
         out = _pack_path(root, args, transcode)
-        if name in args.names and not out.exists():
+        if any(n.startswith(name) for n in args.names) and not out.exists():
             try:
                 pack(root, out, storage="bytes", transcode=transcode, progress=False)
             except ValueError as exc:  # transcode without fastpipe._jpeg: the row says why
@@ -563,7 +594,7 @@ def _prepare_same_pixels(root: str, args) -> None:
                       flush=True)
             else:
                 info["beton"] = json.loads(done.stdout.strip().splitlines()[-1])
-        out = _pack_path(root, args, max_resolution=resolution)
+        out = _same_pixels_pack_path(root, args, resolution)
         if (any(n != "FFCV" for n in wanted) and importlib.util.find_spec("h5py") is not None
                 and not out.exists()):
             from fastpipe.pack import pack
