@@ -135,12 +135,13 @@ def fastpipe_folder_uint8(cfg) -> Iterable[torch.Tensor]:
     return (images for images, _ in _torch_loader(dataset, cfg, fast_collate))
 
 
-def _thread_loaded(dataset, cfg) -> Iterable[torch.Tensor]:
+def fastpipe_folder_threads(cfg) -> Iterable[torch.Tensor]:
     from torch.utils.data import BatchSampler
 
     from fastpipe._threads import thread_batches
-    from fastpipe.data import fast_collate
+    from fastpipe.data import ImageFolder, fast_collate
 
+    dataset = ImageFolder(cfg.root, train=True, size=cfg.size)
     sampler = BatchSampler(RandomSampler(dataset, num_samples=len(dataset) * cfg.epochs),
                            cfg.batch_size, drop_last=False)
     batches = thread_batches(dataset, sampler, fast_collate, num_threads=cfg.workers,
@@ -148,13 +149,7 @@ def _thread_loaded(dataset, cfg) -> Iterable[torch.Tensor]:
     return (_normalized(images) for images, _ in batches)
 
 
-def fastpipe_folder_threads(cfg) -> Iterable[torch.Tensor]:
-    from fastpipe.data import ImageFolder
-
-    return _thread_loaded(ImageFolder(cfg.root, train=True, size=cfg.size), cfg)
-
-
-def _h5_batches(cfg, transcode: bool, threads: bool = False) -> Iterable[torch.Tensor]:
+def _h5_batches(cfg, transcode: bool) -> Iterable[torch.Tensor]:
     if importlib.util.find_spec("h5py") is None:
         raise Skip("h5py is not installed (pip install 'fastpipe[hdf5]')")
     from fastpipe.data import H5Dataset, ImageDecoder, fast_collate
@@ -163,8 +158,6 @@ def _h5_batches(cfg, transcode: bool, threads: bool = False) -> Iterable[torch.T
     if not out.exists():
         raise Skip(f"{out} was not packed")
     dataset = H5Dataset(out, decoder=ImageDecoder(train=True, size=cfg.size))
-    if threads:
-        return _thread_loaded(dataset, cfg)
     return (_normalized(images) for images, _ in _torch_loader(dataset, cfg, fast_collate))
 
 
@@ -174,10 +167,6 @@ def fastpipe_h5(cfg) -> Iterable[torch.Tensor]:
 
 def fastpipe_h5_transcoded(cfg) -> Iterable[torch.Tensor]:
     return _h5_batches(cfg, transcode=True)
-
-
-def fastpipe_h5_transcoded_threads(cfg) -> Iterable[torch.Tensor]:
-    return _h5_batches(cfg, transcode=True, threads=True)
 
 
 def _pack_path(root: str, cfg, transcode: bool = False) -> Path:
@@ -214,15 +203,11 @@ PIPELINES: dict[str, tuple[Callable[[Any], Iterable[torch.Tensor]], str]] = {
         fastpipe_h5_transcoded,
         "pack(storage='bytes', transcode=True): a restart marker per MCU, crops decode only their "
         "segments"),
-    "fastpipe HDF5 pack (transcoded), threads": (
-        fastpipe_h5_transcoded_threads,
-        "as the transcoded pack, loaded by threads of the main process instead of worker "
-        "processes"),
     "fastpipe ImageFolder, uint8 out": (
         fastpipe_folder_uint8,
         "for reference: no normalize, not the same output as the rows above"),
 }
-OPTIONAL = (dali_cpu, fastpipe_h5, fastpipe_h5_transcoded, fastpipe_h5_transcoded_threads)
+OPTIONAL = (dali_cpu, fastpipe_h5, fastpipe_h5_transcoded)
 
 
 # ---------------------------------------------------------------- the decode ceiling
@@ -267,9 +252,15 @@ def _same_pixels_batches(cfg, threads: bool) -> Iterable[torch.Tensor]:
     if not out.exists():
         raise Skip(f"{out} was not packed")
     dataset = H5Dataset(out, decoder=ImageDecoder(train=True, size=cfg.size))
-    if threads:
-        return _thread_loaded(dataset, cfg)
-    return (_normalized(images) for images, _ in _torch_loader(dataset, cfg, fast_collate))
+    if not threads:
+        return (_normalized(images) for images, _ in _torch_loader(dataset, cfg, fast_collate))
+    from fastpipe import DataLoaderX
+
+    # The thread workers as a user would run them (and as the other threads rows do).
+    sampler = RandomSampler(dataset, num_samples=len(dataset) * cfg.epochs)
+    loader = DataLoaderX(dataset, batch_size=cfg.batch_size, sampler=sampler,
+                         num_workers=cfg.workers, collate_fn=fast_collate, worker_method="thread")
+    return (_normalized(images) for images, _ in loader)
 
 
 def fastpipe_h5_max_side(cfg) -> Iterable[torch.Tensor]:
@@ -521,7 +512,7 @@ def _prepare_pack(root: str, args) -> None:
     for name, transcode in (("fastpipe HDF5 pack (bytes)", False),
                             ("fastpipe HDF5 pack (transcoded)", True)):
         out = _pack_path(root, args, transcode)
-        if any(n.startswith(name) for n in args.names) and not out.exists():
+        if name in args.names and not out.exists():
             try:
                 pack(root, out, storage="bytes", transcode=transcode, progress=False)
             except ValueError as exc:  # transcode without fastpipe._jpeg: the row says why
