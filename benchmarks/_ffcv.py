@@ -1,13 +1,14 @@
 """FFCV for ``bench_cpu_path.py``: write a ``.beton`` from an ImageFolder tree, and load it.
 
-Runs only under an interpreter with FFCV installed (its own virtual environment: FFCV pins
-nothing, but builds a C extension against the system's OpenCV and libjpeg-turbo, and fastpipe's
-environment need not carry it). The commands that installed it on Debian 12 with Python 3.11:
+Runs only under an interpreter with FFCV installed, in a virtual environment of its own: FFCV
+builds a C extension against the system's OpenCV and libjpeg-turbo and brings numba and
+opencv-python, which fastpipe's environment need not carry. The commands that installed it on
+Debian 12 with Python 3.11 (ffcv 1.0.2, numba 0.68.1, numpy 2.4.6, opencv-python 5.0.0.93):
 
     apt-get install -y libopencv-dev libturbojpeg0-dev pkg-config
     python3.11 -m venv /work/ffcv-venv
     /work/ffcv-venv/bin/pip install torch==2.13.0 pillow   # the CPU wheel; no torchvision needed
-    /work/ffcv-venv/bin/pip install ffcv                    # 1.0.2, numba, opencv-python, ...
+    /work/ffcv-venv/bin/pip install ffcv
 
 Used as a script, it writes a ``.beton`` (one-time preparation, never timed) and prints what it
 stored as JSON::
@@ -23,9 +24,6 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-INSTALL = ("apt-get install -y libopencv-dev libturbojpeg0-dev pkg-config; "
-           "python3.11 -m venv /work/ffcv-venv; "
-           "/work/ffcv-venv/bin/pip install torch==2.13.0 pillow ffcv")
 EXTENSIONS = (".jpg", ".jpeg", ".JPG", ".JPEG")
 
 
