@@ -16,6 +16,13 @@ full-size libjpeg-turbo decode alone (simplejpeg, no crop, no resize, no batchin
     python benchmarks/bench_cpu_path.py --quick         # smoke run, seconds
     python benchmarks/bench_cpu_path.py --markdown docs/cpu-path-table.md
 
+The FFCV rows (``--ffcv-python``, optional, never in CI) compare FFCV's loader with a fastpipe
+bytes pack storing as many pixels, at each FFCV ``max_resolution`` of ``--max-side``; FFCV runs in
+an interpreter of its own (see ``_ffcv.py`` for its install commands):
+
+    python benchmarks/bench_cpu_path.py --sets imagenet --only FFCV DALI "ImageFolder, threads" \
+        --ffcv-python /work/ffcv-venv/bin/python --max-side 256 512
+
 Compare ratios within one run only; absolute numbers depend on the machine and its load.
 """
 
@@ -263,6 +270,92 @@ def _warm_up(_: int) -> int:
     return 0
 
 
+# ---------------------------------------------------------------- FFCV, at the same stored pixels
+# Rows measured once per FFCV max_resolution M (--max-side): FFCV's loader in its own interpreter
+# (--ffcv-python), and a fastpipe bytes pack storing as many pixels.
+
+def _same_pixels_batches(cfg, threads: bool) -> Iterable[torch.Tensor]:
+    if importlib.util.find_spec("h5py") is None:
+        raise Skip("h5py is not installed (pip install 'fastpipe[hdf5]')")
+    from fastpipe.data import H5Dataset, ImageDecoder, fast_collate
+
+    out = _same_pixels_pack_path(cfg.root, cfg, cfg.ffcv_resolution)
+    if not out.exists():
+        raise Skip(f"{out} was not packed")
+    dataset = H5Dataset(out, decoder=ImageDecoder(train=True, size=cfg.size))
+    if not threads:
+        return (_normalized(images) for images, _ in _torch_loader(dataset, cfg, fast_collate))
+    from fastpipe import DataLoaderX
+
+    # The thread workers as a user would run them (and as the other threads rows do).
+    sampler = RandomSampler(dataset, num_samples=len(dataset) * cfg.epochs)
+    loader = DataLoaderX(dataset, batch_size=cfg.batch_size, sampler=sampler,
+                         num_workers=cfg.workers, collate_fn=fast_collate, worker_method="thread")
+    return (_normalized(images) for images, _ in loader)
+
+
+def fastpipe_h5_max_side(cfg) -> Iterable[torch.Tensor]:
+    return _same_pixels_batches(cfg, threads=False)
+
+
+def fastpipe_h5_max_side_threads(cfg) -> Iterable[torch.Tensor]:
+    return _same_pixels_batches(cfg, threads=True)
+
+
+def ffcv(cfg) -> Iterable[torch.Tensor]:
+    if importlib.util.find_spec("ffcv") is None:
+        raise Skip(f"ffcv is not installed in {sys.executable}; {FFCV_INSTALL}")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _ffcv
+
+    beton = _beton_path(cfg.root, cfg, cfg.ffcv_resolution)
+    if not beton.exists():
+        raise Skip(f"{beton} was not written")
+    # numba compiles FFCV's pipeline during the first batch (tens of CPU seconds): one-time
+    # set-up, like DALI's pipeline build, so one whole epoch runs before the CPU clock starts
+    # (a partial one would leave FFCV's loading thread running); its cost is reported apart.
+    start, cpu_start = time.perf_counter(), cpu_seconds()
+    loader = _ffcv.loader(beton, cfg)
+    for _ in loader:
+        pass
+    cfg.setup = {"setup_s": time.perf_counter() - start, "setup_cpu_s": cpu_seconds() - cpu_start}
+    return _ffcv.batches(loader, cfg.epochs)
+
+
+def _same_pixels_pack_path(root: str, cfg, max_resolution: int) -> Path:
+    return Path(cfg.workdir) / f"{Path(root).name}-bytes-as-ffcv-{max_resolution}.h5"
+
+
+def _beton_path(root: str, cfg, max_resolution: int) -> Path:
+    return Path(cfg.workdir) / f"{Path(root).name}-{max_resolution}.beton"
+
+
+PIPELINES.update({
+    "FFCV": (
+        ffcv,
+        "FFCV Loader (its own venv, --ffcv-python) on a .beton of RGBImageField(write_mode='jpg', "
+        "max_resolution=M, jpeg_quality=90): RandomResizedCrop decoder, flip, NormalizeImage "
+        "float32, ToTensor, ToTorchImage (channels-last); 2 numba threads, RANDOM order, "
+        "os_cache"),
+    "fastpipe HDF5 pack, FFCV's pixels": (
+        fastpipe_h5_max_side,
+        "pack(storage='bytes', max_side=S, quality=90), S chosen so the pack stores as many "
+        "pixels as FFCV at M; H5Dataset + ImageDecoder, fast_collate, normalize"),
+    "fastpipe HDF5 pack, FFCV's pixels, threads": (
+        fastpipe_h5_max_side_threads,
+        "the row above, loaded by threads of the main process instead of worker processes"),
+})
+OPTIONAL += (fastpipe_h5_max_side, fastpipe_h5_max_side_threads, ffcv)
+# Rows measured once per FFCV max_resolution (--max-side), named "<row> @ M".
+PER_RESOLUTION = ("FFCV", "fastpipe HDF5 pack, FFCV's pixels",
+                  "fastpipe HDF5 pack, FFCV's pixels, threads")
+FFCV_COMMANDS = ("apt-get install -y libopencv-dev libturbojpeg0-dev pkg-config; "
+                 "python3.11 -m venv /work/ffcv-venv; "
+                 "/work/ffcv-venv/bin/pip install torch==2.13.0 pillow ffcv")
+FFCV_INSTALL = (f"install FFCV in a venv of its own ({FFCV_COMMANDS}) and pass "
+                "--ffcv-python /work/ffcv-venv/bin/python")
+
+
 # ---------------------------------------------------------------- measuring
 
 def cpu_seconds() -> float:
@@ -329,6 +422,25 @@ def machine_description() -> str:
             f"{'compiled extension' if extension else 'pure-PyTorch reference'}")
 
 
+def ffcv_description(python: Path) -> str:
+    """The versions in the FFCV interpreter, asked in a process of its own."""
+    code = ("import importlib.metadata as m, platform\n"
+            "names = ('ffcv', 'numba', 'llvmlite', 'numpy', 'opencv-python', 'torch', 'pillow')\n"
+            "found = []\n"
+            "for name in names:\n"
+            "    try:\n"
+            "        found.append(f'{name} {m.version(name)}')\n"
+            "    except m.PackageNotFoundError:\n"
+            "        found.append(f'{name} not installed')\n"
+            "print(f'Python {platform.python_version()}; ' + ', '.join(found))")
+    try:
+        done = subprocess.run([str(python), "-c", code], capture_output=True, text=True,
+                              timeout=120)
+    except OSError as exc:
+        return f"{python} does not run ({exc})"
+    return f"{python}, " + (done.stdout.strip() or done.stderr.strip()[-300:])
+
+
 BASELINE_SUFFIX = " [baseline checkout]"
 # The rows whose code an earlier fastpipe also has: --baseline-checkout measures them with it.
 COMPARABLE = ("fastpipe ImageFolder", "fastpipe HDF5 pack (bytes)",
@@ -340,8 +452,10 @@ def _child(args) -> int:
     name = args.child
     if args.fastpipe_path:
         sys.path.insert(0, args.fastpipe_path)  # before any import of fastpipe
-    builder = PIPELINES[name][0] if name != "ceiling" else None
+    base, args.ffcv_resolution = _split_resolution(name)
+    builder = PIPELINES[base][0] if name != "ceiling" else None
     args.allow_uint8 = builder is fastpipe_folder_uint8
+    args.setup = {}
     result: dict[str, Any] = {"name": name, "pid": os.getpid()}
     try:
         if builder is None:
@@ -349,9 +463,10 @@ def _child(args) -> int:
             rate, total = decode_ceiling(args)
         else:
             batches = builder(args)
-            cpu_start = cpu_seconds()  # after one-time set-up (DALI's pipeline build)
+            # After one-time set-up (DALI's pipeline build, FFCV's compilation).
+            cpu_start = cpu_seconds()
             rate, total = measure(batches, args)
-        result.update(rate=rate, cpu_ms=(cpu_seconds() - cpu_start) / total * 1e3)
+        result.update(rate=rate, cpu_ms=(cpu_seconds() - cpu_start) / total * 1e3, **args.setup)
     except Skip as exc:
         result["note"] = f"skipped: {exc}"
     except Exception as exc:
@@ -364,16 +479,27 @@ def _child(args) -> int:
     return 0
 
 
+def _split_resolution(name: str) -> tuple[str, int | None]:
+    """``"FFCV @ 256"`` -> ``("FFCV", 256)``; other names -> ``(name, None)``."""
+    base, at, resolution = name.rpartition(" @ ")
+    return (base, int(resolution)) if at and base in PER_RESOLUTION else (name, None)
+
+
 def _run_isolated(name: str, root: str, args, timeout: float = 1800) -> dict[str, Any]:
     """Runs one measurement in a fresh interpreter: pipelines that share a process distort each
     other (a DALI pipeline alive beside a DataLoader moved both by up to a third)."""
+    python = sys.executable
+    if _split_resolution(name)[0] == "FFCV":
+        if not args.ffcv_python:
+            return {"name": name, "pid": None, "note": f"skipped: no --ffcv-python; {FFCV_INSTALL}"}
+        python = str(args.ffcv_python)
     with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as out:
         result_path = out.name
     extra = []
     if name.endswith(BASELINE_SUFFIX):
         name = name[: -len(BASELINE_SUFFIX)]
         extra = ["--fastpipe-path", str(args.baseline_checkout)]
-    command = [sys.executable, str(Path(__file__).resolve()), *extra, "--child", name, "--result",
+    command = [python, str(Path(__file__).resolve()), *extra, "--child", name, "--result",
                result_path, "--root", root, "--workdir", args.workdir, "--epochs", str(args.epochs),
                "--warmup", str(args.warmup), "--workers", str(args.workers),
                "--main-threads", str(args.main_threads), "--batch-size", str(args.batch_size),
@@ -409,6 +535,7 @@ def _image_sets(args) -> dict[str, str]:
 
 def _prepare_pack(root: str, args) -> None:
     """Packs the set once, before any timing, so that no measured process pays for it."""
+    _prepare_same_pixels(root, args)
     if importlib.util.find_spec("h5py") is None:
         return
     from fastpipe.pack import pack
@@ -423,14 +550,94 @@ def _prepare_pack(root: str, args) -> None:
                 print(f"{name}: not packed: {exc}", flush=True)
 
 
+def _image_sizes(root: str) -> list[tuple[int, int]]:
+    from PIL import Image
+
+    sizes = []
+    for path in sorted(Path(root).rglob("*.jpg")):
+        with Image.open(path) as image:
+            sizes.append(image.size)
+    return sizes
+
+
+def _ffcv_pixels(sizes: list[tuple[int, int]], max_resolution: int) -> int:
+    """Pixels FFCV's ``RGBImageField(max_resolution=M)`` stores: the longer side brought down
+    to M (OpenCV resize to ``int(ratio * size)``), smaller images as they are."""
+    total = 0
+    for width, height in sizes:
+        ratio = max_resolution / max(width, height)
+        total += int(ratio * width) * int(ratio * height) if ratio < 1 else width * height
+    return total
+
+
+def _fastpipe_pixels(sizes: list[tuple[int, int]], max_side: int) -> int:
+    """Pixels ``pack(storage='bytes', max_side=S)`` stores: the shorter side brought down to S
+    (``round(size * S / shorter)``), smaller images as they are."""
+    total = 0
+    for width, height in sizes:
+        scale = max_side / min(width, height)
+        total += (max(1, round(width * scale)) * max(1, round(height * scale)) if scale < 1
+                  else width * height)
+    return total
+
+
+def matching_max_side(sizes: list[tuple[int, int]], max_resolution: int) -> int:
+    """The ``max_side`` (a cap on the shorter side) whose fastpipe pack stores the number of
+    pixels closest to FFCV's at ``max_resolution`` (a cap on the longer side) on these images."""
+    target = _ffcv_pixels(sizes, max_resolution)
+    return min(range(1, max_resolution + 1),
+               key=lambda side: abs(_fastpipe_pixels(sizes, side) - target))
+
+
+def _prepare_same_pixels(root: str, args) -> None:
+    """Once per set and FFCV max_resolution M, before any timing: FFCV's .beton (written by the
+    FFCV interpreter) and the fastpipe bytes pack of as many pixels."""
+    wanted = [n for n in args.names if n in PER_RESOLUTION]
+    if not args.ffcv_python and "FFCV" in wanted:
+        wanted.remove("FFCV")
+    if not wanted:
+        return
+    sizes = _image_sizes(root)
+    for resolution in args.max_side:
+        info = args.same_pixels.setdefault((root, resolution), {})
+        side = matching_max_side(sizes, resolution)
+        info.update(images=len(sizes), max_side=side,
+                    ffcv_pixels=_ffcv_pixels(sizes, resolution) / len(sizes),
+                    fastpipe_pixels=_fastpipe_pixels(sizes, side) / len(sizes))
+        beton = _beton_path(root, args, resolution)
+        if "FFCV" in wanted and args.ffcv_python and not beton.exists():
+            script = Path(__file__).resolve().parent / "_ffcv.py"
+            done = subprocess.run([str(args.ffcv_python), str(script), "write", root, str(beton),
+                                   "--max-resolution", str(resolution), "--quality", "90",
+                                   "--workers", str(args.workers)],
+                                  capture_output=True, text=True, timeout=3600)
+            if done.returncode:
+                print(f"FFCV @ {resolution}: not written: {done.stderr.strip()[-2000:]}",
+                      flush=True)
+            else:
+                info["beton"] = json.loads(done.stdout.strip().splitlines()[-1])
+        out = _same_pixels_pack_path(root, args, resolution)
+        if (any(n != "FFCV" for n in wanted) and importlib.util.find_spec("h5py") is not None
+                and not out.exists()):
+            from fastpipe.pack import pack
+
+            pack(root, out, storage="bytes", max_side=side, quality=90, progress=False,
+                 num_workers=args.workers, merge="copy")
+            info["pack_bytes"] = out.stat().st_size
+
+
 def _measured(args) -> list[str]:
     """The measurements of a round, in order: each pipeline (then, with --baseline-checkout, the
     same pipeline with the other checkout's fastpipe, right after it), then the ceiling."""
     names = []
     for name in args.names:
+        if name in PER_RESOLUTION:
+            continue
         names.append(name)
         if args.baseline_checkout and name in COMPARABLE:
             names.append(name + BASELINE_SUFFIX)
+    for resolution in args.max_side:
+        names += [f"{name} @ {resolution}" for name in PER_RESOLUTION if name in args.names]
     return names + ["ceiling"]
 
 
@@ -453,10 +660,14 @@ def _table(set_name: str, root: str, rows: dict[str, list[dict[str, Any]]], args
         "| --- | ---: | ---: | ---: | --- |",
     ]
     for name in _measured(args):
-        base = name.removesuffix(BASELINE_SUFFIX)
+        base, resolution = _split_resolution(name.removesuffix(BASELINE_SUFFIX))
         how = PIPELINES[base][1] if base in PIPELINES else (
             "simplejpeg.decode_jpeg of every file, no crop, resize or batching")
-        if base != name:
+        if base != name.removesuffix(BASELINE_SUFFIX):
+            side = args.same_pixels.get((root, resolution), {}).get("max_side", "?")
+            how = how.replace("max_resolution=M", f"max_resolution={resolution}").replace(
+                "max_side=S", f"max_side={side}").replace("FFCV at M", f"FFCV at {resolution}")
+        elif base != name:
             how = (f"the row above, with the fastpipe of {args.baseline_checkout} "
                    f"({args.baseline_label})")
         label = name if base in PIPELINES else (
@@ -470,6 +681,47 @@ def _table(set_name: str, root: str, rows: dict[str, list[dict[str, Any]]], args
             lines.append(f"| {label} | - | - | - | {note} |")
     if best_name:
         lines += ["", f"Best baseline: {best_name}."]
+    return lines + [""] + _same_pixels_table(root, rows, medians, args)
+
+
+def _same_pixels_table(root: str, rows: dict[str, list[dict[str, Any]]],
+                       medians: dict[str, float], args) -> list[str]:
+    """fastpipe against FFCV when both store the same pixels, one line per max_resolution."""
+    resolutions = [m for m in args.max_side if (root, m) in args.same_pixels]
+    if not resolutions:
+        return []
+    lines = [
+        "fastpipe against FFCV on the same stored pixels: FFCV's `max_resolution` M caps the "
+        "longer side, fastpipe's `max_side` S the shorter one, so S is chosen to store as many "
+        "pixels in all as FFCV at M on this set (FFCV re-encodes every image at quality 90; "
+        "fastpipe re-encodes the larger ones at quality 90 and keeps the others' bytes). FFCV's "
+        "set-up (numba compiling its pipeline, and its first epoch) runs before its CPU clock "
+        "starts, like DALI's pipeline build; its CPU seconds are in the table.", "",
+        "| M | S | pixels/image FFCV | pixels/image fastpipe | .beton MB | pack MB "
+        "| FFCV set-up CPU s | fastpipe pack / FFCV | threads / FFCV |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for m in resolutions:
+        info = args.same_pixels[(root, m)]
+        ffcv_rate = medians.get(f"FFCV @ {m}")
+
+        def ratio(name: str, m: int = m, ffcv_rate: float | None = ffcv_rate) -> str:
+            rate = medians.get(f"{name} @ {m}")
+            return f"{rate / ffcv_rate:.2f}x" if rate and ffcv_rate else "-"
+
+        setup = [r["setup_cpu_s"] for r in rows.get(f"FFCV @ {m}", []) if "setup_cpu_s" in r]
+        beton = info.get("beton", {})
+        cells = [
+            str(m), str(info["max_side"]),
+            f"{beton.get('mean_pixels', info['ffcv_pixels']):.0f}",
+            f"{info['fastpipe_pixels']:.0f}",
+            f"{beton['bytes'] / 1e6:.1f}" if beton else "-",
+            f"{info['pack_bytes'] / 1e6:.1f}" if "pack_bytes" in info else "-",
+            f"{statistics.median(setup):.1f}" if setup else "-",
+            ratio("fastpipe HDF5 pack, FFCV's pixels"),
+            ratio("fastpipe HDF5 pack, FFCV's pixels, threads"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
 
 
@@ -506,6 +758,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="also measure the fastpipe rows with the fastpipe package of this "
                              "checkout (e.g. a git worktree of an earlier commit, built in place), "
                              "each in its own process: before and after in the same run")
+    parser.add_argument("--ffcv-python", type=Path, default=None,
+                        help="an interpreter with FFCV installed, for the FFCV rows (without it "
+                             f"they are skipped); to install FFCV in a venv of its own: "
+                             f"{FFCV_COMMANDS}")
+    parser.add_argument("--max-side", type=int, nargs="+", default=[256],
+                        help="FFCV max_resolution M (the longer side) of the FFCV rows; the "
+                             "fastpipe rows beside them pack as many pixels (default 256)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--fastpipe-path", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--result", default=None, help=argparse.SUPPRESS)
@@ -521,12 +780,22 @@ def main(argv: list[str] | None = None) -> int:
 
     args.names = [n for n in PIPELINES if not args.only
                   or any(w.lower() in n.lower() for w in args.only)]
+    if args.ffcv_python and not os.access(args.ffcv_python, os.X_OK):
+        parser.error(f"--ffcv-python {args.ffcv_python} is not an executable file; "
+                     f"{FFCV_INSTALL}")
+    if not args.ffcv_python and not args.only:
+        # The same-pixels fastpipe rows are there to be compared with FFCV: without FFCV, a full
+        # run lists FFCV as skipped (with how to install it) and does not pack or time them.
+        args.names = [n for n in args.names if n not in PER_RESOLUTION or n == "FFCV"]
     args.baseline_label = ""
+    args.same_pixels = {}
     if args.baseline_checkout:
         described = subprocess.run(["git", "-C", str(args.baseline_checkout), "log", "-1",
                                     "--format=%h %s"], capture_output=True, text=True)
         args.baseline_label = described.stdout.strip()[:60] or "not a git checkout"
     lines = [f"Machine: {machine_description()}.", ""]
+    if args.ffcv_python and "FFCV" in args.names:
+        lines += [f"FFCV rows: {ffcv_description(args.ffcv_python)}.", ""]
     records: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="fastpipe-bench-") as workdir:
         args.workdir = workdir
