@@ -183,6 +183,29 @@ def test_unknown_filter_is_refused(module):
                       np.empty((3, 5, 5), np.uint8), (0, 0), (5, 5), False, 2)
 
 
+@pytest.mark.parametrize("in_size, out_size", SHAPES + [((301, 333), (223, 225)),
+                                                 ((64, 95), (31, 33))])
+@pytest.mark.parametrize("filter_", [0, 1])
+@pytest.mark.parametrize("flip", [False, True])
+def test_the_avx2_form_writes_the_sse2_forms_bytes(module, in_size, out_size, filter_, flip):
+    """The output must not depend on the CPU: AVX2 (chosen where the CPU has it) and SSE2 give
+    the same bytes, odd widths, padded taps and both filters included."""
+    if module._simd() != "avx2":
+        pytest.skip("this CPU (or build) has no AVX2 form to compare")
+    pixels = _image(*in_size, seed=sum(in_size))
+    view = np.pad(pixels, ((0, 0), (0, 7), (0, 0)))[:, :in_size[1]]  # strided rows
+    outs = {}
+    try:
+        for level in ("sse2", "avx2"):
+            assert module._simd(level) == level
+            out = np.empty((3, *out_size), np.uint8)
+            module.resize(view, (0, 0), in_size, out, (0, 0), out_size, flip, filter_)
+            outs[level] = out
+    finally:
+        module._simd("avx2")
+    np.testing.assert_array_equal(outs["avx2"], outs["sse2"])
+
+
 def test_flip_mirrors_the_output(module):
     pixels = _image(123, 211)
     np.testing.assert_array_equal(_resize(module, pixels, (64, 97), flip=True),
