@@ -25,7 +25,10 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]
 
 SCRIPT = textwrap.dedent(
     """
-    import sys, time
+    import signal, sys, time
+    # As a script started from a terminal: a job a shell starts in the background (nohup ... &,
+    # some CI runners) inherits SIGINT ignored, and would never see the Ctrl-C.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import torch
     from torch.utils.data import DataLoader, Dataset
     from fastpipe import DataLoaderX
