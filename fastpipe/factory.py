@@ -103,15 +103,15 @@ def image_loader(
         shuffle: reshuffle every epoch; defaults to ``train``.
         drop_last: drop the last partial batch (and, sharded, the samples that do not divide
             evenly, as ``DistributedSampler(drop_last=True)``).
-        num_workers: DataLoader worker processes (CPU backend) or DALI CPU threads; ``None``:
-            this process's cores divided among the local ranks (``LOCAL_WORLD_SIZE``).
+        num_workers: the CPU backend's workers (see ``worker_method``) or DALI's CPU threads;
+            ``None``: this process's cores divided among the local ranks (``LOCAL_WORLD_SIZE``).
         worker_method: CPU backend: ``"process"`` (DataLoader's worker processes) or
             ``"thread"`` (threads of this process; see ``DataLoaderX``). ``None``: threads for
-            up to :data:`THREAD_WORKERS_UP_TO` workers without ``auto_augment`` (fastpipe's
-            decode and resize release the GIL, and threads skip the hand-over between
-            processes: faster on the measured CPU runs, docs/benchmarks.md), else processes
-            (with more threads, or Python-heavy augmentation, the GIL becomes the limit). DALI
-            runs its own threads: ``"thread"`` is an error there.
+            up to 4 workers without ``auto_augment`` (fastpipe's decode and resize release the
+            GIL, and threads skip the hand-over between processes: faster on the measured CPU
+            runs, docs/benchmarks.md), else processes (with more threads, or Python-heavy
+            augmentation, the GIL becomes the limit). DALI runs its own threads: ``"thread"``
+            is an error there.
         prefetch_depth: batches prepared ahead of the training step (DALI's prefetch queue, or
             DataLoaderX's queue on the CPU backend, where the DataPrefetcher readies one more).
 
@@ -357,13 +357,13 @@ def _build_cpu(o: _Options) -> Any:
 
 # Each sample holds the GIL for its Python steps, a few percent of its time on the fast path
 # (docs/benchmarks.md): a few threads share it without waiting, many would queue for it.
-THREAD_WORKERS_UP_TO = 4
+_THREAD_WORKERS_UP_TO = 4
 
 
 def _cpu_worker_method(o: _Options) -> str:
     if o.worker_method is not None:
         return o.worker_method
-    if o.auto_augment is None and 0 < o.num_workers <= THREAD_WORKERS_UP_TO:
+    if o.auto_augment is None and 0 < o.num_workers <= _THREAD_WORKERS_UP_TO:
         return "thread"
     return "process"
 
