@@ -112,13 +112,16 @@ def dali_cpu(cfg) -> Iterable[torch.Tensor]:
         raise Skip(f"fastpipe.dali is not available in this checkout ({exc})") from None
     loader = DALILoader(cfg.root, batch_size=cfg.batch_size, train=True, size=cfg.size,
                         num_workers=cfg.workers, device="cpu", mean=MEAN, std=STD)
+    return _epochs(loader, cfg)
 
-    def batches() -> Iterator[torch.Tensor]:
-        for _ in range(cfg.epochs):
-            for images, _labels in loader:
-                yield _normalized(images)
 
-    return batches()
+def _epochs(loader, cfg) -> Iterator[torch.Tensor]:
+    """The images of ``cfg.epochs`` epochs of a loader that runs epoch by epoch (DALI, the
+    factory), then closes it."""
+    for _ in range(cfg.epochs):
+        for images, _labels in loader:
+            yield _normalized(images)
+    loader.close()
 
 
 def fastpipe_folder(cfg) -> Iterable[torch.Tensor]:
@@ -150,14 +153,7 @@ def fastpipe_image_loader(cfg) -> Iterable[torch.Tensor]:
 
     loader = image_loader(cfg.root, cfg.batch_size, train=True, size=cfg.size, device="cpu",
                           num_workers=cfg.workers, seed=0)
-
-    def batches() -> Iterator[torch.Tensor]:
-        for _ in range(cfg.epochs):
-            for images, _labels in loader:
-                yield images
-        loader.close()
-
-    return batches()
+    return _epochs(loader, cfg)
 
 
 def fastpipe_folder_threads(cfg) -> Iterable[torch.Tensor]:
@@ -166,18 +162,23 @@ def fastpipe_folder_threads(cfg) -> Iterable[torch.Tensor]:
     return _thread_loaded(ImageFolder(cfg.root, train=True, size=cfg.size), cfg)
 
 
-def _h5_batches(cfg, transcode: bool, threads: bool = False) -> Iterable[torch.Tensor]:
+def _pack_batches(out: Path, cfg, threads: bool) -> Iterable[torch.Tensor]:
+    """Batches of the bytes pack ``out`` (written before timing) through H5Dataset +
+    ImageDecoder, loaded by worker processes or by threads."""
     if importlib.util.find_spec("h5py") is None:
         raise Skip("h5py is not installed (pip install 'fastpipe[hdf5]')")
     from fastpipe.data import H5Dataset, ImageDecoder, fast_collate
 
-    out = _pack_path(cfg.root, cfg, transcode)
     if not out.exists():
         raise Skip(f"{out} was not packed")
     dataset = H5Dataset(out, decoder=ImageDecoder(train=True, size=cfg.size))
     if threads:
         return _thread_loaded(dataset, cfg)
     return (_normalized(images) for images, _ in _torch_loader(dataset, cfg, fast_collate))
+
+
+def _h5_batches(cfg, transcode: bool, threads: bool = False) -> Iterable[torch.Tensor]:
+    return _pack_batches(_pack_path(cfg.root, cfg, transcode), cfg, threads)
 
 
 def fastpipe_h5(cfg) -> Iterable[torch.Tensor]:
@@ -275,23 +276,7 @@ def _warm_up(_: int) -> int:
 # (--ffcv-python), and a fastpipe bytes pack storing as many pixels.
 
 def _same_pixels_batches(cfg, threads: bool) -> Iterable[torch.Tensor]:
-    if importlib.util.find_spec("h5py") is None:
-        raise Skip("h5py is not installed (pip install 'fastpipe[hdf5]')")
-    from fastpipe.data import H5Dataset, ImageDecoder, fast_collate
-
-    out = _same_pixels_pack_path(cfg.root, cfg, cfg.ffcv_resolution)
-    if not out.exists():
-        raise Skip(f"{out} was not packed")
-    dataset = H5Dataset(out, decoder=ImageDecoder(train=True, size=cfg.size))
-    if not threads:
-        return (_normalized(images) for images, _ in _torch_loader(dataset, cfg, fast_collate))
-    from fastpipe import DataLoaderX
-
-    # The thread workers as a user would run them (and as the other threads rows do).
-    sampler = RandomSampler(dataset, num_samples=len(dataset) * cfg.epochs)
-    loader = DataLoaderX(dataset, batch_size=cfg.batch_size, sampler=sampler,
-                         num_workers=cfg.workers, collate_fn=fast_collate, worker_method="thread")
-    return (_normalized(images) for images, _ in loader)
+    return _pack_batches(_same_pixels_pack_path(cfg.root, cfg, cfg.ffcv_resolution), cfg, threads)
 
 
 def fastpipe_h5_max_side(cfg) -> Iterable[torch.Tensor]:
