@@ -158,6 +158,16 @@ std::vector<int16_t> fixed_point(const Taps &taps) {
     return fixed;
 }
 
+/* Weights k and k + 1 as the two 16-bit halves of one 32-bit lane, the operand of a 16-bit
+ * multiply-add over input rows k and k + 1 interleaved (k + 1's half is 0 when there is no such
+ * row). */
+inline int weight_pair(const int16_t *weights, int k, bool pair) {
+    const uint32_t packed =
+        static_cast<uint16_t>(weights[k]) |
+        (pair ? static_cast<uint32_t>(static_cast<uint16_t>(weights[k + 1])) << 16 : 0u);
+    return static_cast<int>(packed);
+}
+
 /* row[j] = sum_k weights[k] * in[k * row_stride + j] / 2**14 over the `values` bytes of the
  * input rows one output row needs: integer sums, so exact for the fixed-point weights, and the
  * same on every machine. With SSE2 (every x86-64) two input rows at a time go through one 16-bit
@@ -176,9 +186,7 @@ void vertical_pass_fixed(const uint8_t *__restrict__ in, long row_stride, int ta
             const __m128i b = pair ? _mm_loadu_si128(reinterpret_cast<const __m128i *>(
                                          in + (k + 1) * row_stride + j))
                                    : zero;
-            const uint32_t packed = static_cast<uint16_t>(weights[k]) |
-                                    (pair ? static_cast<uint32_t>(static_cast<uint16_t>(weights[k + 1])) << 16 : 0u);
-            const __m128i w = _mm_set1_epi32(static_cast<int>(packed));
+            const __m128i w = _mm_set1_epi32(weight_pair(weights, k, pair));
             const __m128i low = _mm_unpacklo_epi8(a, b), high = _mm_unpackhi_epi8(a, b);
             sums[0] = _mm_add_epi32(sums[0], _mm_madd_epi16(_mm_unpacklo_epi8(low, zero), w));
             sums[1] = _mm_add_epi32(sums[1], _mm_madd_epi16(_mm_unpackhi_epi8(low, zero), w));
@@ -300,10 +308,7 @@ void vertical_pass_fixed_avx2(const uint8_t *__restrict__ in, long row_stride, i
             const __m256i b = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i *>(
                                          in + (k + 1) * row_stride + j))
                                    : zero;
-            const uint32_t packed =
-                static_cast<uint16_t>(weights[k]) |
-                (pair ? static_cast<uint32_t>(static_cast<uint16_t>(weights[k + 1])) << 16 : 0u);
-            const __m256i w = _mm256_set1_epi32(static_cast<int>(packed));
+            const __m256i w = _mm256_set1_epi32(weight_pair(weights, k, pair));
             const __m256i low = _mm256_unpacklo_epi8(a, b), high = _mm256_unpackhi_epi8(a, b);
             sums[0] = _mm256_add_epi32(sums[0], _mm256_madd_epi16(_mm256_unpacklo_epi8(low, zero), w));
             sums[1] = _mm256_add_epi32(sums[1], _mm256_madd_epi16(_mm256_unpackhi_epi8(low, zero), w));
@@ -366,6 +371,14 @@ bool cpu_has_avx2() {
 /* Which form of the passes runs: AVX2 where the CPU has it, unless a test asks for SSE2. */
 bool use_avx2 = true;
 
+bool avx2_active() {
+#if defined(FASTPIPE_RESIZE_AVX2)
+    return use_avx2 && cpu_has_avx2();
+#else
+    return false;
+#endif
+}
+
 /* A rectangle of an image: `height` x `width` pixels at (top, left) of a `full_height` x
  * `full_width` image. */
 struct Box {
@@ -427,8 +440,7 @@ bool resize_rgb_to_planes(const ResizeJob &job) {
     std::vector<float> padded_row(margin + values + margin, 0.0f);
     std::vector<int4> pixels(out.width);
     const long plane = out.height * out.width;
-#if defined(FASTPIPE_RESIZE_AVX2)
-    const bool avx2 = use_avx2 && cpu_has_avx2();
+    const bool avx2 = avx2_active();
     // Pixels 2p and 2p + 1 side by side per tap (zero weights for a missing last one).
     std::vector<float4> pair_weights;
     if (avx2) {
@@ -439,9 +451,6 @@ bool resize_rgb_to_planes(const ResizeJob &job) {
             }
         }
     }
-#else
-    const bool avx2 = false;
-#endif
     with_taps(col_taps, [&](auto col_taps_constant) {
         constexpr int kTaps = decltype(col_taps_constant)::value;
         for (long y = 0; y < out.height; ++y) {
@@ -650,12 +659,7 @@ PyObject *simd(PyObject *, PyObject *args) {
         }
         use_avx2 = std::strcmp(level, "avx2") == 0;
     }
-#if defined(FASTPIPE_RESIZE_AVX2)
-    const bool avx2 = use_avx2 && cpu_has_avx2();
-#else
-    const bool avx2 = false;
-#endif
-    return PyUnicode_FromString(avx2 ? "avx2" : "sse2");
+    return PyUnicode_FromString(avx2_active() ? "avx2" : "sse2");
 }
 
 PyMethodDef methods[] = {
