@@ -5,6 +5,7 @@
     python examples/train_classification.py --loader dataloaderx    # + background thread
     python examples/train_classification.py --loader prefetcher     # + copy/normalize on device
     python examples/train_classification.py --loader both           # DataLoaderX + DataPrefetcher
+    python examples/train_classification.py --loader image_loader   # fastpipe.image_loader
     torchrun --nproc_per_node 2 examples/train_classification.py --loader both
 
 What changes between the modes is only in ``load_data`` and ``make_loader``: with a
@@ -12,7 +13,9 @@ DataPrefetcher the dataset stays uint8 (no ToDtype/Normalize in the transforms),
 normalizes on the device, and the batch mixing moves from the collate function (float images on
 the CPU) to ``batch_transform`` (on the device, after normalization). ``evaluate()`` reads
 ``data_loader.dataset`` and the epoch loop calls ``set_epoch``, as the reference does.
-Without ``--data-path`` it trains on fastpipe's generated sample images.
+``--loader image_loader`` replaces both with the factory's loaders (fastpipe's decode path, its
+own shards under torchrun, no mixing). Without ``--data-path`` it trains on fastpipe's generated
+sample images.
 """
 
 from __future__ import annotations
@@ -27,10 +30,10 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 from torch.utils.data.dataloader import default_collate
 
-from fastpipe import DataLoaderX, DataPrefetcher, ops
+from fastpipe import DataLoaderX, DataPrefetcher, image_loader, ops
 from fastpipe.data import sample_images
 
-LOADERS = ("dataloader", "dataloaderx", "prefetcher", "both")
+LOADERS = ("dataloader", "dataloaderx", "prefetcher", "both", "image_loader")
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # ImageNet
 
 
@@ -173,10 +176,19 @@ def main(args) -> None:
     root = args.data_path or str(sample_images(num_images=64, num_classes=4))
     traindir = os.path.join(root, "train") if os.path.isdir(os.path.join(root, "train")) else root
     valdir = os.path.join(root, "val") if os.path.isdir(os.path.join(root, "val")) else root
-    train, val, train_sampler, val_sampler = load_data(traindir, valdir, args)
-    num_classes = len(train.classes)
-    train_loader = make_loader(train, train_sampler, args, num_classes, train=True)
-    val_loader = make_loader(val, val_sampler, args, num_classes, train=False)
+    if args.loader == "image_loader":
+        # The factory shards by torch.distributed itself; set_epoch is the loader's.
+        train_loader, val_loader = (
+            image_loader(folder, args.batch_size, train=train, size=args.crop_size,
+                         device=args.device, num_workers=args.workers)
+            for folder, train in ((traindir, True), (valdir, False)))
+        train_sampler = train_loader
+        num_classes = len(train_loader.dataset.classes)
+    else:
+        train, val, train_sampler, val_sampler = load_data(traindir, valdir, args)
+        num_classes = len(train.classes)
+        train_loader = make_loader(train, train_sampler, args, num_classes, train=True)
+        val_loader = make_loader(val, val_sampler, args, num_classes, train=False)
 
     model = SmallNet(num_classes).to(device)
     if args.distributed:

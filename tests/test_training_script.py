@@ -34,6 +34,23 @@ def test_reference_shaped_script_trains_and_evaluates_with_each_loader(loader, s
     assert f"epoch 1 loader {loader}:" in out
 
 
+def test_the_factory_in_the_script_with_a_partial_last_batch(sample_root):
+    # 48 samples in batches of 20: the last batch of each epoch holds 8.
+    out = _run([str(SCRIPT), "--loader", "image_loader", "--epochs", "2", "-b", "20",
+                "--data-path", str(sample_root)])
+    assert out.count("evaluated 48 of 48 samples") == 2
+    assert "epoch 1 loader image_loader:" in out
+
+
+def test_the_factory_in_the_script_under_torchrun(sample_root):
+    # Two shards of 24 in batches of 20: a partial batch of 4 on each rank.
+    out = _run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                str(SCRIPT), "--loader", "image_loader", "--epochs", "2", "-b", "20",
+                "--data-path", str(sample_root)])
+    assert out.count("evaluated 48 of 48 samples") == 2
+    assert "epoch 1 loader image_loader:" in out
+
+
 def test_reference_shaped_script_under_torchrun_with_two_processes(sample_root):
     out = _run(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                 str(SCRIPT), "--loader", "both", "--epochs", "2", "--data-path", str(sample_root)])
