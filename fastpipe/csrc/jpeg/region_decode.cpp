@@ -26,9 +26,13 @@
 #include <new>
 #include <vector>
 
+/* cinfo->entropy, ->inputctl and ->marker are libjpeg's module tables (jpegint.h), which
+ * huffman_decoder.h swaps and calls. */
+#define JPEG_INTERNALS
 #include <jpeglib.h>  // libjpeg-turbo's own header wraps itself in extern "C"
 #include <jerror.h>
 
+#include "huffman_decoder.h"
 #include "restart_segments.h"
 
 /* Rows one jpeg_read_scanlines call is asked for (libjpeg's preferred batch, at most 16). */
@@ -148,6 +152,7 @@ static int decode_region(region_request *req, strict_error_mgr *err) {
         return status;
     }
     jpeg_start_decompress(&cinfo);
+    fast_huffman::install(&cinfo);
     if (cinfo.progressive_mode && cinfo.coef_bits != nullptr) {
         /* A progressive file may end before its last scans (valid, no warning). libjpeg then
          * smooths the missing detail from neighbouring blocks, which a crop does not have. The
@@ -413,8 +418,33 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args) {
     return Py_BuildValue("(Nnn)", out, (Py_ssize_t)req.row_pixels * 3, (Py_ssize_t)req.column);
 }
 
+PyDoc_STRVAR(huffman_doc,
+"_huffman(enabled=None) -> (enabled: bool, decodes: int)\n"
+"\n"
+"Private, for tests and benchmarks. With a bool, sets whether decode_region entropy-decodes\n"
+"sequential JPEGs with fastpipe's Huffman decoder (huffman_decoder.h) or libjpeg-turbo's own, for\n"
+"every thread of the process. Returns the setting before the call and how many decodes have used\n"
+"fastpipe's decoder so far.");
+
+static PyObject *py_huffman(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *on = Py_None;
+    if (!PyArg_ParseTuple(args, "|O:_huffman", &on)) {
+        return nullptr;
+    }
+    bool before = fast_huffman::enabled().load();
+    if (on != Py_None) {
+        if (!PyBool_Check(on)) {
+            return PyErr_Format(PyExc_TypeError, "_huffman takes True, False or None");
+        }
+        before = fast_huffman::enabled().exchange(on == Py_True);
+    }
+    return Py_BuildValue("(Nk)", PyBool_FromLong(before), fast_huffman::installs().load());
+}
+
 static PyMethodDef methods[] = {
     {"decode_region", py_decode_region, METH_VARARGS, decode_region_doc},
+    {"_huffman", py_huffman, METH_VARARGS, huffman_doc},
     {"transcode", py_transcode, METH_VARARGS, transcode_doc},
     {nullptr, nullptr, 0, nullptr},
 };
