@@ -52,7 +52,8 @@ def test_pixel_count_of_max_side_equals_what_the_packer_stores(mixed_root, tmp_p
     assert sorted(sizes) == sorted(SIZES)
     for side in (64, 200, 377):
         out = tmp_path / f"pack-{side}.h5"
-        pack(str(mixed_root), out, storage="bytes", max_side=side, quality=90, progress=False)
+        pack(str(mixed_root), out, storage="bytes", max_side=side, quality=90, transcode=True,
+             progress=False)
         stored = _stored_sizes(out)
         assert sum(w * h for w, h in stored) == bench._fastpipe_pixels(sizes, side)
 

@@ -61,6 +61,7 @@ struct decoder {
     const table *dc[D_MAX_BLOCKS_IN_MCU];
     const table *ac[D_MAX_BLOCKS_IN_MCU];
     int component[D_MAX_BLOCKS_IN_MCU];
+    bool ac_needed[D_MAX_BLOCKS_IN_MCU];
     int last_dc[MAX_COMPS_IN_SCAN];
     unsigned restarts_to_go;
     /* Bit reader: the next `bits` bits of entropy data are the top bits of `buffer`; the last
@@ -103,6 +104,11 @@ static bool build(const JHUFF_TBL *htbl, bool is_ac, table *t) {
     }
     size[p] = 0;
     const int symbols = p;
+    for (int i = 0; i < symbols && !is_ac; ++i) {
+        if (htbl->huffval[i] > 15) {  /* a DC size past 15 bits would overrun the bit reader */
+            return false;
+        }
+    }
     unsigned int next_code = 0;
     int length = size[0];
     p = 0;
@@ -137,9 +143,6 @@ static bool build(const JHUFF_TBL *htbl, bool is_ac, table *t) {
             break;
         }
         const int symbol = htbl->huffval[i];
-        if (!is_ac && symbol > 15) {
-            return false;
-        }
         const int first = (int)(code[i] << (kLookBits - l));
         for (int j = 0; j < (1 << (kLookBits - l)); ++j) {
             const int index = first + j;
@@ -312,7 +315,9 @@ static void process_restart(j_decompress_ptr cinfo, decoder *d) {
     }
 }
 
-template <bool kStore>
+/* kStoreDC: the MCU is kept (libjpeg passes none for MCUs it skips); kStoreAC: also its AC
+ * coefficients, which a component decoded at 1/8 scale does not need (as in libjpeg). */
+template <bool kStoreDC, bool kStoreAC>
 static inline void decode_block(j_decompress_ptr cinfo, decoder *d, int blkn, JCOEF *block,
                                 bits_in_hand *r) {
     if (r->bits < 32) {
@@ -325,7 +330,7 @@ static inline void decode_block(j_decompress_ptr cinfo, decoder *d, int blkn, JC
     const int ci = d->component[blkn];
     const int dc = (int)((unsigned)d->last_dc[ci] + (unsigned)s);
     d->last_dc[ci] = dc;
-    if (kStore) {
+    if (kStoreDC) {
         block[0] = (JCOEF)dc;
     }
     const table *t = d->ac[blkn];
@@ -342,7 +347,7 @@ static inline void decode_block(j_decompress_ptr cinfo, decoder *d, int blkn, JC
             run = (int)(fast >> 5 & 15);
             if (fast & kHasValue) {
                 k += run;
-                if (kStore) {
+                if (kStoreAC) {
                     block[natural_order[k]] = (JCOEF)(int16_t)(fast >> 16);
                 }
                 continue;
@@ -356,7 +361,7 @@ static inline void decode_block(j_decompress_ptr cinfo, decoder *d, int blkn, JC
         if (size) {
             k += run;
             const int value = extend((int)take(r, size), size);
-            if (kStore) {
+            if (kStoreAC) {
                 block[natural_order[k]] = (JCOEF)value;
             }
         } else {
@@ -379,11 +384,15 @@ static boolean decode_mcu(j_decompress_ptr cinfo, JBLOCKROW *MCU_data) {
         const int blocks = cinfo->blocks_in_MCU;
         if (MCU_data != nullptr) {
             for (int blkn = 0; blkn < blocks; ++blkn) {
-                decode_block<true>(cinfo, d, blkn, MCU_data[blkn][0], &r);
+                if (d->ac_needed[blkn]) {
+                    decode_block<true, true>(cinfo, d, blkn, MCU_data[blkn][0], &r);
+                } else {
+                    decode_block<true, false>(cinfo, d, blkn, MCU_data[blkn][0], &r);
+                }
             }
         } else {
             for (int blkn = 0; blkn < blocks; ++blkn) {
-                decode_block<false>(cinfo, d, blkn, nullptr, &r);
+                decode_block<false, false>(cinfo, d, blkn, nullptr, &r);
             }
         }
         store(d, &r);
@@ -440,6 +449,11 @@ static void install(j_decompress_ptr cinfo) {
         d->dc[blkn] = &d->tables[0][numbers[0]];
         d->ac[blkn] = &d->tables[1][numbers[1]];
         d->component[blkn] = ci;
+#if JPEG_LIB_VERSION >= 70
+        d->ac_needed[blkn] = comp->DCT_h_scaled_size > 1 || comp->DCT_v_scaled_size > 1;
+#else
+        d->ac_needed[blkn] = comp->DCT_scaled_size > 1;
+#endif
     }
     for (int ci = 0; ci < MAX_COMPS_IN_SCAN; ++ci) {
         d->last_dc[ci] = 0;
