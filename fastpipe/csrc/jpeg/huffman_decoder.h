@@ -260,7 +260,7 @@ static unsigned decode_long(j_decompress_ptr cinfo, const table *t, uint64_t buf
     }
     if (l > 16) {
         WARNMS(cinfo, JWRN_HUFF_BAD_CODE);
-        return 16u << 8;
+        return 17u << 8;  /* libjpeg has read 17 bits when it gives up, and fakes a zero */
     }
     return (unsigned)l << 8 | t->huffval[((int)(peek >> (16 - l)) + t->valoffset[l]) & 0xFF];
 }
@@ -413,9 +413,11 @@ static void start_pass(j_decompress_ptr cinfo) {
 }
 
 /* Replaces libjpeg's entropy decoder after jpeg_start_decompress, when the file is one that this
- * decoder reads (see the top of this file) and fastpipe._jpeg._huffman has not turned it off. */
+ * decoder reads (see the top of this file) and fastpipe._jpeg._huffman has not turned it off.
+ * The whole file must be in the source's buffer (jpeg_mem_src, as decode_region uses): the end of
+ * that buffer is taken for the end of the data. */
 static void install(j_decompress_ptr cinfo) {
-    if (!enabled().load(std::memory_order_relaxed) || cinfo->progressive_mode ||
+    if (!enabled().load(std::memory_order_relaxed) || cinfo->progressive_mode || cinfo->buffered_image ||
         cinfo->arith_code || cinfo->data_precision != 8 || cinfo->inputctl->has_multiple_scans ||
         cinfo->Ss != 0 || cinfo->Se != DCTSIZE2 - 1 || cinfo->Ah != 0 || cinfo->Al != 0 ||
         cinfo->comps_in_scan < 1 || cinfo->comps_in_scan > MAX_COMPS_IN_SCAN ||
