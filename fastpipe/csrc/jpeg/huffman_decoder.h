@@ -284,6 +284,24 @@ static inline void check_overrun(j_decompress_ptr cinfo, decoder *d) {
     }
 }
 
+/* The state at the start of the scan and after each restart marker: the data from where the
+ * source stands (only zeros if a marker is already pending), DC predictions at zero, a full
+ * restart interval to go. */
+static void begin_segment(j_decompress_ptr cinfo, decoder *d) {
+    d->next = cinfo->src->next_input_byte;
+    d->end = d->next + cinfo->src->bytes_in_buffer;
+    d->buffer = 0;
+    d->bits = d->padded = 0;
+    d->marker_hit = cinfo->unread_marker != 0;
+    if (d->marker_hit) {
+        d->padded = d->bits = 63;
+    }
+    for (int ci = 0; ci < cinfo->comps_in_scan; ++ci) {
+        d->last_dc[ci] = 0;
+    }
+    d->restarts_to_go = cinfo->restart_interval;
+}
+
 static void process_restart(j_decompress_ptr cinfo, decoder *d) {
     /* Whole bytes of the segment left undecoded mean corrupt data. libjpeg counts them and warns
      * when it next scans for a marker, which it skips if its bit buffer had already reached the
@@ -298,18 +316,7 @@ static void process_restart(j_decompress_ptr cinfo, decoder *d) {
     if (!(*cinfo->marker->read_restart_marker)(cinfo)) {
         ERREXIT(cinfo, JERR_CANT_SUSPEND);
     }
-    d->next = cinfo->src->next_input_byte;
-    d->end = d->next + cinfo->src->bytes_in_buffer;
-    d->buffer = 0;
-    d->bits = d->padded = 0;
-    d->marker_hit = cinfo->unread_marker != 0;
-    if (d->marker_hit) {
-        d->padded = d->bits = 63;
-    }
-    for (int ci = 0; ci < cinfo->comps_in_scan; ++ci) {
-        d->last_dc[ci] = 0;
-    }
-    d->restarts_to_go = cinfo->restart_interval;
+    begin_segment(cinfo, d);
     if (cinfo->unread_marker == 0) {
         d->pub.insufficient_data = FALSE;
     }
@@ -457,18 +464,7 @@ static void install(j_decompress_ptr cinfo) {
         d->ac_needed[blkn] = comp->DCT_scaled_size > 1;
 #endif
     }
-    for (int ci = 0; ci < MAX_COMPS_IN_SCAN; ++ci) {
-        d->last_dc[ci] = 0;
-    }
-    d->restarts_to_go = cinfo->restart_interval;
-    d->buffer = 0;
-    d->bits = d->padded = 0;
-    d->marker_hit = cinfo->unread_marker != 0;
-    if (d->marker_hit) {
-        d->padded = d->bits = 63;
-    }
-    d->next = cinfo->src->next_input_byte;
-    d->end = d->next + cinfo->src->bytes_in_buffer;
+    begin_segment(cinfo, d);
     d->pub.start_pass = start_pass;
     d->pub.decode_mcu = decode_mcu;
     d->pub.insufficient_data = cinfo->entropy->insufficient_data;
