@@ -185,8 +185,10 @@ def _jpeg_extension():
     return Extension(
         "fastpipe._jpeg",
         [os.path.join("fastpipe", "csrc", "jpeg", "region_decode.cpp")],
+        depends=[os.path.join("fastpipe", "csrc", "image", "resize_kernel.h")],
         libraries=["jpeg"],
-        extra_compile_args=["-O2", "-g0"],
+        # -ffp-contract=off: decode_resize's resize computes fastpipe._resize's pixels.
+        extra_compile_args=["-O3", "-g0", "-ffp-contract=off"],
     )
 
 
@@ -195,6 +197,7 @@ def _resize_extension():
     return Extension(
         "fastpipe._resize",
         [os.path.join("fastpipe", "csrc", "image", "resize.cpp")],
+        depends=[os.path.join("fastpipe", "csrc", "image", "resize_kernel.h")],
         extra_compile_args=["-O3", "-g0", "-ffp-contract=off"],
     )
 

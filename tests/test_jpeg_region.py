@@ -200,7 +200,8 @@ def _progressive_without_last_scans(data: bytes, scans: int) -> bytes:
 
 
 @pytest.mark.parametrize("scans", [1, 3, 6])
-def test_progressive_jpeg_missing_scans_is_refused_and_decoded_whole(region, monkeypatch, scans):
+def test_progressive_jpeg_missing_scans_is_refused_and_decoded_whole(region, region_path,
+                                                                     monkeypatch, scans):
     """libjpeg smooths the missing detail from neighbouring blocks, which a crop does not have:
     the module refuses, and ImageDecoder's output equals the whole-image path's."""
     data = _progressive_without_last_scans(JPEG_KINDS["420-progressive"](), scans)
@@ -211,7 +212,7 @@ def test_progressive_jpeg_missing_scans_is_refused_and_decoded_whole(region, mon
     torch.manual_seed(1)
     first = decoder(data, "x.jpg")
     torch.manual_seed(1)
-    monkeypatch.setattr(_decode, "_decode_region", None)
+    _whole_image_path(monkeypatch)
     assert torch.equal(first, decoder(data, "x.jpg"))
 
 
@@ -263,30 +264,49 @@ def _every_kind_of_jpeg(sample_root: Path, photos: int, copies_of_large: int) ->
     return images + [JPEG_KINDS[kind]() for kind in sorted(JPEG_KINDS)]
 
 
-def _record_scales(region, monkeypatch) -> list[int]:
-    """Has ImageDecoder call ``region`` through a recorder; returns the list of DCT scales it is
-    called with, filled in as it decodes."""
+@pytest.fixture(params=["decode_resize", "decode_region"])
+def region_path(request, region, monkeypatch) -> str:
+    """ImageDecoder's region path under test: the region decode and the resize in one call
+    (fastpipe._jpeg.decode_resize, the default), or as two calls (decode_region, then
+    fastpipe._resize; what a build without decode_resize runs)."""
+    if request.param == "decode_region":
+        monkeypatch.setattr(_decode, "_decode_resize", None)
+    else:
+        assert _decode._decode_resize is not None, "fastpipe._jpeg has no decode_resize: rebuild"
+    return request.param
+
+
+def _whole_image_path(monkeypatch) -> None:
+    monkeypatch.setattr(_decode, "_decode_resize", None)
+    monkeypatch.setattr(_decode, "_decode_region", None)
+
+
+def _record_scales(region_path, monkeypatch) -> list[int]:
+    """Has ImageDecoder call the module function of ``region_path`` through a recorder; returns
+    the list of DCT scales it is called with, filled in as it decodes."""
     scales: list[int] = []
+    function = getattr(_decode, f"_{region_path}")
 
     def recording(data, k, *rest):
         scales.append(k)
-        return region(data, k, *rest)
+        return function(data, k, *rest)
 
-    monkeypatch.setattr(_decode, "_decode_region", recording)
+    monkeypatch.setattr(_decode, f"_{region_path}", recording)
     return scales
 
 
 @pytest.mark.parametrize("fast_upsample", [True, False])
-def test_train_outputs_equal_the_whole_image_path(region, sample_root, monkeypatch, fast_upsample):
+def test_train_outputs_equal_the_whole_image_path(region_path, sample_root, monkeypatch,
+                                                  fast_upsample):
     """Same seed, same crops: the region path gives the whole-image path's train output, exactly
     with fast upsampling and within a grey level on average with smooth upsampling. The large
     images decode at 1/2-1/8 scale."""
     images = _every_kind_of_jpeg(sample_root, photos=16, copies_of_large=4)
     decoder = ImageDecoder(train=True, fast_upsample=fast_upsample)
-    scales = _record_scales(region, monkeypatch)
+    scales = _record_scales(region_path, monkeypatch)
     with_region = decoded(decoder, images, seed=3)
     assert len(scales) == len(images) and {1, 2} <= set(scales), scales
-    monkeypatch.setattr(_decode, "_decode_region", None)
+    _whole_image_path(monkeypatch)
     whole = decoded(decoder, images, seed=3)
     for a, b in zip(with_region, whole):
         if fast_upsample:
@@ -295,36 +315,41 @@ def test_train_outputs_equal_the_whole_image_path(region, sample_root, monkeypat
             assert (a.int() - b.int()).abs().float().mean() <= 0.1
 
 
-def test_train_and_eval_paths_use_the_region_decoder(region, sample_root, monkeypatch):
+def test_train_and_eval_paths_use_the_region_decoder(region_path, sample_root, monkeypatch):
     """ImageDecoder calls fastpipe._jpeg for train crops and for the pixels eval's centre crop
     reads (and falls back when it refuses)."""
     calls = []
+    function = getattr(_decode, f"_{region_path}")
 
     def counting(*args):
         calls.append(args[1:])
-        return region(*args)
+        return function(*args)
 
-    monkeypatch.setattr(_decode, "_decode_region", counting)
+    monkeypatch.setattr(_decode, f"_{region_path}", counting)
     data = sample_files(sample_root)[0].read_bytes()
     height, width = simplejpeg.decode_jpeg_header(data)[:2]
     ImageDecoder(train=True)(data, "x.jpg")
     ImageDecoder(train=False)(data, "x.jpg")
     assert len(calls) == 2
-    k, top, left, rows, cols, fast_upsample = calls[1]
+    if region_path == "decode_region":
+        k, top, left, rows, cols, fast_upsample = calls[1]
+    else:
+        k, (top, left, rows, cols), fast_upsample = calls[1][:3]
     assert (k, fast_upsample) == (1, False)
     assert rows * cols < 0.9 * height * width, "eval decoded (nearly) the whole image"
 
 
 @pytest.mark.parametrize("fast_upsample", [True, False])
-def test_eval_outputs_equal_the_whole_image_path(region, sample_root, monkeypatch, fast_upsample):
+def test_eval_outputs_equal_the_whole_image_path(region_path, sample_root, monkeypatch,
+                                                 fast_upsample):
     """Eval decodes only the pixels its centre crop reads, plus a margin of columns where smooth
     upsampling differs at a region's edges: the output is the whole-image path's, pixel for pixel,
     at full and reduced DCT scale and for every JPEG layout."""
     images = _every_kind_of_jpeg(sample_root, photos=8, copies_of_large=1)
     decoder = ImageDecoder(train=False, fast_upsample=fast_upsample)
-    scales = _record_scales(region, monkeypatch)
+    scales = _record_scales(region_path, monkeypatch)
     with_region = decoded(decoder, images, seed=0)
     assert len(scales) == len(images) and {1, 2} <= set(scales), scales
-    monkeypatch.setattr(_decode, "_decode_region", None)
+    _whole_image_path(monkeypatch)
     for data, got in zip(images, with_region):
         assert torch.equal(got, decoder(data, "x.jpg"))

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fastpipe import _malloc
 from fastpipe import _validate as check
 from fastpipe.data import _crop
 from fastpipe.data._augment import interpolation_name
@@ -27,6 +28,10 @@ try:
     from fastpipe._jpeg import decode_region as _decode_region
 except ImportError:  # built without libjpeg-turbo's headers (setup.py says so): whole-image decode
     _decode_region = None
+try:
+    from fastpipe._jpeg import decode_resize as _decode_resize
+except ImportError:  # not built, or a build from before decode_resize: two calls
+    _decode_resize = None
 try:
     from fastpipe._resize import input_box as _input_box
     from fastpipe._resize import resize as _resize_pixels
@@ -284,11 +289,19 @@ class ImageDecoder:
 
     def __call__(self, data: ImageBytes, source: str = "<bytes>", *,
                  generator: torch.Generator | None = None) -> torch.Tensor:
+        if _malloc.state is None:
+            _malloc.keep_freed_memory()
         data = _bytes_of(data, source)
         size = _jpeg_size(data)
         if size is not None:
             plan = self._plan(*size, generator=generator)
-            pixels = self._decode_region(data, size, plan)
+            if _decode_resize is not None:
+                resized = self._decode_resized(data, size, plan)
+                if resized is not None:
+                    return resized
+                pixels = None  # refused by the region decode: the whole image, as below
+            else:
+                pixels = self._decode_region(data, size, plan)
             if pixels is None:
                 array = _decode_jpeg(data, size[0], size[1], plan.k, self.fast_upsample)
                 if array is None:
@@ -317,6 +330,46 @@ class ImageDecoder:
         gap = self.reducing_gap
         return _crop.dct_scale(height, width, need[0] * gap, need[1] * gap)
 
+    def _region(self, full_size: tuple[int, int],
+                plan: _Plan) -> tuple[_crop.Box, tuple[int, int], tuple[int, int]]:
+        """The rectangle of the 1/k-decoded image to decode, and, for the resize, where it sits
+        (top, left) in an image of what size: the train crop, an image of its own; or, in eval,
+        the input pixels the centre crop reads, plus :data:`_EVAL_REGION_MARGIN` columns each
+        side (needs fastpipe._resize's input_box)."""
+        decoded_size = _decoded_size(*full_size, plan.k)
+        if plan.resize is None:
+            box = _decoded_box(plan.box, full_size, decoded_size)
+            return box, (0, 0), (box.height, box.width)
+        top, left, height, width = _input_box(decoded_size, plan.resize, plan.box[:2], plan.box[2:],
+                                              _FILTERS[self.interpolation])
+        right = min(left + width + _EVAL_REGION_MARGIN, decoded_size[1])
+        left = max(left - _EVAL_REGION_MARGIN, 0)
+        return _crop.Box(top, left, height, right - left), (top, left), decoded_size
+
+    def _window(self, plan: _Plan) -> tuple[tuple[int, int], _crop.Box]:
+        """The size the pixels are resized to, and the box of it that is the output."""
+        if plan.resize is None:
+            return self._out, _crop.Box(0, 0, *self._out)
+        return plan.resize, plan.box
+
+    def _decode_resized(self, data: ImageBytes, full_size: tuple[int, int],
+                        plan: _Plan) -> torch.Tensor | None:
+        """The output, decoded and resized by one call of fastpipe._jpeg.decode_resize (one
+        release of the GIL, and no buffer handed back to Python in between), or None where the
+        region decode refuses the data (the caller decodes the whole image). The pixels are those
+        of :meth:`_decode_region` and :meth:`_resized`."""
+        if bytes(data[-2:]) != _JPEG_END or (plan.resize is not None and _input_box is None):
+            return None  # as _decode_region does
+        box, at, image_size = self._region(full_size, plan)
+        resized_size, window = self._window(plan)
+        out = np.empty((3, window.height, window.width), dtype=np.uint8)
+        try:
+            _decode_resize(data, plan.k, tuple(box), self.fast_upsample, at, image_size, out,
+                           window[:2], resized_size, plan.flip, _FILTERS[self.interpolation])
+        except ValueError:
+            return None
+        return torch.from_numpy(out)
+
     def _decode_region(self, data: ImageBytes, full_size: tuple[int, int],
                        plan: _Plan) -> _Pixels | None:
         """Only the pixels the output needs, through fastpipe._jpeg, or None (decode whole).
@@ -325,20 +378,11 @@ class ImageDecoder:
         :data:`_EVAL_REGION_MARGIN` columns each side, so the output equals the whole image's
         pixel for pixel; that needs fastpipe._resize, which resizes from a region.
         """
-        decoded_size = _decoded_size(*full_size, plan.k)
-        if plan.resize is None:
-            box = _decoded_box(plan.box, full_size, decoded_size)
-            crop = _decode_jpeg_crop(data, box, plan.k, self.fast_upsample)
-            return None if crop is None else _Pixels.whole(crop)
-        if _input_box is None:
+        if plan.resize is not None and _input_box is None:
             return None
-        top, left, height, width = _input_box(decoded_size, plan.resize, plan.box[:2], plan.box[2:],
-                                              _FILTERS[self.interpolation])
-        right = min(left + width + _EVAL_REGION_MARGIN, decoded_size[1])
-        left = max(left - _EVAL_REGION_MARGIN, 0)
-        region = _crop.Box(top, left, height, right - left)
-        crop = _decode_jpeg_crop(data, region, plan.k, self.fast_upsample)
-        return None if crop is None else _Pixels(crop, (top, left), decoded_size)
+        box, at, image_size = self._region(full_size, plan)
+        crop = _decode_jpeg_crop(data, box, plan.k, self.fast_upsample)
+        return None if crop is None else _Pixels(crop, at, image_size)
 
     def _pixels_of(self, array: np.ndarray, full_size: tuple[int, int], plan: _Plan) -> _Pixels:
         """What to resize from a whole decoded ``(h, w, 3)`` array (at the plan's DCT scale): the
@@ -356,10 +400,7 @@ class ImageDecoder:
         scattered stores then landing in cold memory instead of a buffer the allocator just freed,
         still in cache.
         """
-        if plan.resize is None:
-            resized_size, window = self._out, _crop.Box(0, 0, *self._out)
-        else:
-            resized_size, window = plan.resize, plan.box
+        resized_size, window = self._window(plan)
         if _resize_pixels is None:
             return _torch_resized(pixels, resized_size, window, plan.flip, self.interpolation)
         out = np.empty((3, window.height, window.width), dtype=np.uint8)

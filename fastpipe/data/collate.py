@@ -5,10 +5,12 @@ from __future__ import annotations
 import ctypes
 import mmap
 import sys
+import threading
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 
@@ -57,6 +59,53 @@ def _populate(tensor: torch.Tensor) -> None:
         start = tensor.data_ptr() & ~(_PAGE - 1)
         end = tensor.data_ptr() + tensor.numel() * tensor.element_size()
         _madvise(start, end - start, _MADV_POPULATE_WRITE)  # EINVAL on older kernels: ignored
+
+
+class _KeptBatches:
+    """Batches in this process (loader threads, ``num_workers=0``) in the memory of earlier
+    batches of the same shape, once every tensor using it is gone. A fresh batch above glibc's
+    mmap threshold (a 256x3x224x224 uint8 batch is 37 MiB) gets new pages from the kernel,
+    one page fault per 4 KiB as it is written, every batch (docs/cpu-path.md, "Batches").
+
+    Each batch is a tensor over a numpy array kept here; the tensor, and every view of it, holds a
+    reference to the array, so an array whose only references are this pool's is free. At most
+    ``limit`` arrays are kept: the batches a thread loader has in flight and the ones the
+    training loop still holds. A free array of another shape is dropped when a batch is asked
+    for, so a change of batch shape does not keep the old batches' memory.
+    """
+
+    def __init__(self, limit: int = 8) -> None:
+        self.limit = limit
+        self._arrays: list[np.ndarray] = []
+        self._unused = 0
+        self._lock = threading.Lock()
+
+    def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        try:
+            np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+        except TypeError:  # bfloat16 and other dtypes numpy lacks
+            return torch.empty(shape, dtype=dtype)
+        with self._lock:
+            free = [k for k in range(len(self._arrays)) if self._refs(k) == self._unused]
+            for k in free:
+                array = self._arrays[k]
+                if array.shape == shape and array.dtype == np_dtype:
+                    return torch.from_numpy(array)
+            for k in reversed(free):
+                del self._arrays[k]
+            if len(self._arrays) >= self.limit:
+                return torch.empty(shape, dtype=dtype)
+            self._arrays.append(np.empty(shape, np_dtype))
+            # What an array nobody else holds counts (the interpreter's own temporary references
+            # differ between Python versions), measured the same way before any tensor exists.
+            self._unused = self._refs(len(self._arrays) - 1)
+            return torch.from_numpy(self._arrays[-1])
+
+    def _refs(self, k: int) -> int:
+        return sys.getrefcount(self._arrays[k])
+
+
+_kept = _KeptBatches()
 
 
 def fast_collate(
@@ -117,7 +166,7 @@ def fast_collate(
     elif in_worker:
         out = _empty_shared(shape, first.dtype)
     else:
-        out = torch.empty(shape, dtype=first.dtype)
+        out = _kept.empty(shape, first.dtype)
     torch.stack(images, out=out)
     return out, _labels_tensor(labels)
 

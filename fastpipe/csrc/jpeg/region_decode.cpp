@@ -32,6 +32,7 @@
 #include <jpeglib.h>  // libjpeg-turbo's own header wraps itself in extern "C"
 #include <jerror.h>
 
+#include "../image/resize_kernel.h"
 #include "huffman_decoder.h"
 #include "restart_segments.h"
 
@@ -341,6 +342,51 @@ PyDoc_STRVAR(decode_region_doc,
 "strict=True), for colour spaces other than YCbCr, RGB and greyscale, and for a rectangle\n"
 "outside the decoded image.");
 
+/* ValueError for a scale or a rectangle decode_region cannot take, else true with `req` set. */
+static bool make_request(region_request *req, const Py_buffer &view, int scale_denom, long top,
+                         long left, long height, long width, int fast_upsample) {
+    if (scale_denom != 1 && scale_denom != 2 && scale_denom != 4 && scale_denom != 8) {
+        PyErr_Format(PyExc_ValueError, "scale_denom must be 1, 2, 4 or 8, got %d", scale_denom);
+        return false;
+    }
+    if (top < 0 || left < 0 || height < 1 || width < 1 || height > 65535 || width > 65535 ||
+        top > 65535 || left > 65535) {
+        PyErr_Format(PyExc_ValueError,
+                     "region %ldx%ld at (%ld, %ld): need top, left >= 0 and a size of 1 to 65535 "
+                     "pixels a side", height, width, top, left);
+        return false;
+    }
+    req->data = static_cast<const unsigned char *>(view.buf);
+    req->size = (unsigned long)view.len;
+    req->scale_denom = scale_denom;
+    req->top = (unsigned int)top;
+    req->left = (unsigned int)left;
+    req->height = (unsigned int)height;
+    req->width = (unsigned int)width;
+    req->fast_upsample = fast_upsample;
+    req->capacity = 0;
+    req->out = nullptr;
+    req->row_pixels = req->column = 0;
+    return true;
+}
+
+/* Without the GIL: for a file with a restart segment per MCU, points `req` at a JPEG of only the
+ * segments around the rectangle (kept in `segments`); then reads the header, so that a rectangle
+ * that does not fit is refused before its buffer is allocated, and sets req->capacity. */
+static int prepare(region_request *req, std::vector<unsigned char> &segments, strict_error_mgr *err) {
+    try {
+        segments = segmented_crop(req->data, req->size, req->scale_denom, &req->top, &req->left,
+                                  req->height, req->width, req->fast_upsample ? 0u : 1u);
+    } catch (const std::bad_alloc &) {
+        segments.clear();
+    }
+    if (!segments.empty()) {
+        req->data = segments.data();
+        req->size = (unsigned long)segments.size();
+    }
+    return decode_region(req, err);  /* req->out is null: the header checks only */
+}
+
 static PyObject *py_decode_region(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer view;
@@ -350,48 +396,16 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args) {
                           &height, &width, &fast_upsample)) {
         return nullptr;
     }
-    if (scale_denom != 1 && scale_denom != 2 && scale_denom != 4 && scale_denom != 8) {
-        PyBuffer_Release(&view);
-        return PyErr_Format(PyExc_ValueError, "scale_denom must be 1, 2, 4 or 8, got %d", scale_denom);
-    }
-    if (top < 0 || left < 0 || height < 1 || width < 1 || height > 65535 || width > 65535 ||
-        top > 65535 || left > 65535) {
-        PyBuffer_Release(&view);
-        return PyErr_Format(PyExc_ValueError,
-                            "region %ldx%ld at (%ld, %ld): need top, left >= 0 and a size of "
-                            "1 to 65535 pixels a side", height, width, top, left);
-    }
     region_request req;
-    req.data = static_cast<const unsigned char *>(view.buf);
-    req.size = (unsigned long)view.len;
-    req.scale_denom = scale_denom;
-    req.top = (unsigned int)top;
-    req.left = (unsigned int)left;
-    req.height = (unsigned int)height;
-    req.width = (unsigned int)width;
-    req.fast_upsample = fast_upsample;
-    req.capacity = 0;
-    req.out = nullptr;
-    req.row_pixels = req.column = 0;
-    /* A file with a restart segment per MCU: decode a JPEG of the segments around the region. */
+    if (!make_request(&req, view, scale_denom, top, left, height, width, fast_upsample)) {
+        PyBuffer_Release(&view);
+        return nullptr;
+    }
     std::vector<unsigned char> segments;
-    Py_BEGIN_ALLOW_THREADS
-    try {
-        segments = segmented_crop(req.data, req.size, scale_denom, &req.top, &req.left, req.height,
-                                  req.width, fast_upsample ? 0u : 1u);
-    } catch (const std::bad_alloc &) {
-        segments.clear();
-    }
-    Py_END_ALLOW_THREADS
-    if (!segments.empty()) {
-        req.data = segments.data();
-        req.size = (unsigned long)segments.size();
-    }
     strict_error_mgr err;
     int status;
-    /* The header first: a region that does not fit is refused before its buffer is allocated. */
     Py_BEGIN_ALLOW_THREADS
-    status = decode_region(&req, &err);  /* req.out is null: the header checks only */
+    status = prepare(&req, segments, &err);
     Py_END_ALLOW_THREADS
     if (status != 0) {
         PyBuffer_Release(&view);
@@ -416,6 +430,130 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args) {
     const size_t used = (size_t)req.height * req.row_pixels * 3;
     std::memset(req.out + used, 0, req.capacity - used);
     return Py_BuildValue("(Nnn)", out, (Py_ssize_t)req.row_pixels * 3, (Py_ssize_t)req.column);
+}
+
+PyDoc_STRVAR(decode_resize_doc,
+"decode_resize(data, scale_denom, region, fast_upsample, at, image_size, out, out_at,\n"
+"              out_image_size, flip, filter) -> None\n"
+"\n"
+"decode_region(data, scale_denom, *region, fast_upsample) followed by fastpipe._resize.resize\n"
+"of its pixels, in one call that releases the GIL once: loader threads contend for the GIL at\n"
+"every release. region = (top, left, height, width) in the 1/scale_denom-decoded image; the\n"
+"decoded rectangle is the box at `at` = (top, left) of an image of `image_size` = (height,\n"
+"width) for the resize (a train crop is an image of its own: at (0, 0), of its own size).\n"
+"Writes into `out`, a C-contiguous (3, oh, ow) uint8 buffer, the oh x ow box at `out_at` of\n"
+"that image resized to `out_image_size`, mirrored left-right when `flip`; filter 0 bilinear,\n"
+"1 bicubic. The pixels are those of the two calls. Raises ValueError where decode_region does\n"
+"(the caller then decodes the whole image) and for boxes that do not fit; RuntimeError when the\n"
+"rectangle lacks a pixel the output reads (a caller's error, see _resize.input_box).");
+
+/* Box (resize_kernel.h) from Python numbers, or ValueError. */
+static bool resize_box(Box *box, long top, long left, long height, long width, long full_height,
+                       long full_width, const char *which) {
+    const auto within = [](long value, long lowest) { return value >= lowest && value <= kMaxSide; };
+    if (!within(full_height, 1) || !within(full_width, 1) || !within(top, 0) || !within(left, 0) ||
+        !within(height, 1) || !within(width, 1) || top + height > full_height ||
+        left + width > full_width) {
+        PyErr_Format(PyExc_ValueError,
+                     "%s: a %ldx%ld box at (%ld, %ld) does not fit an image of %ldx%ld (sides up "
+                     "to 2**24)", which, height, width, top, left, full_height, full_width);
+        return false;
+    }
+    *box = Box{top, left, height, width, full_height, full_width};
+    return true;
+}
+
+/* Regions up to this size keep their buffer in the thread for the next call. */
+constexpr size_t kKeptRegionBytes = size_t{16} << 20;
+
+static PyObject *py_decode_resize(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer view, out;
+    PyObject *out_object;
+    int scale_denom, fast_upsample, flip, filter;
+    long top, left, height, width;
+    Box source{}, output{};
+    if (!PyArg_ParseTuple(args, "y*i(llll)p(ll)(ll)O(ll)(ll)pi:decode_resize", &view,
+                          &scale_denom, &top, &left, &height, &width, &fast_upsample, &source.top,
+                          &source.left, &source.full_height, &source.full_width, &out_object,
+                          &output.top,
+                          &output.left, &output.full_height, &output.full_width, &flip, &filter)) {
+        return nullptr;
+    }
+    region_request req;
+    bool ok = make_request(&req, view, scale_denom, top, left, height, width, fast_upsample) &&
+              resize_box(&source, source.top, source.left, height, width, source.full_height,
+                         source.full_width, "at/image_size");
+    if (ok && (filter != kBilinear && filter != kBicubic)) {
+        PyErr_Format(PyExc_ValueError, "filter must be 0 (bilinear) or 1 (bicubic), got %d", filter);
+        ok = false;
+    }
+    /* out: a writable C-contiguous (3, oh, ow) uint8 buffer. */
+    long out_height = 0, out_width = 0;
+    bool have_out = false;
+    if (ok) {
+        have_out = PyObject_GetBuffer(out_object, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS |
+                                      PyBUF_FORMAT) == 0;
+        const bool planes = have_out && out.ndim == 3 && out.shape[0] == 3 && out.itemsize == 1 &&
+                            (out.format == nullptr || std::strcmp(out.format, "B") == 0);
+        if (planes) {
+            out_height = (long)out.shape[1];
+            out_width = (long)out.shape[2];
+        } else {
+            PyErr_Clear();
+            PyErr_SetString(PyExc_ValueError, "out must be a writable C-contiguous (3, height, "
+                            "width) uint8 array");
+            ok = false;
+        }
+    }
+    ok = ok && resize_box(&output, output.top, output.left, out_height, out_width,
+                          output.full_height, output.full_width, "out");
+    if (!ok) {
+        PyBuffer_Release(&view);
+        if (have_out) PyBuffer_Release(&out);
+        return nullptr;
+    }
+    static thread_local std::vector<unsigned char> kept;
+    std::vector<unsigned char> segments, large;
+    strict_error_mgr err;
+    int status = 0;
+    bool out_of_memory = false, outside = false;
+    Py_BEGIN_ALLOW_THREADS
+    try {
+        status = prepare(&req, segments, &err);
+        if (status == 0) {
+            std::vector<unsigned char> &pixels = req.capacity <= kKeptRegionBytes ? kept : large;
+            if (pixels.size() < req.capacity) {
+                pixels.resize(req.capacity);
+            }
+            req.out = pixels.data();
+            status = decode_region(&req, &err);
+        }
+        if (status == 0) {
+            const long row_stride = (long)req.row_pixels * 3;
+            const ResizeJob job{req.out + (size_t)req.column * 3, row_stride, source,
+                                static_cast<uint8_t *>(out.buf), output, flip != 0, filter};
+            outside = !resize_rgb_to_planes(job);
+        }
+    } catch (const std::bad_alloc &) {
+        out_of_memory = true;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&out);
+    if (out_of_memory) {
+        return PyErr_NoMemory();
+    }
+    if (status != 0) {
+        return PyErr_Format(PyExc_ValueError, "libjpeg-turbo: %s", err.message);
+    }
+    if (outside) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "the region does not hold every input pixel out needs (see "
+                        "fastpipe._resize.input_box)");
+        return nullptr;
+    }
+    Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(huffman_doc,
@@ -444,6 +582,7 @@ static PyObject *py_huffman(PyObject *self, PyObject *args) {
 
 static PyMethodDef methods[] = {
     {"decode_region", py_decode_region, METH_VARARGS, decode_region_doc},
+    {"decode_resize", py_decode_resize, METH_VARARGS, decode_resize_doc},
     {"_huffman", py_huffman, METH_VARARGS, huffman_doc},
     {"transcode", py_transcode, METH_VARARGS, transcode_doc},
     {nullptr, nullptr, 0, nullptr},
