@@ -72,9 +72,10 @@ SHAPES = [((300, 300), (224, 224)), ((150, 170), (224, 224)), ((480, 500), (224,
 
 @pytest.mark.parametrize("in_size, out_size", SHAPES)
 def test_equals_the_exact_filter_rounded_half_up(module, in_size, out_size):
-    """Rows are summed with 14-bit fixed-point weights (exactly), columns in float, and rounded
-    once: every value is the float64 result rounded half up, except where that result lies within
-    0.05 of a rounding boundary (the weights' quantization), where it may be the other neighbour."""
+    """Rows are summed with 14-bit fixed-point weights (exactly) and kept with 6 fraction bits,
+    columns summed with 14-bit weights (in float past an 8x shrink), and rounded once: every value
+    is the float64 result rounded half up, except where that result lies within 0.05 of a rounding
+    boundary (the weights' and the rows' quantization), where it may be the other neighbour."""
     pixels = _image(*in_size)
     exact = _reference(pixels, out_size)
     got = _resize(module, pixels, out_size).astype(np.float64)
@@ -183,8 +184,29 @@ def test_unknown_filter_is_refused(module):
                       np.empty((3, 5, 5), np.uint8), (0, 0), (5, 5), False, 2)
 
 
-@pytest.mark.parametrize("in_size, out_size", SHAPES + [((301, 333), (223, 225)),
-                                                 ((64, 95), (31, 33))])
+NARROW_AND_EXTREME = [((40, 9), (50, 13)), ((37, 41), (150, 160)), ((200, 230), (60, 50)),
+                      ((64, 95), (31, 33)), ((30, 6), (31, 5))]
+
+
+@pytest.mark.parametrize("in_size, out_size", NARROW_AND_EXTREME)
+@pytest.mark.parametrize("filter_", [0, 1])
+def test_black_and_white_pixels_resize_like_the_exact_filter(module, in_size, out_size, filter_):
+    """Random 0 and 255 pixels give the sums' extremes (bicubic's largest overshoot, which the
+    rows' 16-bit values must hold), and rows of 15 to 123 values take every loop of the vertical
+    pass (the scalar one, the SSE2 steps within the AVX2 form, and the overlapping last step)."""
+    pixels = (np.random.default_rng(sum(in_size)).random((*in_size, 3)) < 0.5).astype(np.uint8)
+    pixels *= 255
+    weights = _bicubic_weights if filter_ else _weights
+    rows, cols = weights(in_size[0], out_size[0]), weights(in_size[1], out_size[1])
+    exact = np.clip(np.stack([rows @ pixels[:, :, c].astype(np.float64) @ cols.T
+                              for c in range(3)]), 0, 255)
+    out = np.empty((3, *out_size), np.uint8)
+    module.resize(pixels, (0, 0), in_size, out, (0, 0), out_size, False, filter_)
+    assert np.abs(out - exact).max() <= 0.6
+
+
+@pytest.mark.parametrize("in_size, out_size", SHAPES + NARROW_AND_EXTREME + [
+    ((301, 333), (223, 225))])
 @pytest.mark.parametrize("filter_", [0, 1])
 @pytest.mark.parametrize("flip", [False, True])
 def test_the_avx2_form_writes_the_sse2_forms_bytes(module, in_size, out_size, filter_, flip):

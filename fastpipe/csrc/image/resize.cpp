@@ -4,19 +4,21 @@
  * The filters are PIL's and torch's antialiased bilinear and bicubic (F.interpolate(mode=...,
  * antialias=True), torchvision.transforms.v2.Resize): a triangle or Keys' cubic (a = -0.5)
  * stretched by the scale when shrinking, with the same taps and weights. It differs in how the
- * sum is rounded: the rows are summed exactly with 14-bit fixed-point weights, the columns in
- * float, and each value is rounded (and, for bicubic, clamped to 0-255) once at the end, where
- * PIL rounds and clips a fixed-point result after each pass and torch's uint8 kernel does too.
- * Bilinear outputs are within 0.05 of the exact filter before that rounding, and within a grey
- * level of both; bicubic within 0.1, and within a grey level of both where nothing overshoots.
+ * sum is rounded: the rows are summed exactly with 14-bit fixed-point weights and kept with 6
+ * fraction bits, the columns summed with 14-bit weights in integers, and each value rounded (and,
+ * for bicubic, clamped to 0-255) once at the end, where PIL rounds and clips a fixed-point result
+ * after each pass and torch's uint8 kernel does too. Past an 8x shrink on either axis that axis
+ * is summed in float instead (14 bits would lose precision over that many taps). Outputs are
+ * within 0.05 of the exact filter before that rounding (bicubic within 0.1), and within a grey
+ * level of both where nothing overshoots.
  *
  * Why not torch's kernel: for the CPU image path this resize is a fifth of a train sample's CPU
  * time, and torch's uint8 kernel first repacks 3-channel pixels into 4-channel ones, resizes
  * horizontally over every input row, and returns channels-last pixels that need another copy
  * to become (3, H, W). Here each output row is one vertical pass over the rows it needs (16-bit
- * multiply-adds over contiguous bytes, into a float row that stays in L1 cache) and one horizontal
- * pass over that row (RGB as one 4-float vector), written straight into the three planes,
- * mirrored when flipping.
+ * multiply-adds over contiguous bytes, into an int16 row that stays in L1 cache) and one
+ * horizontal pass over that row (a pair of taps of an RGB pixel as one 16-bit multiply-add),
+ * written straight into the three planes, mirrored when flipping.
  *
  * No torch headers: the caller passes buffers (bytes, bytearray, numpy arrays, a tensor's numpy
  * view), and the GIL is released while resizing.

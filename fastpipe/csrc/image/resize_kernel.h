@@ -229,9 +229,9 @@ void horizontal_pass(const float *row, const int *offsets, int taps, const float
     }
 }
 
-/* The RGB lanes of one row of int4 pixels (values 0-255) into the three planes. With SSE2, 16
- * pixels at a time are packed to bytes and transposed with unpacks, instead of three single-byte
- * stores per pixel. */
+/* The RGB lanes of one row of int4 pixels into the three planes, clamped to 0-255. With SSE2, 16
+ * pixels at a time are packed to bytes (the saturating packs clamp) and transposed with unpacks,
+ * instead of three single-byte stores per pixel. */
 void planes_from_pixels(const int4 *pixels, long width, uint8_t *red, uint8_t *green, uint8_t *blue) {
     long x = 0;
 #if defined(__SSE2__)
@@ -254,10 +254,88 @@ void planes_from_pixels(const int4 *pixels, long width, uint8_t *red, uint8_t *g
         _mm_storeu_si128(reinterpret_cast<__m128i *>(blue + x), _mm_unpacklo_epi64(bx_low, bx_high));
     }
 #endif
+    const auto byte = [](int value) { return static_cast<uint8_t>(std::clamp(value, 0, 255)); };
     for (; x < width; ++x) {
-        red[x] = static_cast<uint8_t>(pixels[x][0]);
-        green[x] = static_cast<uint8_t>(pixels[x][1]);
-        blue[x] = static_cast<uint8_t>(pixels[x][2]);
+        red[x] = byte(pixels[x][0]);
+        green[x] = byte(pixels[x][1]);
+        blue[x] = byte(pixels[x][2]);
+    }
+}
+
+/* The integer forms, used while both axes have at most kMaxFixedTaps taps (every train crop
+ * and eval resize short of an 8x shrink): the vertical pass rounds its exact sums to int16 with
+ * kRowBits fraction bits, and the horizontal pass sums those with the 14-bit column weights in
+ * int32, rounding half up once at the end. Integer sums do not depend on their order, so the
+ * scalar, SSE2 and AVX2 forms give the same bytes. Bicubic rows overshoot 0-255 by at most about
+ * 15%, which 6 fraction bits keep within int16; the rounding of the row moves an output by at
+ * most 2**-7 grey levels times the column weights' absolute sum. */
+constexpr int kRowBits = 6;
+constexpr int kRowShift = kFractionBits - kRowBits;
+constexpr int kOutShift = kRowBits + kFractionBits;
+
+inline int16_t row_value(int32_t sum) {
+    return static_cast<int16_t>((sum + (1 << (kRowShift - 1))) >> kRowShift);
+}
+
+/* vertical_pass_fixed into an int16 row. The last step of each SIMD loop overlaps the one before
+ * it instead of leaving a scalar tail: it recomputes a few values, to the same bytes. */
+void vertical_pass_int16(const uint8_t *__restrict__ in, long row_stride, int taps,
+                         const int16_t *__restrict__ weights, long values, int16_t *__restrict__ row) {
+#if defined(__SSE2__)
+    if (values >= 16) {
+        const __m128i zero = _mm_setzero_si128();
+        const __m128i round = _mm_set1_epi32(1 << (kRowShift - 1));
+        for (long step = 0; step < values; step += 16) {
+            const long j = std::min(step, values - 16);
+            __m128i sums[4] = {round, round, round, round};
+            for (int k = 0; k < taps; k += 2) {
+                const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i *>(in + k * row_stride + j));
+                const bool pair = k + 1 < taps;
+                const __m128i b = pair ? _mm_loadu_si128(reinterpret_cast<const __m128i *>(
+                                             in + (k + 1) * row_stride + j))
+                                       : zero;
+                const __m128i w = _mm_set1_epi32(weight_pair(weights, k, pair));
+                const __m128i low = _mm_unpacklo_epi8(a, b), high = _mm_unpackhi_epi8(a, b);
+                sums[0] = _mm_add_epi32(sums[0], _mm_madd_epi16(_mm_unpacklo_epi8(low, zero), w));
+                sums[1] = _mm_add_epi32(sums[1], _mm_madd_epi16(_mm_unpackhi_epi8(low, zero), w));
+                sums[2] = _mm_add_epi32(sums[2], _mm_madd_epi16(_mm_unpacklo_epi8(high, zero), w));
+                sums[3] = _mm_add_epi32(sums[3], _mm_madd_epi16(_mm_unpackhi_epi8(high, zero), w));
+            }
+            for (int q = 0; q < 4; ++q) {
+                sums[q] = _mm_srai_epi32(sums[q], kRowShift);
+            }
+            _mm_storeu_si128(reinterpret_cast<__m128i *>(row + j), _mm_packs_epi32(sums[0], sums[1]));
+            _mm_storeu_si128(reinterpret_cast<__m128i *>(row + j + 8), _mm_packs_epi32(sums[2], sums[3]));
+        }
+        return;
+    }
+#endif
+    for (long j = 0; j < values; ++j) {
+        int32_t sum = 0;
+        for (int k = 0; k < taps; ++k) {
+            sum += weights[k] * in[k * row_stride + j];
+        }
+        row[j] = row_value(sum);
+    }
+}
+
+/* One output row from the int16 row: `weights` holds 2 * pairs column weights per output pixel
+ * (zeros past its taps); each RGB sum rounded half up to one int4 per pixel (clamped to 0-255 by
+ * planes_from_pixels), mirrored when flipping. */
+template <int PAIRS>
+void horizontal_pass_int(const int16_t *row, const int *offsets, int pairs, const int16_t *weights,
+                         long out_width, bool flip, int4 *pixels) {
+    const int count = 2 * (PAIRS > 0 ? PAIRS : pairs);
+    for (long x = 0; x < out_width; ++x) {
+        const int16_t *pixel = row + offsets[x];
+        const int16_t *w = weights + x * count;
+        int32_t r = 1 << (kOutShift - 1), g = r, b = r;
+        for (int k = 0; k < count; ++k) {
+            r += w[k] * pixel[3 * k];
+            g += w[k] * pixel[3 * k + 1];
+            b += w[k] * pixel[3 * k + 2];
+        }
+        pixels[flip ? out_width - 1 - x : x] = int4{r >> kOutShift, g >> kOutShift, b >> kOutShift, 0};
     }
 }
 
@@ -341,6 +419,84 @@ void horizontal_pass_avx2(const float *row, const int *offsets, int taps,
     }
 }
 
+/* vertical_pass_int16, 32 values per step (see vertical_pass_fixed_avx2 for the order the
+ * unpacks leave the sums in: packing [0-3 | 16-19] with [4-7 | 20-23] gives [0-7 | 16-23]). */
+__attribute__((target("avx2")))
+void vertical_pass_int16_avx2(const uint8_t *__restrict__ in, long row_stride, int taps,
+                              const int16_t *__restrict__ weights, long values,
+                              int16_t *__restrict__ row) {
+    if (values < 32) {
+        vertical_pass_int16(in, row_stride, taps, weights, values, row);
+        return;
+    }
+    const __m256i zero = _mm256_setzero_si256();
+    const __m256i round = _mm256_set1_epi32(1 << (kRowShift - 1));
+    for (long step = 0; step < values; step += 32) {
+        const long j = std::min(step, values - 32);
+        __m256i sums[4] = {round, round, round, round};
+        for (int k = 0; k < taps; k += 2) {
+            const __m256i a = _mm256_loadu_si256(
+                reinterpret_cast<const __m256i *>(in + k * row_stride + j));
+            const bool pair = k + 1 < taps;
+            const __m256i b = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i *>(
+                                         in + (k + 1) * row_stride + j))
+                                   : zero;
+            const __m256i w = _mm256_set1_epi32(weight_pair(weights, k, pair));
+            const __m256i low = _mm256_unpacklo_epi8(a, b), high = _mm256_unpackhi_epi8(a, b);
+            sums[0] = _mm256_add_epi32(sums[0], _mm256_madd_epi16(_mm256_unpacklo_epi8(low, zero), w));
+            sums[1] = _mm256_add_epi32(sums[1], _mm256_madd_epi16(_mm256_unpackhi_epi8(low, zero), w));
+            sums[2] = _mm256_add_epi32(sums[2], _mm256_madd_epi16(_mm256_unpacklo_epi8(high, zero), w));
+            sums[3] = _mm256_add_epi32(sums[3], _mm256_madd_epi16(_mm256_unpackhi_epi8(high, zero), w));
+        }
+        for (int q = 0; q < 4; ++q) {
+            sums[q] = _mm256_srai_epi32(sums[q], kRowShift);
+        }
+        const __m256i first = _mm256_packs_epi32(sums[0], sums[1]);   // [0-7 | 16-23]
+        const __m256i second = _mm256_packs_epi32(sums[2], sums[3]);  // [8-15 | 24-31]
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(row + j),
+                            _mm256_permute2x128_si256(first, second, 0x20));
+        _mm256_storeu_si256(reinterpret_cast<__m256i *>(row + j + 16),
+                            _mm256_permute2x128_si256(first, second, 0x31));
+    }
+}
+
+/* horizontal_pass_int, two output pixels per step: a pair of taps of one pixel is one 16-byte
+ * load (its two RGB pixels), shuffled to R R G G B B 0 0 and summed by one 16-bit multiply-add
+ * with w w w w w w 0 0. `pair_weights` holds, per step and pair of taps, the 8 weights of pixel
+ * 2p then those of 2p + 1. */
+template <int PAIRS>
+__attribute__((target("avx2")))
+void horizontal_pass_int_avx2(const int16_t *row, const int *offsets, int pairs,
+                              const int16_t *pair_weights, long out_width, bool flip, int4 *pixels) {
+    const int count = PAIRS > 0 ? PAIRS : pairs;
+    const __m256i order = _mm256_setr_epi8(0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11, -128, -128, -128, -128,
+                                           0, 1, 6, 7, 2, 3, 8, 9, 4, 5, 10, 11, -128, -128, -128, -128);
+    const __m256i round = _mm256_set1_epi32(1 << (kOutShift - 1));
+    const __m256i *weights = reinterpret_cast<const __m256i *>(pair_weights);
+    for (long x = 0; x < out_width; x += 2) {
+        const bool second = x + 1 < out_width;
+        const int16_t *p0 = row + offsets[x];
+        const int16_t *p1 = row + offsets[second ? x + 1 : x];
+        const __m256i *w = weights + (x / 2) * count;
+        __m256i sum = round;
+        for (int p = 0; p < count; ++p) {
+            const __m256i both = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i *>(p0 + 6 * p))),
+                _mm_loadu_si128(reinterpret_cast<const __m128i *>(p1 + 6 * p)), 1);
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_shuffle_epi8(both, order),
+                                                          _mm256_loadu_si256(w + p)));
+        }
+        const __m256i ints = _mm256_srai_epi32(sum, kOutShift);
+        int4 first, next;
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(&first), _mm256_castsi256_si128(ints));
+        _mm_storeu_si128(reinterpret_cast<__m128i *>(&next), _mm256_extracti128_si256(ints, 1));
+        pixels[flip ? out_width - 1 - x : x] = first;
+        if (second) {
+            pixels[flip ? out_width - 2 - x : x + 1] = next;
+        }
+    }
+}
+
 bool cpu_has_avx2() {
     static const bool has = __builtin_cpu_supports("avx2");
     return has;
@@ -386,23 +542,69 @@ bool taps_inside(const Taps &rows, const Taps &cols, const Box &in, const Box &o
            inside(cols, out.left, out.width, in.left, in.width);
 }
 
-/* The output box of the image resized from the source's full size, read from the source box, or
- * false when the source box lacks a pixel the output reads. The taps are those of the whole
- * resize, so the output equals the same box of the whole image resized, whatever part of the
- * image the source holds. */
-bool resize_rgb_to_planes(const ResizeJob &job) {
+/* resize_rgb_to_planes with integer rows and columns (the integer forms above). */
+void resize_integer(const ResizeJob &job, const Taps &rows, const Taps &cols, int col_taps) {
     const Box &in = job.source, &out = job.output;
-    const Taps rows = filter_taps(static_cast<int>(in.full_height),
-                                  static_cast<int>(out.full_height), job.filter);
-    Taps cols = filter_taps(static_cast<int>(in.full_width), static_cast<int>(out.full_width),
-                            job.filter);
-    if (!taps_inside(rows, cols, in, out)) {
-        return false;
+    const std::vector<int16_t> row_weights = fixed_point(rows), col_fixed = fixed_point(cols);
+    const int pairs = (col_taps + 1) / 2;
+    // Zeros on both sides of the row: padded taps, and the loads' last 2 values, reach past it.
+    const long margin = 6L * pairs + 8;
+    const bool avx2 = avx2_active();
+    std::vector<int> offsets(out.width);
+    // Scalar: 2 * pairs weights per pixel. AVX2: per step of two pixels and pair of taps, pixel
+    // 2p's w w w w w w 0 0 then 2p + 1's (zeros for a missing last pixel).
+    std::vector<int16_t> weights(avx2 ? static_cast<size_t>((out.width + 1) / 2) * pairs * 16
+                                      : static_cast<size_t>(out.width) * pairs * 2, 0);
+    for (long x = 0; x < out.width; ++x) {
+        const long column = out.left + x;
+        offsets[x] = static_cast<int>(margin + (cols.start[column] - in.left) * 3);
+        for (int k = 0; k < col_taps; ++k) {
+            const int16_t w = col_fixed[static_cast<size_t>(column) * cols.max_taps + k];
+            if (avx2) {
+                int16_t *lane = &weights[(((x / 2) * pairs + k / 2) * 2 + (x & 1)) * 8];
+                for (int c = 0; c < 3; ++c) lane[2 * c + (k & 1)] = w;
+            } else {
+                weights[static_cast<size_t>(x) * pairs * 2 + k] = w;
+            }
+        }
     }
+    const long values = in.width * 3;
+    std::vector<int16_t> padded_row(margin + values + margin, 0);
+    std::vector<int4> pixels(out.width);
+    const long plane = out.height * out.width;
+    with_taps(pairs, [&](auto pairs_constant) {
+        constexpr int kPairs = decltype(pairs_constant)::value;
+        for (long y = 0; y < out.height; ++y) {
+            const long line = out.top + y;
+            const uint8_t *first = job.src + (rows.start[line] - in.top) * job.row_stride;
+            const int16_t *line_weights = &row_weights[static_cast<size_t>(line) * rows.max_taps];
+            int16_t *filtered = padded_row.data() + margin;
+#if defined(FASTPIPE_RESIZE_AVX2)
+            if (avx2) {
+                vertical_pass_int16_avx2(first, job.row_stride, rows.count[line], line_weights,
+                                         values, filtered);
+                horizontal_pass_int_avx2<kPairs>(padded_row.data(), offsets.data(), pairs,
+                                                 weights.data(), out.width, job.flip, pixels.data());
+            } else
+#endif
+            {
+                vertical_pass_int16(first, job.row_stride, rows.count[line], line_weights, values,
+                                    filtered);
+                horizontal_pass_int<kPairs>(padded_row.data(), offsets.data(), pairs,
+                                            weights.data(), out.width, job.flip, pixels.data());
+            }
+            uint8_t *red = job.out + y * out.width;
+            planes_from_pixels(pixels.data(), out.width, red, red + plane, red + 2 * plane);
+        }
+    });
+}
+
+/* resize_rgb_to_planes with float columns, for shrinks past kMaxFixedTaps taps on either axis
+ * (rows then in float too where they have that many taps). */
+void resize_float(const ResizeJob &job, const Taps &rows, const Taps &cols, int col_taps) {
+    const Box &in = job.source, &out = job.output;
     const bool fixed = rows.max_taps <= kMaxFixedTaps;
     const std::vector<int16_t> fixed_weights = fixed ? fixed_point(rows) : std::vector<int16_t>();
-    pad_taps(cols);
-    const int col_taps = cols.count[0];
     // Zeros on both sides of the row: padded taps may reach past the source box.
     const long margin = 3L * col_taps + 1;
     std::vector<int> offsets(out.width);
@@ -463,6 +665,28 @@ bool resize_rgb_to_planes(const ResizeJob &job) {
             planes_from_pixels(pixels.data(), out.width, red, red + plane, red + 2 * plane);
         }
     });
+}
+
+/* The output box of the image resized from the source's full size, read from the source box, or
+ * false when the source box lacks a pixel the output reads. The taps are those of the whole
+ * resize, so the output equals the same box of the whole image resized, whatever part of the
+ * image the source holds. */
+bool resize_rgb_to_planes(const ResizeJob &job) {
+    const Box &in = job.source, &out = job.output;
+    const Taps rows = filter_taps(static_cast<int>(in.full_height),
+                                  static_cast<int>(out.full_height), job.filter);
+    Taps cols = filter_taps(static_cast<int>(in.full_width), static_cast<int>(out.full_width),
+                            job.filter);
+    if (!taps_inside(rows, cols, in, out)) {
+        return false;
+    }
+    pad_taps(cols);
+    const int col_taps = cols.count[0];
+    if (rows.max_taps <= kMaxFixedTaps && col_taps <= kMaxFixedTaps) {
+        resize_integer(job, rows, cols, col_taps);
+    } else {
+        resize_float(job, rows, cols, col_taps);
+    }
     return true;
 }
 
