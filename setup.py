@@ -185,9 +185,12 @@ def _jpeg_extension():
     return Extension(
         "fastpipe._jpeg",
         [os.path.join("fastpipe", "csrc", "jpeg", "region_decode.cpp")],
-        depends=[os.path.join("fastpipe", "csrc", "image", "resize_kernel.h")],
+        depends=[os.path.join("fastpipe", "csrc", "image", "resize_kernel.h")] + [
+            os.path.join("fastpipe", "csrc", "jpeg", name)
+            for name in ("huffman_decoder.h", "restart_segments.h", "train_plan.h")],
         libraries=["jpeg"],
-        # -ffp-contract=off: decode_resize's resize computes fastpipe._resize's pixels.
+        # -ffp-contract=off: decode_resize's resize computes fastpipe._resize's pixels, and
+        # decode_train's crop arithmetic the Python path's (no fused multiply-adds in either).
         extra_compile_args=["-O3", "-g0", "-ffp-contract=off"],
     )
 

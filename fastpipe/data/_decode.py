@@ -23,6 +23,7 @@ from fastpipe import _malloc
 from fastpipe import _validate as check
 from fastpipe.data import _crop
 from fastpipe.data._augment import interpolation_name
+from fastpipe.data._random import reseeded
 
 try:
     from fastpipe._jpeg import decode_region as _decode_region
@@ -32,6 +33,10 @@ try:
     from fastpipe._jpeg import decode_resize as _decode_resize
 except ImportError:  # not built, or a build from before decode_resize: two calls
     _decode_resize = None
+try:
+    from fastpipe._jpeg import decode_train as _decode_train
+except ImportError:  # not built, or a build from before decode_train: the Python plan
+    _decode_train = None
 try:
     from fastpipe._resize import input_box as _input_box
     from fastpipe._resize import resize as _resize_pixels
@@ -314,6 +319,24 @@ class ImageDecoder:
             plan = self._plan(*array.shape[:2], generator=generator)
             pixels = self._pixels_of(array, array.shape[:2], plan)
         return self._resized(pixels, plan)
+
+    def _from_seed(self, data: ImageBytes, source: str, seed: int) -> torch.Tensor:
+        """``self(data, source, generator=reseeded(seed))``, as fastpipe's datasets call it for
+        a sample's seed. In train mode, the JPEGs the region decode takes go through one call of
+        fastpipe._jpeg.decode_train, which draws the same crop in C++ from the same numbers
+        (csrc/jpeg/train_plan.h) and decodes and resizes it: no Python, torch generator or
+        release of the GIL per step, which loader threads would otherwise contend for. The rest
+        (and every image it refuses) take the call above, as do subclasses, whose overrides
+        the C++ plan would not see."""
+        if self.train and _decode_train is not None and type(self) is ImageDecoder:
+            if _malloc.state is None:
+                _malloc.keep_freed_memory()
+            data = _bytes_of(data, source)
+            out = np.empty((3, *self._out), dtype=np.uint8)
+            if _decode_train(data, seed, out, self.scale, self.ratio, self.hflip,
+                             self.reducing_gap, self.fast_upsample, _FILTERS[self.interpolation]):
+                return torch.from_numpy(out)
+        return self(data, source, generator=reseeded(seed))
 
     def _plan(self, height: int, width: int, generator: torch.Generator | None = None) -> _Plan:
         if self.train:

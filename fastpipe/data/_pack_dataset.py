@@ -14,7 +14,7 @@ from torch.utils.data import Dataset
 from fastpipe.data import _pack_format as fmt
 from fastpipe.data._augment import PerSample
 from fastpipe.data._decode import CorruptImageError, ImageDecoder, decode_rgb
-from fastpipe.data._random import forked_default_generator, reseeded, sample_seed
+from fastpipe.data._random import forked_default_generator, sample_seed
 
 
 def decode_chw(data: bytes | memoryview | np.ndarray, source: str = "<bytes>") -> torch.Tensor:
@@ -144,8 +144,7 @@ class PackDataset(PerSample, Dataset):
         source = f"{self.file}[{index}]"
         try:
             if isinstance(self.decoder, ImageDecoder):
-                generator = reseeded(sample_seed(self.seed, epoch, index))
-                return self.decoder(data, source, generator=generator)
+                return self.decoder._from_seed(data, source, sample_seed(self.seed, epoch, index))
             return (self.decoder or decode_chw)(data, source)
         except CorruptImageError as exc:
             raise CorruptImageError(

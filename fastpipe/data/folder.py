@@ -14,7 +14,7 @@ import torch
 from fastpipe.data._augment import PerSample
 from fastpipe.data._decode import ImageDecoder
 from fastpipe.data._listing import IMG_EXTENSIONS, list_image_folder
-from fastpipe.data._random import forked_default_generator, reseeded, sample_seed
+from fastpipe.data._random import forked_default_generator, sample_seed
 
 
 def _read_file(path: str) -> bytes:
@@ -128,8 +128,7 @@ class ImageFolder(PerSample, torch.utils.data.Dataset):
         index = self._check_index(index)
         path = self._path(index)
         data = _read_file(path)
-        generator = reseeded(sample_seed(self.seed, epoch, index))
-        image = self.decoder(data, path, generator=generator)
+        image = self.decoder._from_seed(data, path, sample_seed(self.seed, epoch, index))
         if self._needs_fork():
             with forked_default_generator(sample_seed(self.seed, epoch, index, 1)):
                 image = self._augmented(image)

@@ -35,6 +35,7 @@
 #include "../image/resize_kernel.h"
 #include "huffman_decoder.h"
 #include "restart_segments.h"
+#include "train_plan.h"
 
 /* Rows one jpeg_read_scanlines call is asked for (libjpeg's preferred batch, at most 16). */
 static JDIMENSION max_batch_rows(const jpeg_decompress_struct *cinfo) {
@@ -466,6 +467,70 @@ static bool resize_box(Box *box, long top, long left, long height, long width, l
 /* Regions up to this size keep their buffer in the thread for the next call. */
 constexpr size_t kKeptRegionBytes = size_t{16} << 20;
 
+/* out: a writable C-contiguous (3, height, width) uint8 buffer, held in `out` on success; else
+ * ValueError. */
+static bool get_planes(PyObject *object, Py_buffer *out, long *height, long *width) {
+    if (PyObject_GetBuffer(object, out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) == 0) {
+        if (out->ndim == 3 && out->shape[0] == 3 && out->itemsize == 1 &&
+            (out->format == nullptr || std::strcmp(out->format, "B") == 0)) {
+            *height = (long)out->shape[1];
+            *width = (long)out->shape[2];
+            return true;
+        }
+        PyBuffer_Release(out);
+    }
+    PyErr_Clear();
+    PyErr_SetString(PyExc_ValueError, "out must be a writable C-contiguous (3, height, width) "
+                    "uint8 array");
+    return false;
+}
+
+enum DecodeResizeResult { kDone = 0, kRefused = -1, kOutOfMemory = -2, kOutside = -3 };
+
+/* Without the GIL: the region of `req` decoded (prepare, then decode_region) and resized into
+ * `out`. kRefused leaves libjpeg-turbo's reason in err->message; kOutside means the region lacks
+ * a pixel the output reads. */
+static DecodeResizeResult decode_and_resize(region_request *req, const Box &source, uint8_t *out,
+                                            const Box &output, bool flip, int filter,
+                                            strict_error_mgr *err) {
+    static thread_local std::vector<unsigned char> kept;
+    std::vector<unsigned char> segments, large;
+    try {
+        if (prepare(req, segments, err) != 0) {
+            return kRefused;
+        }
+        std::vector<unsigned char> &pixels = req->capacity <= kKeptRegionBytes ? kept : large;
+        if (pixels.size() < req->capacity) {
+            pixels.resize(req->capacity);
+        }
+        req->out = pixels.data();
+        if (decode_region(req, err) != 0) {
+            return kRefused;
+        }
+        const long row_stride = (long)req->row_pixels * 3;
+        const ResizeJob job{req->out + (size_t)req->column * 3, row_stride, source, out, output,
+                            flip, filter};
+        return resize_rgb_to_planes(job) ? kDone : kOutside;
+    } catch (const std::bad_alloc &) {
+        return kOutOfMemory;
+    }
+}
+
+static PyObject *outside_error() {
+    PyErr_SetString(PyExc_RuntimeError,
+                    "the region does not hold every input pixel out needs (see "
+                    "fastpipe._resize.input_box)");
+    return nullptr;
+}
+
+static bool check_filter(int filter) {
+    if (filter == kBilinear || filter == kBicubic) {
+        return true;
+    }
+    PyErr_Format(PyExc_ValueError, "filter must be 0 (bilinear) or 1 (bicubic), got %d", filter);
+    return false;
+}
+
 static PyObject *py_decode_resize(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer view, out;
@@ -483,77 +548,149 @@ static PyObject *py_decode_resize(PyObject *self, PyObject *args) {
     region_request req;
     bool ok = make_request(&req, view, scale_denom, top, left, height, width, fast_upsample) &&
               resize_box(&source, source.top, source.left, height, width, source.full_height,
-                         source.full_width, "at/image_size");
-    if (ok && (filter != kBilinear && filter != kBicubic)) {
-        PyErr_Format(PyExc_ValueError, "filter must be 0 (bilinear) or 1 (bicubic), got %d", filter);
-        ok = false;
-    }
-    /* out: a writable C-contiguous (3, oh, ow) uint8 buffer. */
+                         source.full_width, "at/image_size") &&
+              check_filter(filter);
     long out_height = 0, out_width = 0;
-    bool have_out = false;
-    if (ok) {
-        have_out = PyObject_GetBuffer(out_object, &out, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS |
-                                      PyBUF_FORMAT) == 0;
-        const bool planes = have_out && out.ndim == 3 && out.shape[0] == 3 && out.itemsize == 1 &&
-                            (out.format == nullptr || std::strcmp(out.format, "B") == 0);
-        if (planes) {
-            out_height = (long)out.shape[1];
-            out_width = (long)out.shape[2];
-        } else {
-            PyErr_Clear();
-            PyErr_SetString(PyExc_ValueError, "out must be a writable C-contiguous (3, height, "
-                            "width) uint8 array");
-            ok = false;
-        }
-    }
-    ok = ok && resize_box(&output, output.top, output.left, out_height, out_width,
-                          output.full_height, output.full_width, "out");
+    const bool have_out = ok && get_planes(out_object, &out, &out_height, &out_width);
+    ok = have_out && resize_box(&output, output.top, output.left, out_height, out_width,
+                                output.full_height, output.full_width, "out");
     if (!ok) {
         PyBuffer_Release(&view);
         if (have_out) PyBuffer_Release(&out);
         return nullptr;
     }
-    static thread_local std::vector<unsigned char> kept;
-    std::vector<unsigned char> segments, large;
     strict_error_mgr err;
-    int status = 0;
-    bool out_of_memory = false, outside = false;
+    DecodeResizeResult result;
     Py_BEGIN_ALLOW_THREADS
-    try {
-        status = prepare(&req, segments, &err);
-        if (status == 0) {
-            std::vector<unsigned char> &pixels = req.capacity <= kKeptRegionBytes ? kept : large;
-            if (pixels.size() < req.capacity) {
-                pixels.resize(req.capacity);
-            }
-            req.out = pixels.data();
-            status = decode_region(&req, &err);
-        }
-        if (status == 0) {
-            const long row_stride = (long)req.row_pixels * 3;
-            const ResizeJob job{req.out + (size_t)req.column * 3, row_stride, source,
-                                static_cast<uint8_t *>(out.buf), output, flip != 0, filter};
-            outside = !resize_rgb_to_planes(job);
-        }
-    } catch (const std::bad_alloc &) {
-        out_of_memory = true;
-    }
+    result = decode_and_resize(&req, source, static_cast<uint8_t *>(out.buf), output, flip != 0,
+                               filter, &err);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     PyBuffer_Release(&out);
-    if (out_of_memory) {
-        return PyErr_NoMemory();
+    switch (result) {
+        case kDone: Py_RETURN_NONE;
+        case kOutOfMemory: return PyErr_NoMemory();
+        case kOutside: return outside_error();
+        default: return PyErr_Format(PyExc_ValueError, "libjpeg-turbo: %s", err.message);
     }
-    if (status != 0) {
-        return PyErr_Format(PyExc_ValueError, "libjpeg-turbo: %s", err.message);
+}
+
+PyDoc_STRVAR(decode_train_doc,
+"decode_train(data, seed, out, scale, ratio, hflip, reducing_gap, fast_upsample, filter) -> bool\n"
+"\n"
+"fastpipe.data.ImageDecoder(train=True) on the JPEG ``data`` with the generator of a sample's\n"
+"``seed`` (fastpipe.data._random.reseeded(seed)), in one call that releases the GIL once: the\n"
+"crop drawn from the same numbers as torch.rand(23, dtype=torch.float64) after manual_seed(seed)\n"
+"(RandomResizedCrop's scale=(lo, hi) and ratio=(lo, hi)), the same DCT scale for reducing_gap,\n"
+"the flip with probability hflip, then decode_resize into ``out``, a C-contiguous (3, oh, ow)\n"
+"uint8 buffer. True when written; False, with ``out`` unspecified, for data that ImageDecoder\n"
+"would not decode this way (not a JPEG, no end-of-image marker, or refused by the region\n"
+"decode): the caller then takes ImageDecoder's own path, which draws the same crop.");
+
+static bool train_options(train_plan::Options *o, double scale_lo, double scale_hi,
+                          double ratio_lo, double ratio_hi, double hflip, double reducing_gap) {
+    if (!(scale_lo > 0.0 && scale_lo <= scale_hi) || !(ratio_lo > 0.0 && ratio_lo <= ratio_hi) ||
+        !(reducing_gap >= 1.0)) {
+        PyErr_Format(PyExc_ValueError, "need 0 < scale[0] <= scale[1], 0 < ratio[0] <= ratio[1] "
+                     "and reducing_gap >= 1, got scale (%g, %g), ratio (%g, %g), reducing_gap %g",
+                     scale_lo, scale_hi, ratio_lo, ratio_hi, reducing_gap);
+        return false;
     }
-    if (outside) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "the region does not hold every input pixel out needs (see "
-                        "fastpipe._resize.input_box)");
+    o->scale_lo = scale_lo;
+    o->scale_hi = scale_hi;
+    o->ratio_lo = ratio_lo;
+    o->ratio_hi = ratio_hi;
+    o->hflip = hflip;
+    o->reducing_gap = reducing_gap;
+    return true;
+}
+
+static PyObject *py_decode_train(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer view, out;
+    PyObject *out_object;
+    unsigned long long seed;
+    double scale_lo, scale_hi, ratio_lo, ratio_hi, hflip, reducing_gap;
+    int fast_upsample, filter;
+    if (!PyArg_ParseTuple(args, "y*KO(dd)(dd)ddpi:decode_train", &view, &seed, &out_object,
+                          &scale_lo, &scale_hi, &ratio_lo, &ratio_hi, &hflip, &reducing_gap,
+                          &fast_upsample, &filter)) {
         return nullptr;
     }
-    Py_RETURN_NONE;
+    train_plan::Options options{};
+    Box output{};
+    bool ok = train_options(&options, scale_lo, scale_hi, ratio_lo, ratio_hi, hflip,
+                            reducing_gap) && check_filter(filter);
+    const bool have_out = ok && get_planes(out_object, &out, &options.out_height,
+                                           &options.out_width);
+    ok = have_out && resize_box(&output, 0, 0, options.out_height, options.out_width,
+                                options.out_height, options.out_width, "out");
+    const auto *bytes = static_cast<const unsigned char *>(view.buf);
+    const size_t size = (size_t)view.len;
+    long height = 0, width = 0;
+    bool jpeg = ok && train_plan::frame_size(bytes, size, &height, &width) &&
+                bytes[size - 2] == 0xFF && bytes[size - 1] == 0xD9;
+    region_request req;
+    Box source{};
+    bool flip = false;
+    if (jpeg) {
+        const train_plan::Plan plan = train_plan::plan(height, width, seed, options);
+        const train_plan::Box &r = plan.region;
+        jpeg = make_request(&req, view, plan.k, r.top, r.left, r.height, r.width, fast_upsample);
+        if (!jpeg) {
+            PyErr_Clear();  // a region decode_resize refuses too: ImageDecoder's own path
+        }
+        source = Box{0, 0, r.height, r.width, r.height, r.width};
+        flip = plan.flip;
+    }
+    if (!ok || !jpeg) {
+        PyBuffer_Release(&view);
+        if (have_out) PyBuffer_Release(&out);
+        if (!ok) return nullptr;
+        Py_RETURN_FALSE;
+    }
+    strict_error_mgr err;
+    DecodeResizeResult result;
+    Py_BEGIN_ALLOW_THREADS
+    result = decode_and_resize(&req, source, static_cast<uint8_t *>(out.buf), output, flip, filter,
+                               &err);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&out);
+    switch (result) {
+        case kDone: Py_RETURN_TRUE;
+        case kOutOfMemory: return PyErr_NoMemory();
+        case kOutside: return outside_error();
+        default: Py_RETURN_FALSE;
+    }
+}
+
+PyDoc_STRVAR(train_plan_doc,
+"_train_plan(height, width, seed, out_size, scale, ratio, hflip, reducing_gap)\n"
+"    -> (scale_denom, (top, left, height, width), flip)\n"
+"\n"
+"What decode_train plans for an image of height x width: the DCT reduction, the crop in the\n"
+"1/scale_denom-decoded image and the flip (for tests against ImageDecoder._plan and _region).");
+
+static PyObject *py_train_plan(PyObject *self, PyObject *args) {
+    (void)self;
+    long height, width;
+    unsigned long long seed;
+    train_plan::Options o{};
+    double scale_lo, scale_hi, ratio_lo, ratio_hi, hflip, reducing_gap;
+    if (!PyArg_ParseTuple(args, "llK(ll)(dd)(dd)dd:_train_plan", &height, &width, &seed,
+                          &o.out_height, &o.out_width, &scale_lo, &scale_hi, &ratio_lo, &ratio_hi,
+                          &hflip, &reducing_gap) ||
+        !train_options(&o, scale_lo, scale_hi, ratio_lo, ratio_hi, hflip, reducing_gap)) {
+        return nullptr;
+    }
+    if (height < 1 || width < 1 || height > 65535 || width > 65535 || o.out_height < 1 ||
+        o.out_width < 1) {
+        return PyErr_Format(PyExc_ValueError, "need sizes of at least 1 (images up to 65535)");
+    }
+    const train_plan::Plan p = train_plan::plan(height, width, seed, o);
+    return Py_BuildValue("(i(llll)O)", p.k, p.region.top, p.region.left, p.region.height,
+                         p.region.width, p.flip ? Py_True : Py_False);
 }
 
 PyDoc_STRVAR(huffman_doc,
@@ -583,6 +720,8 @@ static PyObject *py_huffman(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"decode_region", py_decode_region, METH_VARARGS, decode_region_doc},
     {"decode_resize", py_decode_resize, METH_VARARGS, decode_resize_doc},
+    {"decode_train", py_decode_train, METH_VARARGS, decode_train_doc},
+    {"_train_plan", py_train_plan, METH_VARARGS, train_plan_doc},
     {"_huffman", py_huffman, METH_VARARGS, huffman_doc},
     {"transcode", py_transcode, METH_VARARGS, transcode_doc},
     {nullptr, nullptr, 0, nullptr},
