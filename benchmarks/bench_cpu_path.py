@@ -518,21 +518,29 @@ def _image_sets(args) -> dict[str, str]:
     return sets
 
 
+def _pack_before_timing(label: str, root: str, out: Path, **options: Any) -> bool:
+    """Packs ``root`` into ``out`` (bytes storage) before any timing; False, with the reason
+    printed for the report, where it cannot (transcoding without fastpipe._jpeg)."""
+    from fastpipe.pack import pack
+
+    try:
+        pack(root, out, storage="bytes", progress=False, **options)
+    except ValueError as exc:
+        print(f"{label}: not packed: {exc}", flush=True)
+        return False
+    return True
+
+
 def _prepare_pack(root: str, args) -> None:
     """Packs the set once, before any timing, so that no measured process pays for it."""
     _prepare_same_pixels(root, args)
     if importlib.util.find_spec("h5py") is None:
         return
-    from fastpipe.pack import pack
-
     for name, transcode in (("fastpipe HDF5 pack (bytes)", False),
                             ("fastpipe HDF5 pack (transcoded)", True)):
         out = _pack_path(root, args, transcode)
         if any(n.startswith(name) for n in args.names) and not out.exists():
-            try:
-                pack(root, out, storage="bytes", transcode=transcode, progress=False)
-            except ValueError as exc:  # transcode without fastpipe._jpeg: the row says why
-                print(f"{name}: not packed: {exc}", flush=True)
+            _pack_before_timing(name, root, out, transcode=transcode)
 
 
 def _image_sizes(root: str) -> list[tuple[int, int]]:
@@ -604,13 +612,9 @@ def _prepare_same_pixels(root: str, args) -> None:
         out = _same_pixels_pack_path(root, args, resolution)
         if (any(n != "FFCV" for n in wanted) and importlib.util.find_spec("h5py") is not None
                 and not out.exists()):
-            from fastpipe.pack import pack
-
-            try:
-                pack(root, out, storage="bytes", max_side=side, quality=90, transcode=True,
-                     progress=False, num_workers=args.workers, merge="copy")
-            except ValueError as exc:  # transcode without fastpipe._jpeg: the row says why
-                print(f"same-pixels pack @ {resolution}: not packed: {exc}", flush=True)
+            if not _pack_before_timing(f"same-pixels pack @ {resolution}", root, out,
+                                       max_side=side, quality=90, transcode=True,
+                                       num_workers=args.workers, merge="copy"):
                 continue
             info["pack_bytes"] = out.stat().st_size
 
