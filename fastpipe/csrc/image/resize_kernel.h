@@ -147,6 +147,37 @@ inline int weight_pair(const int16_t *weights, int k, bool pair) {
     return static_cast<int>(packed);
 }
 
+/* The weighted sum of one value of the input rows, exact (the scalar form of add_row_sums). */
+inline int32_t row_sum(const uint8_t *in, long row_stride, int taps, const int16_t *weights) {
+    int32_t sum = 0;
+    for (int k = 0; k < taps; ++k) {
+        sum += weights[k] * in[k * row_stride];
+    }
+    return sum;
+}
+
+#if defined(__SSE2__)
+/* sums[q] += the weighted sums of the input rows' 16 values from `in`: values 4q to 4q + 3 in
+ * sums[q], exact 32-bit integers, two input rows per 16-bit multiply-add. */
+inline void add_row_sums(const uint8_t *in, long row_stride, int taps, const int16_t *weights,
+                         __m128i sums[4]) {
+    const __m128i zero = _mm_setzero_si128();
+    for (int k = 0; k < taps; k += 2) {
+        const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i *>(in + k * row_stride));
+        const bool pair = k + 1 < taps;
+        const __m128i b = pair ? _mm_loadu_si128(reinterpret_cast<const __m128i *>(
+                                     in + (k + 1) * row_stride))
+                               : zero;
+        const __m128i w = _mm_set1_epi32(weight_pair(weights, k, pair));
+        const __m128i low = _mm_unpacklo_epi8(a, b), high = _mm_unpackhi_epi8(a, b);
+        sums[0] = _mm_add_epi32(sums[0], _mm_madd_epi16(_mm_unpacklo_epi8(low, zero), w));
+        sums[1] = _mm_add_epi32(sums[1], _mm_madd_epi16(_mm_unpackhi_epi8(low, zero), w));
+        sums[2] = _mm_add_epi32(sums[2], _mm_madd_epi16(_mm_unpacklo_epi8(high, zero), w));
+        sums[3] = _mm_add_epi32(sums[3], _mm_madd_epi16(_mm_unpackhi_epi8(high, zero), w));
+    }
+}
+#endif
+
 /* row[j] = sum_k weights[k] * in[k * row_stride + j] / 2**14 over the `values` bytes of the
  * input rows one output row needs: integer sums, so exact for the fixed-point weights, and the
  * same on every machine. With SSE2 (every x86-64) two input rows at a time go through one 16-bit
@@ -159,19 +190,7 @@ void vertical_pass_fixed(const uint8_t *__restrict__ in, long row_stride, int ta
     const __m128i zero = _mm_setzero_si128();
     for (; j + 16 <= values; j += 16) {
         __m128i sums[4] = {zero, zero, zero, zero};
-        for (int k = 0; k < taps; k += 2) {
-            const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i *>(in + k * row_stride + j));
-            const bool pair = k + 1 < taps;
-            const __m128i b = pair ? _mm_loadu_si128(reinterpret_cast<const __m128i *>(
-                                         in + (k + 1) * row_stride + j))
-                                   : zero;
-            const __m128i w = _mm_set1_epi32(weight_pair(weights, k, pair));
-            const __m128i low = _mm_unpacklo_epi8(a, b), high = _mm_unpackhi_epi8(a, b);
-            sums[0] = _mm_add_epi32(sums[0], _mm_madd_epi16(_mm_unpacklo_epi8(low, zero), w));
-            sums[1] = _mm_add_epi32(sums[1], _mm_madd_epi16(_mm_unpackhi_epi8(low, zero), w));
-            sums[2] = _mm_add_epi32(sums[2], _mm_madd_epi16(_mm_unpacklo_epi8(high, zero), w));
-            sums[3] = _mm_add_epi32(sums[3], _mm_madd_epi16(_mm_unpackhi_epi8(high, zero), w));
-        }
+        add_row_sums(in + j, row_stride, taps, weights, sums);
         const __m128 unit = _mm_set1_ps(kUnit);
         for (int q = 0; q < 4; ++q) {
             _mm_storeu_ps(row + j + 4 * q, _mm_mul_ps(_mm_cvtepi32_ps(sums[q]), unit));
@@ -179,11 +198,7 @@ void vertical_pass_fixed(const uint8_t *__restrict__ in, long row_stride, int ta
     }
 #endif
     for (; j < values; ++j) {
-        int32_t sum = 0;
-        for (int k = 0; k < taps; ++k) {
-            sum += weights[k] * in[k * row_stride + j];
-        }
-        row[j] = static_cast<float>(sum) * kUnit;
+        row[j] = static_cast<float>(row_sum(in + j, row_stride, taps, weights)) * kUnit;
     }
 }
 
@@ -283,24 +298,11 @@ void vertical_pass_int16(const uint8_t *__restrict__ in, long row_stride, int ta
                          const int16_t *__restrict__ weights, long values, int16_t *__restrict__ row) {
 #if defined(__SSE2__)
     if (values >= 16) {
-        const __m128i zero = _mm_setzero_si128();
         const __m128i round = _mm_set1_epi32(1 << (kRowShift - 1));
         for (long step = 0; step < values; step += 16) {
             const long j = std::min(step, values - 16);
             __m128i sums[4] = {round, round, round, round};
-            for (int k = 0; k < taps; k += 2) {
-                const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i *>(in + k * row_stride + j));
-                const bool pair = k + 1 < taps;
-                const __m128i b = pair ? _mm_loadu_si128(reinterpret_cast<const __m128i *>(
-                                             in + (k + 1) * row_stride + j))
-                                       : zero;
-                const __m128i w = _mm_set1_epi32(weight_pair(weights, k, pair));
-                const __m128i low = _mm_unpacklo_epi8(a, b), high = _mm_unpackhi_epi8(a, b);
-                sums[0] = _mm_add_epi32(sums[0], _mm_madd_epi16(_mm_unpacklo_epi8(low, zero), w));
-                sums[1] = _mm_add_epi32(sums[1], _mm_madd_epi16(_mm_unpackhi_epi8(low, zero), w));
-                sums[2] = _mm_add_epi32(sums[2], _mm_madd_epi16(_mm_unpacklo_epi8(high, zero), w));
-                sums[3] = _mm_add_epi32(sums[3], _mm_madd_epi16(_mm_unpackhi_epi8(high, zero), w));
-            }
+            add_row_sums(in + j, row_stride, taps, weights, sums);
             for (int q = 0; q < 4; ++q) {
                 sums[q] = _mm_srai_epi32(sums[q], kRowShift);
             }
@@ -311,11 +313,7 @@ void vertical_pass_int16(const uint8_t *__restrict__ in, long row_stride, int ta
     }
 #endif
     for (long j = 0; j < values; ++j) {
-        int32_t sum = 0;
-        for (int k = 0; k < taps; ++k) {
-            sum += weights[k] * in[k * row_stride + j];
-        }
-        row[j] = row_value(sum);
+        row[j] = row_value(row_sum(in + j, row_stride, taps, weights));
     }
 }
 
@@ -346,9 +344,29 @@ void horizontal_pass_int(const int16_t *row, const int *offsets, int pairs, cons
  * same order, no fused multiply-add), so the output does not depend on the CPU: the tests compare
  * the two forms byte for byte. */
 
-/* vertical_pass_fixed, 32 values per step. The 8-bit unpacks work within each 128-bit half, so
- * the four sums hold values [0-3 | 16-19], [4-7 | 20-23], [8-11 | 24-27], [12-15 | 28-31] and
- * are put back in order when stored. */
+/* add_row_sums, 32 values per step. The 8-bit unpacks work within each 128-bit half, so the
+ * four sums hold values [0-3 | 16-19], [4-7 | 20-23], [8-11 | 24-27], [12-15 | 28-31]. */
+__attribute__((target("avx2"), always_inline))
+inline void add_row_sums_avx2(const uint8_t *in, long row_stride, int taps, const int16_t *weights,
+                              __m256i sums[4]) {
+    const __m256i zero = _mm256_setzero_si256();
+    for (int k = 0; k < taps; k += 2) {
+        const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i *>(in + k * row_stride));
+        const bool pair = k + 1 < taps;
+        const __m256i b = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i *>(
+                                     in + (k + 1) * row_stride))
+                               : zero;
+        const __m256i w = _mm256_set1_epi32(weight_pair(weights, k, pair));
+        const __m256i low = _mm256_unpacklo_epi8(a, b), high = _mm256_unpackhi_epi8(a, b);
+        sums[0] = _mm256_add_epi32(sums[0], _mm256_madd_epi16(_mm256_unpacklo_epi8(low, zero), w));
+        sums[1] = _mm256_add_epi32(sums[1], _mm256_madd_epi16(_mm256_unpackhi_epi8(low, zero), w));
+        sums[2] = _mm256_add_epi32(sums[2], _mm256_madd_epi16(_mm256_unpacklo_epi8(high, zero), w));
+        sums[3] = _mm256_add_epi32(sums[3], _mm256_madd_epi16(_mm256_unpackhi_epi8(high, zero), w));
+    }
+}
+
+/* vertical_pass_fixed, 32 values per step; add_row_sums_avx2's sums are put back in order when
+ * stored. */
 __attribute__((target("avx2")))
 void vertical_pass_fixed_avx2(const uint8_t *__restrict__ in, long row_stride, int taps,
                               const int16_t *__restrict__ weights, long values,
@@ -358,20 +376,7 @@ void vertical_pass_fixed_avx2(const uint8_t *__restrict__ in, long row_stride, i
     const __m256 unit = _mm256_set1_ps(kUnit);
     for (; j + 32 <= values; j += 32) {
         __m256i sums[4] = {zero, zero, zero, zero};
-        for (int k = 0; k < taps; k += 2) {
-            const __m256i a = _mm256_loadu_si256(
-                reinterpret_cast<const __m256i *>(in + k * row_stride + j));
-            const bool pair = k + 1 < taps;
-            const __m256i b = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i *>(
-                                         in + (k + 1) * row_stride + j))
-                                   : zero;
-            const __m256i w = _mm256_set1_epi32(weight_pair(weights, k, pair));
-            const __m256i low = _mm256_unpacklo_epi8(a, b), high = _mm256_unpackhi_epi8(a, b);
-            sums[0] = _mm256_add_epi32(sums[0], _mm256_madd_epi16(_mm256_unpacklo_epi8(low, zero), w));
-            sums[1] = _mm256_add_epi32(sums[1], _mm256_madd_epi16(_mm256_unpackhi_epi8(low, zero), w));
-            sums[2] = _mm256_add_epi32(sums[2], _mm256_madd_epi16(_mm256_unpacklo_epi8(high, zero), w));
-            sums[3] = _mm256_add_epi32(sums[3], _mm256_madd_epi16(_mm256_unpackhi_epi8(high, zero), w));
-        }
+        add_row_sums_avx2(in + j, row_stride, taps, weights, sums);
         __m256 f[4];
         for (int q = 0; q < 4; ++q) {
             f[q] = _mm256_mul_ps(_mm256_cvtepi32_ps(sums[q]), unit);
@@ -419,8 +424,8 @@ void horizontal_pass_avx2(const float *row, const int *offsets, int taps,
     }
 }
 
-/* vertical_pass_int16, 32 values per step (see vertical_pass_fixed_avx2 for the order the
- * unpacks leave the sums in: packing [0-3 | 16-19] with [4-7 | 20-23] gives [0-7 | 16-23]). */
+/* vertical_pass_int16, 32 values per step (add_row_sums_avx2 leaves the sums in the order
+ * [0-3 | 16-19], [4-7 | 20-23], ...: packing the first two gives [0-7 | 16-23]). */
 __attribute__((target("avx2")))
 void vertical_pass_int16_avx2(const uint8_t *__restrict__ in, long row_stride, int taps,
                               const int16_t *__restrict__ weights, long values,
@@ -429,25 +434,11 @@ void vertical_pass_int16_avx2(const uint8_t *__restrict__ in, long row_stride, i
         vertical_pass_int16(in, row_stride, taps, weights, values, row);
         return;
     }
-    const __m256i zero = _mm256_setzero_si256();
     const __m256i round = _mm256_set1_epi32(1 << (kRowShift - 1));
     for (long step = 0; step < values; step += 32) {
         const long j = std::min(step, values - 32);
         __m256i sums[4] = {round, round, round, round};
-        for (int k = 0; k < taps; k += 2) {
-            const __m256i a = _mm256_loadu_si256(
-                reinterpret_cast<const __m256i *>(in + k * row_stride + j));
-            const bool pair = k + 1 < taps;
-            const __m256i b = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i *>(
-                                         in + (k + 1) * row_stride + j))
-                                   : zero;
-            const __m256i w = _mm256_set1_epi32(weight_pair(weights, k, pair));
-            const __m256i low = _mm256_unpacklo_epi8(a, b), high = _mm256_unpackhi_epi8(a, b);
-            sums[0] = _mm256_add_epi32(sums[0], _mm256_madd_epi16(_mm256_unpacklo_epi8(low, zero), w));
-            sums[1] = _mm256_add_epi32(sums[1], _mm256_madd_epi16(_mm256_unpackhi_epi8(low, zero), w));
-            sums[2] = _mm256_add_epi32(sums[2], _mm256_madd_epi16(_mm256_unpacklo_epi8(high, zero), w));
-            sums[3] = _mm256_add_epi32(sums[3], _mm256_madd_epi16(_mm256_unpackhi_epi8(high, zero), w));
-        }
+        add_row_sums_avx2(in + j, row_stride, taps, weights, sums);
         for (int q = 0; q < 4; ++q) {
             sums[q] = _mm256_srai_epi32(sums[q], kRowShift);
         }
