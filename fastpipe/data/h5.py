@@ -1,7 +1,37 @@
-"""``H5Dataset``: a map-style dataset over an HDF5 pack made by :func:`fastpipe.pack.pack`."""
+"""HDF5 packs: ``H5Dataset`` (a map-style dataset over an HDF5 pack made by
+:func:`fastpipe.pack.pack`) and the per-process reader it opens.
+
+Reads go straight to the file with ``os.preadv`` where the data is plain (contiguous or chunked
+along the sample axis, unfiltered), and through h5py with the chunk cache off otherwise; a virtual
+pack fastpipe merged is read from its part files. h5py is imported when a pack opens, not with
+this module.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastpipe._optional import require
+from fastpipe.data._format import (
+    ATTR_FORMAT,
+    CRC32,
+    DATA,
+    FORMAT,
+    LABELS,
+    META,
+    OFFSETS,
+    PATH_DATA,
+    PATH_OFFSETS,
+    PackFormatError,
+    PackReader,
+    Spec,
+    check_meta,
+)
 from fastpipe.data._pack_dataset import PackDataset
 
 __all__ = ["H5Dataset"]
@@ -28,3 +58,315 @@ class H5Dataset(PackDataset):
     """
 
     _format = "hdf5"
+
+
+def h5py_module():
+    return require("h5py", extra="hdf5", feature="HDF5 packs")
+
+
+def read_h5_meta(f, where: str) -> dict[str, Any]:
+    """Validates the marker of an open h5py File and returns its metadata."""
+    marker = f.attrs.get(ATTR_FORMAT)
+    if isinstance(marker, bytes):
+        marker = marker.decode()
+    if marker != FORMAT:
+        raise PackFormatError(
+            f"{where} is an HDF5 file but not a fastpipe pack (no '{ATTR_FORMAT}' attribute); "
+            "make one with: fastpipe pack SOURCE OUTPUT"
+        )
+    if META not in f:
+        raise PackFormatError(f"{where} is a fastpipe pack without its '{META}' dataset; the file "
+                              "is damaged")
+    raw = f[META][()]
+    try:
+        meta = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+    except ValueError as exc:
+        raise PackFormatError(f"{where}: the '{META}' dataset is not valid JSON ({exc})") from exc
+    return check_meta(meta, where)
+
+
+def _require_dataset(f, name: str, where: str):
+    if name not in f:
+        raise PackFormatError(
+            f"{where} is a fastpipe pack without the dataset '{name}'; the file is damaged or "
+            f"incomplete: run fastpipe verify {where}"
+        )
+    return f[name]
+
+
+class _Segment:
+    """One physical ``data`` dataset holding a run of samples, opened on first use.
+
+    Uncompressed data is read with ``os.preadv`` at its file offsets, with no h5py call on the hot
+    path: a contiguous dataset (``merge="copy"``) has one offset; a chunked one (shards, virtual
+    merges) gets a table of chunk offsets built once at open. Anything else (filters, a foreign
+    byte order, unallocated chunks) reads through h5py with the chunk cache off, so a read touches
+    only the bytes it needs.
+    """
+
+    def __init__(self, path: Path, sample_start: int, sample_stop: int, local_start: int,
+                 byte_start: int = 0, local_byte_start: int = 0) -> None:
+        self.path = path
+        self.sample_start, self.sample_stop = sample_start, sample_stop
+        self.local_start = local_start
+        self.byte_start, self.local_byte_start = byte_start, local_byte_start
+        self._file = None
+        self._dataset = None
+        self._fd: int | None = None
+        self._offset = 0  # contiguous: file offset of the data
+        self._chunks: np.ndarray | None = None  # chunked: file offset of each chunk along axis 0
+        self._chunk_len = 0  # elements (bytes storage) or rows (array storage) per chunk
+        self._row_bytes = 0
+        self.expect: dict[str, Any] = {}  # the part file's "count" and "plan" as the merge saw them
+
+    def open(self, spec: Spec) -> None:
+        if self._dataset is not None or self._fd is not None:
+            return
+        h5py = h5py_module()
+        if not self.path.exists():
+            raise PackFormatError(
+                f"the part file {self.path} of a virtual pack is missing; keep the .shards folder "
+                "next to the pack (or pack with merge='copy' for one self-contained file)"
+            )
+        try:
+            f = h5py.File(self.path, "r", rdcc_nbytes=0)
+        except OSError as exc:
+            raise PackFormatError(f"cannot open {self.path} as HDF5: {exc}") from exc
+        try:
+            self._check_part(f)
+        except BaseException:
+            f.close()
+            raise
+        ds = _require_dataset(f, DATA, str(self.path))
+        plain = (ds.dtype == np.dtype(spec.dtype) and ds.dtype.isnative and f.userblock_size == 0
+                 and ds.id.get_create_plist().get_nfilters() == 0 and not ds.is_virtual)
+        self._row_bytes = int(np.prod(ds.shape[1:], dtype=np.int64)) * ds.dtype.itemsize
+        direct = False
+        if plain and ds.chunks is None:
+            offset = ds.id.get_offset()
+            if offset is not None:
+                self._offset, direct = int(offset), True
+        elif plain and tuple(ds.chunks[1:]) == tuple(ds.shape[1:]):
+            self._chunk_len = ds.chunks[0]
+            self._chunks = _chunk_offsets(ds, self._chunk_len)
+            direct = self._chunks is not None
+        if direct:
+            self._fd = os.open(self.path, os.O_RDONLY)
+            f.close()
+        else:
+            self._file, self._dataset = f, ds
+
+    def _check_part(self, f) -> None:
+        # A part file replaced since the merge (another pack run under the same name) would be
+        # read at the old offsets: refuse it rather than return another sample's bytes.
+        if not self.expect:
+            return
+        meta = read_h5_meta(f, str(self.path))
+        found = {key: meta.get(key) for key in self.expect}
+        if key_mismatch := [k for k in self.expect if found[k] != self.expect[k]]:
+            mismatches = ", ".join(f"{k} {found[k]!r}, expected {self.expect[k]!r}"
+                                   for k in key_mismatch)
+            raise PackFormatError(
+                f"the part file {self.path} of a virtual pack was replaced after the merge "
+                f"({mismatches}); pack the output again")
+
+    def _pread(self, out: np.ndarray, offset: int) -> None:
+        if os.preadv(self._fd, [out], offset) != out.nbytes:
+            raise PackFormatError(f"{self.path} is truncated (short read); run fastpipe verify")
+
+    def read_bytes(self, start: int, stop: int) -> np.ndarray:
+        """Global byte range ``[start, stop)`` of the pack's flat ``data``."""
+        local = start - self.byte_start + self.local_byte_start
+        n = stop - start
+        if self._fd is None:
+            return self._dataset[local:local + n]
+        out = np.empty(n, np.uint8)
+        if not n:
+            return out
+        if self._chunks is None:
+            self._pread(out, self._offset + local)
+            return out
+        done = 0
+        while done < n:  # a sample may span chunks: read the piece in each
+            chunk, within = divmod(local + done, self._chunk_len)
+            piece = min(n - done, self._chunk_len - within)
+            self._pread(out[done:done + piece], int(self._chunks[chunk]) + within)
+            done += piece
+        return out
+
+    def read_row(self, index: int, out: np.ndarray) -> None:
+        local = index - self.sample_start + self.local_start
+        if self._fd is None:
+            out[...] = self._dataset[local]
+        elif self._chunks is None:
+            self._pread(out, self._offset + local * self._row_bytes)
+        else:
+            chunk, within = divmod(local, self._chunk_len)
+            self._pread(out, int(self._chunks[chunk]) + within * self._row_bytes)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._file is not None:
+            try:
+                self._file.close()
+            except Exception:  # noqa: BLE001 - closing a handle inherited across fork may fail
+                pass
+            self._file = self._dataset = None
+
+
+def _chunk_offsets(ds, chunk_len: int) -> np.ndarray | None:
+    """File offsets of the chunks of a dataset chunked along axis 0 only; None if any is missing."""
+    count = -(-ds.shape[0] // chunk_len) if ds.shape[0] else 0
+    offsets = np.full(count, -1, np.int64)
+    full = ds.chunks[0] * int(np.prod(ds.chunks[1:], dtype=np.int64)) * ds.dtype.itemsize
+
+    def record(info) -> None:
+        if info.byte_offset is not None and info.size == full:
+            offsets[info.chunk_offset[0] // chunk_len] = info.byte_offset
+
+    try:
+        if hasattr(ds.id, "chunk_iter"):
+            ds.id.chunk_iter(record)  # one pass over the chunk index (HDF5 >= 1.14)
+        else:
+            for k in range(ds.id.get_num_chunks()):
+                record(ds.id.get_chunk_info(k))
+    except Exception:  # noqa: BLE001 - an old HDF5 without chunk queries: read through h5py
+        return None
+    return offsets if count and (offsets >= 0).all() else None
+
+
+
+
+class H5PackReader(PackReader):
+    def __init__(self, path: str | os.PathLike) -> None:
+        h5py = h5py_module()
+        self.path = Path(path)
+        where = str(self.path)
+        try:
+            f = h5py.File(self.path, "r", rdcc_nbytes=0)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise PackFormatError(f"cannot open {where} as HDF5 ({exc}): not a fastpipe pack or "
+                                  "damaged") from exc
+        try:
+            self.meta = read_h5_meta(f, where)
+            self.spec = Spec.from_meta(self.meta)
+            self.count = int(self.meta["count"])
+            self.classes = list(self.meta["classes"])
+            self.labels = _read_index(f, LABELS, where, (self.count,), np.int64)
+            self._path_offsets_array: np.ndarray | None = None  # loaded on first source()
+            self._path_data = _require_dataset(f, PATH_DATA, where)
+            _require_dataset(f, PATH_OFFSETS, where)
+            data = _require_dataset(f, DATA, where)
+            if self.spec.storage == "bytes":
+                self.offsets = _read_index(f, OFFSETS, where, (self.count + 1,), np.int64)
+                if data.ndim != 1 or data.shape[0] < self.offsets[-1]:
+                    raise PackFormatError(
+                        f"{where}: '{DATA}' holds {data.shape} bytes but the offsets end at "
+                        f"{int(self.offsets[-1])}; the file is damaged")
+            else:
+                expected = (self.count, *self.spec.sample_shape)
+                if tuple(data.shape) != expected:
+                    raise PackFormatError(f"{where}: '{DATA}' has shape {data.shape}, expected "
+                                          f"{expected}")
+            self._file = f
+            self._segments = self._make_segments(data.is_virtual)
+        except BaseException:
+            f.close()
+            raise
+        self._bounds = np.array([s.sample_start for s in self._segments], np.int64)
+
+    def _make_segments(self, virtual: bool) -> list[_Segment]:
+        # Our virtual merges list their parts, so reads go straight to the part files. A file
+        # whose data is physical (even if it was virtual once, e.g. after h5repack) or a virtual
+        # dataset we did not write is one segment, read through h5py if need be.
+        parts = self.meta.get("parts") if virtual and self.meta.get("merge") == "virtual" else None
+        if not parts:
+            total = int(self.offsets[-1]) if self.spec.storage == "bytes" else 0
+            return [_Segment(self.path, 0, self.count, 0, 0, 0)] if self.count or total else []
+        segments = []
+        for part in parts:
+            file = (self.path.parent / part["file"]).resolve()
+            s0, s1 = part["samples"]
+            b0 = part["bytes"][0] if self.spec.storage == "bytes" else 0
+            lb0 = part.get("local_bytes", [0])[0] if self.spec.storage == "bytes" else 0
+            segment = _Segment(file, s0, s1, part.get("local_samples", [0])[0], b0, lb0)
+            segment.expect = {k: part[f"part_{k}"] for k in ("count", "plan")
+                              if f"part_{k}" in part}
+            segments.append(segment)
+        missing = [str(s.path) for s in segments if not s.path.exists()]
+        if missing:
+            raise PackFormatError(
+                f"{self.path} is a virtual pack whose part files are missing: "
+                f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}; keep the .shards "
+                "folder next to the pack (or pack with merge='copy' for one self-contained file)"
+            )
+        return segments
+
+    @property
+    def _path_offsets(self) -> np.ndarray:
+        if self._path_offsets_array is None:
+            self._path_offsets_array = _read_index(self._file, PATH_OFFSETS, str(self.path),
+                                                   (self.count + 1,), np.int64)
+        return self._path_offsets_array
+
+    def _segment(self, index: int) -> _Segment:
+        k = int(np.searchsorted(self._bounds, index, side="right")) - 1
+        segment = self._segments[k]
+        segment.open(self.spec)
+        return segment
+
+    def read(self, index: int, out: np.ndarray | None = None) -> np.ndarray:
+        i = self._check_index(index)
+        segment = self._segment(i)
+        if self.spec.storage == "bytes":
+            return segment.read_bytes(int(self.offsets[i]), int(self.offsets[i + 1]))
+        if out is None:
+            out = np.empty(self.spec.sample_shape, self.spec.dtype)
+        segment.read_row(i, out)
+        return out
+
+    def byte_size(self, index: int) -> int:
+        if self.spec.storage == "bytes":
+            i = self._check_index(index)
+            return int(self.offsets[i + 1] - self.offsets[i])
+        return super().byte_size(index)
+
+    def source(self, index: int) -> str:
+        i = self._check_index(index)
+        a, b = int(self._path_offsets[i]), int(self._path_offsets[i + 1])
+        return bytes(self._path_data[a:b]).decode("utf-8", "replace")
+
+    def sources(self, start: int, stop: int) -> list[str]:
+        a, b = int(self._path_offsets[start]), int(self._path_offsets[stop])
+        blob = bytes(self._path_data[a:b]) if b > a else b""
+        rel = self._path_offsets[start:stop + 1] - a
+        return [blob[rel[j]:rel[j + 1]].decode("utf-8", "replace") for j in range(stop - start)]
+
+    def crc32(self) -> np.ndarray:
+        return _read_index(self._file, CRC32, str(self.path), (self.count,), np.uint32)
+
+    def close(self) -> None:
+        for segment in getattr(self, "_segments", []):
+            segment.close()
+        f = getattr(self, "_file", None)
+        if f is not None:
+            try:
+                f.close()
+            except Exception:  # noqa: BLE001 - see _Segment.close
+                pass
+            self._file = None
+
+
+def _read_index(f, name: str, where: str, shape: tuple[int, ...], dtype) -> np.ndarray:
+    ds = _require_dataset(f, name, where)
+    if tuple(ds.shape) != shape:
+        raise PackFormatError(f"{where}: '{name}' has shape {ds.shape}, expected {shape}; the file "
+                              "is damaged")
+    out = np.empty(shape, dtype)
+    if out.size:
+        ds.read_direct(out)
+    return out

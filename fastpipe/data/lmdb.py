@@ -1,7 +1,31 @@
-"""``LMDBDataset``: a map-style dataset over an LMDB pack (``fastpipe pack --format lmdb``)."""
+"""LMDB packs: ``LMDBDataset`` (a map-style dataset over an LMDB pack, made with
+``fastpipe pack --format lmdb``) and the per-process reader it opens.
+
+lmdb is imported when a pack opens, not with this module.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastpipe._optional import require
+from fastpipe.data._format import (
+    LMDB_CRC32,
+    LMDB_LABELS,
+    LMDB_META,
+    PackFormatError,
+    PackReader,
+    Spec,
+    check_meta,
+    lmdb_data_key,
+    lmdb_path_key,
+)
 from fastpipe.data._pack_dataset import PackDataset
 
 __all__ = ["LMDBDataset"]
@@ -16,3 +40,168 @@ class LMDBDataset(PackDataset):
     """
 
     _format = "lmdb"
+
+
+def lmdb_module():
+    return require("lmdb", extra="lmdb", feature="LMDB packs")
+
+
+# py-lmdb refuses to open one environment twice in a process (and a forked child inherits that
+# bookkeeping), so readers of the same file share one environment per process.
+_LMDB_ENVS: dict[str, list] = {}  # real path -> [environment, users, pid]
+_LMDB_LOCK = threading.Lock()
+
+
+def _new_lmdb_lock() -> None:
+    global _LMDB_LOCK
+    _LMDB_LOCK = threading.Lock()  # a fork while another thread held it must not deadlock the child
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lmdb_lock)
+
+
+def _lmdb_acquire(path: Path):
+    lmdb = lmdb_module()
+    key = os.path.realpath(path)
+    pid = os.getpid()
+    with _LMDB_LOCK:
+        entry = _LMDB_ENVS.get(key)
+        if entry is not None and entry[2] != pid:
+            # Inherited through fork: an LMDB environment must not cross a fork, so close this
+            # process's copy (the parent's stays open) and open our own.
+            try:
+                entry[0].close()
+            except Exception:  # noqa: BLE001 - best effort on an inherited handle
+                pass
+            del _LMDB_ENVS[key]
+            entry = None
+        if entry is None:
+            try:
+                env = lmdb.open(str(path), subdir=path.is_dir(), readonly=True, lock=False,
+                                readahead=False, max_readers=1024)
+            except lmdb.Error as exc:
+                raise PackFormatError(f"cannot open {path} as LMDB ({exc}): not a fastpipe pack or "
+                                      "damaged") from exc
+            entry = _LMDB_ENVS[key] = [env, 0, pid]
+        entry[1] += 1
+        return entry[0]
+
+
+def _lmdb_release(path: Path, env) -> None:
+    key = os.path.realpath(path)
+    with _LMDB_LOCK:
+        entry = _LMDB_ENVS.get(key)
+        if entry is None or entry[0] is not env or entry[2] != os.getpid():
+            return
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del _LMDB_ENVS[key]
+            env.close()
+
+
+class LMDBPackReader(PackReader):
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        where = str(self.path)
+        if not self.path.exists():
+            raise FileNotFoundError(f"no such pack: {where}")
+        self._env = _lmdb_acquire(self.path)
+        # One read transaction per thread: an LMDB transaction must not be used by two threads at
+        # once, and DataLoaderX(worker_method="thread") reads from several.
+        self._txns: dict[int, Any] = {}  # thread ident -> its transaction
+        self._txns_lock = threading.Lock()
+        try:
+            raw = self._txn.get(LMDB_META)
+            if raw is None:
+                raise PackFormatError(f"{where} is an LMDB file but not a fastpipe pack (no "
+                                      f"{LMDB_META!r} key)")
+            try:
+                meta = json.loads(bytes(raw).decode())
+            except ValueError as exc:
+                raise PackFormatError(f"{where}: the metadata is not valid JSON ({exc})") from exc
+            self.meta = check_meta(meta, where)
+            self.spec = Spec.from_meta(self.meta)
+            self.count = int(self.meta["count"])
+            self.classes = list(self.meta["classes"])
+            self.labels = self._array(LMDB_LABELS, "<i8").astype(np.int64)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def _txn(self):
+        txn = self._txns.get(threading.get_ident())
+        if txn is None:
+            txn = self._begin()
+        return txn
+
+    def _begin(self):
+        with self._txns_lock:
+            if self._env is None:
+                raise ValueError(f"{self.path}: the pack reader is closed")
+            # Thread workers start per epoch: end the transactions of threads that have ended.
+            alive = {thread.ident for thread in threading.enumerate()}
+            for ident in [i for i in self._txns if i not in alive]:
+                self._txns.pop(ident).abort()
+            txn = self._txns[threading.get_ident()] = self._env.begin(buffers=True)
+        return txn
+
+    def _array(self, key: bytes, dtype: str) -> np.ndarray:
+        raw = self._txn.get(key)
+        if raw is None:
+            raise PackFormatError(f"{self.path} is a fastpipe pack without the key {key!r}; the "
+                                  "file is damaged")
+        out = np.frombuffer(bytes(raw), dtype)
+        if out.shape != (self.count,):
+            raise PackFormatError(f"{self.path}: {key!r} holds {out.shape[0]} values, expected "
+                                  f"{self.count}")
+        return out
+
+    def _get(self, key: bytes, index: int):
+        raw = self._txn.get(key)
+        if raw is None:
+            raise PackFormatError(f"{self.path} has no key {bytes(key)!r} for sample {index}; the "
+                                  "file is damaged")
+        return raw
+
+    def read(self, index: int, out: np.ndarray | None = None) -> np.ndarray:
+        i = self._check_index(index)
+        raw = self._get(lmdb_data_key(i), i)
+        if self.spec.storage == "bytes":
+            return np.frombuffer(raw, np.uint8).copy()
+        if out is None:
+            out = np.empty(self.spec.sample_shape, self.spec.dtype)
+        flat = out.reshape(-1).view(np.uint8)
+        if len(raw) != flat.size:
+            raise PackFormatError(f"{self.path}: sample {i} holds {len(raw)} bytes, expected "
+                                  f"{flat.size}")
+        flat[...] = np.frombuffer(raw, np.uint8)
+        return out
+
+    def byte_size(self, index: int) -> int:
+        i = self._check_index(index)
+        return len(self._get(lmdb_data_key(i), i))
+
+    def source(self, index: int) -> str:
+        i = self._check_index(index)
+        return bytes(self._get(lmdb_path_key(i), i)).decode("utf-8", "replace")
+
+    def sources(self, start: int, stop: int) -> list[str]:
+        return [self.source(i) for i in range(start, stop)]
+
+    def crc32(self) -> np.ndarray:
+        return self._array(LMDB_CRC32, "<u4").astype(np.uint32)
+
+    def close(self) -> None:
+        env = getattr(self, "_env", None)
+        if env is not None:
+            with self._txns_lock:
+                txns, self._txns = list(self._txns.values()), {}
+                self._env = None
+            for txn in txns:
+                try:
+                    txn.abort()
+                except Exception:  # noqa: BLE001 - the transaction may already be gone
+                    pass
+            _lmdb_release(self.path, env)

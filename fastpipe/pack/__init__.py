@@ -6,7 +6,7 @@ packs (the parts of a multi-machine pack), :func:`verify` checks one. The reader
 ``lmdb`` for LMDB output), imported when a function runs, not with this package.
 """
 
-from fastpipe.data._pack_format import CorruptInputError, PackError
+from fastpipe.pack._errors import CorruptInputError, PackError
 from fastpipe.pack._merge import merge_packs
 from fastpipe.pack._options import PackOptions
 from fastpipe.pack._pack import pack

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fastpipe.data._pack_format import PackError, open_pack
+from fastpipe.data._format import open_pack
+from fastpipe.pack._errors import PackError
 from fastpipe.pack._files import check_output, install, progress_bar, size_on_disk
 from fastpipe.pack._options import default_merge, format_for
 from fastpipe.pack._reports import PackReport

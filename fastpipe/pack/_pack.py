@@ -15,8 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastpipe.data import _pack_format as fmt
-from fastpipe.data._pack_format import PackFormatError, open_pack
+from fastpipe._version import __version__
+from fastpipe.data import _format as fmt
+from fastpipe.data._format import PackFormatError, open_pack
+from fastpipe.data.h5 import H5PackReader, h5py_module
+from fastpipe.data.lmdb import lmdb_module
+from fastpipe.pack._errors import PackError
 from fastpipe.pack._files import (
     check_output,
     install,
@@ -118,13 +122,13 @@ def pack(
         transcode=transcode, check=check, shard_size=shard_size, overwrite=overwrite, resume=resume,
         start_method=start_method,
     ).for_output(output)
-    fmt.h5py_module()  # shards are HDF5 for both formats
+    h5py_module()  # shards are HDF5 for both formats
     if options.format == "lmdb":
-        fmt.lmdb_module()
+        lmdb_module()
     check_output(output, options.overwrite)
     listing = list_source(source)
     if listing.count == 0:
-        raise fmt.PackError(f"the source {listing.description} has no inputs")
+        raise PackError(f"the source {listing.description} has no inputs")
     plan = _Plan.make(listing, output, options)
     results, resumed = _pack_shards(plan)
     return _install_output(plan, results, resumed, started)
@@ -156,8 +160,6 @@ class _Plan:
         plan = hashlib.sha256(json.dumps(
             [listing.fingerprint, options.storage, spec.to_json(), options.plan_json()],
             sort_keys=True).encode()).hexdigest()[:24]
-        from fastpipe import __version__
-
         meta = {
             "format": fmt.FORMAT, "version": fmt.VERSION, **spec.to_json(),
             "classes": listing.classes, "source": listing.to_json(),
@@ -251,7 +253,7 @@ def _resume(directory: Path, ranges: list[tuple[int, int]], plan: str | None
         meta = None
         if plan is not None and path.name in wanted:
             try:
-                with fmt.H5PackReader(path) as reader:
+                with H5PackReader(path) as reader:
                     meta = reader.meta
             except (PackFormatError, OSError):
                 meta = None

@@ -13,8 +13,9 @@ from typing import Any
 import numpy as np
 
 from fastpipe.data._decode import CorruptImageError, decode_rgb
+from fastpipe.data._format import Spec
 from fastpipe.data._listing import IMG_EXTENSIONS, list_image_folder
-from fastpipe.data._pack_format import PackError, Spec
+from fastpipe.pack._errors import PackError
 
 
 class SkipInput(Exception):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fastpipe.data import _pack_format as fmt
-from fastpipe.data._pack_format import PackFormatError, open_pack
+from fastpipe.data._format import PackFormatError, open_pack, sniff_format
+from fastpipe.data.h5 import H5PackReader
 from fastpipe.pack._files import progress_bar
 from fastpipe.pack._reports import VerifyReport
 
@@ -25,7 +25,7 @@ def verify(path: str | os.PathLike, sample: int | None = None, *, seed: int = 0,
     started = time.perf_counter()
     report = VerifyReport(Path(path))
     try:
-        report.format = fmt.sniff_format(path)
+        report.format = sniff_format(path)
         reader = open_pack(path, report.format)
     except (PackFormatError, OSError) as exc:
         report.problems.append(str(exc))
@@ -64,7 +64,7 @@ def _check_index(reader, report: VerifyReport, problem) -> None:
     if "inputs" in meta and meta["inputs"] != reader.count + report.skipped_inputs:
         problem(f"metadata says {meta['inputs']} inputs, but {reader.count} samples + "
                 f"{report.skipped_inputs} skipped do not add up")
-    if isinstance(reader, fmt.H5PackReader):
+    if isinstance(reader, H5PackReader):
         for name, array in (("offsets", getattr(reader, "offsets", None)),
                             ("path_offsets", reader._path_offsets)):
             if array is not None and (array[0] != 0 or np.any(np.diff(array) < 0)):

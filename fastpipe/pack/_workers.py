@@ -22,7 +22,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fastpipe.data._pack_format import CorruptInputError, PackError, Spec
+from fastpipe.data._format import Spec
+from fastpipe.pack._errors import CorruptInputError, PackError
 from fastpipe.pack._files import fsync
 from fastpipe.pack._sources import Listing, Processor, SkipInput, load_input, source_name
 from fastpipe.pack._write import ShardWriter

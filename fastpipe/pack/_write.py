@@ -6,6 +6,7 @@ copy in blocks of at most ``COPY_BLOCK_BYTES``.
 
 from __future__ import annotations
 
+import json
 import os
 import zlib
 from collections.abc import Callable, Sequence
@@ -14,14 +15,32 @@ from typing import Any
 
 import numpy as np
 
-from fastpipe.data import _pack_format as fmt
-from fastpipe.data._pack_format import PackReader, Spec
+from fastpipe.data import _format as fmt
+from fastpipe.data._format import PackReader, Spec
+from fastpipe.data.h5 import H5PackReader, h5py_module, read_h5_meta
+from fastpipe.data.lmdb import lmdb_module
+from fastpipe.pack._errors import PackError
 
 FLUSH_BYTES = 8 * 1024 * 1024
 FLUSH_SAMPLES = 1024
 COPY_BLOCK_BYTES = 64 * 1024 * 1024
 LMDB_TXN_BYTES = 64 * 1024 * 1024
 LMDB_TXN_RECORDS = 4096
+
+# Chunk sizes, chosen for random access with the chunk cache off (see docs/packing.md):
+# a 256 KiB chunk of flat bytes still reads fast if someone opens the file with h5py's defaults.
+BYTES_CHUNK = 256 * 1024
+INDEX_CHUNK = 64 * 1024  # elements of labels/offsets/crc32
+ROW_CHUNK_BYTES = 64 * 1024  # array storage: rows per chunk = max(1, this // row bytes)
+
+
+def array_chunks(sample_shape: tuple[int, ...], dtype: np.dtype) -> tuple[int, ...]:
+    row_bytes = max(1, int(np.prod(sample_shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+    return (max(1, ROW_CHUNK_BYTES // row_bytes), *sample_shape)
+
+
+def meta_json(meta: dict[str, Any]) -> str:
+    return json.dumps(meta, sort_keys=True, ensure_ascii=False)
 
 
 def _index_dataset(f, name: str, dtype, chunk: int, initial: np.ndarray | None = None):
@@ -41,23 +60,23 @@ def _stored_dtype(spec: Spec) -> np.dtype:
 
 
 def write_root(f, meta: dict[str, Any], spec: Spec, count: int) -> None:
-    h5py = fmt.h5py_module()
+    h5py = h5py_module()
     f.attrs[fmt.ATTR_FORMAT] = fmt.FORMAT
     f.attrs[fmt.ATTR_VERSION] = fmt.VERSION
     f.attrs["storage"] = spec.storage
     f.attrs["count"] = np.int64(count)
     if fmt.META in f:
         del f[fmt.META]
-    f.create_dataset(fmt.META, data=fmt.meta_json(meta), dtype=h5py.string_dtype("utf-8"))
+    f.create_dataset(fmt.META, data=meta_json(meta), dtype=h5py.string_dtype("utf-8"))
 
 
 class ShardWriter:
     """Streams samples into a new HDF5 pack file (chunked, resizable datasets)."""
 
-    def __init__(self, path: Path, spec: Spec, expected: int = fmt.INDEX_CHUNK) -> None:
-        h5py = fmt.h5py_module()
+    def __init__(self, path: Path, spec: Spec, expected: int = INDEX_CHUNK) -> None:
+        h5py = h5py_module()
         # Small shards get small index chunks: HDF5 allocates whole chunks.
-        chunk = min(fmt.INDEX_CHUNK, max(64, expected + 1))
+        chunk = min(INDEX_CHUNK, max(64, expected + 1))
         self.path = path
         self.spec = spec
         self.f = h5py.File(path, "w")
@@ -69,16 +88,16 @@ class ShardWriter:
         self._path_offsets = _index_dataset(self.f, fmt.PATH_OFFSETS, np.int64, chunk, np.zeros(1))
         self._path_data = self.f.create_dataset(fmt.PATH_DATA, shape=(0,), dtype=np.uint8,
                                                 maxshape=(None,),
-                                                chunks=(min(fmt.INDEX_CHUNK, 64 * chunk),))
+                                                chunks=(min(INDEX_CHUNK, 64 * chunk),))
         if spec.storage == "bytes":
             self._offsets = _index_dataset(self.f, fmt.OFFSETS, np.int64, chunk, np.zeros(1))
             self._data = self.f.create_dataset(fmt.DATA, shape=(0,), dtype=np.uint8,
-                                               maxshape=(None,), chunks=(fmt.BYTES_CHUNK,))
+                                               maxshape=(None,), chunks=(BYTES_CHUNK,))
         else:
             shape = tuple(spec.sample_shape)
             self._data = self.f.create_dataset(
                 fmt.DATA, shape=(0, *shape), dtype=_stored_dtype(spec), maxshape=(None, *shape),
-                chunks=fmt.array_chunks(shape, spec.dtype))
+                chunks=array_chunks(shape, spec.dtype))
         self._buffer: list[np.ndarray] = []
         self._buffer_labels: list[int] = []
         self._buffer_paths: list[bytes] = []
@@ -129,7 +148,7 @@ class ShardWriter:
 def read_block(reader: PackReader, start: int, stop: int) -> np.ndarray:
     """Samples ``[start, stop)`` of a pack: concatenated bytes, or stacked rows."""
     if reader.spec.storage == "bytes":
-        if isinstance(reader, fmt.H5PackReader):
+        if isinstance(reader, H5PackReader):
             out = []
             i = start
             while i < stop:
@@ -149,7 +168,7 @@ def read_block(reader: PackReader, start: int, stop: int) -> np.ndarray:
 def sample_sizes(reader: PackReader) -> np.ndarray:
     if reader.spec.storage == "array":
         return np.full(reader.count, reader.byte_size(0) if reader.count else 0, np.int64)
-    if isinstance(reader, fmt.H5PackReader):
+    if isinstance(reader, H5PackReader):
         return np.diff(reader.offsets)
     return np.array([reader.byte_size(i) for i in range(reader.count)], np.int64)
 
@@ -176,7 +195,7 @@ def write_merged_h5(readers: Sequence[PackReader], output: Path, meta: dict[str,
     Index datasets (labels, offsets, crc32, paths) are always physical copies: small, and readers
     load them at open.
     """
-    h5py = fmt.h5py_module()
+    h5py = h5py_module()
     spec = readers[0].spec
     total = sum(r.count for r in readers)
     sizes = [sample_sizes(r) for r in readers]
@@ -189,7 +208,7 @@ def write_merged_h5(readers: Sequence[PackReader], output: Path, meta: dict[str,
         path_offsets = f.create_dataset(fmt.PATH_OFFSETS, shape=(total + 1,), dtype=np.int64,
                                         chunks=_chunks1(total + 1))
         path_data = f.create_dataset(fmt.PATH_DATA, shape=(0,), dtype=np.uint8, maxshape=(None,),
-                                     chunks=(fmt.INDEX_CHUNK,))
+                                     chunks=(INDEX_CHUNK,))
         offsets = None
         if spec.storage == "bytes":
             offsets = f.create_dataset(fmt.OFFSETS, shape=(total + 1,), dtype=np.int64,
@@ -244,13 +263,13 @@ def write_merged_h5(readers: Sequence[PackReader], output: Path, meta: dict[str,
 
 
 def _chunks1(n: int) -> tuple[int] | None:
-    return (min(fmt.INDEX_CHUNK, n),) if n else None
+    return (min(INDEX_CHUNK, n),) if n else None
 
 
 def _map_virtual(h5py, layout, reader: PackReader, root: Path, sample_base: int, byte_base: int):
-    if not isinstance(reader, fmt.H5PackReader):
-        raise fmt.PackError(f"{reader.path} is not an HDF5 pack: a virtual merge maps HDF5 "
-                            "files; use merge='copy'")
+    if not isinstance(reader, H5PackReader):
+        raise PackError(f"{reader.path} is not an HDF5 pack: a virtual merge maps HDF5 "
+                        "files; use merge='copy'")
     parts = []
     for segment in reader._segments:
         s0, s1 = segment.sample_start, segment.sample_stop
@@ -258,7 +277,7 @@ def _map_virtual(h5py, layout, reader: PackReader, root: Path, sample_base: int,
             continue
         with h5py.File(segment.path, "r") as src:
             source_shape = src[fmt.DATA].shape
-            part_meta = fmt.read_h5_meta(src, str(segment.path))
+            part_meta = read_h5_meta(src, str(segment.path))
         relative = os.path.relpath(segment.path, root)
         local0 = segment.local_start
         entry = {"file": relative, "samples": [sample_base + s0, sample_base + s1],
@@ -282,7 +301,7 @@ def _map_virtual(h5py, layout, reader: PackReader, root: Path, sample_base: int,
 def write_lmdb(readers: Sequence[PackReader], output: Path, meta: dict[str, Any],
                on_samples: Callable[[int], None] | None = None) -> None:
     """Writes ``readers`` (in order) as one LMDB pack file (``subdir=False``)."""
-    lmdb = fmt.lmdb_module()
+    lmdb = lmdb_module()
     total = sum(r.count for r in readers)
     sizes = [sample_sizes(r) for r in readers]
     payload = int(sum(int(s.sum()) for s in sizes))
@@ -334,7 +353,7 @@ def write_lmdb(readers: Sequence[PackReader], output: Path, meta: dict[str, Any]
         batch.append((fmt.LMDB_LABELS, labels.tobytes()))
         batch.append((fmt.LMDB_CRC32, crcs.tobytes()))
         final = dict(meta, count=total, merge="copy", parts=None)
-        batch.append((fmt.LMDB_META, fmt.meta_json(final).encode()))
+        batch.append((fmt.LMDB_META, meta_json(final).encode()))
         commit()
         env.sync(True)
     finally:
