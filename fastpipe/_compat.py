@@ -1,14 +1,17 @@
 """The private APIs of other libraries that fastpipe relies on, each behind one wrapper.
 
 Private APIs change without notice. Keeping every use here means one place to fix when a new
-torch, Python or DALI release moves one, and ``tests/test_compat.py`` checks each wrapper against
-the installed versions, so such a release fails CI loudly instead of degrading silently.
+torch, Python, DALI or accelerate release moves one, and ``tests/test_compat.py`` checks each
+wrapper against the installed versions, so such a release fails CI loudly instead of degrading
+silently.
 Each wrapper falls back to the public behaviour where one exists.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -78,3 +81,101 @@ def new_shared_storage(numel: int, dtype: torch.dtype) -> torch.Tensor | None:
     except AttributeError:
         return None
     return torch.empty(0, dtype=dtype).set_(storage)
+
+
+@functools.cache
+def _torch_pytree() -> Any:
+    try:
+        from torch.utils import _pytree
+    except ImportError:
+        return None
+    if not (callable(getattr(_pytree, "tree_leaves", None))
+            and callable(getattr(_pytree, "tree_map_only", None))):
+        return None
+    return _pytree
+
+
+# The containers torch's pytree walks into; the fallback below walks these (by exact type, as
+# torch does: a dict subclass of the user's own is a leaf) and namedtuples.
+_NODES = (tuple, list, dict, collections.OrderedDict, collections.defaultdict, collections.deque)
+
+
+def _is_node(tree: Any) -> bool:
+    return type(tree) in _NODES or (isinstance(tree, tuple) and hasattr(tree, "_fields"))
+
+
+def _children(tree: Any) -> list[Any]:
+    return list(tree.values()) if isinstance(tree, dict) else list(tree)
+
+
+def _rebuilt(tree: Any, children: list[Any]) -> Any:
+    if isinstance(tree, dict):
+        pairs = zip(tree.keys(), children, strict=True)
+        if type(tree) is collections.defaultdict:
+            return collections.defaultdict(tree.default_factory, pairs)
+        return type(tree)(pairs)
+    if type(tree) is collections.deque:
+        return collections.deque(children, maxlen=tree.maxlen)
+    if isinstance(tree, tuple) and hasattr(tree, "_fields"):
+        return type(tree)(*children)
+    return type(tree)(children)
+
+
+def _walked_leaves(tree: Any) -> list[Any]:
+    if not _is_node(tree):
+        return [tree]
+    return [leaf for child in _children(tree) for leaf in _walked_leaves(child)]
+
+
+def _walked_map_only(cls: type, fn: Callable[[Any], Any], tree: Any) -> Any:
+    if _is_node(tree):
+        return _rebuilt(tree, [_walked_map_only(cls, fn, child) for child in _children(tree)])
+    return fn(tree) if isinstance(tree, cls) else tree
+
+
+def tree_leaves(tree: Any) -> list[Any]:
+    """The leaves of a nested batch (tuples, lists, dicts, namedtuples, and whatever else torch
+    registers), in order: ``torch.utils._pytree.tree_leaves``, for which torch has no public
+    spelling. Falls back to walking the standard containers."""
+    pytree = _torch_pytree()
+    if pytree is None:
+        return _walked_leaves(tree)
+    return pytree.tree_leaves(tree)
+
+
+def tree_map_only(cls: type, fn: Callable[[Any], Any], tree: Any) -> Any:
+    """``tree`` with ``fn`` applied to each leaf that is a ``cls``, the structure rebuilt around
+    them: ``torch.utils._pytree.tree_map_only``. Falls back to walking the standard containers."""
+    pytree = _torch_pytree()
+    if pytree is None:
+        return _walked_map_only(cls, fn, tree)
+    return pytree.tree_map_only(cls, fn, tree)
+
+
+def accelerate_add_dataloader(loader: Any) -> bool:
+    """Makes accelerate's prepared ``loader`` the active one of its ``gradient_state`` again,
+    as the loader's own iteration does on its first batch (``GradientState._add_dataloader``,
+    which ``begin()`` calls after resetting the loader's end-of-data state). Returns False when
+    that method is gone and the public ``dataloader_references`` list was assigned instead."""
+    state = loader.gradient_state
+    add = getattr(state, "_add_dataloader", None)
+    if callable(add):
+        add(loader)
+        return True
+    state.dataloader_references = [*state.dataloader_references, loader]
+    return False
+
+
+def accelerate_remove_dataloader(loader: Any) -> bool:
+    """Takes ``loader`` out of its ``gradient_state``'s active loaders, as the loader does when
+    it is exhausted (``GradientState._remove_dataloader``). Returns False when that method is
+    gone and the public ``dataloader_references`` list was assigned instead."""
+    state = loader.gradient_state
+    remove = getattr(state, "_remove_dataloader", None)
+    if callable(remove):
+        remove(loader)
+        return True
+    state.dataloader_references = [
+        ref for ref in state.dataloader_references if ref is not loader
+    ]
+    return False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 import warnings
@@ -14,14 +15,12 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 from fastpipe import _validate as check
 from fastpipe._background import BackgroundIterator
 from fastpipe._compat import shutdown_dataloader_workers
+from fastpipe._seed import order_seed
 from fastpipe._threads import thread_batches
-from fastpipe.data._resume import (
-    STATE_VERSION,
-    EpochSampler,
-    check_loader_state,
-    dataset_fingerprint,
-    with_stateful_sampler,
-)
+from fastpipe.data._resume import STATE_VERSION, HandOff, check_loader_state, dataset_fingerprint
+from fastpipe.data.sampler import RandomSampler, SequentialSampler, _EpochSampler
+
+_DATALOADER_SIGNATURE = inspect.signature(DataLoader.__init__)
 
 
 class DataLoaderX(DataLoader):
@@ -81,7 +80,7 @@ class DataLoaderX(DataLoader):
                 f"worker_method must be 'process' (DataLoader's worker processes) or 'thread' "
                 f"(threads of this process), got {worker_method!r}"
             )
-        args, kwargs = with_stateful_sampler(args, kwargs)
+        args, kwargs = _with_stateful_sampler(args, kwargs)
         super().__init__(*args, **kwargs)
         self.prefetch_depth = prefetch_depth
         self.worker_method = worker_method
@@ -135,7 +134,9 @@ class DataLoaderX(DataLoader):
         del base
         self._epoch = weakref.ref(epoch)
         self._epoch_thread = epoch.thread
-        return _HandedOut(epoch, self._position)
+        # Counted even when the position cannot be saved, so that every epoch's iterator is alike.
+        hand_off = self._position if self._position is not None else HandOff()
+        return hand_off.counted(epoch)
 
     def close(self) -> None:
         """Stops the background thread of the current epoch, if one is running. (Persistent
@@ -152,8 +153,8 @@ class DataLoaderX(DataLoader):
         """Tells ``fastpipe.profile`` what this is (it reads the DataLoader settings itself)."""
         return {"kind": "DataLoaderX"}
 
-    # Resume (issue 15). The position is counted where the training loop receives batches, so
-    # the batches waiting in the background queue or in the workers come again after a restore.
+    # Resume: the position is counted where the training loop receives batches, so the batches
+    # waiting in the background queue or in the workers come again after a restore.
 
     _position: _Position | None = None
 
@@ -188,7 +189,7 @@ class DataLoaderX(DataLoader):
         (length or fingerprint) or another sampler setting.
         """
         sampler, _ = self._resumable_sampler("load_state_dict")
-        check_loader_state(state, self.dataset, "DataLoaderX")
+        check_loader_state(state, self.dataset, "DataLoaderX", entries=("sampler",))
         sampler.load_state_dict(state["sampler"])
         self._position = None
 
@@ -224,7 +225,7 @@ class DataLoaderX(DataLoader):
                 f"DataLoaderX.{method}() needs a map-style dataset; an IterableDataset has no "
                 "sampler whose position could be saved"
             )
-        if not isinstance(sampler, EpochSampler):
+        if not isinstance(sampler, _EpochSampler):
             raise TypeError(
                 f"DataLoaderX.{method}() cannot save or restore the position of a "
                 f"{type(sampler).__module__}.{type(sampler).__name__}; leave sampler= unset (with "
@@ -277,16 +278,15 @@ def _batches(base: Iterator[Any], shut_down_workers: bool) -> Iterator[Any]:
             shutdown_dataloader_workers(base)
 
 
-class _Position:
-    """One iteration's starting sampler state, and the batches the training loop received."""
-
-    __slots__ = ("batches", "ended", "length", "origin")
+class _Position(HandOff):
+    """One iteration's starting sampler state, and what the training loop received of it."""
 
     def __init__(self, origin: dict[str, Any], length: int) -> None:
-        self.origin, self.length, self.batches, self.ended = origin, length, 0, False
+        super().__init__()
+        self.origin, self.length = origin, length
 
     def state(self, batch_size: int) -> dict[str, Any]:
-        if self.ended:
+        if self.end_seen:
             # The loop saw the end of the epoch: the next iter() is the next epoch's.
             state = dict(self.origin, epoch=self.origin["epoch"] + 1, position=0)
             if "history" in state:
@@ -299,27 +299,36 @@ class _Position:
         return dict(self.origin, position=position)
 
 
-class _HandedOut:
-    """The epoch's iterator, counting the batches it hands to the training loop."""
+def _with_stateful_sampler(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """DataLoader arguments with ``shuffle`` replaced by one of fastpipe's resumable samplers.
 
-    def __init__(self, batches: Iterator[Any], position: _Position | None) -> None:
-        self._batches, self._counted = batches, position
-
-    def __iter__(self) -> _HandedOut:
-        return self
-
-    def __next__(self) -> Any:
-        try:
-            batch = next(self._batches)
-        except StopIteration:
-            if self._counted is not None:
-                self._counted.ended = True
-            raise
-        if self._counted is not None:
-            self._counted.batches += 1
-        return batch
-
-    def __getattr__(self, name: str) -> Any:
-        if name in ("_batches", "_counted"):
-            raise AttributeError(name)
-        return getattr(self._batches, name)
+    Only for a map-style dataset without ``sampler=`` / ``batch_sampler=``. ``shuffle=True`` gives
+    a RandomSampler seeded with ``seed=``, else with one draw from ``generator=`` (else torch's
+    global generator); otherwise a SequentialSampler. ``seed`` is taken out of ``kwargs``.
+    """
+    kwargs = dict(kwargs)
+    seed = kwargs.pop("seed", None)
+    bound = _DATALOADER_SIGNATURE.bind_partial(None, *args, **kwargs)
+    given = bound.arguments
+    dataset = given.get("dataset")
+    if (
+        dataset is None
+        or isinstance(dataset, IterableDataset)
+        or given.get("sampler") is not None
+        or given.get("batch_sampler") is not None
+    ):
+        if seed is not None:
+            raise ValueError(
+                "seed= seeds the sampler DataLoaderX builds for shuffle=True; with sampler=, "
+                "batch_sampler= or an IterableDataset there is none: seed your sampler instead"
+            )
+        return args, kwargs
+    if given.get("shuffle"):
+        if seed is None:
+            seed = order_seed(None, generator=given.get("generator"))
+        sampler: Any = RandomSampler(dataset, seed=seed)
+    else:
+        sampler = SequentialSampler(dataset)
+    given["shuffle"] = None
+    given["sampler"] = sampler
+    return bound.args[1:], bound.kwargs

@@ -4,6 +4,7 @@ wrapper in fastpipe/_compat.py, not the callers."""
 
 from __future__ import annotations
 
+import collections
 import subprocess
 import sys
 import textwrap
@@ -92,3 +93,89 @@ def test_new_shared_storage_is_in_shared_memory():
     )
     assert tensor.numel() == 12 and tensor.dtype == torch.uint8
     assert tensor.is_shared()
+
+
+_Pair = collections.namedtuple("_Pair", ["image", "label"])
+
+
+class _OwnDict(dict):
+    """A dict subclass of the user's own: torch's pytree does not walk into it."""
+
+
+def _nested_batch() -> dict:
+    return {
+        "pair": _Pair(torch.zeros(2), [torch.ones(1), "name"]),
+        "ordered": collections.OrderedDict(b=torch.full((1,), 2.0), a=3),
+        "queue": collections.deque([torch.full((1,), 4.0)], maxlen=5),
+        "counts": collections.defaultdict(int, n=torch.full((1,), 5.0)),
+        "own": _OwnDict(x=torch.full((1,), 6.0)),
+        "empty": (),
+        "none": None,
+    }
+
+
+def test_torch_pytree_has_the_functions_the_wrappers_call():
+    assert _compat._torch_pytree() is not None, (
+        "torch.utils._pytree lost tree_leaves or tree_map_only: DataPrefetcher and profile "
+        "fall back to walking the standard containers only"
+    )
+
+
+def test_tree_leaves_and_the_fallback_agree_with_torch():
+    from torch.utils import _pytree
+
+    batch = _nested_batch()
+    expected = _pytree.tree_leaves(batch)
+    assert [type(leaf) for leaf in _compat.tree_leaves(batch)] == [type(x) for x in expected]
+    fallback = _compat._walked_leaves(batch)
+    assert len(fallback) == len(expected)
+    assert all(a is b for a, b in zip(fallback, expected, strict=True))
+
+
+def test_tree_map_only_and_the_fallback_rebuild_the_structure_as_torch_does():
+    from torch.utils import _pytree
+
+    batch = _nested_batch()
+    expected = _pytree.tree_map_only(torch.Tensor, lambda t: t + 10, batch)
+    for got in (_compat.tree_map_only(torch.Tensor, lambda t: t + 10, batch),
+                _compat._walked_map_only(torch.Tensor, lambda t: t + 10, batch)):
+        assert type(got["pair"]) is _Pair and got["pair"].label[1] == "name"
+        assert type(got["ordered"]) is collections.OrderedDict
+        assert list(got["ordered"]) == ["b", "a"]
+        assert got["queue"].maxlen == 5
+        assert got["counts"].default_factory is int
+        assert got["own"] is batch["own"]  # a leaf, and not a tensor: left as it is
+        assert got["none"] is None and got["empty"] == ()
+        leaves = _pytree.tree_leaves(got)
+        assert len(leaves) == len(_pytree.tree_leaves(expected))
+        for a, b in zip(leaves, _pytree.tree_leaves(expected), strict=True):
+            assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a is b
+
+
+class _PreparedLoader:
+    """Stands in for accelerate's DataLoaderShard: what the wrappers touch of it."""
+
+    def __init__(self, gradient_state) -> None:
+        self.gradient_state = gradient_state
+        self.end_of_dataloader = False
+
+
+@pytest.mark.parametrize("private", [True, False], ids=["private", "fallback"])
+def test_accelerate_dataloader_wrappers_add_and_remove_the_loader(private, monkeypatch):
+    pytest.importorskip("accelerate")
+    from accelerate.state import GradientState
+
+    for name in ("_add_dataloader", "_remove_dataloader"):
+        assert callable(getattr(GradientState, name, None)), (
+            f"accelerate's GradientState lost {name}: DataPrefetcher falls back to assigning "
+            "dataloader_references"
+        )
+        if not private:
+            monkeypatch.delattr(GradientState, name)
+    state = GradientState()
+    before = list(state.dataloader_references)
+    loader = _PreparedLoader(state)
+    assert _compat.accelerate_add_dataloader(loader) is private
+    assert state.active_dataloader is loader and state.in_dataloader
+    assert _compat.accelerate_remove_dataloader(loader) is private
+    assert state.dataloader_references == before

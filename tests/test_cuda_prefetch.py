@@ -13,7 +13,7 @@ batches moved and normalized synchronously. The races:
   wait for that write before it normalizes, and keep the input alive while it reads it.
 
 The control tests take the waits or the ``record_stream`` calls away (at torch's level, so they
-do not depend on prefetch.py's internals) and assert that the same check then fails: the check
+do not depend on DataPrefetcher's internals) and assert that the same check then fails: the check
 can fail. Pinned and unpageable host memory, ``prefetch_depth`` 1 and 2, tuple, dict and nested
 batches. Skipped without a GPU; FASTPIPE_REQUIRE_CUDA=1 makes that a failure (docs/gpu.md).
 """

@@ -75,7 +75,9 @@ def gpu(monkeypatch):
     clock = Clock()
     device = MultiStreamGpu(clock)
     monkeypatch.setattr(profile_module, "_now", clock)
-    monkeypatch.setattr(profile_module, "_resolve_device", lambda device: torch.device("cuda"))
+    monkeypatch.setattr(
+        profile_module, "resolve_device", lambda device, where: torch.device("cuda")
+    )
     monkeypatch.setattr(profile_module, "_device_clock_for", lambda _device: device)
     return device
 

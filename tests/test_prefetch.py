@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import gc
 from collections import namedtuple
 
 import pytest
 import torch
+from cuda_helpers import RecordingStreams
 from torch.utils.data import DataLoader, Dataset
 
+import fastpipe._streams as streams_module
 import fastpipe.prefetch as prefetch_module
 from fastpipe import DataLoaderX, DataPrefetcher
 
@@ -215,67 +216,18 @@ def test_dict_without_an_image_key_is_refused(no_thread_leak):
 # --- CUDA stream hand-off, through a stand-in that records the calls the real path makes. ---
 
 
-class _RecordingStreams:
-    """Stands in for fastpipe.prefetch._CudaStreams: same calls, logged, tensors stay on CPU."""
-
-    def __init__(self) -> None:
-        self.log: list[tuple] = []
-        self.created = 0
-        self.active = "default"
-        self.current_device = 0  # what torch.cuda.set_device would change
-        self.on_gpu: set[int] = set()  # ids of tensors that stand for tensors already on the GPU
-
-    def concrete_device(self, device):
-        return torch.device("cuda", self.current_device) if device.index is None else device
-
-    def new_stream(self, device):
-        self.created += 1
-        name = f"side{self.created}"
-        self.log.append(("stream", name, device))
-        return name
-
-    def current_stream(self, device):
-        return "default"
-
-    def on_device(self, tensor):
-        return id(tensor) in self.on_gpu
-
-    @contextlib.contextmanager
-    def use(self, stream):
-        previous, self.active = self.active, stream
-        try:
-            yield
-        finally:
-            self.active = previous
-
-    def record_event(self, stream):
-        name = f"event{sum(1 for e in self.log if e[0] == 'event') + 1}"
-        self.log.append(("event", name, stream))
-        return name
-
-    def wait_event(self, waiter, event):
-        self.log.append(("wait", waiter, event))
-
-    def record_stream(self, tensor, stream):
-        self.log.append(("record", int(tensor.flatten()[0]), tensor.dtype, stream))
-
-    def to_device(self, tensor, device, non_blocking):
-        if id(tensor) in self.on_gpu:
-            return tensor  # .to() leaves a tensor already on the device as it is
-        self.log.append(("copy", int(tensor.flatten()[0]), self.active, non_blocking))
-        return tensor.clone()
-
-
 @pytest.fixture
 def recording(monkeypatch):
-    streams = _RecordingStreams()
-    monkeypatch.setattr(prefetch_module, "_stream_ops_for", lambda device: streams)
+    streams = RecordingStreams()
+    monkeypatch.setattr(prefetch_module, "streams_for", lambda device: streams)
     return streams
 
 
 def _cuda_unindexed(monkeypatch):
     """Makes DataPrefetcher(device="cuda") construct here, as on a machine with CUDA."""
-    monkeypatch.setattr(prefetch_module, "_resolve_device", lambda device: torch.device("cuda"))
+    monkeypatch.setattr(
+        prefetch_module, "resolve_device", lambda device, where: torch.device("cuda")
+    )
 
 
 def _numbered(n: int):
@@ -377,7 +329,7 @@ def _fake_cuda_copies(monkeypatch):
 
 def test_real_cuda_streams_never_pin_on_the_training_thread_and_warn_once(monkeypatch):
     pinned = _fake_cuda_copies(monkeypatch)
-    streams = prefetch_module._CudaStreams()
+    streams = streams_module.CudaStreams()
     with pytest.warns(RuntimeWarning, match="pin_memory=True"):
         streams.to_device(torch.zeros(2, 3), torch.device("cuda"), True)
     import warnings
@@ -386,7 +338,7 @@ def test_real_cuda_streams_never_pin_on_the_training_thread_and_warn_once(monkey
         warnings.simplefilter("error")
         streams.to_device(torch.zeros(2, 3), torch.device("cuda"), True)  # warned once only
         # A blocking copy neither pins nor warns: it waits for the copy anyway.
-        prefetch_module._CudaStreams().to_device(torch.zeros(2, 3), torch.device("cuda"), False)
+        streams_module.CudaStreams().to_device(torch.zeros(2, 3), torch.device("cuda"), False)
     assert pinned == []
 
 

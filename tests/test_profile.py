@@ -213,7 +213,9 @@ def fake_cuda(monkeypatch):
     clock = DrivenClock()
     gpu = RecordingGpu(clock)
     monkeypatch.setattr(profile_module, "_now", clock)
-    monkeypatch.setattr(profile_module, "_resolve_device", lambda device: torch.device("cuda"))
+    monkeypatch.setattr(
+        profile_module, "resolve_device", lambda device, where: torch.device("cuda")
+    )
     monkeypatch.setattr(profile_module, "_device_clock_for", lambda device: gpu)
     return clock, gpu
 

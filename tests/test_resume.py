@@ -1,5 +1,5 @@
-"""Resume mid-epoch (issue 15): the batches after a restore, in a fresh process, are the batches an
-uninterrupted run yields from that point, compared with torch.equal.
+"""Resume mid-epoch (docs/resume.md): the batches after a restore, in a fresh process, are the
+batches an uninterrupted run yields from that point, compared with torch.equal.
 
 The dataset here follows contract 2: every random draw for sample i comes from a generator seeded
 by (seed, epoch, i), with the epoch taken from the SampleIndex the sampler yields, so the batches
@@ -8,7 +8,6 @@ do not depend on which worker, or how many, loaded them.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import random
@@ -21,11 +20,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cuda_helpers import RecordingStreams
 from torch.utils.data import Dataset
 
 import fastpipe
 from fastpipe import DataLoaderX, DataPrefetcher
+from fastpipe._background import BackgroundIterator
 from fastpipe.data import DistributedSampler, RandomSampler, SampleIndex, SequentialSampler
+from fastpipe.data._resume import HandOff, StatesAhead
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -313,43 +315,12 @@ def test_prefetcher_next_api_resumes_after_the_last_batch_it_returned(no_thread_
     assert_same(expected[2:], rest, "apex-style next()")
 
 
-class _StandInStreams:
-    """The CUDA calls of DataPrefetcher's stream path, done on the CPU (no GPU here)."""
-
-    def concrete_device(self, device):
-        return device
-
-    def new_stream(self, device):
-        return "side"
-
-    def current_stream(self, device):
-        return "default"
-
-    def use(self, stream):
-        return contextlib.nullcontext()
-
-    def record_event(self, stream):
-        return "event"
-
-    def wait_event(self, waiter, event):
-        pass
-
-    def record_stream(self, tensor, stream):
-        pass
-
-    def on_device(self, tensor):
-        return False
-
-    def to_device(self, tensor, device, non_blocking):
-        return tensor.clone()
-
-
 def test_prefetcher_stream_path_counts_the_batch_on_the_side_stream_as_not_received(
     monkeypatch, no_thread_leak,
 ):
     import fastpipe.prefetch as prefetch_module
 
-    monkeypatch.setattr(prefetch_module, "_stream_ops_for", lambda device: _StandInStreams())
+    monkeypatch.setattr(prefetch_module, "streams_for", lambda device: RecordingStreams())
     loader = build(dict(num_workers=0))
     expected = epoch_batches(loader)
     loader.close()
@@ -408,6 +379,34 @@ def test_a_state_from_another_dataset_or_version_is_refused_and_not_applied(no_t
     assert same.state_dict()["sampler"]["position"] == 0
     with pytest.raises(ValueError, match="version 2"):
         DataPrefetcher(same, device="cpu").load_state_dict(dict(version=2, loader=state))
+
+
+def test_the_kit_counts_what_the_loop_received_and_keeps_the_state_of_the_last_batch(
+    no_thread_leak,
+):
+    hand_off = HandOff()
+    epoch = hand_off.counted(iter(BackgroundIterator(iter(range(5)), prefetch_depth=3)))
+    assert [next(epoch), next(epoch)] == [0, 1]
+    assert (hand_off.batches, hand_off.end_seen) == (2, False)  # whatever was read ahead
+    assert epoch.thread.name == "fastpipe-background"  # other attributes: the wrapped one's
+    assert list(epoch) == [2, 3, 4]
+    assert (hand_off.batches, hand_off.end_seen) == (5, True)
+
+    position = [0]
+    states = StatesAhead(lambda: {"position": position[0]})
+    for _ in range(3):  # three batches read ahead
+        position[0] += 1
+        states.take()
+    assert states.current == {"position": 0}
+    states.handed()
+    assert states.current == {"position": 1}
+    states.caught_up()  # batches still ahead: the loop is not at the reader's position
+    assert states.current == {"position": 1}
+    states.handed()
+    states.handed()
+    position[0] += 1  # the reader found the end, which moved it on
+    states.caught_up()
+    assert states.current == {"position": 4}
 
 
 def test_a_sampler_it_cannot_restore_is_refused_with_the_fix(no_thread_leak):

@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import torch
-from torch.utils import _pytree as pytree
 
 from fastpipe import _validate as check
+from fastpipe._compat import tree_leaves
+from fastpipe._hardware import resolve_device, usable_cores
 
 # The host clock, a module attribute so tests can drive it.
 _now = time.perf_counter
@@ -91,20 +92,9 @@ def _device_clock_for(device: torch.device) -> _CudaEvents | None:
     return _CudaEvents(device) if device.type == "cuda" else None
 
 
-def _resolve_device(device: str | torch.device | None) -> torch.device:
-    if device is None:
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    resolved = torch.device(device)
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(
-            f"device {device!r} was asked for but CUDA is not available; pass device='cpu' or None"
-        )
-    return resolved
-
-
 def batch_size_of(batch: Any) -> int | None:
     """The number of samples in ``batch``: the first dimension of its first tensor, if any."""
-    for leaf in pytree.tree_leaves(batch):
+    for leaf in tree_leaves(batch):
         if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
             return int(leaf.shape[0])
         if hasattr(leaf, "shape") and len(getattr(leaf, "shape", ())) > 0:  # numpy arrays
@@ -289,7 +279,7 @@ class Profiler:
         self.loader = loader
         self.batch_size = batch_size
         self.warmup = warmup
-        self.device = _resolve_device(device)
+        self.device = resolve_device(device, where="fastpipe.profile")
         self.sync = sync
         self.report = report
         self.loader_info = LoaderInfo.of(loader) if loader is not None else LoaderInfo()
@@ -509,8 +499,7 @@ def diagnose(summary: ProfileSummary, cuda: bool) -> tuple[str, list[str]]:
     if summary.steps_counted == 0 or math.isnan(share):
         return ("no steps measured: run more steps than warmup", [])
     info = summary.loader
-    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-             else os.cpu_count() or 1)
+    cores = usable_cores()
     advice: list[str] = []
     if share < NOT_INPUT_BOUND:
         verdict = f"compute-bound: only {share:.0%} of each step waits for data"
