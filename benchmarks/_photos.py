@@ -10,7 +10,7 @@ real photographs (ImageNet averages ~4 bits per pixel) decode slower per pixel. 
 - quality 75-95; chroma 4:2:0 mostly, some 4:2:2 and 4:4:4; ~3% progressive and ~2% greyscale
   files (as ImageNet has a few of each).
 
-    python benchmarks/_photos.py imagenet 1024 /tmp/imagenet-like     # write a set and describe it
+    python -m benchmarks._photos imagenet 1024 /tmp/imagenet-like     # write a set, describe it
 """
 
 from __future__ import annotations

@@ -4,14 +4,13 @@ against torchvision.transforms.v2 with RandAugment and DALI CPU with its RandAug
 Every pipeline does RandomResizedCrop 224 (scale 0.08-1, ratio 3/4-4/3) + horizontal flip +
 RandAugment (2 ops, magnitude 9) and gives uint8 (N, 3, 224, 224) batches of 64, with 2 workers
 (DataLoader processes, or DALI threads); the same pipelines without RandAugment give the cost of
-the policy itself on each path. Each measurement runs in a fresh interpreter (a subprocess), so
-pipelines cannot distort one another; rounds are interleaved and the median reported, as images/s
-and as CPU ms/image (user + system time of the process and its workers over the whole run,
-start-up and warm-up included, per image).
+the policy itself on each path. Each measurement runs in a fresh process, in interleaved rounds
+(``_harness.py``); reported: the median (and min-max) images/s, and the CPU ms/image (user +
+system time of the process and its workers over the whole run, warm-up included, per image).
 
-    python benchmarks/bench_augment.py                  # 3 rounds
-    python benchmarks/bench_augment.py --quick          # 1 round, small dataset
-    python benchmarks/bench_augment.py --markdown out.md
+    python -m benchmarks.bench_augment                  # 3 rounds
+    python -m benchmarks.bench_augment --quick          # 1 round, small dataset
+    python -m benchmarks.bench_augment --markdown out.md
 
 Compare ratios within one run only; absolute numbers depend on the machine and its load.
 """
@@ -19,29 +18,16 @@ Compare ratios within one run only; absolute numbers depend on the machine and i
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import resource
-import statistics
-import subprocess
 import sys
-import time
 from collections.abc import Iterable
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks import _harness
 
+# ---------------------------------------------------------------- pipelines
+# Each builder takes the row's configuration (root, size, batch_size, workers, epochs) and the
+# policy (None: no policy) and returns uint8 batches. Only fastpipe's public API: a --baseline
+# run calls them with another checkout's fastpipe.
 
-def cpu_seconds() -> float:
-    """User + system time of this process and of its joined children (DataLoader workers are
-    joined when their iterator is exhausted)."""
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-
-
-# ---------------------------------------------------------------- pipelines (in the child)
 
 def _decode_jpeg_file(path: str):
     import torchvision.io
@@ -49,46 +35,46 @@ def _decode_jpeg_file(path: str):
     return torchvision.io.decode_jpeg(torchvision.io.read_file(path))
 
 
-def _torch_loader(dataset, args, collate_fn=None):
+def _torch_loader(dataset, cfg, collate_fn=None):
     import torch
     from torch.utils.data import DataLoader, RandomSampler
 
-    sampler = RandomSampler(dataset, num_samples=len(dataset) * args.epochs,
+    sampler = RandomSampler(dataset, num_samples=len(dataset) * cfg.epochs,
                             generator=torch.Generator().manual_seed(0))
-    return DataLoader(dataset, batch_size=args.batch_size, sampler=sampler,
-                      num_workers=args.workers, collate_fn=collate_fn)
+    return DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler,
+                      num_workers=cfg.workers, collate_fn=collate_fn)
 
 
-def fastpipe_path(args, policy: str | None) -> Iterable:
+def fastpipe_path(cfg, policy: str | None) -> Iterable:
     from fastpipe.data import ImageFolder, fast_collate
 
-    dataset = ImageFolder(args.root, train=True, size=args.size, auto_augment=policy, seed=0)
-    return (images for images, _ in _torch_loader(dataset, args, fast_collate))
+    dataset = ImageFolder(cfg.root, train=True, size=cfg.size, auto_augment=policy, seed=0)
+    return (images for images, _ in _torch_loader(dataset, cfg, fast_collate))
 
 
-def torchvision_v2(args, policy: str | None) -> Iterable:
+def torchvision_v2(cfg, policy: str | None) -> Iterable:
     import torchvision.datasets
     from torchvision.transforms import v2
 
-    ops = [v2.RandomResizedCrop(args.size, antialias=True), v2.RandomHorizontalFlip()]
+    ops = [v2.RandomResizedCrop(cfg.size, antialias=True), v2.RandomHorizontalFlip()]
     if policy:
         ops.append(v2.RandAugment())
-    dataset = torchvision.datasets.ImageFolder(args.root, transform=v2.Compose(ops),
+    dataset = torchvision.datasets.ImageFolder(cfg.root, transform=v2.Compose(ops),
                                                loader=_decode_jpeg_file)
-    return (images for images, _ in _torch_loader(dataset, args))
+    return (images for images, _ in _torch_loader(dataset, cfg))
 
 
-def dali_cpu(args, policy: str | None) -> Iterable:
+def dali_cpu(cfg, policy: str | None) -> Iterable:
     import torch
     from nvidia.dali import fn, pipeline_def, types
     from nvidia.dali.auto_aug import rand_augment
 
     @pipeline_def(enable_conditionals=True)
     def graph():
-        encoded, labels = fn.readers.file(file_root=args.root, random_shuffle=True, seed=0,
+        encoded, labels = fn.readers.file(file_root=cfg.root, random_shuffle=True, seed=0,
                                           name="reader")
         images = fn.decoders.image(encoded, device="cpu", output_type=types.RGB)
-        images = fn.random_resized_crop(images, size=[args.size, args.size],
+        images = fn.random_resized_crop(images, size=[cfg.size, cfg.size],
                                         random_area=[0.08, 1.0],
                                         random_aspect_ratio=[3 / 4, 4 / 3], antialias=True)
         if policy:
@@ -97,13 +83,13 @@ def dali_cpu(args, policy: str | None) -> Iterable:
                                           mirror=fn.random.coin_flip(probability=0.5))
         return images, labels
 
-    pipe = graph(batch_size=args.batch_size, num_threads=args.workers, device_id=None, seed=0,
+    pipe = graph(batch_size=cfg.batch_size, num_threads=cfg.workers, device_id=None, seed=0,
                  prefetch_queue_depth=2)
     pipe.build()
-    per_epoch = pipe.epoch_size("reader") // args.batch_size
+    per_epoch = pipe.epoch_size("reader") // cfg.batch_size
 
     def batches():
-        for _ in range(args.epochs * per_epoch):
+        for _ in range(cfg.epochs * per_epoch):
             images, _ = pipe.run()
             yield torch.from_numpy(images.as_array())
 
@@ -118,117 +104,103 @@ PIPELINES = {
     "torchvision v2, no policy": (torchvision_v2, None),
     "DALI CPU, no policy": (dali_cpu, None),
 }
+# Each row's path (the first word of its name): how it runs, and its row without a policy.
 HOW = {
     "fastpipe": "ImageFolder(train=True, size=224, auto_augment=...), DataLoader + fast_collate",
     "torchvision": "ImageFolder(loader=decode_jpeg), v2 RandomResizedCrop + flip (+ RandAugment)",
     "DALI": "fn.readers.file, decoders.image(cpu), random_resized_crop (+ rand_augment n=2 m=9), "
             "crop_mirror_normalize(uint8, CHW, mirror)",
 }
+PLAIN = {"fastpipe": "fastpipe, no policy", "torchvision": "torchvision v2, no policy",
+         "DALI": "DALI CPU, no policy"}
 
 
-def child(args) -> None:
-    """One measurement, printed as one JSON line."""
+def _path(name: str) -> str:
+    return name.split(",")[0].split(" ")[0]
+
+
+def optional(name: str) -> bool:
+    """DALI is an optional part: its rows' failure is a note in the table."""
+    return _path(name) == "DALI"
+
+
+def measure(name: str, cfg) -> dict[str, float]:
+    """One row, in this fresh process."""
     import torch
 
     torch.set_num_threads(1)
-    builder, policy = PIPELINES[args.child]
-    batches = builder(args, policy)
-    cpu_start = cpu_seconds()
-    count, total, start = 0, 0, None
-    for i, images in enumerate(batches):
-        if images.dtype != torch.uint8 or tuple(images.shape[1:]) != (3, args.size, args.size):
-            raise AssertionError(f"{args.child}: got {images.dtype} {tuple(images.shape)}")
-        total += images.shape[0]
-        if i == args.warmup - 1:
-            start = time.perf_counter()
-        elif start is not None:
-            count += images.shape[0]
-    if start is None or count == 0:
-        raise RuntimeError("too few batches to time: raise --images or --epochs")
-    rate = count / (time.perf_counter() - start)
-    del batches
-    print(json.dumps({"rate": rate, "cpu_ms": (cpu_seconds() - cpu_start) / total * 1e3}))
+    builder, policy = PIPELINES[name]
+
+    def check(images) -> None:
+        if images.dtype != torch.uint8 or tuple(images.shape[1:]) != (3, cfg.size, cfg.size):
+            raise AssertionError(f"{name}: got {images.dtype} {tuple(images.shape)}")
+
+    return _harness.time_batches(builder(cfg, policy), cfg.warmup, check)
 
 
-# ---------------------------------------------------------------- orchestration
+# ---------------------------------------------------------------- the run (the parent)
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 round on 256 images")
-    parser.add_argument("--images", type=int, default=None, help="sample images (default 512)")
-    parser.add_argument("--epochs", type=int, default=None, help="epochs per measurement (2)")
-    parser.add_argument("--repeat", type=int, default=None, help="rounds, median reported (3)")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_augment",
+                                     description=__doc__.split("\n\n")[0])
+    _harness.add_arguments(parser, repeat=3)
+    parser.add_argument("--images", type=int, default=None,
+                        help="sample images (default 512, quick 256)")
+    parser.add_argument("--epochs", type=int, default=None,
+                        help="epochs per measurement (default 2, quick 1)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--size", type=int, default=224)
-    parser.add_argument("--warmup", type=int, default=2, help="batches not timed")
+    parser.add_argument("--warmup", type=int, default=2, help="batches not timed (default 2)")
     parser.add_argument("--root", default=None, help="an ImageFolder tree instead of the sample")
-    parser.add_argument("--only", nargs="*", default=None, help="pipelines whose name has a word")
-    parser.add_argument("--markdown", type=Path, default=None, help="write the table here")
-    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    _harness.check_baseline(parser, args.baseline)
     args.epochs = args.epochs or (1 if args.quick else 2)
-    args.repeat = args.repeat or (1 if args.quick else 3)
-    if args.child:
-        child(args)
-        return 0
+    args.repeat = _harness.rounds_of(args, 3)
     images = args.images or (256 if args.quick else 512)
-    args.root_is_sample = args.root is None
-    if args.root is None:
-        from fastpipe.datasets import sample_images
+    root = args.root
+    if root is None:
+        from fastpipe.data import sample_images
 
-        args.root = str(sample_images(num_images=images))
-    names = [n for n in PIPELINES
-             if not args.only or any(w.lower() in n.lower() for w in args.only)]
-    results: dict[str, list[dict[str, float]]] = {n: [] for n in names}
-    notes: dict[str, str] = {}
-    common = ["--root", args.root, "--epochs", str(args.epochs), "--workers", str(args.workers),
-              "--batch-size", str(args.batch_size), "--size", str(args.size),
-              "--warmup", str(args.warmup)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    for round_ in range(args.repeat):
-        for name in names:
-            if name in notes:
-                continue
-            done = subprocess.run([sys.executable, __file__, "--child", name, *common],
-                                  capture_output=True, text=True, env=env, timeout=1800)
-            if done.returncode != 0:
-                notes[name] = done.stderr.strip().splitlines()[-1] if done.stderr else "failed"
-                print(f"{name:36s} FAILED: {notes[name]}", flush=True)
-                continue
-            result = json.loads(done.stdout.strip().splitlines()[-1])
-            results[name].append(result)
-            print(f"[round {round_ + 1}/{args.repeat}] {name:36s} {result['rate']:7.1f} images/s "
-                  f"{result['cpu_ms']:6.2f} CPU ms/image", flush=True)
-    source = f"{images} sample JPEGs (~500x400)" if args.root_is_sample else args.root
-    lines = [
-        f"{source}, {args.workers} workers, batch "
-        f"{args.batch_size}, {args.size}x{args.size} uint8 out, median of {args.repeat} round(s) "
-        f"of {args.epochs} epoch(s), each in a fresh process.",
-        "",
-        "| pipeline | images/s | CPU ms/image | policy's CPU ms/image | how |",
-        "| --- | ---: | ---: | ---: | --- |",
-    ]
-    medians = {n: (statistics.median(r["rate"] for r in rs),
-                   statistics.median(r["cpu_ms"] for r in rs)) for n, rs in results.items() if rs}
-    for name in names:
-        how = HOW[name.split(",")[0].split(" ")[0]]
-        if name not in medians:
-            lines.append(f"| {name} | - | - | - | {notes.get(name, 'not run')} |")
-            continue
-        rate, cpu = medians[name]
-        plain = {"fastpipe": "fastpipe, no policy", "torchvision": "torchvision v2, no policy",
-                 "DALI": "DALI CPU, no policy"}[name.split(",")[0].split(" ")[0]]
-        extra = "-"
-        if PIPELINES[name][1] and plain in medians:
-            extra = f"{cpu - medians[plain][1]:.2f}"
-        lines.append(f"| {name} | {rate:.0f} | {cpu:.2f} | {extra} | {how} |")
-    table = "\n".join(lines) + "\n"
-    print()
-    print(table)
-    if args.markdown:
-        args.markdown.write_text(table)
+        root = str(sample_images(num_images=images))
+    names = _harness.select(PIPELINES, args.only)
+    config = {"root": root, "epochs": args.epochs, "workers": args.workers,
+              "batch_size": args.batch_size, "size": args.size, "warmup": args.warmup}
+    runs = _harness.run_rounds("bench_augment", names, config, args.repeat,
+                               baseline=args.baseline)
+    table = _table(names, runs, args)
+    source = f"{images} sample JPEGs (~500x400)" if args.root is None else args.root
+    lines = [f"Machine: {_harness.machine()}.", "",
+             f"{source}, {args.workers} workers, batch {args.batch_size}, {args.size}x{args.size} "
+             f"uint8 out, median (and min-max) of {args.repeat} round(s) of {args.epochs} "
+             "epoch(s), each in a fresh process.", "", table.markdown(), ""]
+    if args.baseline:
+        lines += [f"Before and after: this checkout against "
+                  f"{_harness.describe_checkout(args.baseline.resolve())}.", "",
+                  *_harness.before_after(names, runs), ""]
+    _harness.finish("\n".join(lines), args, runs)
     return 0
+
+
+def _table(names: list[str], runs: _harness.Runs, args):
+    from fastpipe.profiling._table import Column, ResultTable
+
+    rows = _harness.rows(names, runs,
+                         baseline_label=f"the row above, with the fastpipe of {args.baseline}")
+    cpu = {r.key: r.extra.get("cpu_ms") for r in rows}
+
+    def policy_cost(row) -> str:
+        # The row's CPU less that of the same path without a policy, measured with the same
+        # fastpipe (a baseline row against the baseline's).
+        name = row.key.removesuffix(_harness.BASELINE_SUFFIX)
+        plain = PLAIN[_path(name)] + row.key[len(name):]
+        if PIPELINES[name][1] is None or cpu.get(row.key) is None or cpu.get(plain) is None:
+            return "-"
+        return f"{cpu[row.key] - cpu[plain]:.2f}"
+
+    return ResultTable(rows, unit="images/s", name_header="pipeline", after=[
+        _harness.cpu_column(), Column("policy's CPU ms/image", policy_cost),
+        Column("how", lambda r: r.description or HOW[_path(r.key)], "<")])
 
 
 if __name__ == "__main__":

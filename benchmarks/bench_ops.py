@@ -10,7 +10,7 @@ For each op on a 64x3x224x224 batch (by default):
     normalize timm's PrefetchLoader expression ``x.float().sub_(mean).div_(std)``;
   * GB/s: bytes read plus bytes written by the functional op, over its time, against a ``clone()``
     of a tensor like the op's output, the memory-bandwidth ceiling.
-Targets (issue 3): ext >= 5x loop, ext >= 2x ref, and >= half of clone's GB/s for cutout,
+Targets: ext >= 5x loop, ext >= 2x ref, and >= half of clone's GB/s for cutout,
 random_erasing and normalize.
 
 Allocator: glibc gives every freed block over its mmap threshold (at most 32 MiB) back to the
@@ -21,10 +21,12 @@ clone() then measures page faults rather than memory bandwidth.
 MALLOC_TRIM_THRESHOLD_=4 GiB), as jemalloc, tcmalloc and PyTorch's CUDA caching allocator do;
 every op and baseline in that run uses the same allocator.
 
-    python benchmarks/bench_ops.py                      # full run (about two minutes on 2 cores)
-    python benchmarks/bench_ops.py --keep-memory        # the same, allocator keeping freed memory
-    python benchmarks/bench_ops.py --quick              # smoke run: small batch, few repeats
-    python benchmarks/bench_ops.py --markdown docs/ops-benchmark.md
+Every variant of a row is timed in the same rounds, in one process (``_harness.interleaved``).
+
+    python -m benchmarks.bench_ops                      # full run (about two minutes on 2 cores)
+    python -m benchmarks.bench_ops --keep-memory        # the same, allocator keeping freed memory
+    python -m benchmarks.bench_ops --quick              # smoke run: small batch, few repeats
+    python -m benchmarks.bench_ops --markdown docs/ops-benchmark.md
 """
 
 from __future__ import annotations
@@ -43,16 +45,14 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from fastpipe import ops  # noqa: E402
-from fastpipe.ops import _extension  # noqa: E402
+import fastpipe.ops as ops
+from benchmarks import _harness
+from fastpipe._constants import IMAGENET_MEAN as MEAN
+from fastpipe._constants import IMAGENET_STD as STD
+from fastpipe.ops import _extension
 
 # glibc's environment settings (read once, at process start) that keep freed memory for reuse.
 KEEP_MEMORY = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
-
-from fastpipe import IMAGENET_MEAN as MEAN  # noqa: E402
-from fastpipe import IMAGENET_STD as STD  # noqa: E402
 
 # ---- baselines, written the way they are used today ----
 
@@ -160,22 +160,13 @@ def timm_cutmix_batch_(x: torch.Tensor, alpha=1.0):
 def interleaved_ms(
     timed: dict[str, Callable[[], float]], repeat: int, warmup: int = 1
 ) -> dict[str, float]:
-    """Median milliseconds of each timed function, run round-robin: one run of each per round.
+    """Median milliseconds of each timed function over ``repeat`` interleaved rounds.
 
     The machine's speed drifts (other virtual machines on the host), so the variants of one case
-    are timed in the same rounds and their ratios compare like with like; the order rotates from
-    round to round, so that no variant always follows the same one.
+    are timed in the same rounds and their ratios compare like with like.
     """
-    for fn in timed.values():
-        for _ in range(warmup):
-            fn()
-    names = list(timed)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for round_index in range(repeat):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            times[name].append(timed[name]())
-    return {name: statistics.median(values) * 1e3 for name, values in times.items()}
+    rounds = _harness.interleaved(timed, repeat, warmup)
+    return {name: statistics.median(values) * 1e3 for name, values in rounds.items()}
 
 
 def timed_call(fn: Callable[[], object]) -> Callable[[], float]:
@@ -380,8 +371,7 @@ def markdown(results: list[dict], batch: int, size: int, repeat: int) -> str:
     lines = [
         f"Batch {batch}x3x{size}x{size} on the CPU, median of {repeat} rounds (each round runs "
         "every variant of a row once, so a row's ratios compare runs made under the same "
-        f"conditions); {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"{torch.get_num_threads()} torch threads, torch {torch.__version__}. "
+        f"conditions); {torch.get_num_threads()} torch threads. Machine: {_harness.machine()}. "
         f"Allocator: {allocator_description()}.",
         "",
         "| op | dtype | C++ op (ms) | C++ in place (ms) | reference (ms) | per-sample loop (ms) "
@@ -418,7 +408,9 @@ def markdown(results: list[dict], batch: int, size: int, repeat: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m benchmarks.bench_ops",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--size", type=int, default=224)
@@ -435,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keep-memory",
         action="store_true",
-        help="run with glibc keeping freed memory for reuse (re-runs this script with "
+        help="run with glibc keeping freed memory for reuse (re-runs this benchmark with "
         + " ".join(f"{name}={value}" for name, value in KEEP_MEMORY.items())
         + "), so that clone() measures memory bandwidth rather than page faults",
     )
@@ -446,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
         # glibc reads these settings when a process starts: the benchmark runs in a new one.
         script_args = sys.argv[1:] if argv is None else list(argv)
         child = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), *script_args],
+            [sys.executable, "-m", "benchmarks.bench_ops", *script_args],
+            cwd=_harness.REPO,
             env={**os.environ, **KEEP_MEMORY},
             check=False,
         )
@@ -465,9 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     random.seed(0)
     torch.manual_seed(0)
     results = run(args.batch, args.size, args.repeat)
-    if args.markdown:
-        args.markdown.write_text(markdown(results, args.batch, args.size, args.repeat))
-        print(f"wrote {args.markdown}")
+    _harness.finish(markdown(results, args.batch, args.size, args.repeat), args)
     return 0
 
 

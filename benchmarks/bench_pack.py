@@ -10,15 +10,18 @@ Measured in one run on the built-in sample dataset (photo-like JPEGs around 500x
   torchvision's ImageFolder with the same decoder; array storage vs ``np.memmap`` of the same
   decoded arrays, the practical ceiling (target: array storage at least half of it).
 
-    python benchmarks/bench_pack.py [--quick] [--markdown FILE]
+Every measurement runs in this one process, one after another (the packs and the loaders it
+compares are plain file readers: no pipeline beside them to distort them); the machine line comes
+from ``_harness.py``.
+
+    python -m benchmarks.bench_pack [--quick] [--markdown FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,6 +30,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from benchmarks import _harness
 from fastpipe.data import H5Dataset, ImageDecoder, LMDBDataset, sample_images
 from fastpipe.data._pack_dataset import decode_chw
 from fastpipe.pack import pack
@@ -212,8 +216,7 @@ def run(args: argparse.Namespace) -> list[dict]:
 def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
     lines = [
         f"{args.num_images} sample JPEGs (~500x400), arrays {args.size}x{args.size}, batch "
-        f"{args.batch_size}; {os.cpu_count()} cores "
-        f"({platform.processor() or platform.machine()}), torch {torch.__version__}. "
+        f"{args.batch_size}. Machine: {_harness.machine()}. "
         "Ratio: against the first row of its group (packing: 1 worker; bytes: the original files; "
         "arrays: the np.memmap ceiling). Files sit in the page cache, so the file rows show "
         "per-file overhead, not disk seeks.",
@@ -227,8 +230,9 @@ def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_pack",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--num-images", type=int, default=2048,
                         help="sample dataset size (default 2048)")
     parser.add_argument("--size", type=int, default=224,
@@ -240,19 +244,15 @@ def main() -> None:
     parser.add_argument("--workdir", help="where to write the packs (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the packs afterwards")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
-    parser.add_argument("--markdown", help="also write the table to this file")
-    args = parser.parse_args()
+    parser.add_argument("--markdown", type=Path, help="also write the table to this file")
+    args = parser.parse_args(argv)
     global MIN_SECONDS
     if args.quick:
         args.num_images, args.size, args.batch_size, args.reads = 96, 64, 16, 200
         MIN_SECONDS = 0.2
-    table = to_markdown(run(args), args)
-    print()
-    print(table)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(table)
+    _harness.finish(to_markdown(run(args), args), args)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -4,21 +4,26 @@ Each step loads one batch (cost ``--load-ms``) and then "trains" for ``--compute
 CPU side of a GPU step mostly waits for the device, releasing the GIL). Loading either releases the
 GIL (a sleep, like I/O or torch ops) or holds it (a pure-Python busy loop, like a Python
 transform). Every variant is reported as its wall time over the ideal ``steps * max(load,
-compute)``: 1.00 is perfect overlap, 2.00 is no overlap at all.
+compute)``: 1.00 is perfect overlap, 2.00 is no overlap at all. The variants run in the same
+rounds, one epoch each per round, in this process (``_harness.interleaved``); the median counts.
 
-    python benchmarks/bench_prefetch.py [--quick] [--markdown FILE]
+    python -m benchmarks.bench_prefetch [--quick] [--markdown FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from fastpipe import DataLoaderX, DataPrefetcher
+from benchmarks import _harness
+from fastpipe.loader import DataLoaderX
+from fastpipe.prefetch import DataPrefetcher
 
 
 class SimulatedLoad(Dataset):
@@ -77,8 +82,9 @@ def run(steps: int, load_ms: float, compute_ms: float, repeats: int) -> list[dic
     rows = []
     for holds_gil in (False, True):
         dataset = SimulatedLoad(steps, load_ms / 1000, holds_gil)
-        for name, make in _variants(dataset).items():
-            times = [_time_epoch(make, compute_ms / 1000) for _ in range(repeats)]
+        timed = {name: (lambda make=make: _time_epoch(make, compute_ms / 1000))
+                 for name, make in _variants(dataset).items()}
+        for name, times in _harness.interleaved(timed, repeats, warmup=0).items():
             rows.append({
                 "load": "holds the GIL" if holds_gil else "releases the GIL",
                 "variant": name,
@@ -91,8 +97,9 @@ def run(steps: int, load_ms: float, compute_ms: float, repeats: int) -> list[dic
 def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
     lines = [
         f"Simulated loop: {args.steps} steps, load {args.load_ms:g} ms, compute "
-        f"{args.compute_ms:g} ms per step, median of {args.repeats} runs. Ratio = wall time / "
-        "ideal (steps x max(load, compute)); lower is better, 1.00 is perfect overlap.",
+        f"{args.compute_ms:g} ms per step, median of {args.repeats} interleaved runs. Ratio = wall "
+        "time / ideal (steps x max(load, compute)); lower is better, 1.00 is perfect overlap. "
+        f"Machine: {_harness.machine()}.",
         "",
         "| loading | variant | ratio to ideal |",
         "|---|---|---:|",
@@ -101,23 +108,22 @@ def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_prefetch",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--load-ms", type=float, default=20.0)
     parser.add_argument("--compute-ms", type=float, default=20.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="a few steps, for a smoke test")
-    parser.add_argument("--markdown", help="also write the table to this file")
-    args = parser.parse_args()
+    parser.add_argument("--markdown", type=Path, help="also write the table to this file")
+    args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.repeats = 10, 1
-    table = to_markdown(run(args.steps, args.load_ms, args.compute_ms, args.repeats), args)
-    print(table)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(table)
+    rows = run(args.steps, args.load_ms, args.compute_ms, args.repeats)
+    _harness.finish(to_markdown(rows, args), args)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -3,11 +3,11 @@
 For every file of an image set, the original bytes and ``fastpipe._jpeg.transcode(bytes)`` go
 through the same ``ImageDecoder(train=True, size=224)`` with the same per-sample random crop
 (decode at DCT scale + crop + resize, one core). Each image size class is timed in interleaved
-rounds, original then transcoded, and the median per-image time is reported with the size
+rounds (``_harness.interleaved``), and the median per-image time is reported with the size
 overhead of the transcoded files.
 
-    python benchmarks/bench_transcode.py                      # the three sets of bench_cpu_path
-    python benchmarks/bench_transcode.py --root DIR           # your own ImageFolder tree
+    python -m benchmarks.bench_transcode                      # the three sets of bench_cpu_path
+    python -m benchmarks.bench_transcode --root DIR           # your own ImageFolder tree
 
 Both variants run the same function in one process, one after another, on one core: there is no
 pipeline beside them to distort them. Compare ratios within one run.
@@ -24,8 +24,7 @@ from pathlib import Path
 import simplejpeg
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks import _harness
 
 
 def _size_class(height: int, width: int) -> str:
@@ -59,11 +58,12 @@ def measure(root: Path, rounds: int) -> list[str]:
     for (size, progressive), pairs in sorted(groups.items()):
         originals, rewritten = [p[0] for p in pairs], [p[1] for p in pairs]
         seeds = list(range(len(pairs)))
-        times: dict[bool, list[float]] = {False: [], True: []}
-        for _ in range(rounds):
-            times[False].append(_time(decoder, originals, seeds) / len(pairs))
-            times[True].append(_time(decoder, rewritten, seeds) / len(pairs))
-        a, b = statistics.median(times[False]), statistics.median(times[True])
+        times = _harness.interleaved({
+            "original": lambda originals=originals, seeds=seeds: _time(decoder, originals, seeds),
+            "transcoded": lambda rewritten=rewritten, seeds=seeds: _time(decoder, rewritten, seeds),
+        }, rounds, warmup=0)
+        a = statistics.median(times["original"]) / len(pairs)
+        b = statistics.median(times["transcoded"]) / len(pairs)
         total[False] += a * len(pairs)
         total[True] += b * len(pairs)
         overhead = sum(map(len, rewritten)) / sum(map(len, originals)) - 1
@@ -77,7 +77,8 @@ def measure(root: Path, rounds: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_transcode",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, default=None)
     parser.add_argument("--images", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=5)
@@ -86,13 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.root:
         sets = {"your images": args.root}
     else:
-        from _photos import photo_set
-
+        from benchmarks._photos import photo_set
         from fastpipe.data import sample_images
 
         sets = {"built-in sample set": sample_images(num_images=args.images),
                 "ImageNet-like photos": photo_set("imagenet", args.images),
                 "1-2k px photos": photo_set("photos", max(64, args.images // 4))}
+    print(f"Machine: {_harness.machine()}.")
     for name, root in sets.items():
         print(f"\n### {name}\n")
         print("\n".join(measure(Path(root), args.rounds)))

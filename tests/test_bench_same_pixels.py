@@ -1,18 +1,15 @@
-"""The FFCV comparison of bench_cpu_path.py stores the pixels it says it stores."""
+"""The FFCV comparison of bench_cpu_path stores the pixels it says it stores."""
 
 from __future__ import annotations
 
 import importlib.util
 import io
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import bench_cpu_path as bench  # noqa: E402
+from benchmarks import _ffcv
 
 PIL = pytest.importorskip("PIL.Image")
 
@@ -48,25 +45,25 @@ def test_pixel_count_of_max_side_equals_what_the_packer_stores(mixed_root, tmp_p
     pytest.importorskip("h5py")
     from fastpipe.pack import pack
 
-    sizes = bench._image_sizes(str(mixed_root))
+    sizes = _ffcv.image_sizes(str(mixed_root))
     assert sorted(sizes) == sorted(SIZES)
     for side in (64, 200, 377):
         out = tmp_path / f"pack-{side}.h5"
         pack(str(mixed_root), out, storage="bytes", max_side=side, quality=90, transcode=True,
              progress=False)
         stored = _stored_sizes(out)
-        assert sum(w * h for w, h in stored) == bench._fastpipe_pixels(sizes, side)
+        assert sum(w * h for w, h in stored) == _ffcv.fastpipe_pixels(sizes, side)
 
 
 def test_matching_max_side_stores_about_as_many_pixels_as_ffcv(mixed_root):
-    sizes = bench._image_sizes(str(mixed_root))
+    sizes = _ffcv.image_sizes(str(mixed_root))
     for resolution in (128, 256, 512):
-        side = bench.matching_max_side(sizes, resolution)
-        target = bench._ffcv_pixels(sizes, resolution)
+        side = _ffcv.matching_max_side(sizes, resolution)
+        target = _ffcv.ffcv_pixels(sizes, resolution)
         # The best integer cap: one less or one more is no closer to FFCV's count.
-        error = abs(bench._fastpipe_pixels(sizes, side) - target)
+        error = abs(_ffcv.fastpipe_pixels(sizes, side) - target)
         for other in (side - 1, side + 1):
-            assert abs(bench._fastpipe_pixels(sizes, other) - target) >= error
+            assert abs(_ffcv.fastpipe_pixels(sizes, other) - target) >= error
         assert error <= 0.02 * target
 
 
@@ -75,7 +72,7 @@ def test_matching_max_side_stores_about_as_many_pixels_as_ffcv(mixed_root):
 def test_ffcv_pixel_count_equals_what_ffcv_stores(mixed_root):
     from ffcv.fields.rgb_image import resizer
 
-    sizes = bench._image_sizes(str(mixed_root))
+    sizes = _ffcv.image_sizes(str(mixed_root))
     for resolution in (128, 256, 512):
         stored = [resizer(np.zeros((h, w, 3), np.uint8), resolution).shape[:2] for w, h in sizes]
-        assert sum(h * w for h, w in stored) == bench._ffcv_pixels(sizes, resolution)
+        assert sum(h * w for h, w in stored) == _ffcv.ffcv_pixels(sizes, resolution)

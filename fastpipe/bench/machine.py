@@ -38,9 +38,9 @@ def describe_machine() -> dict[str, Any]:
     """CPU, cores, memory, GPU and the versions that matter for loader speed."""
     import torch
 
-    import fastpipe
+    from fastpipe._hardware import usable_cores
+    from fastpipe._version import __version__
 
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     gpu = None
     if torch.cuda.is_available():
         gpu = ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
@@ -50,7 +50,7 @@ def describe_machine() -> dict[str, Any]:
     memory = _memory_gib()
     return {
         "cpu": _cpu_model(),
-        "cores": usable,
+        "cores": usable_cores(),
         "logical_cpus": os.cpu_count(),
         "memory_gib": round(memory, 1) if memory is not None else None,
         "gpu": gpu,
@@ -59,8 +59,9 @@ def describe_machine() -> dict[str, Any]:
         "torch": torch.__version__,
         "torchvision": _version("torchvision"),
         "pillow": _version("pillow"),
+        "simplejpeg": _version("simplejpeg"),
         "dali": dali,
-        "fastpipe": fastpipe.__version__,
+        "fastpipe": __version__,
         "fastpipe_extension": importlib.util.find_spec("fastpipe._C") is not None,
     }
 
@@ -70,7 +71,9 @@ def machine_line(machine: dict[str, Any]) -> str:
     memory = f", {machine['memory_gib']} GiB" if machine.get("memory_gib") else ""
     gpu = machine.get("gpu") or "no GPU"
     versions = ", ".join(
-        f"{name} {machine[name]}" for name in ("torch", "torchvision", "dali") if machine.get(name)
+        f"{name} {machine[name]}"
+        for name in ("torch", "torchvision", "pillow", "simplejpeg", "dali") if machine.get(name)
     )
+    ops = "compiled ops" if machine.get("fastpipe_extension") else "pure-PyTorch ops"
     return (f"{machine['cpu']}, {machine['cores']} cores{memory}, {gpu}; Python "
-            f"{machine['python']}, {versions}, fastpipe {machine['fastpipe']}")
+            f"{machine['python']}, {versions}, fastpipe {machine['fastpipe']} ({ops})")

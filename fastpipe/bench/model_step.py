@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import gc
 import importlib.util
-import json
 import os
 import shutil
 import tempfile
@@ -25,94 +24,32 @@ import threading
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fastpipe.bench.machine import describe_machine, machine_line
+from fastpipe._constants import DEFAULT_SIZE
+from fastpipe._hardware import usable_cores
+from fastpipe.bench.machine import describe_machine
+from fastpipe.bench.report import BenchReport, loader_table, workers
 from fastpipe.bench.variants import (
     VARIANTS,
     BenchConfig,
     Skip,
     Variant,
 )
+from fastpipe.profiling._table import Column, Row
 
-BASELINE = "dataloader"
 NUM_CLASSES = 1000
 
 
-@dataclass
-class ModelBenchRow:
-    """One loader's result; ``images_per_second`` is None when it was skipped."""
-
-    key: str
-    name: str
-    description: str
-    images_per_second: float | None = None
-    ratio: float | None = None
-    wait_share: float | None = None
-    gpu_utilization: float | None = None
-    utilization_source: str | None = None
-    batches: int = 0
-    seconds: float = 0.0
-    first_batch_seconds: float | None = None
-    clock: str | None = None
-    output: str | None = None
-    skipped: str | None = None
-
-
-@dataclass
-class ModelBenchReport:
-    machine: dict[str, Any]
-    settings: dict[str, Any]
-    rows: list[ModelBenchRow]
-
-    def table(self) -> str:
-        width = max(len(r.name) for r in self.rows) + 2
-        head = (f"{'loader':<{width}}{'images/s':>10}{'vs DataLoader':>15}{'data wait':>11}"
-                f"{'GPU util':>10}")
-        lines = [head, "-" * len(head)]
-        for r in self.rows:
-            if r.images_per_second is None:
-                lines.append(f"{r.name:<{width}}{'-':>10}{'-':>15}{'-':>11}{'-':>10}   "
-                             f"skipped: {r.skipped}")
-                continue
-            ratio = f"{r.ratio:.2f}x" if r.ratio is not None else "-"
-            util = "-" if r.gpu_utilization is None else f"{r.gpu_utilization:.0%}"
-            if r.utilization_source == "events":
-                util = "~" + util
-            lines.append(f"{r.name:<{width}}{r.images_per_second:>10.1f}{ratio:>15}"
-                         f"{r.wait_share:>11.0%}{util:>10}")
-        return "\n".join(lines)
-
-    def header(self) -> str:
-        s = self.settings
-        amp = "AMP" if s["amp"] else "float32"
-        workers = f"{s['num_workers']} worker{'' if s['num_workers'] == 1 else 's'}"
-        text = (f"machine: {machine_line(self.machine)}\n"
-                f"step: {s['model']} on {s['device']}, channels_last, {amp}, batch "
-                f"{s['batch_size']}, synthetic labels; data: {s['num_images']} JPEGs in "
-                f"{s['root']}, {workers}, {s['size']}x{s['size']} crops; "
-                f"{s['seconds']:g} s per loader after {s['warmup']} warm-up batches")
-        if s["device"].startswith("cuda"):
-            text += ("\nGPU util: NVML's; ~ marks the share of device time not spent waiting "
-                     "for data (without pynvml)")
-        return text
-
-    def __str__(self) -> str:
-        return f"{self.header()}\n\n{self.table()}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"machine": self.machine, "settings": self.settings,
-                "rows": [asdict(r) for r in self.rows]}
-
-    def to_json(self, path: str | os.PathLike | None = None) -> str:
-        text = json.dumps(self.to_dict(), indent=2)
-        if path is not None:
-            Path(path).write_text(text + "\n")
-        return text
+def _utilization(row: Row) -> str:
+    value = row.extra.get("gpu_utilization")
+    if value is None:
+        return "-"
+    # ~: the share of device time not spent waiting for data, where NVML gave no number.
+    return ("~" if row.extra.get("utilization_source") == "events" else "") + f"{value:.0%}"
 
 
 # --- the model step ------------------------------------------------------------------------------
@@ -242,12 +179,12 @@ class _Utilization:
 
 
 def run_model_variant(variant: Variant, config: BenchConfig, step: TrainStep, seconds: float,
-                      warmup: int) -> ModelBenchRow:
+                      warmup: int) -> Row:
     """Feeds ``step`` from ``variant``'s loader for ``seconds`` after ``warmup`` batches."""
     from fastpipe.profiling import profile
-    from fastpipe.profiling._runner import close_loader, epochs
+    from fastpipe.profiling._runner import close_loader, epochs, measured_row
 
-    row = ModelBenchRow(variant.key, variant.name, variant.description)
+    row = Row(variant.name, key=variant.key, description=variant.description)
     try:
         loader = variant.build(config)
     except (ImportError, Skip, RuntimeError, TypeError) as exc:
@@ -285,19 +222,16 @@ def run_model_variant(variant: Variant, config: BenchConfig, step: TrainStep, se
         del loader
         gc.collect()
     summary = prof.summary()
-    if summary.steps_counted == 0 or summary.samples_per_second is None:
-        row.skipped = "no batch was timed after the warm-up; use more images or more seconds"
+    measured_row(summary, row, "no batch was timed after the warm-up; use more images or more "
+                               "seconds")
+    if row.skipped:
         return row
-    row.images_per_second = summary.samples_per_second
-    row.wait_share = summary.wait_share
-    row.batches = summary.steps_counted
-    row.seconds = summary.seconds
-    row.first_batch_seconds = summary.warmup_seconds
-    row.clock = summary.clock
+    row.extra["clock"] = summary.clock
+    row.extra["gpu_utilization"] = row.extra["utilization_source"] = None
     if busy is not None:
-        row.gpu_utilization, row.utilization_source = busy, "nvml"
+        row.extra.update(gpu_utilization=busy, utilization_source="nvml")
     elif device.type == "cuda":
-        row.gpu_utilization, row.utilization_source = 1.0 - summary.wait_share, "events"
+        row.extra.update(gpu_utilization=1.0 - summary.wait_share, utilization_source="events")
     return row
 
 
@@ -309,14 +243,14 @@ def run_model_bench(
     num_images: int = 1024,
     batch_size: int = 256,
     num_workers: int | None = None,
-    size: int = 224,
+    size: int = DEFAULT_SIZE,
     seconds: float = 30.0,
     warmup: int = 5,
     amp: bool = True,
     variants: Sequence[str] | None = None,
     budget_seconds: float = 540.0,
     command: str = "fastpipe bench --device cuda",
-) -> ModelBenchReport:
+) -> BenchReport:
     """Runs every loader for ``seconds`` feeding ``model``'s training step on ``device``.
 
     Loaders run one after the other, each in a fresh state (the previous one closed); a loader
@@ -344,7 +278,7 @@ def run_model_bench(
     from fastpipe.data.samples import default_cache_dir, sample_images
 
     if num_workers is None:
-        num_workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
+        num_workers = usable_cores()
     if root is None:
         root = sample_images(num_images=num_images)
     else:
@@ -369,8 +303,8 @@ def run_model_bench(
     try:
         for key in chosen:
             if time.perf_counter() - started > budget_seconds:
-                rows.append(ModelBenchRow(key, known[key].name, known[key].description,
-                                          skipped=f"time budget of {budget_seconds:g} s used up"))
+                rows.append(Row(known[key].name, key=key, description=known[key].description,
+                                skipped=f"time budget of {budget_seconds:g} s used up"))
                 continue
             step = TrainStep(model, device, batch_size, amp=amp)
             rows.append(run_model_variant(known[key], config, step, seconds, warmup))
@@ -382,9 +316,15 @@ def run_model_bench(
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
     settings["total_seconds"] = round(time.perf_counter() - started, 1)
-    report = ModelBenchReport(describe_machine(), settings, rows)
-    base = next((r for r in rows if r.key == BASELINE and r.images_per_second), None)
-    for row in rows:
-        if base is not None and row.images_per_second is not None:
-            row.ratio = row.images_per_second / base.images_per_second
-    return report
+    amp_name = "AMP" if amp else "float32"
+    conditions = (f"{model} on {device}, channels_last, {amp_name}, batch {batch_size}, "
+                  f"synthetic labels; {num_images} images, {workers(num_workers)}, {size}x{size} "
+                  f"crops; {seconds:g} s per loader after {warmup} warm-up batches")
+    setup = (f"step: {model} on {device}, channels_last, {amp_name}, batch {batch_size}, "
+             f"synthetic labels; data: {num_images} JPEGs in {root}, {workers(num_workers)}, "
+             f"{size}x{size} crops; {seconds:g} s per loader after {warmup} warm-up batches")
+    if device.type == "cuda":
+        setup += ("\nGPU util: NVML's; ~ marks the share of device time not spent waiting "
+                  "for data (without pynvml)")
+    table = loader_table(rows, Column("GPU util", _utilization))
+    return BenchReport(describe_machine(), settings, table, setup, conditions)

@@ -3,145 +3,23 @@
 from __future__ import annotations
 
 import gc
-import json
 import os
 import shutil
 import tempfile
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastpipe.bench.machine import describe_machine, machine_line
+from fastpipe._constants import DEFAULT_SIZE
+from fastpipe._hardware import usable_cores
+from fastpipe.bench.machine import describe_machine
+from fastpipe.bench.report import BenchReport, loader_table, workers
 from fastpipe.bench.variants import VARIANTS, BenchConfig, Skip, Variant
 from fastpipe.data.samples import default_cache_dir, sample_images
-from fastpipe.profiling._runner import close_loader, run_loader
-
-BASELINE = "dataloader"
-
-
-@dataclass
-class BenchRow:
-    """One variant's result; ``images_per_second`` is None when it was skipped.
-
-    With several rounds, ``images_per_second`` and ``wait_share`` are medians over the rounds
-    (each round's rate is in ``per_round``), and ``batches``/``seconds`` are totals.
-    """
-
-    key: str
-    name: str
-    description: str
-    images_per_second: float | None = None
-    ratio: float | None = None
-    wait_share: float | None = None
-    batches: int = 0
-    seconds: float = 0.0
-    first_batch_seconds: float | None = None
-    output: str | None = None
-    skipped: str | None = None
-    per_round: list[float] = field(default_factory=list)
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-
-
-def _merge(rounds: list[BenchRow]) -> BenchRow:
-    """One row from the same variant's rounds; skipped if any round was."""
-    first = rounds[0]
-    skipped = next((r for r in rounds if r.images_per_second is None), None)
-    if skipped is not None:
-        return skipped
-    return BenchRow(
-        first.key, first.name, first.description,
-        images_per_second=_median([r.images_per_second for r in rounds]),
-        wait_share=_median([r.wait_share for r in rounds]),
-        batches=sum(r.batches for r in rounds), seconds=sum(r.seconds for r in rounds),
-        first_batch_seconds=_median([r.first_batch_seconds for r in rounds]),
-        output=first.output, per_round=[r.images_per_second for r in rounds],
-    )
-
-
-@dataclass
-class BenchReport:
-    machine: dict[str, Any]
-    settings: dict[str, Any]
-    rows: list[BenchRow]
-
-    @property
-    def baseline(self) -> BenchRow | None:
-        return next((r for r in self.rows if r.key == BASELINE and r.images_per_second), None)
-
-    def table(self) -> str:
-        width = max(len(r.name) for r in self.rows) + 2
-        lines = [f"{'loader':<{width}}{'images/s':>10}{'vs DataLoader':>15}{'data wait':>11}"]
-        lines.append("-" * len(lines[0]))
-        for r in self.rows:
-            if r.images_per_second is None:
-                lines.append(f"{r.name:<{width}}{'-':>10}{'-':>15}{'-':>11}   skipped: {r.skipped}")
-                continue
-            ratio = f"{r.ratio:.2f}x" if r.ratio is not None else "-"
-            lines.append(f"{r.name:<{width}}{r.images_per_second:>10.1f}{ratio:>15}"
-                         f"{r.wait_share:>11.0%}")
-        return "\n".join(lines)
-
-    def header(self) -> str:
-        s = self.settings
-        return (f"machine: {machine_line(self.machine)}\n"
-                f"data: {s['num_images']} JPEGs in {s['root']}; batch {s['batch_size']}, "
-                f"{_workers(s['num_workers'])}, {s['size']}x{s['size']} crops, "
-                f"{s['seconds']:g} s per loader after its first batch, "
-                f"{s['step_ms']:g} ms simulated step, median of {s['rounds']} round(s)")
-
-    def __str__(self) -> str:
-        return f"{self.header()}\n\n{self.table()}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"machine": self.machine, "settings": self.settings,
-                "rows": [asdict(r) for r in self.rows]}
-
-    def to_json(self, path: str | os.PathLike | None = None) -> str:
-        text = json.dumps(self.to_dict(), indent=2)
-        if path is not None:
-            Path(path).write_text(text + "\n")
-        return text
-
-    def to_markdown(self, path: str | os.PathLike | None = None) -> str:
-        """The table for docs/benchmarks.md, with the machine and the command under it."""
-        lines = ["| loader | images/s | vs DataLoader | data wait | what runs |",
-                 "|---|---:|---:|---:|---|"]
-        for r in self.rows:
-            if r.images_per_second is None:
-                lines.append(f"| {r.name} | - | - | - | skipped: {r.skipped} |")
-                continue
-            ratio = f"{r.ratio:.2f}x" if r.ratio is not None else "-"
-            lines.append(f"| {r.name} | {r.images_per_second:.0f} | {ratio} | "
-                         f"{r.wait_share:.0%} | {r.description} |")
-        s = self.settings
-        lines += ["", f"Machine: {machine_line(self.machine)}.",
-                  f"Command: `{s['command']}` ({s['num_images']} images, batch {s['batch_size']}, "
-                  f"{_workers(s['num_workers'])}, {s['size']}x{s['size']} crops, {s['seconds']:g} "
-                  f"s per loader, {s['step_ms']:g} ms simulated step, median of {s['rounds']} "
-                  "round(s))."]
-        text = "\n".join(lines) + "\n"
-        if path is not None:
-            Path(path).write_text(text)
-        return text
-
-    def plot(self, path: str | os.PathLike) -> Path:
-        """Images/s per variant as a PNG (needs matplotlib: ``fastpipe[plot]``)."""
-        from fastpipe.profiling.plots import plot_bench
-
-        title = f"fastpipe bench: {machine_line(self.machine)}"
-        return plot_bench(self.rows, title, path)
-
-
-def _workers(count: int) -> str:
-    return f"{count} worker{'' if count == 1 else 's'}"
+from fastpipe.profiling._runner import close_loader, measured_row, run_loader
+from fastpipe.profiling._table import Row
 
 
 def _describe_output(batch: Any) -> str:
@@ -167,8 +45,8 @@ class _Peek:
 
 
 def run_variant(variant: Variant, config: BenchConfig, seconds: float, step_seconds: float,
-                min_batches: int) -> BenchRow:
-    row = BenchRow(variant.key, variant.name, variant.description)
+                min_batches: int) -> Row:
+    row = Row(variant.name, key=variant.key, description=variant.description)
     try:
         loader = variant.build(config)
     except (ImportError, Skip) as exc:
@@ -186,16 +64,9 @@ def run_variant(variant: Variant, config: BenchConfig, seconds: float, step_seco
         close_loader(loader)
         del loader, peek.loader
         gc.collect()  # so this variant's workers are gone before the next one starts
-    if summary.steps_counted == 0:
-        row.skipped = "the dataset gave only one batch; use more images or a smaller batch"
-        return row
-    row.images_per_second = summary.samples_per_second
-    row.wait_share = summary.wait_share
-    row.batches = summary.steps_counted
-    row.seconds = summary.seconds
-    row.first_batch_seconds = summary.warmup_seconds
     row.output = peek.output
-    return row
+    return measured_row(summary, row, "the dataset gave only one batch; use more images or a "
+                                      "smaller batch")
 
 
 def run_bench(
@@ -204,7 +75,7 @@ def run_bench(
     num_images: int = 256,
     batch_size: int = 32,
     num_workers: int | None = None,
-    size: int = 224,
+    size: int = DEFAULT_SIZE,
     seconds: float = 4.0,
     step_ms: float = 10.0,
     variants: Sequence[str] | None = None,
@@ -236,7 +107,7 @@ def run_bench(
             f"{batch_size}, seconds={seconds}, step_ms={step_ms}, size={size}"
         )
     if num_workers is None:
-        num_workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
+        num_workers = usable_cores()
     if root is None:
         root = sample_images(num_images=num_images)
     else:
@@ -261,7 +132,7 @@ def run_bench(
 
     from fastpipe._progress import progress_bar
 
-    results: dict[str, list[BenchRow]] = {key: [] for key in chosen}
+    results: dict[str, list[Row]] = {key: [] for key in chosen}
     bar = progress_bar(progress, only_on_terminal=True, total=len(chosen) * rounds,
                        desc="fastpipe bench", unit="run")
     started = time.perf_counter()
@@ -277,16 +148,16 @@ def run_bench(
                 results[key].append(
                     run_variant(known[key], config, seconds, step_ms / 1000, min_batches))
                 bar.update(1)
-        rows = [_merge(results[key]) for key in chosen]
+        rows = [Row.merged(results[key]) for key in chosen]
     finally:
         bar.close()
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
     settings["total_seconds"] = round(time.perf_counter() - started, 1)
-    report = BenchReport(describe_machine(), settings, rows)
-    base = report.baseline
-    for row in rows:
-        if base is not None and row.images_per_second is not None:
-            # Within each round first, against the baseline measured beside it.
-            row.ratio = _median([r / b for r, b in zip(row.per_round, base.per_round, strict=True)])
-    return report
+    conditions = (f"{num_images} images, batch {batch_size}, {workers(num_workers)}, "
+                  f"{size}x{size} crops, {seconds:g} s per loader, {step_ms:g} ms simulated step, "
+                  f"median of {rounds} round(s)")
+    setup = (f"data: {num_images} JPEGs in {root}; batch {batch_size}, {workers(num_workers)}, "
+             f"{size}x{size} crops, {seconds:g} s per loader after its first batch, {step_ms:g} ms "
+             f"simulated step, median of {rounds} round(s)")
+    return BenchReport(describe_machine(), settings, loader_table(rows), setup, conditions)

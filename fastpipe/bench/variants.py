@@ -69,21 +69,23 @@ def build_dataloader(config: BenchConfig) -> Any:
 
 
 def build_dataloaderx(config: BenchConfig) -> Any:
-    from fastpipe import DataLoaderX
+    from fastpipe.loader import DataLoaderX
 
     return DataLoaderX(_torchvision_folder(config, uint8=False), **_loader_kwargs(config))
 
 
 def build_prefetcher(config: BenchConfig) -> Any:
-    from fastpipe import DataLoaderX, DataPrefetcher
+    from fastpipe.loader import DataLoaderX
+    from fastpipe.prefetch import DataPrefetcher
 
     loader = DataLoaderX(_torchvision_folder(config, uint8=True), **_loader_kwargs(config))
     return DataPrefetcher(loader, device=config.device, mean=IMAGENET_MEAN, std=IMAGENET_STD)
 
 
 def build_fast_cpu(config: BenchConfig) -> Any:
-    from fastpipe import DataLoaderX, DataPrefetcher
     from fastpipe.data import ImageFolder, fast_collate
+    from fastpipe.loader import DataLoaderX
+    from fastpipe.prefetch import DataPrefetcher
 
     dataset = ImageFolder(str(config.root), train=True, size=config.size)
     loader = DataLoaderX(dataset, collate_fn=fast_collate, **_loader_kwargs(config))
@@ -92,7 +94,7 @@ def build_fast_cpu(config: BenchConfig) -> Any:
 
 def pack_path(config: BenchConfig) -> Path:
     """The pack of the benchmark's folder, made on first use (not timed)."""
-    from fastpipe import __version__
+    from fastpipe._version import __version__
     from fastpipe.pack import pack
 
     require("h5py", extra="hdf5", feature="the HDF5 variant of fastpipe bench")
@@ -113,8 +115,9 @@ def pack_path(config: BenchConfig) -> Path:
 
 
 def build_hdf5(config: BenchConfig) -> Any:
-    from fastpipe import DataLoaderX, DataPrefetcher
     from fastpipe.data import H5Dataset, ImageDecoder, fast_collate
+    from fastpipe.loader import DataLoaderX
+    from fastpipe.prefetch import DataPrefetcher
 
     dataset = H5Dataset(str(pack_path(config)), decoder=ImageDecoder(train=True, size=config.size))
     loader = DataLoaderX(dataset, collate_fn=fast_collate, **_loader_kwargs(config))
@@ -130,7 +133,7 @@ def build_dali(config: BenchConfig) -> Any:
 
 
 def build_factory(config: BenchConfig) -> Any:
-    from fastpipe import image_loader
+    from fastpipe.factory import image_loader
 
     return image_loader(config.root, config.batch_size, train=True, size=config.size,
                         num_workers=config.num_workers)

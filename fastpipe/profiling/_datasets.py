@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fastpipe._constants import DEFAULT_SIZE
+
 H5_SUFFIXES = (".h5", ".hdf5")
 
 
@@ -58,7 +60,8 @@ def _import_factory(spec: str) -> Any:
                          f"{spec!r})") from None
 
 
-def resolve_dataset(spec: str | os.PathLike, size: int = 224, train: bool = True) -> DatasetSource:
+def resolve_dataset(spec: str | os.PathLike, size: int = DEFAULT_SIZE,
+                    train: bool = True) -> DatasetSource:
     """Turns what the user named into a dataset.
 
     ``spec`` is one of:

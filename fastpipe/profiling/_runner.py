@@ -1,5 +1,6 @@
 """The loader runner shared by ``profile``, ``tune`` and ``bench``: iterate a loader under the
-profiler for a time or a number of steps, then stop its threads and processes."""
+profiler for a time or a number of steps, then stop its threads and processes; what it measured
+becomes a :class:`~fastpipe.profiling._table.Row` of the command's table."""
 
 from __future__ import annotations
 
@@ -8,31 +9,12 @@ import math
 import time
 import warnings
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from fastpipe.profiling._datasets import DatasetSource
 from fastpipe.profiling._settings import LoaderSettings
+from fastpipe.profiling._table import Row
 from fastpipe.profiling.profiler import LoaderInfo, Profiler, ProfileSummary
-
-
-@dataclass
-class Trial:
-    """The measurement of one setting. ``samples_per_second`` is None when it did not run."""
-
-    settings: LoaderSettings
-    stage: str
-    samples_per_second: float | None = None
-    batches: int = 0
-    seconds: float = 0.0
-    first_batch_seconds: float | None = None
-    wait_share: float | None = None
-    skipped: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["settings"] = asdict(self.settings)
-        return out
 
 
 def run_loader(
@@ -94,6 +76,30 @@ def close_loader(loader: Any) -> None:
             close()
 
 
+def measured_row(summary: ProfileSummary, row: Row, too_few: str) -> Row:
+    """``row`` with what ``summary`` measured: the rate, the data-wait share, the batches counted
+    and their seconds, the first batch apart. Skipped when no batch came, or with ``too_few``
+    when none was counted after the first."""
+    if not summary.steps:
+        row.skipped = "the dataset gave no batch"
+    elif summary.steps_counted == 0 or summary.samples_per_second is None:
+        row.first_batch_seconds = summary.warmup_seconds
+        row.skipped = too_few
+    else:
+        row.per_round = [summary.samples_per_second]
+        row.wait_share = summary.wait_share
+        row.batches = summary.steps_counted
+        row.seconds = summary.seconds
+        row.first_batch_seconds = summary.warmup_seconds
+    return row
+
+
+def settings_row(settings: LoaderSettings, stage: str, skipped: str | None = None) -> Row:
+    """The tuner's row for one point of its grid, named by its loader, keyed by all of it."""
+    return Row(settings.wrapper_name, key=settings.label, settings=settings, stage=stage,
+               skipped=skipped)
+
+
 def measure(
     source: DatasetSource,
     settings: LoaderSettings,
@@ -101,7 +107,7 @@ def measure(
     step_seconds: float = 0.0,
     min_batches: int = 3,
     stage: str = "",
-) -> Trial:
+) -> Row:
     """Builds the loader for ``settings`` and measures it with :func:`run_loader`."""
     with warnings.catch_warnings():
         # More workers than cores is a deliberate point of the grid, not a mistake to warn about.
@@ -113,15 +119,8 @@ def measure(
             close_loader(loader)
             del loader
             gc.collect()  # so persistent workers end now, not during the next trial
-    if not summary.steps:
-        return Trial(settings, stage, skipped="the dataset gave no batch")
-    if summary.steps_counted == 0:
-        return Trial(settings, stage, None, 0, 0.0, summary.warmup_seconds,
-                     skipped="the dataset gave only one batch; use a smaller batch size")
-    return Trial(
-        settings, stage, summary.samples_per_second, summary.steps_counted, summary.seconds,
-        summary.warmup_seconds, summary.wait_share,
-    )
+    return measured_row(summary, settings_row(settings, stage),
+                        "the dataset gave only one batch; use a smaller batch size")
 
 
 def epochs(loader: Any) -> Iterator[Any]:

@@ -28,6 +28,13 @@ class LoaderSettings:
     def wrapper_name(self) -> str:
         return self.wrapper.replace("+", " + ")
 
+    @property
+    def label(self) -> str:
+        """Every setting on one line (the progress bar, a trial's key in the tuner's table)."""
+        return (f"workers={self.num_workers} batch={self.batch_size} "
+                f"prefetch={self.prefetch_factor} persistent={self.persistent_workers} "
+                f"pin={self.pin_memory} {self.wrapper}")
+
     def loader_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"batch_size": self.batch_size, "num_workers": self.num_workers}
         if self.num_workers > 0:
@@ -40,7 +47,8 @@ class LoaderSettings:
     def build(self, dataset: Any, collate_fn: Callable | None, shuffle: bool = True) -> Any:
         from torch.utils.data import DataLoader
 
-        from fastpipe import DataLoaderX, DataPrefetcher
+        from fastpipe.loader import DataLoaderX
+        from fastpipe.prefetch import DataPrefetcher
 
         kwargs = self.loader_kwargs()
         if collate_fn is not None:

@@ -1,7 +1,8 @@
 """fastpipe tune: measure loader settings on your dataset instead of guessing them.
 
 This module is the search only: the datasets come from ``_datasets``, each setting is built by
-``_settings.LoaderSettings`` and measured by ``_runner.measure``.
+``_settings.LoaderSettings`` and measured by ``_runner.measure`` into a row of the result table
+that ``fastpipe bench`` prints too (``_table``).
 
 The search is coordinate descent inside a time budget: first num_workers (the setting that
 matters most), then batch size, prefetch_factor, persistent_workers, pin_memory (with CUDA only)
@@ -21,17 +22,19 @@ from typing import Any
 
 import torch
 
+from fastpipe._hardware import usable_cores
 from fastpipe.profiling._datasets import DatasetSource, is_map_dataset, resolve_dataset
-from fastpipe.profiling._runner import Trial, measure
+from fastpipe.profiling._runner import measure, settings_row
 from fastpipe.profiling._settings import WRAPPERS, LoaderSettings
+from fastpipe.profiling._table import Column, ResultTable, Row
 
 
 @dataclass
 class TuneResult:
-    """All trials, ranked fastest first; ``best`` is the recommendation."""
+    """All trials (one table row each), ranked fastest first; ``best`` is the recommendation."""
 
-    trials: list[Trial]
-    best: Trial
+    trials: list[Row]
+    best: Row
     source: DatasetSource | None
     budget: float
     seconds: float
@@ -44,28 +47,34 @@ class TuneResult:
         """The recommended settings as code to paste."""
         return self.best.settings.code(self.source)
 
+    def result_table(self) -> ResultTable:
+        """The trials as a table: rank (``*`` the recommendation), loader, samples/s, the ratio
+        to the recommendation, then the settings."""
+        ranks = {id(t): f"{rank}{'*' if t is self.best else ' '}"
+                 for rank, t in enumerate(self.trials, 1)}
+
+        def setting(header: str, value: Callable[[LoaderSettings], Any]) -> Column:
+            return Column(header, lambda t: str(value(t.settings)))
+
+        def with_workers(value: Callable[[LoaderSettings], Any]) -> Callable[[LoaderSettings], Any]:
+            # prefetch_factor and persistent_workers mean nothing without workers.
+            return lambda s: value(s) if s.num_workers else "-"
+
+        return ResultTable(
+            self.trials, unit="samples/s", name_header="loader", baseline=self.best.key,
+            ratio_header="vs best",
+            before=[Column("rank", lambda t: ranks[id(t)])],
+            after=[setting("workers", lambda s: s.num_workers),
+                   setting("batch", lambda s: s.batch_size),
+                   setting("prefetch", with_workers(lambda s: s.prefetch_factor or 2)),
+                   setting("persistent", with_workers(lambda s: s.persistent_workers)),
+                   setting("pin", lambda s: s.pin_memory),
+                   Column("first batch", lambda t: "-" if t.first_batch_seconds is None
+                          else f"{t.first_batch_seconds:.2f} s")],
+        )
+
     def table(self) -> str:
-        best_rate = self.best.samples_per_second or 1.0
-        header = (f"{'rank':>5}  {'samples/s':>10}  {'vs best':>7}  {'workers':>7}  {'batch':>5}  "
-                  f"{'prefetch':>8}  {'persistent':>10}  {'pin':>5}  {'loader':<28}  first batch")
-        lines = [header, "-" * len(header)]
-        for rank, t in enumerate(self.trials, 1):
-            s = t.settings
-            measured = t.samples_per_second is not None
-            rate = f"{t.samples_per_second:10.1f}" if measured else f"{'-':>10}"
-            ratio = (f"{t.samples_per_second / best_rate:6.2f}x" if t.samples_per_second is not None
-                     else f"{'-':>7}")
-            first = f"{t.first_batch_seconds:.2f} s" if t.first_batch_seconds is not None else "-"
-            prefetch = str(s.prefetch_factor or 2) if s.num_workers else "-"
-            persistent = str(s.persistent_workers) if s.num_workers else "-"
-            mark = "*" if t is self.best else " "
-            line = (f"{rank:>4}{mark}  {rate}  {ratio}  {s.num_workers:>7}  {s.batch_size:>5}  "
-                    f"{prefetch:>8}  {persistent:>10}  {s.pin_memory!s:>5}  "
-                    f"{s.wrapper_name:<28}  {first}")
-            if t.skipped:
-                line += f"  (skipped: {t.skipped})"
-            lines.append(line)
-        return "\n".join(lines)
+        return self.result_table().text()
 
     def notes(self) -> list[str]:
         notes = ["* = recommended: the fastest, unless a simpler setting was within "
@@ -88,14 +97,14 @@ class TuneResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "best": self.best.to_dict(),
+            "best": self.best.to_dict(self.result_table().rate_field),
             "code": self.code,
             "dataset": self.source.description if self.source is not None else None,
             "budget_seconds": self.budget,
             "seconds": self.seconds,
             "step_seconds": self.step_seconds,
             "notes": self.notes(),
-            "trials": [t.to_dict() for t in self.trials],
+            "trials": self.result_table().to_dicts(),
         }
 
     def to_json(self, path: str | os.PathLike | None = None) -> str:
@@ -121,10 +130,7 @@ class TuneResult:
 def default_worker_counts(cores: int | None = None) -> list[int]:
     """0, 1, 2, 4, ... up to twice the usable cores (at most 32)."""
     if cores is None:
-        if hasattr(os, "sched_getaffinity"):
-            cores = len(os.sched_getaffinity(0))
-        else:
-            cores = os.cpu_count() or 1
+        cores = usable_cores()
     counts, n = [0], 1
     while n <= min(2 * cores, 32):
         counts.append(n)
@@ -290,13 +296,13 @@ class _Grid:
 
 
 def _search(grid: _Grid, base: LoaderSettings, started: float, budget: float,
-            run: Callable[[LoaderSettings, str], Trial], trial_seconds: float, min_gain: float,
-            bar: Any) -> tuple[dict[LoaderSettings, Trial], Trial | None]:
+            run: Callable[[LoaderSettings, str], Row], trial_seconds: float, min_gain: float,
+            bar: Any) -> tuple[dict[LoaderSettings, Row], Row | None]:
     """Coordinate descent: each stage's candidates around the best so far; a candidate becomes
     the best only when ``min_gain`` faster. Trials that no longer fit the budget are recorded as
     skipped."""
-    trials: dict[LoaderSettings, Trial] = {}
-    best: Trial | None = None
+    trials: dict[LoaderSettings, Row] = {}
+    best: Row | None = None
     for stage, candidates in grid.stages():
         if best is None and stage != "num_workers":
             break  # nothing measured to build on; the caller reports it
@@ -305,10 +311,10 @@ def _search(grid: _Grid, base: LoaderSettings, started: float, budget: float,
                 continue
             elapsed = time.perf_counter() - started
             if best is not None and elapsed + trial_seconds > budget:
-                trials[settings] = Trial(settings, stage, skipped="over the time budget")
+                trials[settings] = settings_row(settings, stage, skipped="over the time budget")
                 bar.update(1)
                 continue
-            bar.set_postfix_str(_short(settings), refresh=False)
+            bar.set_postfix_str(settings.label, refresh=False)
             trial = run(settings, stage)
             trials[settings] = trial
             bar.update(1)
@@ -318,8 +324,3 @@ def _search(grid: _Grid, base: LoaderSettings, started: float, budget: float,
                     trial.samples_per_second > best.samples_per_second * (1 + min_gain)):
                 best = trial
     return trials, best
-
-
-def _short(s: LoaderSettings) -> str:
-    return (f"workers={s.num_workers} batch={s.batch_size} prefetch={s.prefetch_factor} "
-            f"persistent={s.persistent_workers} pin={s.pin_memory} {s.wrapper}")
