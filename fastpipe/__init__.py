@@ -1,7 +1,8 @@
 """fastpipe: keep the GPU fed.
 
 The public API is small: :func:`image_loader` (normalized training batches on your device, by the
-fastest path this machine has), :class:`DataLoaderX`, :class:`DataPrefetcher`, :func:`profile`,
+fastest path this machine has), :class:`Recipe` (what happens to each image, on every backend),
+:class:`DataLoaderX`, :class:`DataPrefetcher`, :func:`profile`,
 the ImageNet statistics :data:`IMAGENET_MEAN` / :data:`IMAGENET_STD`, and the subpackages
 ``fastpipe.data`` (datasets, samplers, collation, the sample set), ``fastpipe.pack`` (packing a
 folder into HDF5 or LMDB), ``fastpipe.ops`` (batch ops) and ``fastpipe.dali`` (needs the ``dali``
@@ -16,9 +17,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from fastpipe._constants import IMAGENET_MEAN, IMAGENET_STD
+from fastpipe._version import __version__
 from fastpipe.loader import DataLoaderX
 from fastpipe.prefetch import DataPrefetcher
 from fastpipe.profiling import profile
+from fastpipe.recipe import Recipe
 
 if TYPE_CHECKING:
     from fastpipe import dali as dali
@@ -27,13 +30,12 @@ if TYPE_CHECKING:
     from fastpipe import pack as pack
     from fastpipe.factory import image_loader
 
-__version__ = "0.1.0"
-
 __all__ = [
     "DataLoaderX",
     "DataPrefetcher",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "Recipe",
     "__version__",
     "image_loader",
     "profile",

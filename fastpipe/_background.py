@@ -138,21 +138,14 @@ register_before_thread_join(_close_all_at_exit)
 
 
 class BackgroundIterator(Generic[T]):
-    """Iterates ``source`` in a daemon thread, keeping up to ``prefetch_depth`` items ready.
-
-    ``max_prefetch`` is the older spelling of ``prefetch_depth``, kept for internal callers.
-    """
+    """Iterates ``source`` in a daemon thread, keeping up to ``prefetch_depth`` items ready."""
 
     def __init__(
         self,
         source: Iterator[T],
         prefetch_depth: int = 2,
         name: str = "fastpipe-background",
-        *,
-        max_prefetch: int | None = None,
     ):
-        if max_prefetch is not None:
-            prefetch_depth = max_prefetch
         prefetch_depth = check.positive_int("prefetch_depth", prefetch_depth)
         self._items: queue.Queue = queue.Queue(maxsize=prefetch_depth)
         self._stop = threading.Event()

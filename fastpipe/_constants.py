@@ -12,3 +12,5 @@ DEFAULT_SCALE: tuple[float, float] = (0.08, 1.0)
 DEFAULT_RATIO: tuple[float, float] = (3 / 4, 4 / 3)
 DEFAULT_CROP_PCT = 0.875
 DEFAULT_HFLIP = 0.5
+DEFAULT_INTERPOLATION = "bilinear"
+DEFAULT_CUTOUT_SIZE = 16

@@ -139,12 +139,12 @@ def environment_report() -> dict[str, Any]:
     """Versions, GPUs, the built parts and what fastpipe will pick, as a JSON-ready dict."""
     import torch
 
-    import fastpipe
+    from fastpipe._hardware import usable_cores
+    from fastpipe._version import __version__
 
     ext = _extension()
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     report: dict[str, Any] = {
-        "fastpipe": fastpipe.__version__,
+        "fastpipe": __version__,
         "python": platform.python_version(),
         "platform": platform.platform(terse=True),
         "torch": torch.__version__,
@@ -157,7 +157,7 @@ def environment_report() -> dict[str, Any]:
         "resize": _module_state("fastpipe._resize"),
         "dali": _dali(),
         "pynvml": importlib.util.find_spec("pynvml") is not None,
-        "cores": usable,
+        "cores": usable_cores(),
         "logical_cpus": os.cpu_count(),
     }
     report["picks"] = _picks(torch, report)

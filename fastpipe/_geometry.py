@@ -1,7 +1,9 @@
-"""Crop geometry for the fused decode path: where to crop, and at which DCT scale to decode.
+"""Where an image is cropped: the geometry of :class:`fastpipe.Recipe`, for every backend.
 
-Everything here is plain integer and float arithmetic on image sizes, so it can be checked against
-torchvision without decoding anything.
+Plain integer and float arithmetic on image sizes, so it can be checked against torchvision
+without decoding anything; fastpipe/csrc/jpeg/train_plan.h repeats the train crop's arithmetic
+in C++, operation for operation, and DALI's eval graph (fastpipe/dali/pipelines.py) the eval
+geometry in DALI's integer arithmetic.
 """
 
 from __future__ import annotations
@@ -11,10 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-# libjpeg-turbo decodes at any M/8 scale, but only 1/2, 1/4 and 1/8 have fast reduced inverse DCTs
-# (SIMD 4x4 and 2x2, DC-only 1x1); the others (7/8, 3/4, ...) run plain C, slower than a full-size
-# decode (docs/cpu-path.md), so they are never asked for.
-DCT_SCALES = (8, 4, 2, 1)
+from fastpipe._constants import DEFAULT_RATIO, DEFAULT_SCALE
 
 
 class Box(NamedTuple):
@@ -45,8 +44,8 @@ def random_resized_crop_box(
     height: int,
     width: int,
     uniforms: list[float],
-    scale: tuple[float, float] = (0.08, 1.0),
-    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    scale: tuple[float, float] = DEFAULT_SCALE,
+    ratio: tuple[float, float] = DEFAULT_RATIO,
 ) -> Box:
     """A crop of an image ``height x width`` drawn as torchvision's RandomResizedCrop draws it.
 
@@ -80,28 +79,39 @@ def random_resized_crop_box(
     return Box((height - h) // 2, (width - w) // 2, h, w)
 
 
+def eval_resize_to(size: tuple[int, int], crop_pct: float) -> int | tuple[int, int]:
+    """What eval resizes an image to before the centre crop of ``size``, as the argument of
+    torchvision's ``Resize``. A square ``size``: the shorter side to ``size / crop_pct`` (256 for
+    224 at 0.875; torchvision's and timm's eval). ``(height, width)``: each side to
+    ``side / crop_pct``, the aspect ratio not kept (timm's ``crop_mode="squash"``), so the crop
+    always fits. The small epsilon keeps a quotient that is an integer in exact arithmetic from
+    rounding down (``190 / 0.95``)."""
+    height, width = size
+    if height == width:
+        return int(height / crop_pct + 1e-9)
+    return int(height / crop_pct + 1e-9), int(width / crop_pct + 1e-9)
+
+
 def eval_resize(height: int, width: int, resize_to: int | tuple[int, int]) -> tuple[int, int]:
-    """The size torchvision's ``Resize(resize_to)`` gives: for an int, shorter side
-    ``resize_to``, the longer scaled and truncated to an int; a ``(height, width)`` as is."""
+    """The size torchvision's ``Resize(resize_to)`` gives an image ``height x width``: for an int,
+    the shorter side ``resize_to`` and the longer scaled and truncated (``floor(resize_to * long /
+    short)``, which integer division computes exactly); a ``(height, width)`` as it is."""
     if not isinstance(resize_to, int):
         return int(resize_to[0]), int(resize_to[1])
     if height <= width:
-        return resize_to, int(resize_to * width / height)
-    return int(resize_to * height / width), resize_to
+        return resize_to, resize_to * width // height
+    return resize_to * height // width, resize_to
+
+
+def centre_offset(extra: int) -> int:
+    """Where a centre crop starts when the image has ``extra`` more pixels than the crop along an
+    axis: torchvision's ``int(round(extra / 2))``, halves rounded to even, in integers."""
+    half = extra // 2
+    return half + (extra - 2 * half) * (half % 2)
 
 
 def centre_box(height: int, width: int, size: int | tuple[int, int]) -> Box:
     """torchvision's ``CenterCrop(size)`` (an int, or ``(height, width)``) on an image at least
     that large."""
     out_h, out_w = (size, size) if isinstance(size, int) else size
-    return Box(int(round((height - out_h) / 2.0)), int(round((width - out_w) / 2.0)), out_h, out_w)
-
-
-def dct_scale(height: int, width: int, need_height: float, need_width: float) -> int:
-    """The largest reduction ``k`` in 8, 4, 2, 1 at which the image ``height x width``, decoded at
-    ``1/k`` of its size, is still at least ``need_height x need_width`` pixels, so the resize after
-    the decode only ever shrinks."""
-    for k in DCT_SCALES:
-        if height / k >= need_height and width / k >= need_width:
-            return k
-    return 1
+    return Box(centre_offset(height - out_h), centre_offset(width - out_w), out_h, out_w)

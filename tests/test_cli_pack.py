@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("h5py")
 
 from fastpipe._cli import main  # noqa: E402
-from fastpipe._cli._args import usable_cores  # noqa: E402
+from fastpipe._hardware import usable_cores  # noqa: E402
 
 pytestmark = pytest.mark.hdf5
 

@@ -69,19 +69,19 @@ def pil_eval_reference(
 ) -> torch.Tensor:
     """Eval transform with PIL: shorter side to floor(size / crop_pct), centre crop, normalize.
 
-    Output sizes and the crop offset follow DALI's rounding (long side rounded to nearest, crop
-    start = round-half-up of the centred offset), so that the comparison measures decoding and
-    resampling, not a one-pixel shift.
+    Output sizes and the crop offset are torchvision's ``Resize(int)`` + ``CenterCrop`` (long
+    side truncated, crop start rounded half to even), the geometry of fastpipe.Recipe on every
+    backend, so that the comparison measures decoding and resampling, not a one-pixel shift.
     """
     image = Image.open(path).convert("RGB")
     width, height = image.size
     short = int(size / crop_pct)
     if width < height:
-        new_w, new_h = short, round(short * height / width)
+        new_w, new_h = short, int(short * height / width)
     else:
-        new_w, new_h = round(short * width / height), short
+        new_w, new_h = int(short * width / height), short
     resized = image.resize((new_w, new_h), resample)
-    top, left = int((new_h - size) / 2 + 0.5), int((new_w - size) / 2 + 0.5)
+    top, left = int(round((new_h - size) / 2.0)), int(round((new_w - size) / 2.0))
     pixels = np.asarray(resized.crop((left, top, left + size, top + size)), dtype=np.float32) / 255
     mean = torch.tensor(IMAGENET_MEAN)[:, None, None]
     std = torch.tensor(IMAGENET_STD)[:, None, None]

@@ -10,9 +10,10 @@ from dali_helpers import JpegBytes, graph_ops, graph_output_devices, image_files
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
 import fastpipe.dali.pipelines as pipelines
+from fastpipe import Recipe
 from fastpipe.dali import DALILoader, EncodedSource, image_pipeline, resolve_device
 from fastpipe.dali.loader import _to_torch
-from fastpipe.dali.pipelines import Transform, build_pipeline
+from fastpipe.dali.pipelines import build_pipeline
 
 pytestmark = [pytest.mark.dali, pytest.mark.timeout(60)]
 
@@ -113,7 +114,7 @@ def test_copying_conversion_matches_the_zero_copy_one(sample_root, dtype):
 # ---- the GPU path, without a GPU -----------------------------------------------------------
 
 
-GPU_IMAGE_OPS = {"Resize", "ColorTwist", "CropMirrorNormalize", "Erase"}
+GPU_IMAGE_OPS = {"Resize", "ColorTwist", "CropMirrorNormalize", "Erase", "Slice"}
 
 
 @pytest.mark.parametrize("train", [True, False])
@@ -121,17 +122,20 @@ def test_gpu_graph_decodes_mixed_keeps_images_and_labels_on_gpu_and_serializes(s
     """Proves the GPU graph is well formed: ``device="mixed"`` decode, every image op after it
     on the GPU, both outputs on the GPU, and DALI accepts every argument of those ops (the
     serializer checks them against the operator schemas). It does not prove it runs."""
-    transform = Transform.create(train=train, color_jitter=0.4, cutout_holes=1)
+    recipe = Recipe(train=True, color_jitter=0.4, cutout_holes=1) if train else Recipe(
+        train=False)
     pipe = build_pipeline(
-        sample_root, transform=transform, batch_size=8, num_workers=2, device_id=None,
+        sample_root, recipe=recipe, batch_size=8, num_workers=2, device_id=None,
         decode_device="mixed",
     )
     ops = graph_ops(pipe)
     decoder = "ImageRandomCrop" if train else "Image"
     assert (decoder, "mixed") in ops
     assert all(device == "gpu" for name, device in ops if name in GPU_IMAGE_OPS)
+    # Eval: the resize and the centre crop sizes come from the image header, on the CPU.
     assert {name for name, _ in ops} >= (
-        {"Resize", "CropMirrorNormalize"} | ({"ColorTwist", "Erase"} if train else set()))
+        {"Resize", "CropMirrorNormalize"}
+        | ({"ColorTwist", "Erase"} if train else {"Slice", "PeekImageShape"}))
     assert graph_output_devices(pipe) == ["gpu", "gpu"]
     serialized = pipe.serialize()
     assert b"device_memory_padding" in serialized and b"mixed" in serialized
@@ -139,7 +143,7 @@ def test_gpu_graph_decodes_mixed_keeps_images_and_labels_on_gpu_and_serializes(s
 
 def test_cpu_graph_has_no_gpu_operator(sample_root):
     pipe = build_pipeline(
-        sample_root, transform=Transform.create(train=True, cutout_holes=1), batch_size=8,
+        sample_root, recipe=Recipe(train=True, cutout_holes=1), batch_size=8,
         num_workers=2, device_id=None, decode_device="cpu",
     )
     assert {device for _, device in graph_ops(pipe)} == {"cpu"}

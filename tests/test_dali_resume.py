@@ -113,9 +113,10 @@ def test_state_is_plain_and_loads_with_weights_only(index_list, tmp_path):
     with DALILoader(index_list, **KWARGS) as loader:
         next(iter(loader))
         state = loader.state_dict()
-    assert state["version"] == 1 and state["dataset_length"] == 48
-    for value in state.values():
-        assert isinstance(value, (int, str, bool, torch.Tensor)), type(value)
+    assert state["version"] == 1 and state["dataset"]["length"] == 48
+    assert isinstance(state["dataset"]["fingerprint"], str)
+    for value in [*state.values(), *state["dataset"].values()]:
+        assert isinstance(value, (int, str, bool, dict, torch.Tensor)), type(value)
     torch.save(state, tmp_path / "state.pt")
     loaded = torch.load(tmp_path / "state.pt", weights_only=True)
     with DALILoader(index_list, **KWARGS) as other:
@@ -132,10 +133,11 @@ def saved_state(index_list):
 def test_state_of_another_dataset_is_refused(index_list, saved_state, tmp_path):
     files = [line.split()[0] for line in index_list.read_text().splitlines()]
     same_length_other_files = FileList(files[::-1], range(48))
-    with pytest.raises(ValueError, match="dataset_fingerprint is '[0-9a-f]+', this loader's is"):
+    with pytest.raises(ValueError, match="saved for another dataset: saved .*'length': 48, "
+                                         "'fingerprint': '[0-9a-f]+'"):
         DALILoader(same_length_other_files, **KWARGS).load_state_dict(saved_state)
     shorter = FileList(files[:40], range(40))
-    with pytest.raises(ValueError, match="dataset_length is 48, this loader's is 40"):
+    with pytest.raises(ValueError, match="another dataset.*this dataset .*'length': 40"):
         DALILoader(shorter, **KWARGS).load_state_dict(saved_state)
 
 
@@ -144,7 +146,7 @@ def test_state_of_another_dataset_is_refused(index_list, saved_state, tmp_path):
     [
         ({"batch_size": 8}, "batch_size is 7, this loader's is 8"),
         ({"rank": 1, "world_size": 2}, "rank is 0, this loader's is 1"),
-        ({"color_jitter": 0.2}, "transform is"),
+        ({"color_jitter": 0.2}, "recipe is"),
         ({"drop_last": True}, "drop_last"),
     ],
 )
@@ -156,11 +158,11 @@ def test_state_of_another_loader_setup_is_refused(index_list, saved_state, chang
 
 def test_other_world_size_and_version_are_refused(index_list, saved_state):
     loader = DALILoader(index_list, **KWARGS)
-    with pytest.raises(ValueError, match="version 2.*cannot resume"):
+    with pytest.raises(ValueError, match="version 2.*cannot be resumed"):
         loader.load_state_dict({**saved_state, "version": 2})
     with pytest.raises(ValueError, match="world_size is 2.*same world size"):
         loader.load_state_dict({**saved_state, "world_size": 2})
-    with pytest.raises(ValueError, match="not a DALILoader state"):
+    with pytest.raises(TypeError, match="takes a dict from DALILoader.state_dict"):
         loader.load_state_dict({"epoch": 0})
     with pytest.warns(RuntimeWarning, match="saved with DALI 0.1"):
         loader.load_state_dict({**saved_state, "dali_version": "0.1"})

@@ -10,8 +10,9 @@ import torchvision.transforms.functional as TF
 from cpu_path_helpers import chw, encode, large_jpeg, pil_rgb, sample_files
 from PIL import Image
 
-from fastpipe.data import CorruptImageError, ImageDecoder, _crop, decode_rgb
-from fastpipe.data._decode import _decode_jpeg, _Plan
+from fastpipe import _geometry as geometry
+from fastpipe.data import CorruptImageError, ImageDecoder, decode_rgb
+from fastpipe.data._decode import _decode_jpeg, _Plan, dct_scale
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -111,7 +112,7 @@ def test_eval_at_reduced_scale_stays_within_half_a_grey_level_of_pil(big_jpeg, i
     """Large images decode at 1/2 or 1/4 in eval too (default reducing_gap 2.0): bound 0.5."""
     decoder = ImageDecoder(train=False, interpolation=interpolation)
     full = pil_rgb(big_jpeg)
-    resize = _crop.eval_resize(full.height, full.width, 256)
+    resize = geometry.eval_resize(full.height, full.width, 256)
     assert decoder._dct_scale(full.height, full.width, resize) > 1
     reference = T.Compose([T.Resize(256, FILTERS[interpolation]), T.CenterCrop(224)])(full)
     assert np.abs(decoder(big_jpeg, "x").numpy().astype(np.int32) - chw(reference)).mean() <= 0.5
@@ -119,13 +120,13 @@ def test_eval_at_reduced_scale_stays_within_half_a_grey_level_of_pil(big_jpeg, i
 
 @pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
 def test_train_crop_at_full_scale_matches_torchvision_resized_crop(jpegs, interpolation):
-    """A fixed box through the fused path vs torchvision's PIL resized_crop. Bound: mean
+    """A fixed box through the fused path vs torchvision's PIL resizedgeometry. Bound: mean
     |difference| <= 0.5 grey levels, max <= 2 (measured: up to 0.19, max 1)."""
     decoder = ImageDecoder(train=True, interpolation=interpolation)
     for data in jpegs[:4]:
         image = pil_rgb(data)
-        for box in (_crop.Box(10, 20, 150, 180), _crop.Box(0, 0, image.height, image.width),
-                    _crop.Box(33, 7, 300, 260)):
+        for box in (geometry.Box(10, 20, 150, 180), geometry.Box(0, 0, image.height, image.width),
+                    geometry.Box(33, 7, 300, 260)):
             array = _decode_jpeg(data, image.height, image.width, 1)
             out = _finish(decoder, array, (image.height, image.width), _Plan(box, None, False, 1))
             reference = TF.resized_crop(image, *box, [224, 224], FILTERS[interpolation])
@@ -159,7 +160,7 @@ def test_reduced_scale_crops_within_bound_of_full_decode_and_resize(big_jpeg, re
     decoder = ImageDecoder(train=True, reducing_gap=reducing_gap, interpolation=interpolation)
     used = set()
     for side in (460, 700, 1000, 1500):
-        box = _crop.Box(20, 30, side, side)
+        box = geometry.Box(20, 30, side, side)
         k = decoder._dct_scale(height, width, (height * 224 / side, width * 224 / side))
         used.add(k)
         out = _finish(decoder, _decode_jpeg(big_jpeg, height, width, k), (height, width),
@@ -173,12 +174,12 @@ def test_reduced_scale_crops_within_bound_of_full_decode_and_resize(big_jpeg, re
 
 
 def test_dct_scale_is_the_smallest_that_covers_the_output():
-    assert _crop.dct_scale(1000, 1000, 224, 224) == 4  # 250 >= 224, 125 < 224
-    assert _crop.dct_scale(1000, 1000, 501, 224) == 1
-    assert _crop.dct_scale(1000, 1000, 500, 500) == 2
-    assert _crop.dct_scale(4000, 3000, 300, 300) == 8
+    assert dct_scale(1000, 1000, 224, 224) == 4  # 250 >= 224, 125 < 224
+    assert dct_scale(1000, 1000, 501, 224) == 1
+    assert dct_scale(1000, 1000, 500, 500) == 2
+    assert dct_scale(4000, 3000, 300, 300) == 8
     # smaller than the output: upsampled, full decode
-    assert _crop.dct_scale(100, 100, 224, 224) == 1
+    assert dct_scale(100, 100, 224, 224) == 1
 
 
 def test_reducing_gap_defaults_and_infinity():
@@ -253,7 +254,7 @@ HIST_BOUND = 0.012
 def test_crop_distribution_matches_torchvision_random_resized_crop(height, width):
     scale, ratio = (0.08, 1.0), (3 / 4, 4 / 3)
     torch.manual_seed(0)
-    ours = [_crop.random_resized_crop_box(height, width, _crop.draw_uniforms(), scale, ratio)
+    ours = [geometry.random_resized_crop_box(height, width, geometry.draw_uniforms(), scale, ratio)
             for _ in range(DRAWS)]
     torch.manual_seed(1)
     image = torch.empty(3, height, width)
@@ -271,18 +272,18 @@ def test_crop_distribution_check_detects_a_wrong_sampler():
     instead of log-uniformly, and a scale range of (0.2, 1) instead of (0.08, 1)."""
     height, width = 400, 500
     torch.manual_seed(0)
-    good = [_crop.random_resized_crop_box(height, width, _crop.draw_uniforms())
+    good = [geometry.random_resized_crop_box(height, width, geometry.draw_uniforms())
             for _ in range(DRAWS)]
     rng = np.random.default_rng(0)
     lo, hi = np.log(3 / 4), np.log(4 / 3)
     uniform_ratio = []
     for _ in range(DRAWS):
-        u = _crop.draw_uniforms()
+        u = geometry.draw_uniforms()
         for attempt in range(10):
             # The uniform number that makes the sampler's log-uniform ratio a uniform one.
             u[2 * attempt + 1] = (np.log(3 / 4 + (4 / 3 - 3 / 4) * rng.random()) - lo) / (hi - lo)
-        uniform_ratio.append(_crop.random_resized_crop_box(height, width, u))
-    narrow = [_crop.random_resized_crop_box(height, width, _crop.draw_uniforms(), (0.2, 1.0))
+        uniform_ratio.append(geometry.random_resized_crop_box(height, width, u))
+    narrow = [geometry.random_resized_crop_box(height, width, geometry.draw_uniforms(), (0.2, 1.0))
               for _ in range(DRAWS)]
     good_s = _stats(good, height, width)
     assert _ks(good_s["log_ratio"], _stats(uniform_ratio, height, width)["log_ratio"]) > KS_BOUND
@@ -292,10 +293,10 @@ def test_crop_distribution_check_detects_a_wrong_sampler():
 def test_crop_falls_back_to_clamped_centre_crop_like_torchvision():
     # No 10 draws fit a 20x1000 strip: torchvision's fallback is the centre crop at ratio 4/3.
     never_fits = [0.99, 0.0] * 10 + [0.5, 0.5, 0.5]
-    assert _crop.random_resized_crop_box(20, 1000, never_fits) == _crop.Box(0, 486, 20, 27)
-    assert _crop.random_resized_crop_box(1000, 20, never_fits) == _crop.Box(486, 0, 27, 20)
-    assert (_crop.random_resized_crop_box(100, 110, [1.5] * 20 + [0, 0, 0])
-            == _crop.Box(0, 0, 100, 110))
+    assert geometry.random_resized_crop_box(20, 1000, never_fits) == geometry.Box(0, 486, 20, 27)
+    assert geometry.random_resized_crop_box(1000, 20, never_fits) == geometry.Box(486, 0, 27, 20)
+    assert (geometry.random_resized_crop_box(100, 110, [1.5] * 20 + [0, 0, 0])
+            == geometry.Box(0, 0, 100, 110))
 
 
 # ---------------------------------------------------------------- randomness and flips

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import fastpipe
-from fastpipe import IMAGENET_MEAN, IMAGENET_STD, DataPrefetcher, image_loader
+from fastpipe import IMAGENET_MEAN, IMAGENET_STD, DataPrefetcher, Recipe, image_loader
 from fastpipe import factory as factory_module
 
 BACKENDS = [
@@ -346,12 +346,9 @@ def test_auto_picks_dali_gpu_decode_only_with_cuda_and_dali(monkeypatch, sample_
     monkeypatch.setattr(factory_module, "_dali_installed", lambda: dali)
     monkeypatch.setattr(factory_module, "_dali_sees_a_gpu", lambda: True)
     options = factory_module._Options.check(
-        source=sample_root, batch_size=8, train=True, size=224, device=None, backend="auto",
-        scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip=0.5, auto_augment=None,
-        interpolation="bilinear", mean=IMAGENET_MEAN, std=IMAGENET_STD, dtype=torch.float32,
-        channels_last=False, rank=None, world_size=None, seed=0, shuffle=None,
-        drop_last=False, num_workers=2, worker_method="process", prefetch_depth=2,
-        crop_pct=0.875,
+        source=sample_root, batch_size=8, recipe=Recipe(train=True), device=None,
+        backend="auto", rank=None, world_size=None, seed=0, shuffle=None, drop_last=False,
+        num_workers=2, worker_method="process", prefetch_depth=2,
     )
     assert options.backend == expected
     assert options.device.type == ("cuda" if cuda else "cpu")
@@ -363,12 +360,9 @@ def test_auto_falls_back_to_the_cpu_path_when_dali_sees_no_gpu(monkeypatch, samp
     monkeypatch.setattr(factory_module, "_dali_sees_a_gpu", lambda: False)
     with pytest.warns(RuntimeWarning, match="DALI is installed but sees no GPU"):
         options = factory_module._Options.check(
-            source=sample_root, batch_size=8, train=True, size=224, device=None,
-            backend="auto", scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip=0.5,
-            auto_augment=None, interpolation="bilinear", mean=IMAGENET_MEAN, std=IMAGENET_STD,
-            dtype=torch.float32, channels_last=False, rank=None, world_size=None, seed=0,
-            shuffle=None, drop_last=False, num_workers=2, worker_method="process",
-            prefetch_depth=2, crop_pct=0.875,
+            source=sample_root, batch_size=8, recipe=Recipe(train=True), device=None,
+            backend="auto", rank=None, world_size=None, seed=0, shuffle=None, drop_last=False,
+            num_workers=2, worker_method="process", prefetch_depth=2,
         )
     assert options.backend == "cpu"
 

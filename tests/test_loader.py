@@ -245,8 +245,9 @@ def test_new_epoch_waits_for_a_slow_batch_before_reusing_persistent_workers(monk
 
 @pytest.mark.parametrize("state", ["fresh", "iterated", "mid_epoch", "closed"])
 def test_pickles_and_deep_copies_in_every_state_like_dataloader(state, no_thread_leak):
-    # Lightning's ddp_spawn pickles the loaders; a peek at a batch (or fastpipe.profile/tune)
-    # before fit used to leave a weakref (and after close() a thread lock) in the loader.
+    # Lightning's ddp_spawn pickles the loaders, possibly after a peek at a batch (or
+    # fastpipe.profile/tune) before fit: the running epoch's weakref and thread lock must not
+    # be part of what is pickled.
     import copy
     import pickle
 

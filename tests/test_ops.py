@@ -321,9 +321,9 @@ def test_cutmix_targets_use_the_area_of_the_clipped_box(backend):
 
 
 def test_cutmix_box_equals_timms_rand_bbox(monkeypatch):
-    # timm 1.0's rand_bbox spans cy - cut // 2 to cy + (cut + 1) // 2: for an odd cut the box
-    # used to be one pixel shorter (cy + cut // 2). The centre is drawn from the generator, so it
-    # is replayed here and handed to timm's np.random.randint.
+    # timm 1.0's rand_bbox spans cy - cut // 2 to cy + (cut + 1) // 2 (for an odd cut, one pixel
+    # more than cy + cut // 2). The centre is drawn from the generator, so it is replayed here and
+    # handed to timm's np.random.randint.
     timm_mixup = pytest.importorskip("timm.data.mixup")
     sizes = ((40, 30), (7, 9), (1, 1), (224, 224), (33, 17))
     lams = (0.75, 0.5, 0.3, 0.01, 0.0, 0.999, 1.0)

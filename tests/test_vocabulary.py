@@ -56,6 +56,7 @@ PER_CALLABLE_DEFAULTS = {
     ("DataLoaderX", "prefetch_depth"): 2,
     ("DataLoaderX", "worker_method"): "process",
     ("image_loader", "worker_method"): None,
+    ("image_loader", "train"): None,  # required, unless recipe= says it
     ("DataPrefetcher", "prefetch_depth"): 1,
     ("DALILoader", "prefetch_depth"): 2,
     ("image_loader", "prefetch_depth"): 2,

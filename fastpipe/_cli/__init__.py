@@ -29,7 +29,7 @@ def _commands() -> dict[str, object]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from fastpipe import __version__
+    from fastpipe._version import __version__
 
     parser = argparse.ArgumentParser(
         prog="fastpipe",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -11,13 +10,6 @@ from fastpipe._cli import CommandError
 
 DATASET_HELP = ("an ImageFolder directory, a .h5 pack file (from `fastpipe pack`), or "
                 "module:function (or file.py:function) returning a map-style dataset")
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity mask), not all the machine's."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def in_cli_spelling(text: str, spelling: Mapping[str, str]) -> str:

@@ -8,7 +8,8 @@ import json
 import sys
 
 from fastpipe._cli import CommandError
-from fastpipe._cli._args import in_cli_spelling, positive_int, usable_cores
+from fastpipe._cli._args import in_cli_spelling, positive_int
+from fastpipe._hardware import usable_cores
 
 HELP = "pack an image folder or list file into one HDF5 (or LMDB) file; merge packs"
 

@@ -46,8 +46,20 @@ from nvidia.dali.plugin.pytorch import feed_ndarray
 from fastpipe import _validate as check
 from fastpipe._background import BackgroundIterator
 from fastpipe._compat import shutdown_dali_pipeline
-from fastpipe.dali.pipelines import Transform, build_pipeline, resolve_device
-from fastpipe.dali.sources import EncodedSource, FileList, open_source
+from fastpipe._constants import (
+    DEFAULT_CROP_PCT,
+    DEFAULT_CUTOUT_SIZE,
+    DEFAULT_HFLIP,
+    DEFAULT_INTERPOLATION,
+    DEFAULT_RATIO,
+    DEFAULT_SCALE,
+    DEFAULT_SIZE,
+)
+from fastpipe._seed import checked_seed, draw_seed, order_seed
+from fastpipe.dali.pipelines import build_pipeline, dali_recipe, resolve_device
+from fastpipe.dali.sources import EncodedSource, open_source
+from fastpipe.data._resume import STATE_VERSION, check_loader_state, dataset_fingerprint
+from fastpipe.recipe import Recipe
 
 _TORCH_DTYPES = {
     "FLOAT": torch.float32, "FLOAT16": torch.float16, "UINT8": torch.uint8, "INT64": torch.int64,
@@ -96,7 +108,7 @@ class _Feeder:
         plan = _read_plan(self.source, self.generation, epoch, start)
         if self.read_ahead > 0:
             plan = BackgroundIterator(
-                plan, max_prefetch=self.read_ahead, name="fastpipe-dali-reader"
+                plan, prefetch_depth=self.read_ahead, name="fastpipe-dali-reader"
             )
         self._reader = plan
 
@@ -263,32 +275,6 @@ def _launched_world_size() -> int:
     return int(value) if value.isdigit() else 1
 
 
-def _random_seed() -> int:
-    # From torch's generator, like DataLoader's base seed, so torch.manual_seed reproduces it.
-    return int(torch.empty((), dtype=torch.int64).random_().item()) % 2**31
-
-
-def dataset_fingerprint(dataset: Any) -> str:
-    """A short hash of what a dataset holds: its length and, where the dataset says, its file
-    paths and labels (a :class:`FileList`, a pack's file and ``targets``/``labels``)."""
-    digest = hashlib.sha256(f"{type(dataset).__name__}:{len(dataset)}".encode())
-    if isinstance(dataset, FileList):
-        digest.update("\0".join(dataset.files).encode())
-        digest.update(dataset.targets.tobytes())
-    else:
-        for name in ("targets", "labels"):
-            value = getattr(dataset, name, None)
-            if isinstance(value, (np.ndarray, torch.Tensor, list, tuple)):
-                digest.update(np.asarray(value, dtype=np.int64).tobytes())
-                break
-        for name in ("filename", "root", "path"):
-            value = getattr(dataset, name, None)
-            if isinstance(value, (str, os.PathLike)):
-                digest.update(os.fspath(value).encode())
-                break
-    return digest.hexdigest()[:16]
-
-
 class EpochSampler:
     """What a :class:`DALILoader` reads, described the way a ``DataLoader``'s sampler is.
 
@@ -348,7 +334,9 @@ class EpochSampler:
         )
 
 
-STATE_VERSION = 1
+# What a state holds besides the loader's identity and its dataset.
+_POSITION_KEYS = ("dali_version", "epoch", "batches_yielded", "exact", "order_seed",
+                  "augment_seed", "dali_checkpoint")
 
 
 def _bytes_tensor(data: bytes | None) -> torch.Tensor:
@@ -402,6 +390,9 @@ class DALILoader:
         prefetch_depth: batches DALI prepares ahead; a reader thread reads as many batches of
             encoded bytes ahead of DALI.
         fetch: ``fetch(index) -> (data, label)`` to read a dataset without ``encoded()``.
+        recipe: a :class:`~fastpipe.Recipe` instead of the image keywords (``train``, ``size``,
+            ``scale`` ... ``cutout_size``, ``mean``, ``std``, ``dtype``, ``channels_last``); not
+            both. What DALI cannot run (AugMix, timm's mstd) is refused here.
 
     Yields:
         ``images``: ``(N, 3, H, W)`` of ``dtype`` on :attr:`device`; ``labels``: ``(N,)`` int64
@@ -423,7 +414,7 @@ class DALILoader:
         *,
         batch_size: int,
         train: bool = True,
-        size: int | Sequence[int] = 224,
+        size: int | Sequence[int] = DEFAULT_SIZE,
         num_workers: int = 2,
         device: str | int | torch.device | None = None,
         shuffle: bool | None = None,
@@ -436,26 +427,28 @@ class DALILoader:
         rank: int | None = None,
         world_size: int | None = None,
         root: str | os.PathLike | None = None,
-        scale: Sequence[float] = (0.08, 1.0),
-        ratio: Sequence[float] = (3 / 4, 4 / 3),
-        hflip: float = 0.5,
+        scale: Sequence[float] = DEFAULT_SCALE,
+        ratio: Sequence[float] = DEFAULT_RATIO,
+        hflip: float = DEFAULT_HFLIP,
         color_jitter: float | Sequence[float] | None = None,
-        crop_pct: float = 0.875,
-        interpolation: Any = "bilinear",
+        crop_pct: float = DEFAULT_CROP_PCT,
+        interpolation: Any = DEFAULT_INTERPOLATION,
         auto_augment: str | None = None,
         cutout_holes: int = 0,
-        cutout_size: int = 16,
+        cutout_size: int = DEFAULT_CUTOUT_SIZE,
         prefetch_depth: int = 2,
         fetch: Callable[[int], tuple[Any, Any]] | None = None,
+        recipe: Recipe | None = None,
     ) -> None:
         batch_size = check.positive_int("batch_size", batch_size)
         num_workers = check.positive_int("num_workers", num_workers)
         prefetch_depth = check.positive_int("prefetch_depth", prefetch_depth)
-        self.transform = Transform.create(
-            train=train, size=size, scale=scale, ratio=ratio, hflip=hflip,
-            color_jitter=color_jitter, crop_pct=crop_pct, interpolation=interpolation,
-            auto_augment=auto_augment, mean=mean, std=std, dtype=dtype,
-            channels_last=channels_last, cutout_holes=cutout_holes, cutout_size=cutout_size,
+        self.recipe = dali_recipe(
+            recipe, DALILoader.__init__, "DALILoader", train=train, size=size, scale=scale,
+            ratio=ratio, hflip=hflip, color_jitter=color_jitter, crop_pct=crop_pct,
+            interpolation=interpolation, auto_augment=auto_augment, mean=mean, std=std,
+            dtype=dtype, channels_last=channels_last, cutout_holes=cutout_holes,
+            cutout_size=cutout_size,
         )
         self._device_id = resolve_device(device)
         if self._device_id is None:
@@ -480,21 +473,20 @@ class DALILoader:
                 RuntimeWarning,
                 stacklevel=2,
             )
-        self.shuffle = bool(train) if shuffle is None else bool(shuffle)
+        self.shuffle = self.recipe.train if shuffle is None else bool(shuffle)
         self.drop_last = bool(drop_last)
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.prefetch_depth = prefetch_depth
-        if seed is None:
-            order_seed = 0 if self.world_size > 1 else _random_seed()
-            augment_seed = _random_seed()
-        else:
-            order_seed = augment_seed = int(seed)
+        seed = checked_seed(seed, where="DALILoader")
+        augment_seed = draw_seed() if seed is None else seed
+        # Each rank draws its own augmentations; DALI takes seeds below 2**31.
         self._augment_seed = int(
             np.random.SeedSequence([augment_seed, self.rank]).generate_state(1)[0] % 2**31
         )
         self._source = EncodedSource(
-            source, batch_size=batch_size, shuffle=self.shuffle, seed=order_seed,
+            source, batch_size=batch_size, shuffle=self.shuffle,
+            seed=order_seed(seed, self.world_size),
             rank=self.rank, world_size=self.world_size, drop_last=self.drop_last, fetch=fetch,
         )
         if len(self._source) == 0:
@@ -549,7 +541,7 @@ class DALILoader:
         if checkpoint is not None:
             extra["checkpoint"] = checkpoint
         return build_pipeline(
-            feeder, transform=self.transform, batch_size=self.batch_size,
+            feeder, recipe=self.recipe, batch_size=self.batch_size,
             num_workers=self.num_workers, device_id=self._device_id,
             decode_device=decode_device, seed=self._augment_seed,
             prefetch_depth=self.prefetch_depth, **extra,
@@ -636,20 +628,22 @@ class DALILoader:
 
     # ---- resume ------------------------------------------------------------------------------
 
-    def _identity(self) -> dict[str, Any]:
-        """What a state must agree on to apply to this loader."""
+    def _dataset_fingerprint(self) -> dict[str, Any]:
+        # Once per loader: a fingerprint may hash every path.
         if self._fingerprint is None:
             self._fingerprint = dataset_fingerprint(self.dataset)
+        return dict(self._fingerprint)
+
+    def _identity(self) -> dict[str, Any]:
+        """What a state must agree on, besides its dataset, to apply to this loader."""
         return {
-            "dataset_length": len(self.dataset),
-            "dataset_fingerprint": self._fingerprint,
             "batch_size": self.batch_size,
             "drop_last": self.drop_last,
             "shuffle": self.shuffle,
             "rank": self.rank,
             "world_size": self.world_size,
             "decode_device": "cpu" if self._device_id is None else "mixed",
-            "transform": hashlib.sha256(repr(self.transform).encode()).hexdigest()[:16],
+            "recipe": hashlib.sha256(repr(self.recipe).encode()).hexdigest()[:16],
         }
 
     def _position(self) -> tuple[int, int]:
@@ -685,6 +679,7 @@ class DALILoader:
             checkpoint = self._state.checkpoint
         return {
             "version": STATE_VERSION,
+            "dataset": self._dataset_fingerprint(),
             **self._identity(),
             "dali_version": nvidia.dali.__version__,
             "epoch": epoch,
@@ -698,19 +693,15 @@ class DALILoader:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores a :meth:`state_dict`: the next ``iter()`` continues where it was taken.
 
-        Refuses (``ValueError``) a state of another version, of another dataset (length or
-        fingerprint of paths and labels), or of a loader that would produce other batches: batch
-        size, ``drop_last``, ``shuffle``, the transforms, CPU vs GPU decoding, ``rank`` and
-        ``world_size``. The pipeline is rebuilt at the next ``iter()``.
+        Refuses (``ValueError``; ``TypeError`` for what is not such a dict) a state of another
+        version, of another dataset (length, or the fingerprint of its paths and labels), or of a
+        loader that would produce other batches: batch size, ``drop_last``, ``shuffle``, the
+        recipe, CPU vs GPU decoding, ``rank`` and ``world_size``, the checks every fastpipe
+        loader shares (fastpipe.data._resume). The pipeline is rebuilt at the next ``iter()``.
         """
-        if not isinstance(state, dict) or "version" not in state:
-            raise ValueError("not a DALILoader state: expected the dict of state_dict()")
-        if state["version"] != STATE_VERSION:
-            raise ValueError(
-                f"this state has version {state['version']!r}, this fastpipe reads version "
-                f"{STATE_VERSION}; it cannot resume from it"
-            )
         mine = self._identity()
+        check_loader_state(state, self.dataset, "DALILoader",
+                           entries=(*mine, *_POSITION_KEYS))
         for key, value in mine.items():
             theirs = state.get(key)
             if theirs != value:
@@ -720,8 +711,6 @@ class DALILoader:
                         "; DALILoader resumes only with the same world size (each rank's share "
                         "and position differ otherwise): restart the epoch with set_epoch"
                     )
-                elif key.startswith("dataset"):
-                    hint = "; this state was saved by a loader over another dataset"
                 raise ValueError(
                     f"cannot load this DALILoader state: its {key} is {theirs!r}, this loader's "
                     f"is {value!r}{hint}"
@@ -767,7 +756,7 @@ class DALILoader:
         self.close()
 
     def __repr__(self) -> str:
-        mode = "train" if self.transform.train else "eval"
+        mode = "train" if self.recipe.train else "eval"
         return (
             f"DALILoader({self.dataset!r}, {mode}, batch_size={self.batch_size}, {len(self)} "
             f"batches, device={self.device}, rank {self.rank}/{self.world_size})"
@@ -810,7 +799,7 @@ class _EpochIterator:
             runtime = loader._state.runtime
             if runtime is not None:
                 runtime.aligned = (self.epoch + 1, 0)
-        if loader.transform.channels_last:
+        if loader.recipe.channels_last:
             # DALI's HWC samples viewed as NCHW: torch.channels_last strides, no copy.
             images = images.permute(0, 3, 1, 2)
         return images, labels

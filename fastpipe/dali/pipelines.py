@@ -1,15 +1,15 @@
-"""The image classification pipeline, built on DALI's ``pipeline_def``, and device selection."""
+"""The image classification pipeline, built on DALI's ``pipeline_def`` from a
+:class:`~fastpipe.Recipe`, and device selection."""
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import nvidia.dali.fn as fn
+import nvidia.dali.math as dmath
 import nvidia.dali.types as types
 import torch
 from nvidia.dali import pipeline_def
@@ -17,7 +17,19 @@ from nvidia.dali.auto_aug import auto_augment, rand_augment, trivial_augment
 from nvidia.dali.pipeline import Pipeline
 
 from fastpipe import _validate as check
+from fastpipe._constants import (
+    DEFAULT_CROP_PCT,
+    DEFAULT_CUTOUT_SIZE,
+    DEFAULT_HFLIP,
+    DEFAULT_INTERPOLATION,
+    DEFAULT_RATIO,
+    DEFAULT_SCALE,
+    DEFAULT_SIZE,
+)
+from fastpipe._geometry import centre_offset
+from fastpipe._hardware import DeviceUnavailableError, as_device
 from fastpipe.dali.sources import EncodedSource, FileList
+from fastpipe.recipe import Policy, Recipe
 
 _DALI_DTYPES = {torch.float32: types.FLOAT, torch.float16: types.FLOAT16, torch.uint8: types.UINT8}
 
@@ -74,13 +86,11 @@ def resolve_device(device: str | int | torch.device | None = None) -> int | None
     """The DALI ``device_id`` for ``device``; ``None`` means DALI's CPU mode.
 
     ``None`` picks a GPU when torch has CUDA and DALI sees one, else the CPU. ``"cpu"`` forces
-    the CPU. ``"gpu"``, ``"cuda"``, ``"cuda:N"``, an int or a ``torch.device`` ask for a GPU and
-    raise ``RuntimeError`` saying why when there is none. Without an index the GPU is torch's
-    current device, or ``LOCAL_RANK``'s when the script left the current device at 0 (with a
-    warning to call ``torch.cuda.set_device``).
+    the CPU. ``"gpu"``, ``"cuda"``, ``"cuda:N"``, an int (DALI's ``device_id``) or a
+    ``torch.device`` ask for a GPU and raise ``RuntimeError`` saying why when there is none.
+    Without an index the GPU is torch's current device, or ``LOCAL_RANK``'s when the script left
+    the current device at 0 (with a warning to call ``torch.cuda.set_device``).
     """
-    if isinstance(device, torch.device):
-        device = str(device)
     if device is None:
         if not torch.cuda.is_available():
             return None
@@ -95,269 +105,103 @@ def resolve_device(device: str | int | torch.device | None = None) -> int | None
             return None
         return _current_cuda_device(count)
     if isinstance(device, int) and not isinstance(device, bool):
-        index: int | None = device
-    elif isinstance(device, str):
-        name = device.strip().lower()
-        if name == "cpu":
-            return None
-        kind, _, number = name.partition(":")
-        if kind not in ("cuda", "gpu") or (number and not number.isdigit()):
-            raise ValueError(f"device must be {_DEVICE_KINDS}, got {device!r}")
-        index = int(number) if number else None
-    else:
+        device = torch.device("cuda", device)
+    elif isinstance(device, str) and device.strip().lower().partition(":")[0] == "gpu":
+        device = "cuda" + device.strip().lower()[3:]  # DALI's own spelling of a GPU
+    elif not isinstance(device, (str, torch.device)):
         raise TypeError(
             f"device must be {_DEVICE_KINDS}, an int or a torch.device; got {type(device).__name__}"
         )
+    try:
+        resolved = as_device(device, where="DALI")
+    except ValueError:
+        raise ValueError(f"device must be {_DEVICE_KINDS}, got {device!r}") from None
+    if resolved.type == "cpu":
+        return None
     if not torch.cuda.is_available():
-        raise RuntimeError(
+        raise DeviceUnavailableError(
             f"device={device!r} asks for a GPU, but torch sees no CUDA device here "
             f"(torch {torch.__version__}, CUDA build {torch.version.cuda}); use device='cpu' for "
             "DALI's CPU mode, or device=None to use a GPU only when there is one"
         )
     count = _dali_cuda_device_count()
     if count == 0:
-        raise RuntimeError(
+        raise DeviceUnavailableError(
             f"device={device!r}: torch sees a CUDA GPU but DALI does not; {_INSTALL_HINT}"
         )
-    if index is None:
-        index = _current_cuda_device(count)
+    index = _current_cuda_device(count) if resolved.index is None else resolved.index
     if not 0 <= index < count:
         raise ValueError(f"device={device!r}: DALI sees {count} GPU(s), numbered 0 to {count - 1}")
     return index
 
 
-
 _INTERPOLATIONS = {"bilinear": types.INTERP_LINEAR, "bicubic": types.INTERP_CUBIC}
-_CPU_ONLY_POLICIES = {
-    "augmix": "AugMix is not in nvidia.dali.auto_aug; run it on the fast CPU path "
-    "(fastpipe.data.ImageFolder(auto_augment='augmix'))",
-}
-_POLICY_NAMES = "'ra', 'ta_wide', 'imagenet', timm's 'rand-m9-n2-inc1' style, or None"
 
 
-@dataclass(frozen=True)
-class AutoAugment:
-    """An automatic augmentation policy as DALI runs it (``nvidia.dali.auto_aug``).
-
-    Built by :meth:`parse` from the names of torchvision's reference scripts and timm's
-    RandAugment strings; runs on uint8 ``HWC`` images after the crop and resize.
-    """
-
-    kind: str  # "rand", "trivial" or "auto"
-    name: str  # as the user spelled it
-    num_ops: int = 2
-    magnitude: int = 9
-    num_magnitude_bins: int = 31
-    monotonic: bool = True
-    fill_value: int = 0
-    max_translate_rel: float | None = 150 / 331
-    max_translate_abs: int | None = None
-
-    @classmethod
-    def parse(cls, name: str | None) -> AutoAugment | None:
-        """``None`` for no policy; a clear ``ValueError`` for a policy DALI cannot run."""
-        if name is None:
-            return None
-        if not isinstance(name, str):
-            raise TypeError(f"auto_augment must be {_POLICY_NAMES}; got {type(name).__name__}")
-        key = name.strip().lower()
-        base = key.split("-")[0]
-        if base in _CPU_ONLY_POLICIES:
-            raise ValueError(f"auto_augment={name!r}: {_CPU_ONLY_POLICIES[base]}")
-        # torchvision's references: RandAugment(2, 9, 31 bins), TrivialAugmentWide (31 bins,
-        # translations up to 32 pixels), AutoAugment(IMAGENET); fill 0 like torchvision.
-        if key == "ra":
-            return cls("rand", name)
-        if key == "ta_wide":
-            return cls("trivial", name, max_translate_rel=None, max_translate_abs=32)
-        if key == "imagenet":
-            return cls("auto", name)
-        if base == "rand":
-            return cls._parse_timm(name, key)
-        raise ValueError(
-            f"auto_augment={name!r} is not a policy DALI can run; use {_POLICY_NAMES}. timm's "
-            "AutoAugment names ('original', 'v0', ...) differ from DALI's ImageNet policy: use "
-            "'imagenet' here, or the CPU path"
-        )
-
-    @classmethod
-    def _parse_timm(cls, name: str, key: str) -> AutoAugment:
-        # timm's magnitudes run 0-10 (m9 is 90 % of the range): 11 bins. Without "inc1" timm
-        # uses the original, partly decreasing magnitude ranges: DALI's non-monotonic suite.
-        # Fill 128 and translations up to 45 % of the side, as timm does.
-        fields = {"m": 9, "n": 2, "inc": 0, "mstd": 0.0}
-        for part in key.split("-")[1:]:
-            head = part.rstrip("0123456789.")
-            value = part[len(head):]
-            if head not in fields or not value:
-                raise ValueError(
-                    f"auto_augment={name!r}: DALI's RandAugment takes m (0-10), n and inc of "
-                    f"timm's options, not {part!r}; drop it or use the CPU path"
-                )
-            fields[head] = float(value)
-        if fields["mstd"] != 0:
-            raise ValueError(
-                f"auto_augment={name!r}: DALI's RandAugment applies a fixed magnitude and has no "
-                "per-operation magnitude noise (timm's mstd); drop 'mstd' (or write mstd0) to run "
-                "it in DALI, or use the CPU path for mstd"
-            )
-        magnitude, num_ops = fields["m"], fields["n"]
-        if magnitude != int(magnitude) or not 0 <= magnitude <= 10 or num_ops != int(num_ops):
-            raise ValueError(f"auto_augment={name!r}: m must be an int in 0-10 and n an int")
-        if num_ops < 1:
-            raise ValueError(f"auto_augment={name!r}: n must be at least 1")
-        return cls(
-            "rand", name, num_ops=int(num_ops), magnitude=int(magnitude), num_magnitude_bins=11,
-            monotonic=bool(fields["inc"]), fill_value=128, max_translate_rel=0.45,
-        )
-
-    def apply(self, images: Any, size: tuple[int, int], seed: int | None) -> Any:
-        """The policy on a batch of uint8 ``HWC`` images of ``size``; needs conditionals."""
-        translate = {}
-        if self.max_translate_rel is not None:
-            translate = {"shape": list(size), "max_translate_rel": self.max_translate_rel}
-        elif self.max_translate_abs is not None:
-            translate = {"max_translate_abs": self.max_translate_abs}
-        common = {"fill_value": self.fill_value, "seed": seed, **translate}
-        if self.kind == "rand":
-            return rand_augment.rand_augment(
-                images, n=self.num_ops, m=self.magnitude,
-                num_magnitude_bins=self.num_magnitude_bins, monotonic_mag=self.monotonic, **common,
-            )
-        if self.kind == "trivial":
-            return trivial_augment.trivial_augment_wide(
-                images, num_magnitude_bins=self.num_magnitude_bins, **common
-            )
-        return auto_augment.auto_augment(images, policy_name="image_net", **common)
+def _apply_policy(policy: Policy, images: Any, size: tuple[int, int], seed: int | None) -> Any:
+    """The recipe's ``auto_augment`` policy (already refused by ``Recipe.check("dali")`` when DALI
+    has no counterpart) on a batch of uint8 ``HWC`` images of ``size``, through
+    ``nvidia.dali.auto_aug``; needs a pipeline with conditionals."""
+    common: dict[str, Any] = {"seed": seed}
+    if policy.kind == "timm_rand":
+        # timm's magnitudes run 0-10 (m9 is 90 % of the range): 11 bins; inc1 is DALI's monotonic
+        # suite; fill 128 and translations up to 45 % of the side, as timm does.
+        return rand_augment.rand_augment(
+            images, n=policy.num_ops, m=int(policy.magnitude), num_magnitude_bins=11,
+            monotonic_mag=policy.increasing, fill_value=128, shape=list(size),
+            max_translate_rel=0.45, **common)
+    # torchvision's references: RandAugment(2, 9, 31 bins), TrivialAugmentWide (31 bins,
+    # translations up to 32 pixels), AutoAugment(IMAGENET); fill 0 like torchvision.
+    if policy.kind == "ra":
+        return rand_augment.rand_augment(
+            images, n=2, m=9, num_magnitude_bins=31, fill_value=0, shape=list(size),
+            max_translate_rel=150 / 331, **common)
+    if policy.kind == "ta_wide":
+        return trivial_augment.trivial_augment_wide(
+            images, num_magnitude_bins=31, fill_value=0, max_translate_abs=32, **common)
+    return auto_augment.auto_augment(
+        images, policy_name="image_net", fill_value=0, shape=list(size),
+        max_translate_rel=150 / 331, **common)
 
 
-def _interpolation(value: Any) -> str:
-    # torchvision's InterpolationMode is a str Enum whose value is the name.
-    name = str(getattr(value, "value", value)).lower()
-    if name not in _INTERPOLATIONS:
-        raise ValueError(f"interpolation must be 'bilinear' or 'bicubic', got {value!r}")
-    return name
+def _eval_geometry(encoded: Any, images: Any, recipe: Recipe, interp: dict[str, Any]) -> Any:
+    """The recipe's eval resize and centre crop, in DALI's integer arithmetic: the same sizes and
+    the same crop rectangle as fastpipe._geometry gives the CPU decoder."""
+    height, width = recipe.size
+    resize_to = recipe.resize_to
+    if isinstance(resize_to, int):
+        # torchvision's Resize(int): the shorter side to resize_to, the longer floor(resize_to
+        # * long / short); from the header, as the decoder sees it (EXIF orientation ignored).
+        shape = fn.peek_image_shape(encoded, adjust_orientation=False, dtype=types.INT64)
+        image_h, image_w = shape[0], shape[1]
+        shorter = dmath.min(image_h, image_w)
+        resized_h = resize_to * image_h // shorter
+        resized_w = resize_to * image_w // shorter
+        top, left = _centre_offset(resized_h - height), _centre_offset(resized_w - width)
+    else:
+        resized_h, resized_w = resize_to
+        top = centre_offset(resized_h - height)
+        left = centre_offset(resized_w - width)
+    images = fn.resize(images, resize_y=fn.cast(resized_h, dtype=types.FLOAT),
+                       resize_x=fn.cast(resized_w, dtype=types.FLOAT), **interp)
+    start = [top, left] if isinstance(top, int) else fn.cast(fn.stack(top, left),
+                                                             dtype=types.INT32)
+    return fn.slice(images, start=start, shape=[height, width], axis_names="HW")
 
 
-@dataclass(frozen=True)
-class Transform:
-    """The train or eval transforms of :func:`image_pipeline`, checked once.
-
-    Train: fused decode + random resized crop (``scale``, ``ratio``) to ``size``, optional
-    ``auto_augment`` policy, optional colour jitter, horizontal flip with probability ``hflip``,
-    optional normalization, optional cutout. Eval: decode, resize the shorter side to
-    ``floor(size / crop_pct)``, centre crop ``size``, optional normalization.
-    """
-
-    train: bool = True
-    size: tuple[int, int] = (224, 224)
-    scale: tuple[float, float] = (0.08, 1.0)
-    ratio: tuple[float, float] = (3 / 4, 4 / 3)
-    hflip: float = 0.5
-    color_jitter: tuple[float, float, float, float] | None = None
-    crop_pct: float = 0.875
-    interpolation: str = "bilinear"
-    auto_augment: AutoAugment | None = None
-    mean: tuple[float, float, float] | None = None
-    std: tuple[float, float, float] | None = None
-    dtype: torch.dtype = torch.float32
-    channels_last: bool = False
-    cutout_holes: int = 0
-    cutout_size: int = 16
-
-    @classmethod
-    def create(
-        cls,
-        *,
-        train: bool = True,
-        size: int | Sequence[int] = 224,
-        scale: Sequence[float] = (0.08, 1.0),
-        ratio: Sequence[float] = (3 / 4, 4 / 3),
-        hflip: float = 0.5,
-        color_jitter: float | Sequence[float] | None = None,
-        crop_pct: float = 0.875,
-        interpolation: Any = "bilinear",
-        auto_augment: str | None = None,
-        mean: Sequence[float] | None = None,
-        std: Sequence[float] | None = None,
-        dtype: torch.dtype = torch.float32,
-        channels_last: bool = False,
-        cutout_holes: int = 0,
-        cutout_size: int = 16,
-    ) -> Transform:
-        """Validates and normalizes the arguments (see :func:`image_pipeline`)."""
-        size = check.size_pair("size", size)
-        if color_jitter is not None:
-            if isinstance(color_jitter, (int, float)):
-                values = [float(color_jitter)] * 3
-            else:
-                values = [float(v) for v in color_jitter]
-            if len(values) == 3:
-                values.append(0.0)
-            if len(values) != 4 or min(values) < 0 or values[3] > 0.5:
-                raise ValueError(
-                    "color_jitter must be a strength, or (brightness, contrast, saturation[, hue]) "
-                    f"with values >= 0 and hue <= 0.5, like torchvision's ColorJitter; got "
-                    f"{color_jitter}"
-                )
-            color_jitter = tuple(values) if any(values) else None
-        if not 0 < crop_pct <= 1:
-            raise ValueError(f"crop_pct must be in (0, 1], got {crop_pct}")
-        if (mean is None) != (std is None):
-            raise ValueError("pass both mean and std (0-1 scale), or neither (no normalization)")
-        if mean is not None:
-            mean = tuple(float(m) for m in mean)
-            std = tuple(float(s) for s in std)
-            if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
-                raise ValueError(
-                    f"mean and std need 3 values each (0-1 scale), std > 0; got {mean}, {std}"
-                )
-        if dtype not in _DALI_DTYPES:
-            raise ValueError(
-                f"dtype must be torch.float32, torch.float16 or torch.uint8, got {dtype}"
-            )
-        if dtype == torch.uint8 and mean is not None:
-            raise ValueError(
-                "mean/std normalize to floats, but dtype=torch.uint8 keeps 0-255 pixels; pass a "
-                "float dtype, or drop mean/std and normalize on the device "
-                "(fastpipe.ops.normalize or DataPrefetcher(mean=, std=))"
-            )
-        if not isinstance(channels_last, bool):
-            raise ValueError(f"channels_last must be True or False, got {channels_last!r}")
-        policy = AutoAugment.parse(auto_augment)
-        if policy is not None and not train:
-            raise ValueError(
-                f"auto_augment={auto_augment!r} is a train augmentation; pass train=True or drop it"
-            )
-        return cls(
-            train=bool(train), size=size, scale=check.pair("scale", scale),
-            ratio=check.pair("ratio", ratio), hflip=check.probability("hflip", hflip),
-            color_jitter=color_jitter,
-            crop_pct=float(crop_pct), interpolation=_interpolation(interpolation),
-            auto_augment=policy, mean=mean, std=std, dtype=dtype, channels_last=channels_last,
-            cutout_holes=check.non_negative_int("cutout_holes", cutout_holes),
-            cutout_size=check.positive_int("cutout_size", cutout_size),
-        )
-
-    @property
-    def resize_size(self) -> int:
-        """Eval: the shorter side before the centre crop (256 for 224 at the default crop_pct)."""
-        return int(math.floor(min(self.size) / self.crop_pct))
-
-    @property
-    def needs_conditionals(self) -> bool:
-        """DALI's automatic augmentations are written with ``if``: the pipeline needs
-        ``enable_conditionals=True``."""
-        return self.auto_augment is not None
+def _centre_offset(extra: Any) -> Any:
+    """fastpipe._geometry.centre_offset on a DALI integer node: halves rounded to even."""
+    half = extra // 2
+    return half + (extra - 2 * half) * (half - 2 * (half // 2))
 
 
 def _decode_and_augment(
-    encoded: Any, transform: Transform, decode_device: str, seed: int | None = None
+    encoded: Any, recipe: Recipe, decode_device: str, seed: int | None = None
 ) -> Any:
     # No annotated locals in here: DALI's AutoGraph (needed by the automatic augmentations)
     # cannot convert a function that has them.
-    height, width = transform.size
-    interp = {"interp_type": _INTERPOLATIONS[transform.interpolation], "antialias": True}
+    height, width = recipe.size
+    interp = {"interp_type": _INTERPOLATIONS[recipe.interpolation], "antialias": True}
     # EXIF orientation is ignored, as by torchvision and fastpipe's CPU decoder, so that every
     # loader sees the same pixels (DALI would rotate tagged photos by default).
     extra = {"adjust_orientation": False}
@@ -365,19 +209,20 @@ def _decode_and_augment(
         extra.update(
             device_memory_padding=_DEVICE_MEMORY_PADDING, host_memory_padding=_HOST_MEMORY_PADDING
         )
-    if transform.train:
+    mirror = {}
+    if recipe.train:
         # One op decodes only the random crop window (DALI's fused ROI decode), so no full-size
         # image is ever materialised; the resize then brings the window to the output size.
         images = fn.decoders.image_random_crop(
             encoded, device=decode_device, output_type=types.RGB,
-            random_area=list(transform.scale), random_aspect_ratio=list(transform.ratio),
+            random_area=list(recipe.scale), random_aspect_ratio=list(recipe.ratio),
             num_attempts=10, **extra,
         )
         images = fn.resize(images, resize_x=width, resize_y=height, **interp)
-        if transform.auto_augment is not None:
-            images = transform.auto_augment.apply(images, transform.size, seed)
-        if transform.color_jitter is not None:
-            brightness, contrast, saturation, hue = transform.color_jitter
+        if recipe.policy is not None:
+            images = _apply_policy(recipe.policy, images, recipe.size, seed)
+        if recipe.color_jitter is not None:
+            brightness, contrast, saturation, hue = recipe.color_jitter
             twist = {}
             for name, strength in (
                 ("brightness", brightness), ("contrast", contrast), ("saturation", saturation)
@@ -388,38 +233,36 @@ def _decode_and_augment(
             if hue > 0:
                 twist["hue"] = fn.random.uniform(range=[-360.0 * hue, 360.0 * hue])  # DALI: degrees
             images = fn.color_twist(images, **twist)
-        crop = {}
-        if transform.hflip > 0:
-            crop["mirror"] = fn.random.coin_flip(probability=transform.hflip)
+        if recipe.hflip > 0:
+            mirror["mirror"] = fn.random.coin_flip(probability=recipe.hflip)
     else:
         images = fn.decoders.image(encoded, device=decode_device, output_type=types.RGB, **extra)
-        images = fn.resize(images, resize_shorter=transform.resize_size, **interp)
-        crop = {"crop": [height, width], "crop_pos_x": 0.5, "crop_pos_y": 0.5}
-    if transform.dtype == torch.uint8:
-        mean, std = [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]  # crop, flip and layout only
-    elif transform.mean is None:
+        images = _eval_geometry(encoded, images, recipe, interp)
+    if recipe.dtype == torch.uint8:
+        mean, std = [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]  # flip and layout only
+    elif recipe.mean is None:
         mean, std = [0.0, 0.0, 0.0], [255.0, 255.0, 255.0]  # 0-1 floats
     else:
-        mean = [255.0 * m for m in transform.mean]
-        std = [255.0 * s for s in transform.std]
+        mean = [255.0 * m for m in recipe.mean]
+        std = [255.0 * s for s in recipe.std]
     images = fn.crop_mirror_normalize(
-        images, dtype=_DALI_DTYPES[transform.dtype],
-        output_layout="HWC" if transform.channels_last else "CHW", mean=mean, std=std, **crop,
+        images, dtype=_DALI_DTYPES[recipe.dtype],
+        output_layout="HWC" if recipe.channels_last else "CHW", mean=mean, std=std, **mirror,
     )
-    if transform.train and transform.cutout_holes > 0:
+    if recipe.train and recipe.cutout_holes > 0:
         # Like fastpipe.ops.cutout: square holes of cutout_size pixels, centres uniform over the
         # image, clipped at the borders, filled with 0 (the mean colour when normalized).
-        holes = transform.cutout_holes
+        holes = recipe.cutout_holes
         images = fn.erase(
             images, anchor=fn.random.uniform(range=[0.0, 1.0], shape=[2 * holes]),
-            shape=[float(transform.cutout_size)] * (2 * holes), normalized_anchor=True,
+            shape=[float(recipe.cutout_size)] * (2 * holes), normalized_anchor=True,
             normalized_shape=False, centered_anchor=True, axis_names="HW", fill_value=0.0,
         )
     return images
 
 
 def _classification_graph(
-    source: Any, transform: Transform, decode_device: str, reader: dict[str, Any]
+    source: Any, recipe: Recipe, decode_device: str, reader: dict[str, Any]
 ) -> tuple[Any, Any]:
     if isinstance(source, FileList):
         encoded, labels = fn.readers.file(
@@ -432,7 +275,7 @@ def _classification_graph(
             source=source, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT64],
             cycle="raise" if isinstance(source, EncodedSource) else None,
         )
-    images = _decode_and_augment(encoded, transform, decode_device)
+    images = _decode_and_augment(encoded, recipe, decode_device)
     if decode_device == "mixed":
         labels = labels.gpu()
     return images, labels
@@ -447,7 +290,7 @@ def image_pipeline(
     *,
     batch_size: int,
     train: bool = True,
-    size: int | Sequence[int] = 224,
+    size: int | Sequence[int] = DEFAULT_SIZE,
     num_workers: int = 2,
     device: str | int | torch.device | None = None,
     seed: int | None = None,
@@ -455,21 +298,22 @@ def image_pipeline(
     rank: int = 0,
     world_size: int = 1,
     root: str | os.PathLike | None = None,
-    scale: Sequence[float] = (0.08, 1.0),
-    ratio: Sequence[float] = (3 / 4, 4 / 3),
-    hflip: float = 0.5,
+    scale: Sequence[float] = DEFAULT_SCALE,
+    ratio: Sequence[float] = DEFAULT_RATIO,
+    hflip: float = DEFAULT_HFLIP,
     color_jitter: float | Sequence[float] | None = None,
-    crop_pct: float = 0.875,
-    interpolation: Any = "bilinear",
+    crop_pct: float = DEFAULT_CROP_PCT,
+    interpolation: Any = DEFAULT_INTERPOLATION,
     auto_augment: str | None = None,
     mean: Sequence[float] | None = None,
     std: Sequence[float] | None = None,
     dtype: torch.dtype = torch.float32,
     channels_last: bool = False,
     cutout_holes: int = 0,
-    cutout_size: int = 16,
+    cutout_size: int = DEFAULT_CUTOUT_SIZE,
     prefetch_depth: int = 2,
     reader_name: str = "Reader",
+    recipe: Recipe | None = None,
     **pipeline_kwargs: Any,
 ) -> Pipeline:
     """A DALI pipeline for image classification: outputs ``(images, labels)`` per batch.
@@ -526,21 +370,23 @@ def image_pipeline(
             side in pixels. Centres are uniform over the image, holes are clipped at the borders;
             erased pixels become 0 (the mean colour when normalized).
         prefetch_depth: batches DALI prepares ahead.
+        recipe: a :class:`~fastpipe.Recipe` instead of the image keywords (``train`` to
+            ``cutout_size``); not both.
         pipeline_kwargs: passed on to the DALI ``Pipeline`` (e.g. ``exec_dynamic``).
 
     Returns:
         An unbuilt ``nvidia.dali.Pipeline``. Outputs: images ``(N, 3, H, W)`` (``(N, H, W, 3)``
         with ``channels_last``) of ``dtype``, labels ``(N,)`` int64 scalars per sample.
     """
-    transform = Transform.create(
-        train=train, size=size, scale=scale, ratio=ratio, hflip=hflip, color_jitter=color_jitter,
-        crop_pct=crop_pct, interpolation=interpolation, auto_augment=auto_augment, mean=mean,
-        std=std, dtype=dtype, channels_last=channels_last, cutout_holes=cutout_holes,
-        cutout_size=cutout_size,
+    recipe = dali_recipe(
+        recipe, image_pipeline, "image_pipeline", train=train, size=size, scale=scale,
+        ratio=ratio, hflip=hflip, color_jitter=color_jitter, crop_pct=crop_pct,
+        interpolation=interpolation, auto_augment=auto_augment, mean=mean, std=std, dtype=dtype,
+        channels_last=channels_last, cutout_holes=cutout_holes, cutout_size=cutout_size,
     )
     device_id = resolve_device(device)
     return build_pipeline(
-        source, transform=transform, batch_size=batch_size, num_workers=num_workers,
+        source, recipe=recipe, batch_size=batch_size, num_workers=num_workers,
         device_id=device_id, decode_device="cpu" if device_id is None else "mixed", seed=seed,
         shuffle=shuffle, rank=rank, world_size=world_size, root=root,
         prefetch_depth=prefetch_depth, reader_name=reader_name, **pipeline_kwargs,
@@ -550,7 +396,7 @@ def image_pipeline(
 def build_pipeline(
     source: Any,
     *,
-    transform: Transform,
+    recipe: Recipe,
     batch_size: int,
     num_workers: int,
     device_id: int | None,
@@ -564,7 +410,7 @@ def build_pipeline(
     reader_name: str = "Reader",
     **pipeline_kwargs: Any,
 ) -> Pipeline:
-    """:func:`image_pipeline` with the device already resolved and the transforms checked.
+    """:func:`image_pipeline` with the device already resolved and the recipe checked.
 
     ``decode_device`` ("cpu" or "mixed") is separate from ``device_id`` so that the GPU graph can
     be built and serialized on a machine without a GPU (``device_id=None``, ``"mixed"``); such a
@@ -576,7 +422,7 @@ def build_pipeline(
     if decode_device not in ("cpu", "mixed"):
         raise ValueError(f"decode_device must be 'cpu' or 'mixed', got {decode_device!r}")
     reader: dict[str, Any] = {}
-    shuffled = transform.train if shuffle is None else bool(shuffle)
+    shuffled = recipe.train if shuffle is None else bool(shuffle)
     if isinstance(source, (str, os.PathLike)):
         source = FileList.from_path(source, root=root)
     elif root is not None:
@@ -606,10 +452,19 @@ def build_pipeline(
             "source must be a folder, a list file, a FileList, an EncodedSource, an encoded "
             f"dataset (__len__ and encoded(i)) or a batch callable; got {type(source).__name__}"
         )
-    make = _conditional_pipeline if transform.needs_conditionals else _classification_pipeline
+    # DALI's automatic augmentations are written with ``if``: they need conditionals.
+    make = _classification_pipeline if recipe.policy is None else _conditional_pipeline
     return make(
-        source, transform, decode_device, reader,
+        source, recipe, decode_device, reader,
         batch_size=batch_size, num_threads=num_workers, device_id=device_id,
         seed=None if seed is None else int(seed), prefetch_queue_depth=prefetch_depth,
         **pipeline_kwargs,
     )
+
+
+def dali_recipe(recipe: Recipe | None, owner: Any, where: str, **keywords: Any) -> Recipe:
+    """The recipe of a DALI pipeline or loader (given, or built from its image keywords), refused
+    here when DALI cannot run it (``Recipe.check``)."""
+    recipe = Recipe.resolve(recipe, owner, where, **keywords)
+    recipe.check("dali")
+    return recipe

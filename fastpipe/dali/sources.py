@@ -14,6 +14,7 @@ order; :class:`EncodedSource` and :class:`fastpipe.dali.DALILoader` both use it.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -24,6 +25,7 @@ import numpy as np
 
 from fastpipe import _validate as check
 from fastpipe.data._listing import list_image_folder
+from fastpipe.data.sampler import shard_order
 
 # What DALI's image decoders read (JPEG, JPEG 2000, PNG, BMP, TIFF, PNM, WebP); the same
 # extensions fn.readers.file picks up from a folder tree.
@@ -67,6 +69,12 @@ class FileList:
             raise ValueError("FileList got no files; pass at least one image")
         if self.targets.min() < 0:
             raise ValueError(f"labels must be >= 0, got {int(self.targets.min())}")
+
+    def fingerprint(self) -> str:
+        """A short hash of the files and labels, which a saved loader state must match."""
+        digest = hashlib.sha256("\0".join(self.files).encode())
+        digest.update(self.targets.tobytes())
+        return digest.hexdigest()[:16]
 
     @classmethod
     def from_path(cls, path: str | os.PathLike, root: str | os.PathLike | None = None) -> FileList:
@@ -224,28 +232,21 @@ def shard_indices(
 ) -> np.ndarray:
     """The sample indices shard ``rank`` reads in ``epoch``, in reading order: ``(n,)`` int64.
 
-    The rule of ``torch.utils.data.DistributedSampler``: every shard draws the same permutation
-    (seeded by ``seed`` and ``epoch``, so it changes every epoch), then takes every
-    ``world_size``-th index from position ``rank``. Shards are disjoint and together cover the
-    dataset when ``num_samples`` divides by ``world_size``; otherwise every shard still gets the
-    same count, so all ranks run the same number of steps: ``drop_last=False`` repeats the first
-    few indices of the permutation (at most ``world_size - 1`` samples seen twice), and
-    ``drop_last=True`` leaves out the last ``num_samples % world_size`` of it.
+    fastpipe.data's one rule (:func:`fastpipe.data.sampler.shard_order`), the rule of
+    ``torch.utils.data.DistributedSampler``: every shard draws the same permutation (seeded by
+    ``seed`` and ``epoch``, so it changes every epoch), then takes every ``world_size``-th index
+    from position ``rank``. Shards are disjoint and together cover the dataset when
+    ``num_samples`` divides by ``world_size``; otherwise every shard still gets the same count, so
+    all ranks run the same number of steps: ``drop_last=False`` repeats the first few indices of
+    the permutation (at most ``world_size - 1`` samples seen twice), and ``drop_last=True`` leaves
+    out the last ``num_samples % world_size`` of it. With the same seed, DALILoader and the CPU
+    path's samplers read the same samples in the same order.
     """
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-    if shuffle:
-        order = np.random.default_rng([seed, epoch]).permutation(num_samples)
-    else:
-        order = np.arange(num_samples)
-    if world_size > 1:
-        if drop_last:
-            order = order[: num_samples - num_samples % world_size]
-        else:
-            total = math.ceil(num_samples / world_size) * world_size
-            order = np.resize(order, total)  # np.resize repeats from the start
-        order = order[rank::world_size]
-    return order.astype(np.int64, copy=False)
+    order = shard_order(num_samples, epoch=epoch, seed=seed, shuffle=shuffle, rank=rank,
+                        world_size=world_size, drop_last=drop_last)
+    return np.asarray(order, dtype=np.int64)
 
 
 def _as_encoded(data: Any, label: Any, where: str) -> tuple[np.ndarray, np.int64]:

@@ -15,7 +15,7 @@ _EXPORTS = {
     "decode_rgb": "fastpipe.data._decode",
     "ImageFolder": "fastpipe.data.folder",
     "fast_collate": "fastpipe.data.collate",
-    "PackFormatError": "fastpipe.data._pack_format",
+    "PackFormatError": "fastpipe.data._format",
     "SampleIndex": "fastpipe.data._random",
     "sample_generator": "fastpipe.data._random",
     "H5Dataset": "fastpipe.data.h5",

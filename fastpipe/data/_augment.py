@@ -1,81 +1,52 @@
-"""``auto_augment=`` policies and ``interpolation=`` names for the CPU path's datasets.
+"""``auto_augment`` on the CPU path: the recipe's policy run on uint8 tensors, and the
+per-sample steps the datasets share.
 
 Policies run on the uint8 ``(3, H, W)`` tensor after the fused decode/crop/resize/flip:
 torchvision's reference-script names (``ra``, ``ta_wide``, ``augmix``, ``imagenet``) are
 torchvision.transforms.v2's own modules; timm's ``rand-m9-mstd0.5-inc1`` strings are timm's
 RandAugment policy (op set, magnitude scale, magnitude noise, per-op probability), implemented
-here on torchvision.transforms.v2.functional's tensor ops. All draw from torch's default
-generator, which the datasets reseed per sample (fastpipe.data._random). torchvision is imported
-on first use.
+here on torchvision.transforms.v2.functional's tensor ops. The names are parsed once, by
+:class:`fastpipe.recipe.Policy`. All draw from torch's default generator, which the datasets
+reseed per sample (fastpipe.data._random). torchvision is imported on first use.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["INTERPOLATIONS", "POLICIES", "auto_augment_transform", "interpolation_name"]
+from fastpipe._constants import DEFAULT_INTERPOLATION
+from fastpipe._seed import checked_seed, draw_seed
+from fastpipe.recipe import Policy, Recipe
 
-INTERPOLATIONS = ("bilinear", "bicubic")
-POLICIES = ("ra", "ta_wide", "augmix", "imagenet")
-_TIMM_SECTIONS = ("m", "n", "mstd", "mmax", "inc", "p")
-
-
-def interpolation_name(interpolation: Any) -> str:
-    """``"bilinear"`` or ``"bicubic"`` from a string or a torchvision ``InterpolationMode``."""
-    value = getattr(interpolation, "value", interpolation)
-    if isinstance(value, str) and value.lower() in INTERPOLATIONS:
-        return value.lower()
-    raise ValueError(
-        f"interpolation must be one of {', '.join(repr(n) for n in INTERPOLATIONS)} (or "
-        f"torchvision's InterpolationMode.BILINEAR / BICUBIC), got {interpolation!r}; the CPU "
-        "path's resize has no other filter"
-    )
-
-
-def _accepted() -> str:
-    return (f"{', '.join(repr(p) for p in POLICIES)}, or timm's RandAugment string "
-            f"'rand-<sections>' with sections m<int> n<int> mstd<float> mmax<int> inc<0|1> "
-            f"p<float> (e.g. 'rand-m9-mstd0.5-inc1')")
+__all__ = ["PerSample", "TimmRandAugment", "auto_augment_transform", "check_transform"]
 
 
 def auto_augment_transform(
-    name: str | None, interpolation: str = "bilinear"
+    policy: Policy | str | None, interpolation: str = "bilinear"
 ) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """The policy ``name`` as a callable on a uint8 ``(3, H, W)`` tensor, or None for None.
-
-    Raises ValueError at once for a name no policy here has, listing the accepted ones.
-    """
-    if name is None:
+    """The policy (a :class:`~fastpipe.recipe.Policy`, or a name to parse) as a callable on a
+    uint8 ``(3, H, W)`` tensor, or None for None."""
+    if not isinstance(policy, Policy):
+        policy = Policy.parse(policy)
+    if policy is None:
         return None
-    if not isinstance(name, str):
-        raise TypeError(
-            f"auto_augment must be a policy name (str) or None, got {type(name).__name__}")
     mode = _torchvision_mode(interpolation)
-    if name in POLICIES:
-        from torchvision.transforms import v2
+    if policy.kind == "timm_rand":
+        return TimmRandAugment.from_policy(policy, interpolation=mode)
+    from torchvision.transforms import v2
 
-        if name == "ra":
-            return _fast_class('FastRandAugment')(interpolation=mode)
-        if name == "ta_wide":
-            return _fast_class('FastTrivialAugmentWide')(interpolation=mode)
-        if name == "augmix":
-            return _fast_class('FastAugMix')(interpolation=mode)
-        return _fast_class('FastAutoAugment')(v2.AutoAugmentPolicy.IMAGENET, interpolation=mode)
-    if name.startswith("rand"):
-        return TimmRandAugment.from_string(name, interpolation=mode)
-    timm_policies = ("augmix", "original", "originalr", "v0", "v0r", "3a", "trivialaugment")
-    if name.split("-")[0] in timm_policies:
-        raise ValueError(
-            f"auto_augment={name!r}: timm's {name.split('-')[0]!r} policies are not implemented on "
-            f"the CPU path (they are PIL-based in timm). Accepted: {_accepted()}"
-        )
-    raise ValueError(f"unknown auto_augment policy {name!r}; accepted: {_accepted()}")
+    if policy.kind == "ra":
+        return _fast_class('FastRandAugment')(interpolation=mode)
+    if policy.kind == "ta_wide":
+        return _fast_class('FastTrivialAugmentWide')(interpolation=mode)
+    if policy.kind == "augmix":
+        return _fast_class('FastAugMix')(interpolation=mode)
+    return _fast_class('FastAutoAugment')(v2.AutoAugmentPolicy.IMAGENET, interpolation=mode)
 
 
 def _sharpness(image: torch.Tensor, factor: float) -> torch.Tensor:
@@ -153,7 +124,7 @@ def _fast_class(name: str) -> type:
 def _torchvision_mode(interpolation: str) -> Any:
     from torchvision.transforms import InterpolationMode
 
-    return InterpolationMode(interpolation_name(interpolation))
+    return InterpolationMode(interpolation)
 
 
 # timm's level scale and fill (its create_transform fills with the ImageNet mean in 0-255).
@@ -201,41 +172,20 @@ class TimmRandAugment:
         self.ops = names
 
     @classmethod
+    def from_policy(cls, policy: Policy, interpolation: Any = "bilinear") -> TimmRandAugment:
+        """timm's RandAugment with the settings of a parsed ``"rand-..."`` policy."""
+        return cls(magnitude=policy.magnitude, num_layers=policy.num_ops,
+                   magnitude_std=policy.magnitude_std, magnitude_max=policy.magnitude_max,
+                   increasing=policy.increasing, prob=policy.prob, interpolation=interpolation)
+
+    @classmethod
     def from_string(cls, config: str, interpolation: Any = "bilinear") -> TimmRandAugment:
-        """Parses timm's ``rand-m9-n2-mstd0.5-mmax10-inc1-p0.5``; an unknown section or a
-        transform-set section (``t...``) raises ValueError instead of being dropped."""
-        parts = config.split("-")
-        if parts[0] != "rand":
-            raise ValueError(f"unknown auto_augment policy {config!r}; accepted: {_accepted()}")
-        kwargs: dict[str, Any] = {}
-        for section in parts[1:]:
-            match = re.fullmatch(r"([a-z]+)(\d.*)", section)
-            key = match.group(1) if match else section
-            if match is None or key not in _TIMM_SECTIONS:
-                raise ValueError(
-                    f"auto_augment={config!r}: section {section!r} is not supported on the CPU "
-                    f"path (timm's transform sets 't...' included); accepted: {_accepted()}"
-                )
-            value = match.group(2)
-            try:
-                if key == "mstd":
-                    std = float(value)
-                    kwargs["magnitude_std"] = math.inf if std > 100 else std
-                elif key == "mmax":
-                    kwargs["magnitude_max"] = int(value)
-                elif key == "inc":
-                    kwargs["increasing"] = bool(int(value))
-                elif key == "m":
-                    kwargs["magnitude"] = int(value)
-                elif key == "n":
-                    kwargs["num_layers"] = int(value)
-                else:
-                    kwargs["prob"] = float(value)
-            except ValueError:
-                raise ValueError(
-                    f"auto_augment={config!r}: section {section!r} has no valid number"
-                ) from None
-        return cls(interpolation=interpolation, **kwargs)
+        """Parses timm's ``rand-m9-n2-mstd0.5-mmax10-inc1-p0.5`` (see
+        :class:`fastpipe.recipe.Policy`); any other name raises ValueError."""
+        policy = Policy.parse(config)
+        if policy is None or policy.kind != "timm_rand":
+            raise ValueError(f"{config!r} is not timm's RandAugment string ('rand-...')")
+        return cls.from_policy(policy, interpolation)
 
     def __repr__(self) -> str:
         return (f"TimmRandAugment(m={self.magnitude}, n={self.num_layers}, "
@@ -356,16 +306,23 @@ class PerSample:
     seed: int
     epoch: int
 
-    def _init_per_sample(self, transform: Any, auto_augment: str | None, interpolation: Any,
-                         seed: int | None) -> None:
-        if seed is None:
-            seed = int(torch.randint(2**62, ()))
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise TypeError(f"seed must be an int or None, got {seed!r}")
-        self.seed = seed
+    def _init_per_sample(self, transform: Any, recipe: Recipe | None, seed: int | None,
+                         auto_augment: str | None = None,
+                         interpolation: Any = DEFAULT_INTERPOLATION) -> None:
+        """The recipe's per-sample part (refused here when the CPU path cannot run it), or,
+        for a dataset that applies no recipe (a decoder of the user's, a full decode), only
+        ``auto_augment``, whose geometric ops resize with ``interpolation``."""
+        if recipe is not None:
+            recipe.check("cpu")
+            policy, interpolation = recipe.policy, recipe.interpolation
+        else:
+            policy = Policy.parse(auto_augment)
+        seed = checked_seed(seed, where=type(self).__name__)
+        self.seed = draw_seed() if seed is None else seed
         self.epoch = 0
-        self.auto_augment = auto_augment
-        self._policy = auto_augment_transform(auto_augment, interpolation)
+        self.recipe = recipe
+        self.auto_augment = None if policy is None else policy.name
+        self._policy = auto_augment_transform(policy, interpolation)
         self.transform = transform
 
     @property

@@ -19,11 +19,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fastpipe import _geometry as geometry
 from fastpipe import _malloc
-from fastpipe import _validate as check
-from fastpipe.data import _crop
-from fastpipe.data._augment import interpolation_name
+from fastpipe._constants import (
+    DEFAULT_CROP_PCT,
+    DEFAULT_HFLIP,
+    DEFAULT_INTERPOLATION,
+    DEFAULT_RATIO,
+    DEFAULT_SCALE,
+    DEFAULT_SIZE,
+)
 from fastpipe.data._random import reseeded
+from fastpipe.recipe import Recipe
 
 try:
     from fastpipe._jpeg import decode_region as _decode_region
@@ -31,11 +38,11 @@ except ImportError:  # built without libjpeg-turbo's headers (setup.py says so):
     _decode_region = None
 try:
     from fastpipe._jpeg import decode_resize as _decode_resize
-except ImportError:  # not built, or a build from before decode_resize: two calls
+except ImportError:  # an extension without decode_resize: decode, then resize, in two calls
     _decode_resize = None
 try:
     from fastpipe._jpeg import decode_train as _decode_train
-except ImportError:  # not built, or a build from before decode_train: the Python plan
+except ImportError:  # an extension without decode_train: the crop is planned in Python
     _decode_train = None
 try:
     from fastpipe._resize import input_box as _input_box
@@ -85,6 +92,22 @@ def _jpeg_size(data: ImageBytes) -> tuple[int, int] | None:
     return height, width
 
 
+# libjpeg-turbo decodes at any M/8 scale, but only 1/2, 1/4 and 1/8 have fast reduced inverse DCTs
+# (SIMD 4x4 and 2x2, DC-only 1x1); the others (7/8, 3/4, ...) run plain C, slower than a full-size
+# decode (docs/cpu-path.md), so they are never asked for.
+DCT_SCALES = (8, 4, 2, 1)
+
+
+def dct_scale(height: int, width: int, need_height: float, need_width: float) -> int:
+    """The largest reduction ``k`` in 8, 4, 2, 1 at which the image ``height x width``, decoded at
+    ``1/k`` of its size, is still at least ``need_height x need_width`` pixels, so the resize after
+    the decode only ever shrinks."""
+    for k in DCT_SCALES:
+        if height / k >= need_height and width / k >= need_width:
+            return k
+    return 1
+
+
 def _decoded_size(height: int, width: int, k: int) -> tuple[int, int]:
     """The size of a ``1/k`` DCT-scaled decode (libjpeg rounds up, simplejpeg and fastpipe._jpeg
     alike)."""
@@ -109,8 +132,8 @@ def _decode_jpeg(
         return None
 
 
-def _decoded_box(box: _crop.Box, full_size: tuple[int, int],
-                 decoded_size: tuple[int, int]) -> _crop.Box:
+def _decoded_box(box: geometry.Box, full_size: tuple[int, int],
+                 decoded_size: tuple[int, int]) -> geometry.Box:
     """``box`` (full-size pixels) in the pixels of a decode of size ``decoded_size``: a 1/k decode
     maps full-size pixel p to p / k, and snapping the edges to that grid moves them by at most
     k / 2 full-size pixels. Never empty, never outside the decoded image."""
@@ -118,11 +141,11 @@ def _decoded_box(box: _crop.Box, full_size: tuple[int, int],
     top, left = round(box.top * sy), round(box.left * sx)
     bottom = max(min(round((box.top + box.height) * sy), decoded_size[0]), top + 1)
     right = max(min(round((box.left + box.width) * sx), decoded_size[1]), left + 1)
-    return _crop.Box(top, left, bottom - top, right - left)
+    return geometry.Box(top, left, bottom - top, right - left)
 
 
 def _decode_jpeg_crop(
-    data: ImageBytes, box: _crop.Box, k: int, fast_upsample: bool
+    data: ImageBytes, box: geometry.Box, k: int, fast_upsample: bool
 ) -> np.ndarray | None:
     """Only ``box`` (in ``1/k``-decoded pixels) of the JPEG, an ``(h, w, 3)`` uint8 view (rows
     strided: libjpeg-turbo decodes whole iMCU columns, and the rows are not copied out), or
@@ -180,7 +203,7 @@ class _Plan(NamedTuple):
     """What to do with one image, decided from its header: the crop (in full-size pixels), the
     size to resize the whole image to first (eval only), the flip, and the DCT reduction ``k``."""
 
-    box: _crop.Box
+    box: geometry.Box
     resize: tuple[int, int] | None
     flip: bool
     k: int
@@ -199,7 +222,7 @@ class _Pixels(NamedTuple):
         return cls(array, (0, 0), array.shape[:2])
 
     @classmethod
-    def crop_of(cls, array: np.ndarray, box: _crop.Box) -> _Pixels:
+    def crop_of(cls, array: np.ndarray, box: geometry.Box) -> _Pixels:
         """``box`` of ``array`` as an image of its own (a view, no copy)."""
         view = array[box.top:box.top + box.height, box.left:box.left + box.width]
         return cls.whole(view)
@@ -217,13 +240,15 @@ _FILTERS = {"bilinear": 0, "bicubic": 1}
 class ImageDecoder:
     """Callable ``(data: bytes, source: str) -> uint8 tensor (3, H, W)``, the fused path.
 
-    ``size`` is an int (a square output) or ``(height, width)``. Train mode: a crop drawn like
-    torchvision's ``RandomResizedCrop(size, scale, ratio)``, resized to ``size`` (antialiased,
-    ``interpolation`` ``"bilinear"`` or ``"bicubic"``, PIL's filters), flipped horizontally with
-    probability ``hflip``. Eval mode: the shorter side resized to ``floor(size / crop_pct)`` (256
-    for 224), then the centre crop of ``size``, like ``Resize(256) + CenterCrop(224)``; for a
-    ``(height, width)`` size, as timm's eval transform, the image is resized to
-    ``(floor(height / crop_pct), floor(width / crop_pct))`` first.
+    It runs the geometry of a :class:`~fastpipe.Recipe` (``recipe=``, or the keywords ``train``,
+    ``size``, ``scale``, ``ratio``, ``hflip``, ``crop_pct`` and ``interpolation``, which build
+    one; the recipe's augmentation and batch settings are the datasets' and loaders' to apply).
+    Train mode: a crop drawn like torchvision's ``RandomResizedCrop(size, scale, ratio)``,
+    resized to ``size`` (antialiased, ``"bilinear"`` or ``"bicubic"``, PIL's filters), flipped
+    horizontally with probability ``hflip``. Eval mode, for a square ``size``: the shorter side
+    resized to ``floor(size / crop_pct)`` (256 for 224), then the centre crop, like
+    ``Resize(256) + CenterCrop(224)``; for ``(height, width)``: each side resized to
+    ``floor(side / crop_pct)``, then the centre crop (timm's ``crop_mode="squash"``).
 
     JPEGs decode at the smallest DCT scale (1/2, 1/4, 1/8) at which the crop is still at least
     ``reducing_gap`` times the output size (PIL's name and meaning). 1.0, the train default, is
@@ -245,42 +270,36 @@ class ImageDecoder:
     def __init__(
         self,
         train: bool = True,
-        size: int | tuple[int, int] = 224,
-        scale: tuple[float, float] = (0.08, 1.0),
-        ratio: tuple[float, float] = (3 / 4, 4 / 3),
-        hflip: float = 0.5,
-        crop_pct: float = 0.875,
-        interpolation: str = "bilinear",
+        size: int | tuple[int, int] = DEFAULT_SIZE,
+        scale: tuple[float, float] = DEFAULT_SCALE,
+        ratio: tuple[float, float] = DEFAULT_RATIO,
+        hflip: float = DEFAULT_HFLIP,
+        crop_pct: float = DEFAULT_CROP_PCT,
+        interpolation: str = DEFAULT_INTERPOLATION,
         reducing_gap: float | None = None,
         fast_upsample: bool | None = None,
+        *,
+        recipe: Recipe | None = None,
     ) -> None:
-        out_size = check.size_pair("size", size)
-        self.interpolation = interpolation_name(interpolation)
-        scale, ratio = check.pair("scale", scale), check.pair("ratio", ratio)
-        hflip = check.probability("hflip", hflip)
-        if not 0.0 < crop_pct <= 1.0:
-            raise ValueError("crop_pct must be in (0, 1] (0.875 resizes 224 crops from 256), got "
-                             f"{crop_pct!r}")
+        recipe = Recipe.resolve(
+            recipe, ImageDecoder.__init__, "ImageDecoder", train=train, size=size, scale=scale,
+            ratio=ratio, hflip=hflip, crop_pct=crop_pct, interpolation=interpolation)
         if reducing_gap is None:
-            reducing_gap = 1.0 if train else 2.0
+            reducing_gap = 1.0 if recipe.train else 2.0
         if not reducing_gap >= 1.0:
             raise ValueError(
                 f"reducing_gap must be >= 1.0 (float('inf') never reduces), got {reducing_gap!r}"
             )
-        self.train = bool(train)
+        self.recipe = recipe
+        self.train = recipe.train
         self.fast_upsample = self.train if fast_upsample is None else bool(fast_upsample)
-        self.size = size if isinstance(size, int) else out_size
-        self._out = out_size
-        self.scale = (float(scale[0]), float(scale[1]))
-        self.ratio = (float(ratio[0]), float(ratio[1]))
-        self.hflip = float(hflip)
-        self.crop_pct = float(crop_pct)
+        self._out = recipe.size
+        self.size = recipe.size[0] if recipe.square else recipe.size
+        self.scale, self.ratio, self.hflip = recipe.scale, recipe.ratio, recipe.hflip
+        self.crop_pct = recipe.crop_pct
+        self.interpolation = recipe.interpolation
         self.reducing_gap = float(reducing_gap)
-        if isinstance(size, int):
-            self.resize_to: int | tuple[int, int] = int(size / crop_pct + 1e-9)
-        else:
-            self.resize_to = (int(out_size[0] / crop_pct + 1e-9),
-                              int(out_size[1] / crop_pct + 1e-9))
+        self.resize_to = recipe.resize_to
 
     def __repr__(self) -> str:
         if self.train:
@@ -340,21 +359,21 @@ class ImageDecoder:
 
     def _plan(self, height: int, width: int, generator: torch.Generator | None = None) -> _Plan:
         if self.train:
-            uniforms = _crop.draw_uniforms(generator)
-            box = _crop.random_resized_crop_box(height, width, uniforms, self.scale, self.ratio)
+            uniforms = geometry.draw_uniforms(generator)
+            box = geometry.random_resized_crop_box(height, width, uniforms, self.scale, self.ratio)
             need = (height * self._out[0] / box.height, width * self._out[1] / box.width)
             return _Plan(box, None, uniforms[22] < self.hflip, self._dct_scale(height, width, need))
-        resize = _crop.eval_resize(height, width, self.resize_to)
-        box = _crop.centre_box(resize[0], resize[1], self._out)
+        resize = geometry.eval_resize(height, width, self.resize_to)
+        box = geometry.centre_box(resize[0], resize[1], self._out)
         return _Plan(box, resize, False, self._dct_scale(height, width, resize))
 
     def _dct_scale(self, height: int, width: int, need: tuple[float, float]) -> int:
         """The DCT reduction for an image whose decoded size must stay at least ``need``."""
         gap = self.reducing_gap
-        return _crop.dct_scale(height, width, need[0] * gap, need[1] * gap)
+        return dct_scale(height, width, need[0] * gap, need[1] * gap)
 
     def _region(self, full_size: tuple[int, int],
-                plan: _Plan) -> tuple[_crop.Box, tuple[int, int], tuple[int, int]]:
+                plan: _Plan) -> tuple[geometry.Box, tuple[int, int], tuple[int, int]]:
         """The rectangle of the 1/k-decoded image to decode, and, for the resize, where it sits
         (top, left) in an image of what size: the train crop, an image of its own; or, in eval,
         the input pixels the centre crop reads, plus :data:`_EVAL_REGION_MARGIN` columns each
@@ -367,12 +386,12 @@ class ImageDecoder:
                                               _FILTERS[self.interpolation])
         right = min(left + width + _EVAL_REGION_MARGIN, decoded_size[1])
         left = max(left - _EVAL_REGION_MARGIN, 0)
-        return _crop.Box(top, left, height, right - left), (top, left), decoded_size
+        return geometry.Box(top, left, height, right - left), (top, left), decoded_size
 
-    def _window(self, plan: _Plan) -> tuple[tuple[int, int], _crop.Box]:
+    def _window(self, plan: _Plan) -> tuple[tuple[int, int], geometry.Box]:
         """The size the pixels are resized to, and the box of it that is the output."""
         if plan.resize is None:
-            return self._out, _crop.Box(0, 0, *self._out)
+            return self._out, geometry.Box(0, 0, *self._out)
         return plan.resize, plan.box
 
     def _decode_resized(self, data: ImageBytes, full_size: tuple[int, int],
@@ -432,7 +451,7 @@ class ImageDecoder:
         return torch.from_numpy(out)
 
 
-def _torch_resized(pixels: _Pixels, size: tuple[int, int], window: _crop.Box, flip: bool,
+def _torch_resized(pixels: _Pixels, size: tuple[int, int], window: geometry.Box, flip: bool,
                    interpolation: str = "bilinear") -> torch.Tensor:
     """The fallback without fastpipe._resize: torch's antialiased bilinear or bicubic resize of
     the whole ``pixels`` (its uint8 SIMD kernel, the one torchvision.transforms.v2 uses, within a

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -11,10 +12,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from fastpipe.data import _pack_format as fmt
+from fastpipe._constants import DEFAULT_INTERPOLATION
+from fastpipe.data import _format as fmt
 from fastpipe.data._augment import PerSample
 from fastpipe.data._decode import CorruptImageError, ImageDecoder, decode_rgb
 from fastpipe.data._random import forked_default_generator, sample_seed
+from fastpipe.recipe import Recipe
 
 
 def decode_chw(data: bytes | memoryview | np.ndarray, source: str = "<bytes>") -> torch.Tensor:
@@ -27,8 +30,11 @@ class PackDataset(PerSample, Dataset):
 
     Each sample: ``decoder`` (bytes storage), then ``auto_augment``, then ``transform``; every
     random draw of sample ``i`` is a pure function of ``(seed, epoch, i)`` (see
-    :class:`~fastpipe.data.ImageFolder`). ``file`` is the pack's path; ``path(i)`` names the file
-    sample ``i`` was packed from.
+    :class:`~fastpipe.data.ImageFolder`). With ``recipe=`` (a :class:`~fastpipe.Recipe`), the
+    decoder is fastpipe's :class:`~fastpipe.data.ImageDecoder` for it and ``auto_augment`` the
+    recipe's, as in ImageFolder; without one, ``decoder`` (default: a full decode to a uint8
+    ``(3, H, W)`` tensor). ``file`` is the pack's path; ``path(i)`` names the file sample ``i``
+    was packed from.
 
     The constructor opens the pack once to validate it and read the labels, then closes it, so
     nothing open is ever pickled or inherited: each DataLoader worker (fork or spawn) opens its own
@@ -44,12 +50,24 @@ class PackDataset(PerSample, Dataset):
         transform: Callable[[Any], Any] | None = None,
         auto_augment: str | None = None,
         seed: int | None = None,
+        *,
+        recipe: Recipe | None = None,
     ) -> None:
         self.file = Path(path)
+        where = type(self).__name__
+        if recipe is not None:
+            if decoder is not None:
+                raise ValueError(f"{where}: pass recipe= (fastpipe's decoder for it) or decoder=, "
+                                 "not both")
+            recipe = Recipe.resolve(recipe, PackDataset.__init__, where,
+                                    auto_augment=auto_augment)
+            decoder = ImageDecoder(recipe=recipe)
+        elif isinstance(decoder, ImageDecoder):
+            recipe = decoder.recipe.replace(auto_augment=auto_augment)
         self.decoder = decoder
-        # auto_augment's geometric ops resize with the decoder's filter.
-        interpolation = getattr(decoder, "interpolation", "bilinear")
-        self._init_per_sample(transform, auto_augment, interpolation, seed)
+        # Without a recipe, auto_augment's geometric ops resize with the decoder's filter.
+        self._init_per_sample(transform, recipe, seed, auto_augment,
+                              getattr(decoder, "interpolation", DEFAULT_INTERPOLATION))
         with self._open() as reader:
             self.meta: dict[str, Any] = reader.meta
             self.targets: np.ndarray = reader.labels
@@ -59,9 +77,11 @@ class PackDataset(PerSample, Dataset):
             self.sample_shape = reader.spec.sample_shape
             self._count = reader.count
         if decoder is not None and self.storage != "bytes":
-            raise ValueError(f"{self.file} holds decoded arrays ({self.layout}); a decoder "
-                             "applies to bytes "
-                             "storage only: pass a transform instead")
+            raise ValueError(
+                f"{self.file} holds decoded arrays ({self.layout}) of one size, which cannot be "
+                "cropped and resized per sample: a decoder applies to bytes storage only (and "
+                "recipe= builds one); pack with storage='bytes' (fastpipe pack --storage bytes), "
+                "or pass a transform instead")
         self._reader: fmt.PackReader | None = None
         self._pid: int | None = None
 
@@ -163,6 +183,14 @@ class PackDataset(PerSample, Dataset):
         reader = self._get_reader()
         i = reader._check_index(index)
         return reader.read(i), int(self.targets[i])
+
+    def fingerprint(self) -> str:
+        """A short hash of what the pack holds (its packing plan, which names the source files
+        and options, and the labels), which a saved loader state must match
+        (fastpipe.data._resume)."""
+        digest = hashlib.sha256(str(self.meta.get("plan") or self.file).encode())
+        digest.update(np.asarray(self.targets, dtype=np.int64).tobytes())
+        return digest.hexdigest()[:16]
 
     def describe(self, index: int) -> str:
         """Names sample ``index`` for error messages: the pack, the index and the original file."""

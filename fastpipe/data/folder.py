@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import operator
 import os
 from collections.abc import Callable, Iterable
@@ -11,10 +12,19 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastpipe._constants import (
+    DEFAULT_CROP_PCT,
+    DEFAULT_HFLIP,
+    DEFAULT_INTERPOLATION,
+    DEFAULT_RATIO,
+    DEFAULT_SCALE,
+    DEFAULT_SIZE,
+)
 from fastpipe.data._augment import PerSample
 from fastpipe.data._decode import ImageDecoder
 from fastpipe.data._listing import IMG_EXTENSIONS, list_image_folder
 from fastpipe.data._random import forked_default_generator, sample_seed
+from fastpipe.recipe import Recipe
 
 
 def _read_file(path: str) -> bytes:
@@ -41,15 +51,17 @@ class ImageFolder(PerSample, torch.utils.data.Dataset):
     """A map-style dataset over ``root/<class>/**/<image>``, giving ``(uint8 (3, H, W), label)``.
 
     Same classes, order and labels as ``torchvision.datasets.ImageFolder``: class folders sorted by
-    name get labels 0, 1, ...; files found recursively, sorted. Each image goes through an
-    :class:`~fastpipe.data.ImageDecoder` (``train``, ``size``, ``scale``, ``ratio``, ``hflip``,
-    ``crop_pct``, ``interpolation``, ``reducing_gap`` and ``fast_upsample`` are its arguments):
-    train mode random-resized-crops and flips, eval mode resizes and centre-crops, both in one step
-    after a reduced-scale JPEG decode. Then ``auto_augment`` (``"ra"``, ``"ta_wide"``,
-    ``"augmix"``, ``"imagenet"`` or timm's ``"rand-m9-mstd0.5-inc1"`` style) and ``transform``
-    (a callable on the uint8 ``(3, H, W)`` tensor, e.g. torchvision.transforms.v2 ops) run on
-    the result. Collate batches with :func:`~fastpipe.data.fast_collate` and normalize on the
-    device.
+    name get labels 0, 1, ...; files found recursively, sorted. Each sample follows the
+    per-sample part of a :class:`~fastpipe.Recipe` (``recipe=``, or the keywords ``train``,
+    ``size``, ``scale``, ``ratio``, ``hflip``, ``crop_pct``, ``interpolation`` and
+    ``auto_augment``, which build one): an :class:`~fastpipe.data.ImageDecoder` (with
+    ``reducing_gap`` and ``fast_upsample``) random-resized-crops and flips in train mode, resizes
+    and centre-crops in eval, in one step after a reduced-scale JPEG decode; then
+    ``auto_augment`` (``"ra"``, ``"ta_wide"``, ``"augmix"``, ``"imagenet"`` or timm's
+    ``"rand-m9-mstd0.5-inc1"`` style) and ``transform`` (a callable on the uint8 ``(3, H, W)``
+    tensor, e.g. torchvision.transforms.v2 ops) run on the result. The recipe's batch part
+    (``mean``, ``std``, ``dtype``, ``channels_last``) is the loader's: collate batches with
+    :func:`~fastpipe.data.fast_collate` and normalize on the device (``DataPrefetcher``).
 
     Every random draw of sample ``i`` (crop, flip, auto_augment, torch draws of ``transform``) is
     a pure function of ``(seed, epoch, i)``: the same batches whatever ``num_workers``.
@@ -68,24 +80,29 @@ class ImageFolder(PerSample, torch.utils.data.Dataset):
         self,
         root: str | os.PathLike,
         train: bool = True,
-        size: int = 224,
-        scale: tuple[float, float] = (0.08, 1.0),
-        ratio: tuple[float, float] = (3 / 4, 4 / 3),
-        hflip: float = 0.5,
-        crop_pct: float = 0.875,
-        interpolation: str = "bilinear",
+        size: int | tuple[int, int] = DEFAULT_SIZE,
+        scale: tuple[float, float] = DEFAULT_SCALE,
+        ratio: tuple[float, float] = DEFAULT_RATIO,
+        hflip: float = DEFAULT_HFLIP,
+        crop_pct: float = DEFAULT_CROP_PCT,
+        interpolation: str = DEFAULT_INTERPOLATION,
         auto_augment: str | None = None,
         transform: Callable[[torch.Tensor], Any] | None = None,
         seed: int | None = None,
         reducing_gap: float | None = None,
         fast_upsample: bool | None = None,
         extensions: Iterable[str] = IMG_EXTENSIONS,
+        *,
+        recipe: Recipe | None = None,
     ) -> None:
         self.root = Path(root)
-        self.decoder = ImageDecoder(train=train, size=size, scale=scale, ratio=ratio,
-                                    hflip=hflip, crop_pct=crop_pct, interpolation=interpolation,
-                                    reducing_gap=reducing_gap, fast_upsample=fast_upsample)
-        self._init_per_sample(transform, auto_augment, self.decoder.interpolation, seed)
+        recipe = Recipe.resolve(
+            recipe, ImageFolder.__init__, "ImageFolder", train=train, size=size, scale=scale,
+            ratio=ratio, hflip=hflip, crop_pct=crop_pct, interpolation=interpolation,
+            auto_augment=auto_augment)
+        self._init_per_sample(transform, recipe, seed)
+        self.decoder = ImageDecoder(recipe=recipe, reducing_gap=reducing_gap,
+                                    fast_upsample=fast_upsample)
         extensions = tuple(e.lower() if e.startswith(".") else "." + e.lower() for e in extensions)
         if not self.root.is_dir():
             raise FileNotFoundError(
@@ -112,6 +129,15 @@ class ImageFolder(PerSample, torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return len(self.targets)
+
+    def fingerprint(self) -> str:
+        """A short hash of the root, the files and their labels, which a saved loader state must
+        match (fastpipe.data._resume)."""
+        digest = hashlib.sha256(os.fsencode(self.root))
+        digest.update(self._offsets.tobytes())
+        digest.update(self._path_bytes.tobytes())
+        digest.update(self.targets.tobytes())
+        return digest.hexdigest()[:16]
 
     def path(self, index: int) -> str:
         """The file of sample ``index``."""

@@ -11,43 +11,42 @@ They subclass torch's samplers of the same name, so code that checks
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sized
+from collections.abc import Iterator, Sequence, Sized
 from typing import Any
 
 import torch
 from torch.utils import data as torch_data
 
 from fastpipe import _validate as check
+from fastpipe._seed import checked_seed, order_seed
 from fastpipe.data._random import SampleIndex
-
-STATE_VERSION = 1
-
-
-def _draw_seed(generator: torch.Generator | None = None) -> int:
-    """One non-negative seed from ``generator`` (torch's global generator when None)."""
-    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())
+from fastpipe.data._resume import STATE_VERSION
 
 
-def _default_seed(generator: torch.Generator | None = None) -> int:
-    """The seed of ``seed=None``: one draw from ``generator`` (torch's global generator when None),
-    except in a multi-process ``torch.distributed`` run without a generator, where it is 0 (as
-    ``DistributedSampler``'s default): every rank must shuffle the same way, and ranks' global
-    generators need not agree (accelerate and Lightning shard one order across ranks)."""
-    if generator is None:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            return 0
-    return _draw_seed(generator)
+def _check_seed(seed: int | None, world_size: int | None = None) -> int:
+    return order_seed(checked_seed(seed), world_size)
 
 
-def _check_seed(seed: int | None) -> int:
-    if seed is None:
-        return _default_seed()
-    seed = check.non_negative_int("seed", seed)
-    if seed >= 2**63:
-        raise ValueError(f"seed must be an int in [0, 2**63) or None, got {seed!r}")
-    return seed
+def shard_order(length: int, *, epoch: int = 0, seed: int = 0, shuffle: bool = False,
+                rank: int = 0, world_size: int = 1, drop_last: bool = False,
+                consumed: Sequence[Sequence[int]] = ()) -> list[int]:
+    """The indices shard ``rank`` of ``world_size`` reads in ``epoch``, in reading order: the
+    one rule of every fastpipe loader (DistributedSampler's, on the CPU path, and DALILoader's).
+
+    torch's ``DistributedSampler`` rule: every shard draws the same permutation (``randperm``
+    seeded with ``seed + epoch``, so it changes every epoch; ``range(length)`` unshuffled), padded
+    by repeating its start to a multiple of ``world_size`` (or cut, with ``drop_last``), then
+    every ``world_size``-th index from position ``rank``.
+
+    ``consumed`` is ``[(world_size, position), ...]``: the epoch was interrupted after ranks of
+    that world size had each read ``position`` indices, and only the rest is sharded. Rank r's
+    share is ``padded[r::world_size]``, so together they consumed exactly the first
+    ``position * world_size`` indices of the padded order.
+    """
+    order = _permutation(length, seed, epoch) if shuffle else list(range(length))
+    for old_world_size, position in consumed:
+        order = _padded(order, old_world_size, drop_last)[position * old_world_size:]
+    return _padded(order, world_size, drop_last)[rank::world_size]
 
 
 def _permutation(length: int, seed: int, epoch: int) -> list[int]:
@@ -295,7 +294,7 @@ class DistributedSampler(_EpochSampler, torch_data.DistributedSampler):
         drop_last: bool = False,
     ) -> None:
         world_size, rank = _distributed_setting(world_size, rank)
-        seed = _check_seed(seed)
+        seed = _check_seed(seed, world_size)
         torch_data.DistributedSampler.__init__(
             self, dataset, num_replicas=world_size, rank=rank, shuffle=shuffle, seed=seed,
             drop_last=drop_last,
@@ -315,16 +314,10 @@ class DistributedSampler(_EpochSampler, torch_data.DistributedSampler):
         self._history = []
 
     def _order(self) -> list[int]:
-        length = len(self.dataset)
-        order = (
-            _permutation(length, self.seed, self.epoch) if self.shuffle else list(range(length))
-        )
-        # After a restore with another world size: what the old ranks, each `position` indices
-        # into its share, had not yet seen. Rank r's share is padded[r::world_size], so together
-        # they consumed exactly the first position * world_size indices of the padded order.
-        for world_size, position in self._history:
-            order = _padded(order, world_size, self.drop_last)[position * world_size :]
-        return _padded(order, self.num_replicas, self.drop_last)[self.rank :: self.num_replicas]
+        # After a restore with another world size, only what the old ranks had not yet seen.
+        return shard_order(len(self.dataset), epoch=self.epoch, seed=self.seed,
+                           shuffle=self.shuffle, rank=self.rank, world_size=self.num_replicas,
+                           drop_last=self.drop_last, consumed=self._history)
 
     def __len__(self) -> int:
         return self.num_samples
