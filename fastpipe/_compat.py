@@ -179,3 +179,21 @@ def accelerate_remove_dataloader(loader: Any) -> bool:
         ref for ref in state.dataloader_references if ref is not loader
     ]
     return False
+
+
+def auto_augment_with_fast_ops(base: type, fast_op: Callable[..., Any], module: str) -> type:
+    """A subclass of the torchvision.transforms.v2 policy ``base`` (RandAugment, AutoAugment,
+    TrivialAugmentWide, AugMix) whose image ops first try ``fast_op(image, transform_id,
+    magnitude)``; when it returns None, torchvision's own op runs. The hook is the private
+    ``_apply_image_or_video_transform``, which every v2 policy calls once per op it applies (the
+    draws stay torchvision's). ``module`` is the subclass's ``__module__``, so it pickles."""
+    own = base._apply_image_or_video_transform
+
+    def apply(self, image, transform_id, magnitude, interpolation, fill):
+        out = fast_op(image, transform_id, magnitude)
+        if out is not None:
+            return out
+        return own(self, image, transform_id, magnitude, interpolation, fill)
+
+    return type("Fast" + base.__name__, (base,),
+                {"_apply_image_or_video_transform": apply, "__module__": module})

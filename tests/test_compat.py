@@ -179,3 +179,35 @@ def test_accelerate_dataloader_wrappers_add_and_remove_the_loader(private, monke
     assert state.active_dataloader is loader and state.in_dataloader
     assert _compat.accelerate_remove_dataloader(loader) is private
     assert state.dataloader_references == before
+
+
+def test_auto_augment_with_fast_ops_routes_each_op_through_the_hook():
+    """The private hook exists on every v2 policy fastpipe subclasses, the subclass calls the
+    fast op for each op torchvision applies, falls back to torchvision's when it returns None,
+    and pickles."""
+    import pickle
+
+    from torchvision.transforms import v2
+
+    from fastpipe._compat import auto_augment_with_fast_ops
+
+    seen = []
+
+    def fast_op(image, transform_id, magnitude):
+        seen.append(transform_id)
+        return image if transform_id == "Identity" else None
+
+    for base in (v2.AugMix, v2.AutoAugment, v2.RandAugment, v2.TrivialAugmentWide):
+        assert callable(getattr(base, "_apply_image_or_video_transform", None)), base
+    cls = auto_augment_with_fast_ops(v2.RandAugment, fast_op, __name__)
+    image = torch.randint(0, 256, (3, 16, 16), dtype=torch.uint8)
+    torch.manual_seed(0)
+    ours = cls(num_ops=3)(image)
+    torch.manual_seed(0)
+    theirs = v2.RandAugment(num_ops=3)(image)
+    assert len(seen) == 3 and torch.equal(ours, theirs)
+    globals()["FastRandAugment"] = cls
+    try:
+        assert type(pickle.loads(pickle.dumps(cls(num_ops=1)))) is cls
+    finally:
+        del globals()["FastRandAugment"]

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastpipe._compat import auto_augment_with_fast_ops
 from fastpipe._constants import DEFAULT_INTERPOLATION
 from fastpipe._seed import checked_seed, draw_seed
 from fastpipe.recipe import Policy, Recipe
@@ -100,20 +101,9 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from torchvision.transforms import v2
 
-    def fast(base: type) -> type:
-        def apply(self, image, transform_id, magnitude, interpolation, fill):
-            out = _fast_apply(image, transform_id, magnitude)
-            if out is not None:
-                return out
-            return base._apply_image_or_video_transform(self, image, transform_id, magnitude,
-                                                        interpolation, fill)
-
-        cls = type("Fast" + base.__name__, (base,), {"_apply_image_or_video_transform": apply,
-                                                     "__module__": __name__})
-        return cls
-
     for base in (v2.AugMix, v2.AutoAugment, v2.RandAugment, v2.TrivialAugmentWide):
-        globals()["Fast" + base.__name__] = fast(base)
+        globals()["Fast" + base.__name__] = auto_augment_with_fast_ops(base, _fast_apply,
+                                                                       __name__)
     return globals()[name]
 
 
