@@ -12,7 +12,10 @@ honour. Randomness is not a setting of the recipe: loaders and datasets take ``s
 policy of ``fastpipe._seed``.
 
 The geometry itself is :mod:`fastpipe._geometry`'s, shared by the CPU decoder (and its C++ train
-plan) and DALI's eval graph, so both backends crop the same rectangle in eval.
+plan) and DALI's eval graph, so both backends crop the same rectangle in eval. It is drawn once
+per sample (a crop box and a flip, from the sample's seed) and then applied, so several image
+fields of one sample (a low- and a high-resolution pair, an image and its mask) can take the same
+draw at their own scale and filter: the place where joint geometry lands.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
-"""Shared fixtures: the sample dataset, the check that threads do not outlive a test, and the
-cuda lane (tests marked ``cuda`` skip without a GPU, fail instead with FASTPIPE_REQUIRE_CUDA=1)."""
+"""Fixtures shared by several folders: the sample dataset, the check that threads do not outlive
+a test, the crop-only JPEG module; and the cuda lane (tests marked ``cuda`` skip without a GPU,
+fail instead with FASTPIPE_REQUIRE_CUDA=1). A fixture used by one folder only lives in that
+folder's conftest.py (tests/ops: ``backend``; tests/dali: ``index_list``; tests/jpeg:
+``sampling_encoder``)."""
 
 from __future__ import annotations
 
@@ -13,8 +16,19 @@ import pytest
 import torch
 
 from fastpipe.data import sample_images
+from tests.helpers.cpu_path import built_module
+from tests.helpers.cuda import REQUIRE_CUDA
 
-REQUIRE_CUDA = "FASTPIPE_REQUIRE_CUDA"
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """With FASTPIPE_REQUIRE_DALI=1 (CI sets it) a DALI that does not import stops the run: the
+    DALI test modules skip without it, which must not pass unnoticed where it is installed."""
+    if os.environ.get("FASTPIPE_REQUIRE_DALI") != "1":
+        return
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError as exc:
+        pytest.exit(f"FASTPIPE_REQUIRE_DALI=1, but DALI does not import: {exc}", returncode=1)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -26,16 +40,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if os.environ.get(REQUIRE_CUDA) == "1":
         pytest.fail(f"{reason}, and {REQUIRE_CUDA}=1 requires one", pytrace=False)
     pytest.skip(f"{reason}; the cuda lane runs on a GPU machine (docs/gpu.md)")
-
-
-def require_cuda_part(available: bool, what: str) -> None:
-    """Skips (or fails with FASTPIPE_REQUIRE_CUDA=1) a cuda-lane test whose GPU part is missing:
-    the CUDA kernels of fastpipe._C, DALI, a second GPU, ..."""
-    if available:
-        return
-    if os.environ.get(REQUIRE_CUDA) == "1":
-        pytest.fail(f"{what} ({REQUIRE_CUDA}=1 requires it)", pytrace=False)
-    pytest.skip(what)
 
 
 def wait_for_threads(baseline: set[int], timeout: float = 10.0) -> list[str]:
@@ -63,3 +67,11 @@ def no_thread_leak():
 def sample_root(tmp_path_factory) -> Path:
     """48 sample JPEGs in 4 classes (ImageFolder layout), made once per test session."""
     return sample_images(tmp_path_factory.mktemp("sample") / "images", num_images=48, num_classes=4)
+
+
+@pytest.fixture(scope="module")
+def jpeg():
+    """fastpipe._jpeg (crop-only JPEG decoding); skips when it is not built, fails instead with
+    FASTPIPE_REQUIRE_JPEG=1. Used by tests/jpeg and tests/pack/test_transcode.py."""
+    return built_module("fastpipe._jpeg", "install libjpeg-turbo's headers and rebuild",
+                        "FASTPIPE_REQUIRE_JPEG")

@@ -7,12 +7,12 @@ from collections import namedtuple
 
 import pytest
 import torch
-from cuda_helpers import RecordingStreams
 from torch.utils.data import DataLoader, Dataset
 
 import fastpipe._streams as streams_module
 import fastpipe.prefetch as prefetch_module
 from fastpipe import DataLoaderX, DataPrefetcher
+from tests.helpers.cuda import RecordingStreams
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,10 +15,16 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from cpu_path_helpers import built_module, decoded, large_jpeg, sample_files, turns_inside_calls
 from PIL import Image
 
 from fastpipe.data import ImageDecoder, _decode
+from tests.helpers.cpu_path import (
+    built_module,
+    decoded,
+    large_jpeg,
+    sample_files,
+    turns_inside_calls,
+)
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -50,8 +50,8 @@ class Mixup:
     one-hot target, as in timm.
 
     With the same ``lam``, box centres and choices, the images and targets equal timm 1.0's
-    (tests/test_mixup.py), except that ``lam`` is drawn from ``generator`` and not from NumPy, and
-    that an odd batch is accepted (timm asserts): its middle sample is its own partner, mixed
+    (tests/ops/test_mixup.py), except that ``lam`` is drawn from ``generator`` and not from NumPy,
+    and that an odd batch is accepted (timm asserts): its middle sample is its own partner, mixed
     with itself (in ``'pair'`` mode it is left as it is).
 
     Args:

@@ -1,6 +1,6 @@
 // Index math of the CUDA kernels' fast paths: 32-bit index decoding and per-channel tables.
 //
-// Host and device, torch-free like kernels.h: tests/test_cuda_kernels_fast_path.py compiles it
+// Host and device, torch-free like kernels.h: tests/ops/test_cuda_fast_path.py compiles it
 // for the host and checks it against kernels.h's int64 path and the PyTorch reference. Integer
 // decoding changes no value; the float math is kernels.h's own functions, so the bits are the same.
 #pragma once

@@ -3,7 +3,7 @@
  * same arithmetic as fastpipe/data/_crop.py and ImageDecoder._plan/_region (double precision,
  * the same operations in the same order, libm's log, exp and sqrt, rounding half to even as
  * Python's round), so the box, the DCT scale and the flip equal the Python path's.
- * tests/test_jpeg_decode_train.py compares the two over many images and seeds. */
+ * tests/jpeg/test_decode_train.py compares the two over many images and seeds. */
 #pragma once
 
 #include <cmath>

@@ -1,0 +1,101 @@
+"""`fastpipe pack` and `fastpipe verify` errors: each message names the command's flags, never the
+Python spelling of the option (``overwrite=True``) the library's message uses."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytest.importorskip("h5py", exc_type=ImportError)
+
+from fastpipe._cli import main  # noqa: E402
+from fastpipe._hardware import usable_cores  # noqa: E402
+
+pytestmark = pytest.mark.hdf5
+
+PYTHON_SPELLING = re.compile(r"[a-z_]=[\w('(]")  # overwrite=True, size=(H, W), merge='copy'
+
+
+def error_of(argv: list[str], capsys, code: int = 2) -> str:
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert err.startswith(f"fastpipe {argv[0]}: error: ") and err.count("\n") == 1, err
+    assert PYTHON_SPELLING.search(err) is None, err
+    return err
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--part", "3/2"], "--part I/N needs 0 <= I < N, got (3, 2)"),
+    (["--part", "half"], "--part must look like I/N"),
+    (["--storage", "array", "--max-side", "100"],
+     "--max-side applies to bytes storage; for array storage pass --size HxW"),
+    (["--size", "10x10"], "--size applies to array storage; for bytes storage pass --max-side N"),
+    (["--storage", "array", "--size", "tall"], "--size must look like HxW"),
+    (["--storage", "array", "--size", "0x10"], "--size must be positive"),
+    (["--format", "lmdb", "--merge", "virtual"],
+     "LMDB has no virtual datasets: use --merge copy (the default for LMDB)"),
+])
+def test_pack_option_errors_name_the_flags(flags, message, sample_root, tmp_path, capsys):
+    err = error_of(["pack", str(sample_root), str(tmp_path / "o.h5"), *flags, "--quiet"], capsys)
+    assert message in err
+
+
+def test_pack_refuses_an_existing_output_naming_overwrite(sample_root, tmp_path, capsys):
+    out = tmp_path / "o.h5"
+    out.write_bytes(b"x")
+    err = error_of(["pack", str(sample_root), str(out), "--quiet"], capsys)
+    assert f"{out} already exists; pass --overwrite or choose another output" in err
+
+
+def test_pack_failures_name_the_flags(sample_root, tmp_path, capsys):
+    # The sample photos differ in size: array storage needs one shape.
+    err = error_of(["pack", str(sample_root), str(tmp_path / "a.h5"), "--storage", "array",
+                    "--quiet"], capsys, code=1)
+    assert "array storage needs one shape" in err and "pass --size HxW to resize" in err
+    assert main(["pack", str(sample_root), str(tmp_path / "p0.h5"), "--part", "0/2",
+                 "--quiet"]) == 0
+    assert main(["pack", str(sample_root), str(tmp_path / "whole.h5"), "--quiet"]) == 0
+    capsys.readouterr()
+    err = error_of(["pack", "--merge-only", str(tmp_path / "m.h5"), str(tmp_path / "p0.h5"),
+                    str(tmp_path / "whole.h5"), "--quiet"], capsys, code=1)
+    assert "some packs were made with --part I/N and some were not" in err
+    err = error_of(["pack", "--merge-only", str(tmp_path / "m.h5"), str(tmp_path / "p0.h5"),
+                    "--quiet"], capsys, code=1)
+    assert "parts 1/2 are missing" in err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["pack", "SRC"], "expected SOURCE OUTPUT, got 1 paths (to combine packs use --merge-only"),
+    (["pack", "--merge-only", "OUT"], "--merge-only needs OUTPUT and at least one PACK"),
+    (["pack", "--merge-only", "OUT", "A", "--part", "0/2", "--workers", "2"],
+     "--workers, --part do not apply to --merge-only"),
+    (["pack", "/no/such/dir", "OUT"], "pack source /no/such/dir does not exist"),
+    (["verify", "/no/such/pack.h5"], "no such file: /no/such/pack.h5"),
+    (["verify", "/", "--sample", "0"], "--sample must be >= 1, got 0"),
+])
+def test_argument_errors(argv, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert message in error_of(argv, capsys)
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--workers", "0", "argument --workers: expected an integer >= 1, got 0"),
+    ("--shard-size", "0", "argument --shard-size: expected an integer >= 1, got 0"),
+    ("--max-side", "-5", "argument --max-side: expected an integer >= 1, got -5"),
+    ("--quality", "101", "argument --quality: expected a JPEG quality in 1..100, got 101"),
+])
+def test_bad_numbers_are_refused_by_the_parser(flag, value, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["pack", "SRC", "OUT", flag, value])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_pack_workers_default_to_the_usable_cores(sample_root, tmp_path, capsys):
+    assert main(["pack", str(sample_root), str(tmp_path / "o.h5"), "--json", "--quiet"]) == 0
+    # One shard per worker at least (48 inputs, far below the shard size).
+    assert f'"shards": {min(usable_cores(), 48)}' in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["pack", "--help"])
+    assert f"{usable_cores()} here" in capsys.readouterr().out

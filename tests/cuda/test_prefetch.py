@@ -1,0 +1,180 @@
+"""cuda lane: DataPrefetcher's stream hand-off on a real GPU, under races built to break it.
+
+Every batch gets a checksum computed on the current stream right after it arrives, without any
+synchronization in the loop; the checksums are compared, after the loop, with those of the same
+batches moved and normalized synchronously. The races:
+
+- a step that reads the batch at once, while the copy of a large batch may still be running on
+  the side stream: a missing wait of the current stream on the side stream reads a partial copy;
+- a step whose stream is busy (torch.cuda._sleep) before it reads the batch, which it then frees,
+  while the next batch is prepared: without ``record_stream`` on the current stream, the caching
+  allocator gives the freed memory to the side stream, which overwrites it before the read;
+- batches already on the GPU, written by the current stream after a sleep: the side stream must
+  wait for that write before it normalizes, and keep the input alive while it reads it.
+
+The control tests take the waits or the ``record_stream`` calls away (at torch's level, so they
+do not depend on DataPrefetcher's internals) and assert that the same check then fails: the check
+can fail. Pinned and unpageable host memory, ``prefetch_depth`` 1 and 2, tuple, dict and nested
+batches. Skipped without a GPU; FASTPIPE_REQUIRE_CUDA=1 makes that a failure (docs/gpu.md).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fastpipe import DataPrefetcher, ops
+from tests.helpers.cuda import checksum, gpu_sleep, random_batches
+
+pytestmark = [pytest.mark.cuda, pytest.mark.timeout(600)]
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+BIG = (64, 3, 448, 448)  # 38.5 MB of uint8: a copy of milliseconds
+COUNT = 12
+
+
+def _structure(images: torch.Tensor, index: int, kind: str):
+    labels = torch.full((images.shape[0],), index, dtype=torch.int64)
+    if kind == "tuple":
+        return images, labels
+    if kind == "dict":
+        return {"image": images, "label": labels, "name": f"batch{index}"}
+    # Nested: the images stay where normalization finds them, the other tensors are deeper.
+    return {"image": images, "targets": {"label": labels, "more": [labels * 2]},
+            "meta": {"index": index}}
+
+
+def _images(batch, kind: str) -> torch.Tensor:
+    return batch[0] if kind == "tuple" else batch["image"]
+
+
+def _labels(batch, kind: str) -> torch.Tensor:
+    if kind == "tuple":
+        return batch[1]
+    if kind == "dict":
+        return batch["label"]
+    assert batch["targets"]["more"][0].device.type == "cuda"
+    assert isinstance(batch["meta"]["index"], int)  # non-tensor leaves pass through
+    return batch["targets"]["label"]
+
+
+def _expected(batches: list[torch.Tensor], normalize: bool) -> list[float]:
+    """Checksums of the batches moved and normalized with a synchronization at every step."""
+    sums = []
+    for cpu in batches:
+        x = cpu.cuda()
+        torch.cuda.synchronize()
+        if normalize:
+            x = ops.normalize(x, MEAN, STD)  # what DataPrefetcher(mean=, std=) computes
+        sums.append(checksum(x).item())
+    torch.cuda.synchronize()
+    return sums
+
+
+def _run(prefetcher, kind: str, busy_step: float, pressure: bool) -> tuple[list, list]:
+    """Checksums of the images and labels of every batch, queued on the current stream."""
+    sums, labels = [], []
+    for batch in prefetcher:
+        images = _images(batch, kind)
+        if busy_step:
+            gpu_sleep(busy_step)  # the step's stream is busy; the batch must stay ours
+        sums.append(checksum(images))
+        labels.append(_labels(batch, kind).sum())
+        del batch, images
+        if pressure:
+            # Memory reuse pressure: allocate and free batch-sized blocks on the current stream.
+            junk = torch.full(BIG, 255, dtype=torch.uint8, device="cuda")
+            del junk
+    torch.cuda.synchronize()
+    return [s.item() for s in sums], [s.item() for s in labels]
+
+
+def _check(batches, sums, labels, normalize: bool) -> list[int]:
+    """Indices of the batches whose checksum is wrong (asserts the labels too)."""
+    expected = _expected(batches, normalize)
+    assert len(sums) == len(batches)
+    assert labels == [i * batches[i].shape[0] for i in range(len(batches))]
+    return [i for i, (got, want) in enumerate(zip(sums, expected)) if got != want]
+
+
+def _prefetcher(batches, kind, depth, normalize, on_gpu=False):
+    def source():
+        for i, cpu in enumerate(batches):
+            if on_gpu:
+                # A GPU-resident batch (DALI's, or a GPU decoder's), written by the current
+                # stream after a busy spell: the side stream must wait for it.
+                x = torch.empty(cpu.shape, dtype=cpu.dtype, device="cuda")
+                gpu_sleep(0.05)
+                x.copy_(cpu, non_blocking=True)
+                yield _structure(x, i, kind)
+            else:
+                yield _structure(cpu, i, kind)
+
+    options = {"mean": MEAN, "std": STD} if normalize else {}
+    return DataPrefetcher(source(), device="cuda", prefetch_depth=depth, **options)
+
+
+@pytest.mark.parametrize("kind", ("tuple", "dict", "nested"))
+@pytest.mark.parametrize("depth", (1, 2))
+@pytest.mark.parametrize("pinned", (True, False))
+@pytest.mark.parametrize("normalize", (False, True))
+def test_a_step_that_reads_the_batch_at_once_sees_all_of_it(normalize, pinned, depth, kind):
+    batches = random_batches(COUNT, BIG, seed=depth, pin=pinned)
+    sums, labels = _run(_prefetcher(batches, kind, depth, normalize), kind, 0.0, pressure=True)
+    assert _check(batches, sums, labels, normalize) == []
+
+
+@pytest.mark.parametrize("depth", (1, 2))
+@pytest.mark.parametrize("normalize", (False, True))
+def test_a_busy_step_keeps_its_batch_while_the_next_ones_are_prepared(normalize, depth):
+    batches = random_batches(COUNT, BIG, seed=10 + depth, pin=True)
+    prefetcher = _prefetcher(batches, "tuple", depth, normalize)
+    sums, labels = _run(prefetcher, "tuple", 0.05, pressure=True)
+    assert _check(batches, sums, labels, normalize) == []
+
+
+@pytest.mark.parametrize("depth", (1, 2))
+@pytest.mark.parametrize("normalize", (False, True))
+def test_batches_already_on_the_gpu_are_read_after_their_producer(normalize, depth):
+    batches = random_batches(COUNT, BIG, seed=20 + depth, pin=True)
+    prefetcher = _prefetcher(batches, "dict", depth, normalize, on_gpu=True)
+    sums, labels = _run(prefetcher, "dict", 0.0, pressure=True)
+    assert _check(batches, sums, labels, normalize) == []
+
+
+# --- the controls: without the synchronization, the same checks fail --------------------------
+
+def _without_waits(monkeypatch):
+    for cls, name in ((torch.cuda.Stream, "wait_event"), (torch.cuda.Stream, "wait_stream"),
+                      (torch.cuda.Event, "wait")):
+        monkeypatch.setattr(cls, name, lambda *args, **kwargs: None)
+
+
+def test_control_without_the_waits_the_immediate_read_sees_partial_copies(monkeypatch):
+    batches = random_batches(COUNT, BIG, seed=30, pin=True)
+    _expected(batches, True)  # warm the kernels up outside the patched region
+    _without_waits(monkeypatch)
+    sums, labels = _run(_prefetcher(batches, "tuple", 1, True), "tuple", 0.0, pressure=False)
+    monkeypatch.undo()
+    assert _check(batches, sums, labels, True), "no batch was wrong without any wait"
+
+
+def test_control_without_record_stream_the_busy_step_reads_reused_memory(monkeypatch):
+    batches = random_batches(COUNT, BIG, seed=31, pin=True)
+    _expected(batches, False)
+    monkeypatch.setattr(torch.Tensor, "record_stream", lambda self, stream: None)
+    sums, labels = _run(_prefetcher(batches, "tuple", 1, False), "tuple", 0.1, pressure=False)
+    monkeypatch.undo()
+    assert _check(batches, sums, labels, False), (
+        "no batch was wrong without record_stream: the memory was not reused"
+    )
+
+
+def test_control_without_the_waits_gpu_resident_batches_are_read_too_early(monkeypatch):
+    batches = random_batches(COUNT, BIG, seed=32, pin=True)
+    _expected(batches, True)
+    _without_waits(monkeypatch)
+    prefetcher = _prefetcher(batches, "dict", 1, True, on_gpu=True)
+    sums, labels = _run(prefetcher, "dict", 0.0, pressure=False)
+    monkeypatch.undo()
+    assert _check(batches, sums, labels, True), "no batch was wrong without any wait"

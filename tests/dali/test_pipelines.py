@@ -1,0 +1,351 @@
+"""image_pipeline driven directly, the GPU graph as far as it goes without a GPU, device
+selection."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from fastpipe import Recipe
+from tests.helpers.dali import (
+    DALI_MISSING,
+    JpegBytes,
+    graph_ops,
+    graph_output_devices,
+    image_files,
+)
+
+pytest.importorskip("nvidia.dali", reason=DALI_MISSING, exc_type=ImportError)
+
+from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy  # noqa: E402
+
+import fastpipe.dali.pipelines as pipelines  # noqa: E402
+from fastpipe.dali import DALILoader, EncodedSource, image_pipeline, resolve_device  # noqa: E402
+from fastpipe.dali.loader import _to_torch  # noqa: E402
+from fastpipe.dali.pipelines import build_pipeline  # noqa: E402
+
+pytestmark = [pytest.mark.dali, pytest.mark.timeout(60)]
+
+
+def epoch_labels(iterator) -> tuple[list[int], list[int]]:
+    labels, sizes = [], []
+    for (batch,) in iterator:
+        labels.extend(batch["labels"].tolist())
+        sizes.append(len(batch["labels"]))
+    return labels, sizes
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_file_reader_pipeline_with_dalis_iterator_gives_exact_epochs(index_list, shuffle):
+    # The documented standalone recipe: pad_last_batch in the pipeline + PARTIAL in the iterator.
+    pipe = image_pipeline(index_list, batch_size=10, size=32, device="cpu", seed=1, shuffle=shuffle,
+                          num_workers=1)
+    iterator = DALIGenericIterator(
+        [pipe], ["images", "labels"], reader_name="Reader",
+        last_batch_policy=LastBatchPolicy.PARTIAL, auto_reset=True,
+    )
+    try:
+        for _ in range(2):
+            labels, sizes = epoch_labels(iterator)
+            assert sizes == [10, 10, 10, 10, 8]
+            assert sorted(labels) == list(range(48))
+            assert (labels != sorted(labels)) == shuffle
+    finally:
+        del iterator
+        pipe._shutdown()
+
+
+def test_folder_source_labels_follow_sorted_class_folders(sample_root):
+    pipe = image_pipeline(sample_root, batch_size=12, train=False, size=32, device="cpu",
+                          num_workers=1)
+    try:
+        pipe.build()
+        images, labels = pipe.run()
+        # Sorted files: class_00 first, so the first 12 images are all class 0.
+        assert [int(x) for x in np.array(labels.as_tensor())] == [0] * 12
+        assert images.as_tensor().shape() == [12, 3, 32, 32]
+    finally:
+        pipe._shutdown()
+
+
+def test_encoded_source_pipeline_partial_batches_and_new_epochs(sample_root):
+    source = EncodedSource(JpegBytes(image_files(sample_root)), batch_size=20, shuffle=True, seed=5)
+    pipe = image_pipeline(source, batch_size=20, size=32, device="cpu", num_workers=1)
+    iterator = DALIGenericIterator([pipe], ["images", "labels"], auto_reset=True)
+    try:
+        first, sizes = epoch_labels(iterator)
+        second, _ = epoch_labels(iterator)
+    finally:
+        del iterator
+        pipe._shutdown()
+    assert sizes == [20, 20, 8]
+    assert sorted(first) == sorted(second) == list(range(48)) and first != second
+    assert first == source.indices(0).tolist() and second == source.indices(1).tolist()
+
+
+def test_encoded_dataset_is_wrapped_with_the_pipeline_shard_arguments(sample_root):
+    pipe = image_pipeline(
+        JpegBytes(image_files(sample_root)), batch_size=30, train=False, size=32, device="cpu",
+        rank=1, world_size=2, num_workers=1,
+    )
+    try:
+        pipe.build()
+        _, labels = pipe.run()
+        assert [int(x) for x in np.array(labels.as_tensor())] == list(range(1, 48, 2))
+    finally:
+        pipe._shutdown()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.uint8])
+def test_copying_conversion_matches_the_zero_copy_one(sample_root, dtype):
+    # The copy is what GPU batches go through (feed_ndarray); on the CPU it must give what the
+    # zero-copy path gives.
+    pipe = image_pipeline(sample_root, batch_size=4, train=False, size=32, device="cpu",
+                          dtype=dtype, num_workers=1)
+    try:
+        pipe.build()
+        images, labels = pipe.run()
+        cpu = torch.device("cpu")
+        for output, expected_dtype in ((images, dtype), (labels, torch.int64)):
+            copied = _to_torch(output, cpu, zero_copy=False)
+            assert copied.dtype == expected_dtype
+            assert torch.equal(copied, _to_torch(output, cpu, zero_copy=True))
+    finally:
+        pipe._shutdown()
+
+
+# ---- the GPU path, without a GPU -----------------------------------------------------------
+
+
+GPU_IMAGE_OPS = {"Resize", "ColorTwist", "CropMirrorNormalize", "Erase", "Slice"}
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_gpu_graph_decodes_mixed_keeps_images_and_labels_on_gpu_and_serializes(sample_root, train):
+    """Proves the GPU graph is well formed: ``device="mixed"`` decode, every image op after it
+    on the GPU, both outputs on the GPU, and DALI accepts every argument of those ops (the
+    serializer checks them against the operator schemas). It does not prove it runs."""
+    recipe = Recipe(train=True, color_jitter=0.4, cutout_holes=1) if train else Recipe(
+        train=False)
+    pipe = build_pipeline(
+        sample_root, recipe=recipe, batch_size=8, num_workers=2, device_id=None,
+        decode_device="mixed",
+    )
+    ops = graph_ops(pipe)
+    decoder = "ImageRandomCrop" if train else "Image"
+    assert (decoder, "mixed") in ops
+    assert all(device == "gpu" for name, device in ops if name in GPU_IMAGE_OPS)
+    # Eval: the resize and the centre crop sizes come from the image header, on the CPU.
+    assert {name for name, _ in ops} >= (
+        {"Resize", "CropMirrorNormalize"}
+        | ({"ColorTwist", "Erase"} if train else {"Slice", "PeekImageShape"}))
+    assert graph_output_devices(pipe) == ["gpu", "gpu"]
+    serialized = pipe.serialize()
+    assert b"device_memory_padding" in serialized and b"mixed" in serialized
+
+
+def test_cpu_graph_has_no_gpu_operator(sample_root):
+    pipe = build_pipeline(
+        sample_root, recipe=Recipe(train=True, cutout_holes=1), batch_size=8,
+        num_workers=2, device_id=None, decode_device="cpu",
+    )
+    assert {device for _, device in graph_ops(pipe)} == {"cpu"}
+    assert graph_output_devices(pipe) == ["cpu", "cpu"]
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """A recording stand-in for a machine with CUDA: torch says yes, DALI sees ``count`` GPUs."""
+    state = {"count": 2, "current": 1}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: state["current"])
+    monkeypatch.setattr(pipelines, "_dali_cuda_device_count", lambda: state["count"])
+    return state
+
+
+def test_device_resolution_with_a_gpu_stand_in(fake_cuda):
+    assert resolve_device(None) == 1  # torch's current device
+    assert resolve_device("gpu") == resolve_device("cuda") == 1
+    assert (resolve_device("cuda:0") == resolve_device(0)
+            == resolve_device(torch.device("cuda", 0)) == 0)
+    assert resolve_device("cpu") is None and resolve_device(torch.device("cpu")) is None
+    with pytest.raises(ValueError, match="DALI sees 2 GPU"):
+        resolve_device("cuda:2")
+
+
+def test_device_resolution_when_torch_sees_a_gpu_but_dali_does_not(fake_cuda):
+    fake_cuda["count"] = 0
+    with pytest.warns(RuntimeWarning, match="DALI does not"):
+        assert resolve_device(None) is None
+    with pytest.raises(RuntimeError, match="nvidia-dali-cuda120"):
+        resolve_device("cuda")
+
+
+def test_loader_on_a_gpu_stand_in_builds_a_mixed_pipeline_for_that_device(index_list, fake_cuda):
+    loader = DALILoader(index_list, batch_size=8, device="cuda", size=64)
+    assert loader.device == torch.device("cuda", 1)
+    pipe = loader._new_pipeline(lambda: None)
+    assert pipe.device_id == 1
+    assert ("ImageRandomCrop", "mixed") in graph_ops(pipe)
+    assert graph_output_devices(pipe) == ["gpu", "gpu"]
+
+
+def test_device_resolution_on_this_machine():
+    assert resolve_device(None) is None  # no GPU here: DALI's CPU mode
+    with pytest.raises(RuntimeError, match="torch sees no CUDA device"):
+        resolve_device("gpu")
+    with pytest.raises(ValueError, match="device must be"):
+        resolve_device("cuda:x")
+    with pytest.raises(TypeError):
+        resolve_device(1.5)
+
+
+def test_pipeline_argument_checks(sample_root):
+    with pytest.raises(ValueError, match="set shuffle and sharding on the EncodedSource"):
+        image_pipeline(EncodedSource(JpegBytes(image_files(sample_root)[:4]), batch_size=2),
+                       batch_size=2, shuffle=True)
+    with pytest.raises(ValueError, match="more than batch_size"):
+        image_pipeline(EncodedSource(JpegBytes(image_files(sample_root)[:4]), batch_size=4),
+                       batch_size=2, train=False)
+    with pytest.raises(TypeError, match="source must be"):
+        image_pipeline(42, batch_size=2)
+    with pytest.raises(ValueError, match="root= applies"):
+        image_pipeline(sample_root, batch_size=2, root=sample_root)
+
+
+@pytest.mark.parametrize(
+    "local_rank, current, count, expected, warns",
+    [
+        ("1", 0, 2, 1, True),  # torchrun rank 1, script never called set_device
+        ("1", 1, 2, 1, False),  # the script chose its device
+        ("1", 0, 1, 0, False),  # one visible GPU per process: LOCAL_RANK does not number it
+        ("0", 0, 2, 0, False),
+        (None, 0, 2, 0, False),
+    ],
+)
+def test_device_follows_local_rank_when_the_script_did_not_choose_one(
+    fake_cuda, monkeypatch, local_rank, current, count, expected, warns
+):
+    fake_cuda.update(count=count, current=current)
+    if local_rank is None:
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+    for device in (None, "cuda"):
+        if warns:
+            with pytest.warns(RuntimeWarning, match=r"torch.cuda.set_device\(1\)"):
+                assert resolve_device(device) == expected
+        else:
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                assert resolve_device(device) == expected
+    assert resolve_device("cuda:0") == 0  # an explicit index is never overridden
+
+
+# ---- the GPU hand-off, with recording stand-ins --------------------------------------------
+
+
+class RecordingDense:
+    """A DALI TensorGPU stand-in: records the copy DALI is asked to make."""
+
+    def __init__(self, tensor: torch.Tensor, log: list) -> None:
+        self.tensor, self.log = tensor, log
+        self.dtype = type("DALIDataType", (),
+                          {"name": {torch.uint8: "UINT8"}.get(tensor.dtype, "INT64")})
+
+    def shape(self):
+        return list(self.tensor.shape)
+
+    def copy_to_external(self, ptr, cuda_stream=None, non_blocking=False):
+        self.log.append(("copy", ptr.value, cuda_stream.value, non_blocking))
+
+
+class RecordingOutput:
+    def __init__(self, dense: RecordingDense) -> None:
+        self.dense = dense
+
+    def as_tensor(self):
+        return self.dense
+
+
+class RecordingPipe:
+    """share_outputs/release_outputs/schedule_run of a DALI pipeline with the dynamic executor."""
+
+    exec_dynamic = True
+
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    def share_outputs(self, cuda_stream=None):
+        self.log.append(("share_outputs", cuda_stream))
+        images = torch.zeros(2, 3, 4, 4, dtype=torch.uint8)
+        return [RecordingOutput(RecordingDense(images, self.log)),
+                RecordingOutput(RecordingDense(torch.zeros(2, dtype=torch.int64), self.log))]
+
+    def release_outputs(self):
+        self.log.append(("release_outputs",))
+
+    def schedule_run(self):
+        self.log.append(("schedule_run",))
+
+
+def test_gpu_outputs_are_copied_on_torchs_current_stream_without_a_host_sync(monkeypatch):
+    """On the GPU, DALI's outputs are shared bound to torch's current stream of the loader's
+    device (``share_outputs(cuda_stream=...)``) and copied, non-blocking, on that stream into
+    tensors of torch's allocator (so ``record_stream`` works on them), before DALI gets its
+    buffers back. The old code shared without a stream, which synchronises the host."""
+    import collections
+
+    from fastpipe.dali.loader import _Runtime, _Tag
+
+    log: list = []
+    streams = {}
+
+    class Stream:
+        def __init__(self, handle):
+            self.cuda_stream = handle
+
+    def current_stream(device=None):
+        return streams.setdefault(device, Stream(1000 + len(streams)))
+
+    def no_sync(*args, **kwargs):
+        raise AssertionError("the hand-off must not synchronise the host")
+
+    real_empty = torch.empty
+    allocated = []
+
+    def empty(*shape, dtype=None, device=None):
+        allocated.append(torch.device(device))
+        out = real_empty(*shape, dtype=dtype)  # CPU memory standing in for the GPU's
+        log.append(("allocate", out.data_ptr()))
+        return out
+
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    monkeypatch.setattr(torch.cuda, "synchronize", no_sync)
+    monkeypatch.setattr(torch.cuda.Stream, "synchronize", no_sync, raising=False)
+    monkeypatch.setattr(torch.cuda.Event, "synchronize", no_sync, raising=False)
+    monkeypatch.setattr(torch, "empty", empty)
+
+    class Feeder:
+        generation = 1
+        in_flight = collections.deque([_Tag(1, 0, 0, np.arange(2))])
+
+    device = torch.device("cuda", 1)
+    runtime = _Runtime(RecordingPipe(log), Feeder(), device)
+    tag, images, labels = runtime.next_batch()
+    monkeypatch.undo()
+    stream = streams[device]
+    assert list(streams) == [device], "the stream of the loader's device, not the default one"
+    assert log[0] == ("share_outputs", stream), "outputs bound to torch's current stream"
+    copies = [entry for entry in log if entry[0] == "copy"]
+    assert [(ptr, handle, blocking) for _, ptr, handle, blocking in copies] == [
+        (images.data_ptr(), stream.cuda_stream, True),
+        (labels.data_ptr(), stream.cuda_stream, True),
+    ], "non-blocking copies on that stream into the returned tensors"
+    assert allocated == [device, device]
+    assert log.index(("release_outputs",)) > log.index(copies[-1])
+    assert images.shape == (2, 3, 4, 4) and labels.shape == (2,)
+    runtime.pipe = None  # nothing to shut down

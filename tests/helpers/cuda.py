@@ -1,0 +1,115 @@
+"""Helpers of the cuda lane (tests/cuda/): the check for a GPU part a test needs, known GPU work,
+and a checksum per batch; and the recording stand-in for DataPrefetcher's CUDA calls, with which
+the CPU lane tests the stream path.
+
+Only the tests marked ``cuda`` call the GPU parts; importing this module needs no GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+
+import pytest
+import torch
+
+REQUIRE_CUDA = "FASTPIPE_REQUIRE_CUDA"
+
+
+def require_cuda_part(available: bool, what: str) -> None:
+    """Skips (or fails with FASTPIPE_REQUIRE_CUDA=1) a cuda-lane test whose GPU part is missing:
+    the CUDA kernels of fastpipe._C, DALI, a second GPU, ..."""
+    if available:
+        return
+    if os.environ.get(REQUIRE_CUDA) == "1":
+        pytest.fail(f"{what} ({REQUIRE_CUDA}=1 requires it)", pytrace=False)
+    pytest.skip(what)
+
+
+@functools.cache
+def _cycles_per_second() -> float:
+    """The GPU clock as torch.cuda._sleep sees it, measured once with CUDA events."""
+    torch.cuda._sleep(1_000_000)  # warm-up: the first launch pays for loading the kernel
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    cycles = 20_000_000
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return cycles / (start.elapsed_time(end) / 1000.0)
+
+
+def gpu_sleep(seconds: float) -> None:
+    """Queues ``seconds`` of busy work on the current stream; returns at once."""
+    torch.cuda._sleep(max(1, int(seconds * _cycles_per_second())))
+
+
+def checksum(t: torch.Tensor) -> torch.Tensor:
+    """A 0-d float64 GPU tensor summing ``t`` with a position weight, queued on the current stream
+    (no synchronization): a batch swapped for another, or a part of it stale, changes it."""
+    flat = t.reshape(-1).double()
+    weights = torch.arange(1, flat.numel() + 1, device=t.device, dtype=torch.float64) % 251 + 1
+    return (flat * weights).sum()
+
+
+def random_batches(count: int, shape: tuple[int, ...], seed: int, pin: bool) -> list[torch.Tensor]:
+    """``count`` uint8 CPU batches of random content (page-locked if ``pin``)."""
+    g = torch.Generator().manual_seed(seed)
+    batches = [torch.randint(0, 256, shape, dtype=torch.uint8, generator=g) for _ in range(count)]
+    return [b.pin_memory() for b in batches] if pin else batches
+
+
+class RecordingStreams:
+    """Stands in for fastpipe._streams.CudaStreams: same calls, logged, tensors stay on CPU.
+
+    Patched in as ``fastpipe.prefetch.streams_for`` by the CPU lane's tests of the stream path
+    (tests/test_prefetch.py, tests/data/test_resume.py); ``log`` lists the calls in order.
+    """
+
+    def __init__(self) -> None:
+        self.log: list[tuple] = []
+        self.created = 0
+        self.active = "default"
+        self.current_device = 0  # what torch.cuda.set_device would change
+        self.on_gpu: set[int] = set()  # ids of tensors that stand for tensors already on the GPU
+
+    def concrete_device(self, device):
+        return torch.device("cuda", self.current_device) if device.index is None else device
+
+    def new_stream(self, device):
+        self.created += 1
+        name = f"side{self.created}"
+        self.log.append(("stream", name, device))
+        return name
+
+    def current_stream(self, device):
+        return "default"
+
+    def on_device(self, tensor):
+        return id(tensor) in self.on_gpu
+
+    @contextlib.contextmanager
+    def use(self, stream):
+        previous, self.active = self.active, stream
+        try:
+            yield
+        finally:
+            self.active = previous
+
+    def record_event(self, stream):
+        name = f"event{sum(1 for e in self.log if e[0] == 'event') + 1}"
+        self.log.append(("event", name, stream))
+        return name
+
+    def wait_event(self, waiter, event):
+        self.log.append(("wait", waiter, event))
+
+    def record_stream(self, tensor, stream):
+        self.log.append(("record", int(tensor.flatten()[0]), tensor.dtype, stream))
+
+    def to_device(self, tensor, device, non_blocking):
+        if id(tensor) in self.on_gpu:
+            return tensor  # .to() leaves a tensor already on the device as it is
+        self.log.append(("copy", int(tensor.flatten()[0]), self.active, non_blocking))
+        return tensor.clone()
