@@ -41,7 +41,8 @@ OPTIONAL = ("nvidia.dali", "h5py", "lmdb", "torchvision")
 def _collect_lane(folder: Path, hide: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """`pytest --collect-only -m cuda tests` (what the offline GPU script runs), from the repository
     root, with ``hide`` failing to import."""
-    env = dict(os.environ)
+    # A GPU box without DALI runs the lane without CI's demand that DALI import.
+    env = {k: v for k, v in os.environ.items() if k != "FASTPIPE_REQUIRE_DALI"}
     if hide:
         folder.mkdir()
         (folder / "sitecustomize.py").write_text(_HIDE.format(names=hide))
