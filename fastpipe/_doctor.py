@@ -12,6 +12,8 @@ import importlib.util
 import os
 import platform
 import re
+import shutil
+import subprocess
 from typing import Any
 
 # GPUs with NVJPG hardware JPEG decoders, which DALI's mixed decoder uses (hw_decoder_load):
@@ -33,7 +35,84 @@ def _hardware_jpeg_decoder(name: str) -> bool:
     return any(model in tokens for model in _HW_DECODER_NAMES)
 
 
-def _gpus(torch: Any, archs: str | None) -> list[dict[str, Any]]:
+def _release(text: str | None) -> tuple[int, int] | None:
+    match = re.match(r"(\d+)\.(\d+)", text or "")
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def _driver_version() -> str | None:
+    """The NVIDIA kernel driver's version ("580.65.06"), from /proc or nvidia-smi; None when
+    there is no NVIDIA driver."""
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            found = re.search(r"Kernel Module\s+(?:for \S+\s+)?(\d+\.\d+(?:\.\d+)?)", f.read())
+        if found:
+            return found[1]
+    except OSError:
+        pass
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        done = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=15)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = done.stdout.strip().splitlines()
+    return lines[0].strip() if done.returncode == 0 and lines else None
+
+
+def _nvcc_release() -> str | None:
+    """The CUDA release of the nvcc a rebuild would use (CUDA_HOME's, else PATH's)."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    nvcc = os.path.join(home, "bin", "nvcc") if home else None
+    if nvcc is None or not os.path.exists(nvcc):
+        nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return None
+    try:
+        done = subprocess.run([nvcc, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = re.search(r"release (\d+\.\d+)", done.stdout)
+    return found[1] if found else None
+
+
+def _driver(torch_cuda: str | None) -> dict[str, Any]:
+    """The driver's version against the floor of torch's CUDA major (cu130 needs >= 580)."""
+    from fastpipe import _cuda_archs
+
+    version = _driver_version()
+    floor = _cuda_archs.driver_floor(torch_cuda)
+    info: dict[str, Any] = {"version": version,
+                            "floor": None if floor is None else f"{floor[0]}.{floor[1]:02d}",
+                            "ok": None, "problem": None}
+    parsed = _release(version)
+    if floor is not None and parsed is not None:
+        info["ok"] = parsed >= floor
+        if not info["ok"]:
+            info["problem"] = (
+                f"driver {version} is older than {floor[0]}, the oldest that runs torch built "
+                f"with CUDA {torch_cuda}: update the driver, or install a torch built for an "
+                "older CUDA (and the matching DALI wheel)")
+    return info
+
+
+def _rebuild_hint(capability: tuple[int, int], release: str | None) -> str:
+    """How to get fastpipe's kernels onto a GPU they do not fit; never an arch the CUDA at hand
+    cannot build (7.0 with CUDA 13)."""
+    from fastpipe import _cuda_archs
+
+    arch = f"{capability[0]}.{capability[1]}"
+    parsed = _release(release)
+    if parsed is not None and not _cuda_archs.release_builds(capability, parsed):
+        return (f"CUDA {release} cannot build for compute capability {arch}: no rebuild helps "
+                "with this toolkit; the ops run their pure-PyTorch reference on this GPU")
+    return (f'rebuild with TORCH_CUDA_ARCH_LIST="{arch}" pip install --no-build-isolation -e . '
+            "(docs/gpu.md)")
+
+
+def _gpus(torch: Any, archs: str | None, release: str | None = None) -> list[dict[str, Any]]:
     from fastpipe import _cuda_archs
 
     gpus = []
@@ -49,6 +128,7 @@ def _gpus(torch: Any, archs: str | None) -> list[dict[str, Any]]:
             "capability": f"{props.major}.{props.minor}",
             "memory_gib": round(props.total_memory / 2**30, 1),
             "kernels_fit": fits,
+            "rebuild": None if fits is not False else _rebuild_hint(capability, release),
             "hardware_jpeg_decoder": _hardware_jpeg_decoder(props.name),
         })
     return gpus
@@ -110,8 +190,9 @@ def _picks(torch: Any, report: dict[str, Any]) -> dict[str, str]:
     if cuda and ext["cuda_kernels"] and all(g["kernels_fit"] is not False for g in gpus):
         ops = "compiled CUDA kernels on the GPU, compiled CPU kernels on the CPU"
     elif cuda and ext["cuda_kernels"]:
+        hints = sorted({g["rebuild"] for g in gpus if g["rebuild"]})
         ops = ("the pure-PyTorch reference on the GPU (fastpipe._C's kernel images do not fit "
-               "it: rebuild with TORCH_CUDA_ARCH_LIST, see docs/gpu.md)")
+               f"it: {'; '.join(hints)})")
     elif ext["cpu_kernels"]:
         ops = "compiled CPU kernels" + (
             "; the pure-PyTorch reference on the GPU (built without CUDA)" if cuda else "")
@@ -143,6 +224,7 @@ def environment_report() -> dict[str, Any]:
     from fastpipe._version import __version__
 
     ext = _extension()
+    release = _nvcc_release() or torch.version.cuda
     report: dict[str, Any] = {
         "fastpipe": __version__,
         "python": platform.python_version(),
@@ -151,7 +233,9 @@ def environment_report() -> dict[str, Any]:
         "torch_cuda": torch.version.cuda,
         "torchvision": _version("torchvision"),
         "cuda_available": torch.cuda.is_available(),
-        "gpus": _gpus(torch, ext["cuda_archs"]),
+        "driver": _driver(torch.version.cuda),
+        "nvcc": _nvcc_release(),
+        "gpus": _gpus(torch, ext["cuda_archs"], release),
         "extension": ext,
         "jpeg_region": _module_state("fastpipe._jpeg"),
         "resize": _module_state("fastpipe._resize"),
@@ -176,8 +260,19 @@ def format_report(report: dict[str, Any]) -> str:
         f"torch {report['torch']} (CUDA {report['torch_cuda'] or 'none: CPU build'}), "
         f"torchvision {report['torchvision'] or 'not installed'}",
         f"cores: {report['cores']} usable of {report['logical_cpus']}",
-        "",
     ]
+    driver = report["driver"]
+    if driver["version"] is None:
+        lines.append("NVIDIA driver: none found" + (
+            f" (torch's CUDA {report['torch_cuda']} needs >= {driver['floor']})"
+            if driver["floor"] else ""))
+    else:
+        floor = f"; torch's CUDA {report['torch_cuda']} needs >= {driver['floor']}" if driver[
+            "floor"] else ""
+        verdict = {True: " (ok)", False: f" (TOO OLD: {driver['problem']})", None: ""}
+        lines.append(f"NVIDIA driver: {driver['version']}{floor}{verdict[driver['ok']]}")
+    lines.append(f"nvcc: {report['nvcc'] or 'not found'}")
+    lines.append("")
     if not report["gpus"]:
         lines.append("GPUs: none visible to torch")
     for gpu in report["gpus"]:
@@ -185,6 +280,8 @@ def format_report(report: dict[str, Any]) -> str:
                      f"{gpu['memory_gib']} GiB")
         lines.append(f"  fastpipe CUDA kernels for it: {_yes(gpu['kernels_fit'])}; "
                      f"hardware JPEG decoder: {_yes(gpu['hardware_jpeg_decoder'])}")
+        if gpu.get("rebuild"):
+            lines.append(f"  {gpu['rebuild']}")
     built = "built" if ext["built"] else f"not usable ({ext['problem']})"
     kernels = ", ".join(d for d, ok in (("CPU", ext["cpu_kernels"]), ("CUDA", ext["cuda_kernels"]))
                         if ok) or "none"

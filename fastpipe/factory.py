@@ -78,6 +78,7 @@ def image_loader(
     prefetch_depth: int = 2,
     crop_pct: float = DEFAULT_CROP_PCT,
     recipe: Recipe | None = None,
+    crop_decode: bool = True,
 ) -> Any:
     """Image classification batches from ``source``, built on the fastest path available.
 
@@ -123,6 +124,11 @@ def image_loader(
             ``scale``, ``ratio``, ``hflip``, ``auto_augment``, ``interpolation``, ``crop_pct``,
             ``mean``, ``std``, ``dtype``, ``channels_last``) instead of those keywords, which
             build the same object; a keyword that contradicts it is an error.
+        crop_decode: DALI backend, train: decode only the random crop window (DALI's fused
+            decode, the default); ``False`` decodes whole images and crops them on the GPU, the
+            workaround when the fused GPU decode fails (NVIDIA/nvImageCodec#55; see
+            :class:`fastpipe.dali.DALILoader`). The CPU backend has its own decoder: ``False``
+            there is ignored, with a warning.
 
     Returns:
         An iterable of ``(images, labels)`` with ``len``, ``batch_size``, ``drop_last``,
@@ -141,6 +147,7 @@ def image_loader(
         source=source, batch_size=batch_size, recipe=recipe, device=device, backend=backend,
         rank=rank, world_size=world_size, seed=seed, shuffle=shuffle, drop_last=drop_last,
         num_workers=num_workers, worker_method=worker_method, prefetch_depth=prefetch_depth,
+        crop_decode=crop_decode,
     )
     if options.backend == "dali":
         return _build_dali(options)
@@ -176,6 +183,15 @@ class _Options:
         o.prefetch_depth = check.positive_int("prefetch_depth", given["prefetch_depth"])
         o.device = resolve_device(given["device"], where="image_loader")
         o.backend = _choose_backend(check.choice("backend", given["backend"], BACKENDS), o)
+        o.crop_decode = given.get("crop_decode", True)
+        if not isinstance(o.crop_decode, bool):
+            raise TypeError(f"crop_decode must be True or False, got {o.crop_decode!r}")
+        if not o.crop_decode and o.backend != "dali":
+            warnings.warn(
+                "image_loader: crop_decode=False applies to the DALI backend (the workaround of "
+                "NVIDIA/nvImageCodec#55); the CPU backend decodes with its own decoder and "
+                "ignores it", RuntimeWarning, stacklevel=3,
+            )
         o.order_seed = order_seed(o.seed, o.world_size)
         o.augment_seed = draw_seed() if o.seed is None else o.seed
         return o
@@ -253,6 +269,7 @@ def _build_dali(o: _Options) -> Any:
         str(o.path), batch_size=o.batch_size, recipe=o.recipe, num_workers=o.num_workers,
         device=str(o.device), shuffle=o.shuffle, drop_last=o.drop_last, seed=o.seed,
         rank=o.rank, world_size=o.world_size, prefetch_depth=o.prefetch_depth,
+        crop_decode=o.crop_decode,
     )
 
 

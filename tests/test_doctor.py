@@ -114,3 +114,73 @@ def test_doctor_is_listed_with_its_help(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "doctor" in capsys.readouterr().out
+
+
+def test_doctor_never_suggests_an_arch_the_cuda_at_hand_cannot_build(fake_gpu, monkeypatch):
+    # A V100 (7.0) with CUDA 13: nvcc 13 dropped Volta, so no TORCH_CUDA_ARCH_LIST="7.0".
+    fake_gpu.update(name="Tesla V100-SXM2-32GB", capability=(7, 0))
+    monkeypatch.setattr(_doctor, "_nvcc_release", lambda: "13.0")
+    report = _doctor.environment_report()
+    (gpu,) = report["gpus"]
+    assert gpu["kernels_fit"] is False
+    assert "CUDA 13.0 cannot build for compute capability 7.0" in gpu["rebuild"]
+    assert 'TORCH_CUDA_ARCH_LIST="7.0"' not in _doctor.format_report(report)
+    assert 'TORCH_CUDA_ARCH_LIST="7.0"' not in report["picks"]["ops"]
+    # A GPU nvcc can build for gets the line that works.
+    fake_gpu.update(name="Tesla T4", capability=(7, 5))
+    report = _doctor.environment_report()
+    assert 'TORCH_CUDA_ARCH_LIST="7.5"' in report["gpus"][0]["rebuild"]
+    assert 'TORCH_CUDA_ARCH_LIST="7.5"' in _doctor.format_report(report)
+
+
+def test_fallback_warning_never_suggests_an_arch_torchs_cuda_cannot_build(monkeypatch):
+    monkeypatch.setattr(_extension, "KERNELS", frozenset({("normalize", "cuda")}))
+    monkeypatch.setattr(_extension, "LOADED", True)
+    monkeypatch.setattr(_extension, "_warned", False)
+    monkeypatch.setattr(_extension, "CUDA_ARCHS", "7.5,8.0")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (7, 0))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    with pytest.warns(RuntimeWarning, match="CUDA 13.0 .*cannot build for 7.0") as record:
+        _extension.warn_fallback("normalize", torch.device("cuda", 0))
+    assert "TORCH_CUDA_ARCH_LIST" not in str(record[0].message)
+
+
+@pytest.mark.parametrize(("proc", "version", "torch_cuda", "ok", "floor"), [
+    ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 07:09:13 UTC 2025",
+     "580.65.06", "13.0", True, "580.00"),
+    ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  575.57.08  Release Build",
+     "575.57.08", "13.0", False, "580.00"),
+    ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 UTC 2024",
+     "550.54.15", "12.4", True, "525.60"),
+])
+def test_doctor_reports_the_driver_against_the_floor_of_torchs_cuda(
+    monkeypatch, proc, version, torch_cuda, ok, floor
+):
+    import builtins
+    import io
+
+    real_open = builtins.open
+
+    def fake_open(path, *args, **kwargs):
+        if path == "/proc/driver/nvidia/version":
+            return io.StringIO(proc)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", fake_open)
+    monkeypatch.setattr(torch.version, "cuda", torch_cuda)
+    report = _doctor.environment_report()
+    driver = report["driver"]
+    assert driver["version"] == version
+    assert driver["floor"] == floor and driver["ok"] is ok
+    text = _doctor.format_report(report)
+    assert f"NVIDIA driver: {driver['version']}; torch's CUDA {torch_cuda} needs >= {floor}" in text
+    if not ok:
+        assert "TOO OLD" in text and "older than 580" in text
+
+
+def test_doctor_without_a_driver_says_so(monkeypatch):
+    monkeypatch.setattr(_doctor, "_driver_version", lambda: None)
+    report = _doctor.environment_report()
+    assert report["driver"]["version"] is None and report["driver"]["ok"] is None
+    assert "NVIDIA driver: none found" in _doctor.format_report(report)

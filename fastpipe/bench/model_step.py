@@ -43,6 +43,34 @@ from fastpipe.profiling._table import Column, Row
 
 NUM_CLASSES = 1000
 
+# The workload the bench needs per epoch: with fewer batches than 2 x workers, some DataLoader
+# workers never work and every epoch starts with cold workers, a cost DALI's epoch-spanning
+# reader never pays, so the ratios would measure the epoch boundary. The default dataset gives
+# every worker three batches per epoch.
+MIN_BATCHES_PER_WORKER = 2
+DEFAULT_BATCHES_PER_WORKER = 3
+
+
+def default_num_images(batch_size: int, num_workers: int, floor: int = 1024) -> int:
+    """The sample dataset's size: ``floor`` images, or ``3 x batch x workers`` if more."""
+    return max(floor, DEFAULT_BATCHES_PER_WORKER * batch_size * max(1, num_workers))
+
+
+def check_workload(num_images: int, batch_size: int, num_workers: int) -> None:
+    """Refuses an epoch of fewer than ``2 x workers`` batches (see MIN_BATCHES_PER_WORKER)."""
+    batches = -(-num_images // batch_size)
+    needed = MIN_BATCHES_PER_WORKER * max(1, num_workers)
+    if batches < needed:
+        raise ValueError(
+            f"{num_images} images in batches of {batch_size} make {batches} batches per epoch, "
+            f"fewer than 2 x {max(1, num_workers)} workers = {needed}: some workers would never "
+            "work and every epoch would start cold, which inflates the ratios against DALI. Use "
+            f"at least {needed * batch_size} images (the default is "
+            f"{DEFAULT_BATCHES_PER_WORKER} x batch x workers = "
+            f"{DEFAULT_BATCHES_PER_WORKER * batch_size * max(1, num_workers)}; --num-images, or "
+            "a larger --root), a smaller --batch-size, or fewer --workers"
+        )
+
 
 def _utilization(row: Row) -> str:
     value = row.extra.get("gpu_utilization")
@@ -240,7 +268,7 @@ def run_model_bench(
     *,
     device: str | torch.device = "cuda",
     model: str = "resnet50",
-    num_images: int = 1024,
+    num_images: int | None = None,
     batch_size: int = 256,
     num_workers: int | None = None,
     size: int = DEFAULT_SIZE,
@@ -252,6 +280,11 @@ def run_model_bench(
     command: str = "fastpipe bench --device cuda",
 ) -> BenchReport:
     """Runs every loader for ``seconds`` feeding ``model``'s training step on ``device``.
+
+    ``num_images`` (the sample dataset's size) defaults to 1,024 on CUDA (256 on the CPU), or
+    ``3 x batch_size x num_workers`` if more; a workload of fewer than ``2 x num_workers``
+    batches per epoch (with ``root`` too) is refused with a ValueError (see
+    :func:`check_workload`).
 
     Loaders run one after the other, each in a fresh state (the previous one closed); a loader
     that would start after ``budget_seconds`` (counted from the call, the first generation of the
@@ -280,12 +313,17 @@ def run_model_bench(
     if num_workers is None:
         num_workers = usable_cores()
     if root is None:
+        if num_images is None:
+            num_images = default_num_images(batch_size, num_workers,
+                                            floor=1024 if device.type == "cuda" else 256)
+        check_workload(num_images, batch_size, num_workers)
         root = sample_images(num_images=num_images)
     else:
         root = Path(root)
         if not root.is_dir():
             raise FileNotFoundError(f"{root} is not a directory; pass an ImageFolder tree")
         num_images = sum(1 for p in root.glob("*/*") if p.is_file())
+        check_workload(num_images, batch_size, num_workers)
     root = Path(root)
     # Packs of the cached sample dataset are cached beside it; others live for this run only.
     temporary = None if default_cache_dir() in root.parents else tempfile.mkdtemp(
@@ -325,6 +363,18 @@ def run_model_bench(
              f"{size}x{size} crops; {seconds:g} s per loader after {warmup} warm-up batches")
     if device.type == "cuda":
         setup += ("\nGPU util: NVML's; ~ marks the share of device time not spent waiting "
-                  "for data (without pynvml)")
+                  "for data (without pynvml). On DALI rows it includes DALI's own decode and "
+                  "augmentation kernels, so it is not the model's share of the GPU: compare "
+                  "images/s and the data wait")
+    setup += ("\ndata wait: the share of the step time the "
+              + ("GPU idled waiting for the batch (CUDA events)" if device.type == "cuda"
+                 else "loop waited for the batch") + f"; {-(-num_images // batch_size)} batches "
+              f"per epoch for {workers(num_workers)}")
+    settings["batches_per_epoch"] = -(-num_images // batch_size)
     table = loader_table(rows, Column("GPU util", _utilization))
-    return BenchReport(describe_machine(), settings, table, setup, conditions)
+    report = BenchReport(describe_machine(), settings, table, setup, conditions)
+    measured = [r for r in rows if r.wait_share is not None]
+    if measured:
+        report.notes.append("data-wait share: " + ", ".join(
+            f"{r.name} {r.wait_share:.0%}" for r in measured))
+    return report

@@ -59,6 +59,18 @@ FP_HD int64_t strided_offset(const Index4& p, const Strides& s) {
   return p.n * s.n + p.c * s.c + p.y * s.h + p.x * s.w;
 }
 
+// How the per-element bodies below decode an element index and compute a strided offset: int64,
+// valid for any batch. The CUDA kernels also instantiate them with cuda::Index32 (cuda/index.h),
+// which does the same with 32-bit division when the batch fits.
+struct Index64 {
+  static FP_HD Index4 decode(int64_t i, const Geometry& g, bool channels_last) {
+    return dense_index(i, g, channels_last);
+  }
+  static FP_HD int64_t offset(const Index4& p, const Strides& s) {
+    return strided_offset(p, s);
+  }
+};
+
 // ---- normalize: out = x * scale + shift, with scale = 1 / (std * range), shift = -mean / std ----
 // range is 255 for uint8 input and 1 for float input; mean and std are in the 0-1 scale.
 FP_HD float normalize_scale(float std, bool uint8_input) {
@@ -192,50 +204,50 @@ FP_HD T erase_fill(const Index4& p, const Geometry& g, int64_t k, int64_t count,
                : fill[(p.n * count + k) * g.c + p.c];
 }
 
-template <typename T, typename Conv>
+template <typename T, typename Conv, typename Ix = Index64>
 FP_HD T erase_element(int64_t i, const T* in, const Strides& s, bool channels_last,
                       const Geometry& g, const int64_t* boxes, int64_t count, const T* fill,
                       const int64_t* seeds) {
-  const Index4 p = dense_index(i, g, channels_last);
+  const Index4 p = Ix::decode(i, g, channels_last);
   const int64_t k = last_box_containing(boxes + p.n * count * 4, count, p.y, p.x);
   if (k >= 0) {
     return erase_fill<T, Conv>(p, g, k, count, fill, seeds);
   }
-  return in[strided_offset(p, s)];
+  return in[Ix::offset(p, s)];
 }
 
 // In-place erase: element i in logical NCHW order is written (through the strides) only when a
 // box covers it; nothing is read from the images.
-template <typename T, typename Conv>
+template <typename T, typename Conv, typename Ix = Index64>
 FP_HD void erase_inplace_element(int64_t i, T* images, const Strides& s, const Geometry& g,
                                  const int64_t* boxes, int64_t count, const T* fill,
                                  const int64_t* seeds) {
-  const Index4 p = dense_index(i, g, false);
+  const Index4 p = Ix::decode(i, g, false);
   const int64_t k = last_box_containing(boxes + p.n * count * 4, count, p.y, p.x);
   if (k >= 0) {
-    images[strided_offset(p, s)] = erase_fill<T, Conv>(p, g, k, count, fill, seeds);
+    images[Ix::offset(p, s)] = erase_fill<T, Conv>(p, g, k, count, fill, seeds);
   }
 }
 
-template <typename T, typename Conv>
+template <typename T, typename Conv, typename Ix = Index64>
 FP_HD T mixup_element(int64_t i, const T* in, const Strides& s, bool channels_last,
                       const Geometry& g, const float* lam) {
-  Index4 p = dense_index(i, g, channels_last);
-  const float a = Conv::to_float(in[strided_offset(p, s)]);
+  Index4 p = Ix::decode(i, g, channels_last);
+  const float a = Conv::to_float(in[Ix::offset(p, s)]);
   const float weight = lam[p.n];
   p.n = mix_partner(p.n, g.n);
-  const float b = Conv::to_float(in[strided_offset(p, s)]);
+  const float b = Conv::to_float(in[Ix::offset(p, s)]);
   return Conv::template from_float<T>(mix_value(a, b, weight));
 }
 
-template <typename T>
+template <typename T, typename Ix = Index64>
 FP_HD T cutmix_element(int64_t i, const T* in, const Strides& s, bool channels_last,
                        const Geometry& g, const int64_t* boxes) {
-  Index4 p = dense_index(i, g, channels_last);
+  Index4 p = Ix::decode(i, g, channels_last);
   if (box_contains(boxes + p.n * 4, p.y, p.x)) {
     p.n = mix_partner(p.n, g.n);
   }
-  return in[strided_offset(p, s)];
+  return in[Ix::offset(p, s)];
 }
 
 // In-place mixup and cutmix: element i, in logical NCHW order over the first (N + 1) / 2 samples,
@@ -248,14 +260,14 @@ FP_HD Geometry pair_geometry(const Geometry& g) {
   return Geometry{(g.n + 1) / 2, g.c, g.h, g.w};
 }
 
-template <typename T, typename Conv>
+template <typename T, typename Conv, typename Ix = Index64>
 FP_HD void mixup_pair_element(int64_t i, T* images, const Strides& s, bool channels_last,
                               const Geometry& g, const float* lam) {
-  const Index4 p = dense_index(i, pair_geometry(g), channels_last);
+  const Index4 p = Ix::decode(i, pair_geometry(g), channels_last);
   Index4 q = p;
   q.n = mix_partner(p.n, g.n);
-  T* own = images + strided_offset(p, s);
-  T* partner = images + strided_offset(q, s);
+  T* own = images + Ix::offset(p, s);
+  T* partner = images + Ix::offset(q, s);
   const float a = Conv::to_float(*own);
   const float b = Conv::to_float(*partner);
   *own = Conv::template from_float<T>(mix_value(a, b, lam[p.n]));
@@ -264,10 +276,10 @@ FP_HD void mixup_pair_element(int64_t i, T* images, const Strides& s, bool chann
   }
 }
 
-template <typename T>
+template <typename T, typename Ix = Index64>
 FP_HD void cutmix_pair_element(int64_t i, T* images, const Strides& s, bool channels_last,
                                const Geometry& g, const int64_t* boxes) {
-  const Index4 p = dense_index(i, pair_geometry(g), channels_last);
+  const Index4 p = Ix::decode(i, pair_geometry(g), channels_last);
   Index4 q = p;
   q.n = mix_partner(p.n, g.n);
   if (q.n == p.n) {
@@ -278,8 +290,8 @@ FP_HD void cutmix_pair_element(int64_t i, T* images, const Strides& s, bool chan
   if (!into_own && !into_partner) {
     return;
   }
-  T* own = images + strided_offset(p, s);
-  T* partner = images + strided_offset(q, s);
+  T* own = images + Ix::offset(p, s);
+  T* partner = images + Ix::offset(q, s);
   const T a = *own;
   const T b = *partner;
   if (into_own) {

@@ -393,6 +393,12 @@ class DALILoader:
         recipe: a :class:`~fastpipe.Recipe` instead of the image keywords (``train``, ``size``,
             ``scale`` ... ``cutout_size``, ``mean``, ``std``, ``dtype``, ``channels_last``); not
             both. What DALI cannot run (AugMix, timm's mstd) is refused here.
+        crop_decode: train: decode only the random crop window (DALI's fused
+            ``decoders.image_random_crop``, the default and the fastest). ``False``: decode whole
+            images, then crop and resize them with ``fn.random_resized_crop`` on the GPU (on the
+            CPU in DALI's CPU mode): the workaround when the fused GPU decode fails with
+            nvImageCodec 0.9 (NVIDIA/nvImageCodec#55: ``INTERNAL_ERROR`` or a crash). The same
+            crop distribution, other random draws. No effect on eval.
 
     Yields:
         ``images``: ``(N, 3, H, W)`` of ``dtype`` on :attr:`device`; ``labels``: ``(N,)`` int64
@@ -439,6 +445,7 @@ class DALILoader:
         prefetch_depth: int = 2,
         fetch: Callable[[int], tuple[Any, Any]] | None = None,
         recipe: Recipe | None = None,
+        crop_decode: bool = True,
     ) -> None:
         batch_size = check.positive_int("batch_size", batch_size)
         num_workers = check.positive_int("num_workers", num_workers)
@@ -478,6 +485,9 @@ class DALILoader:
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.prefetch_depth = prefetch_depth
+        if not isinstance(crop_decode, bool):
+            raise TypeError(f"crop_decode must be True or False, got {crop_decode!r}")
+        self.crop_decode = crop_decode
         seed = checked_seed(seed, where="DALILoader")
         augment_seed = draw_seed() if seed is None else seed
         # Each rank draws its own augmentations; DALI takes seeds below 2**31.
@@ -544,7 +554,7 @@ class DALILoader:
             feeder, recipe=self.recipe, batch_size=self.batch_size,
             num_workers=self.num_workers, device_id=self._device_id,
             decode_device=decode_device, seed=self._augment_seed,
-            prefetch_depth=self.prefetch_depth, **extra,
+            prefetch_depth=self.prefetch_depth, crop_decode=self.crop_decode, **extra,
         )
 
     def _runtime(self) -> _Runtime:

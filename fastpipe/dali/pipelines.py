@@ -33,10 +33,26 @@ from fastpipe.recipe import Policy, Recipe
 
 _DALI_DTYPES = {torch.float32: types.FLOAT, torch.float16: types.FLOAT16, torch.uint8: types.UINT8}
 
-# nvJPEG scratch sizes from DALI's ResNet-50 example: reserving them up front saves the
-# reallocations the first ImageNet-sized batches would otherwise trigger. GPU decoding only.
-_DEVICE_MEMORY_PADDING = 211025920
-_HOST_MEMORY_PADDING = 140544512
+# nvJPEG scratch memory reserved up front saves the reallocations the first ImageNet-sized batches
+# would otherwise trigger (GPU decoding only). DALI reserves device_memory_padding once and
+# host_memory_padding twice (double buffering) per decoder thread, so the sizes of DALI's ResNet-50
+# example (201 MB, 134 MB) are budgets for the whole pipeline, shared by its threads: per thread,
+# never below DALI's own defaults (16 MB, 8 MB). With the 16 threads of a large node that is 256 MB
+# of GPU memory and 256 MB of pinned memory, where the per-thread sizes would reserve 3.2 GB and
+# 4.3 GB.
+_DEVICE_MEMORY_BUDGET = 211025920
+_HOST_MEMORY_BUDGET = 140544512
+_DEVICE_MEMORY_FLOOR = 16 * 2**20
+_HOST_MEMORY_FLOOR = 8 * 2**20
+
+
+def memory_padding(num_workers: int) -> dict[str, int]:
+    """The nvJPEG paddings per DALI thread for a pipeline of ``num_workers`` threads."""
+    check.positive_int("num_workers", num_workers)
+    return {
+        "device_memory_padding": max(_DEVICE_MEMORY_FLOOR, _DEVICE_MEMORY_BUDGET // num_workers),
+        "host_memory_padding": max(_HOST_MEMORY_FLOOR, _HOST_MEMORY_BUDGET // (2 * num_workers)),
+    }
 
 
 def _dali_cuda_device_count() -> int:
@@ -196,7 +212,8 @@ def _centre_offset(extra: Any) -> Any:
 
 
 def _decode_and_augment(
-    encoded: Any, recipe: Recipe, decode_device: str, seed: int | None = None
+    encoded: Any, recipe: Recipe, decode_device: str, seed: int | None = None,
+    num_workers: int = 1, crop_decode: bool = True,
 ) -> Any:
     # No annotated locals in here: DALI's AutoGraph (needed by the automatic augmentations)
     # cannot convert a function that has them.
@@ -206,11 +223,9 @@ def _decode_and_augment(
     # loader sees the same pixels (DALI would rotate tagged photos by default).
     extra = {"adjust_orientation": False}
     if decode_device == "mixed":
-        extra.update(
-            device_memory_padding=_DEVICE_MEMORY_PADDING, host_memory_padding=_HOST_MEMORY_PADDING
-        )
+        extra.update(memory_padding(num_workers))
     mirror = {}
-    if recipe.train:
+    if recipe.train and crop_decode:
         # One op decodes only the random crop window (DALI's fused ROI decode), so no full-size
         # image is ever materialised; the resize then brings the window to the output size.
         images = fn.decoders.image_random_crop(
@@ -219,6 +234,16 @@ def _decode_and_augment(
             num_attempts=10, **extra,
         )
         images = fn.resize(images, resize_x=width, resize_y=height, **interp)
+    elif recipe.train:
+        # crop_decode=False: the whole image is decoded, then cropped and resized on the decode's
+        # device (the GPU after a mixed decode). Slower, but it avoids the ROI decode that
+        # NVIDIA/nvImageCodec#55 reports failing with nvImageCodec 0.9 (DALI 2.4's).
+        images = fn.decoders.image(encoded, device=decode_device, output_type=types.RGB, **extra)
+        images = fn.random_resized_crop(
+            images, size=[height, width], random_area=list(recipe.scale),
+            random_aspect_ratio=list(recipe.ratio), num_attempts=10, **interp,
+        )
+    if recipe.train:
         if recipe.policy is not None:
             images = _apply_policy(recipe.policy, images, recipe.size, seed)
         if recipe.color_jitter is not None:
@@ -262,7 +287,8 @@ def _decode_and_augment(
 
 
 def _classification_graph(
-    source: Any, recipe: Recipe, decode_device: str, reader: dict[str, Any]
+    source: Any, recipe: Recipe, decode_device: str, reader: dict[str, Any],
+    decode: dict[str, Any],
 ) -> tuple[Any, Any]:
     if isinstance(source, FileList):
         encoded, labels = fn.readers.file(
@@ -275,7 +301,7 @@ def _classification_graph(
             source=source, num_outputs=2, batch=True, dtype=[types.UINT8, types.INT64],
             cycle="raise" if isinstance(source, EncodedSource) else None,
         )
-    images = _decode_and_augment(encoded, recipe, decode_device)
+    images = _decode_and_augment(encoded, recipe, decode_device, **decode)
     if decode_device == "mixed":
         labels = labels.gpu()
     return images, labels
@@ -314,6 +340,7 @@ def image_pipeline(
     prefetch_depth: int = 2,
     reader_name: str = "Reader",
     recipe: Recipe | None = None,
+    crop_decode: bool = True,
     **pipeline_kwargs: Any,
 ) -> Pipeline:
     """A DALI pipeline for image classification: outputs ``(images, labels)`` per batch.
@@ -341,7 +368,9 @@ def image_pipeline(
         train: train transforms (random resized crop, auto-augment, jitter, flip, cutout) or
             eval (resize, centre crop).
         size: output side, or ``(height, width)``.
-        num_workers: DALI CPU worker threads.
+        num_workers: DALI CPU worker threads. With a GPU, nvJPEG's scratch memory is reserved
+            per thread: fastpipe shares a budget of 201 MB of GPU memory and 134 MB of pinned
+            memory between them (at least DALI's defaults, 16 MB and 2 x 8 MB, per thread).
         device: ``None`` (a GPU when torch and DALI see one, else the CPU), ``"cpu"`` (DALI's
             CPU mode, ``device_id=None``) or a GPU (``"gpu"``, ``"cuda"``, ``"cuda:N"``); with a
             GPU the decode is ``device="mixed"`` and every later op and both outputs are on the
@@ -372,6 +401,12 @@ def image_pipeline(
         prefetch_depth: batches DALI prepares ahead.
         recipe: a :class:`~fastpipe.Recipe` instead of the image keywords (``train`` to
             ``cutout_size``); not both.
+        crop_decode: train: decode only the random crop window (DALI's fused
+            ``decoders.image_random_crop``, the fastest). ``False`` decodes whole images, then
+            crops and resizes them with ``fn.random_resized_crop`` on the same device: the
+            workaround when the fused GPU decode fails (NVIDIA/nvImageCodec#55, nvImageCodec 0.9:
+            ``INTERNAL_ERROR`` or a crash). The same crop distribution, other random draws. No
+            effect on eval.
         pipeline_kwargs: passed on to the DALI ``Pipeline`` (e.g. ``exec_dynamic``).
 
     Returns:
@@ -389,7 +424,8 @@ def image_pipeline(
         source, recipe=recipe, batch_size=batch_size, num_workers=num_workers,
         device_id=device_id, decode_device="cpu" if device_id is None else "mixed", seed=seed,
         shuffle=shuffle, rank=rank, world_size=world_size, root=root,
-        prefetch_depth=prefetch_depth, reader_name=reader_name, **pipeline_kwargs,
+        prefetch_depth=prefetch_depth, reader_name=reader_name, crop_decode=crop_decode,
+        **pipeline_kwargs,
     )
 
 
@@ -408,6 +444,7 @@ def build_pipeline(
     root: str | os.PathLike | None = None,
     prefetch_depth: int = 2,
     reader_name: str = "Reader",
+    crop_decode: bool = True,
     **pipeline_kwargs: Any,
 ) -> Pipeline:
     """:func:`image_pipeline` with the device already resolved and the recipe checked.
@@ -419,6 +456,8 @@ def build_pipeline(
     check.positive_int("batch_size", batch_size)
     check.positive_int("num_workers", num_workers)
     check.positive_int("prefetch_depth", prefetch_depth)
+    if not isinstance(crop_decode, bool):
+        raise TypeError(f"crop_decode must be True or False, got {crop_decode!r}")
     if decode_device not in ("cpu", "mixed"):
         raise ValueError(f"decode_device must be 'cpu' or 'mixed', got {decode_device!r}")
     reader: dict[str, Any] = {}
@@ -454,8 +493,9 @@ def build_pipeline(
         )
     # DALI's automatic augmentations are written with ``if``: they need conditionals.
     make = _classification_pipeline if recipe.policy is None else _conditional_pipeline
+    decode = {"num_workers": num_workers, "crop_decode": crop_decode}
     return make(
-        source, recipe, decode_device, reader,
+        source, recipe, decode_device, reader, decode,
         batch_size=batch_size, num_threads=num_workers, device_id=device_id,
         seed=None if seed is None else int(seed), prefetch_queue_depth=prefetch_depth,
         **pipeline_kwargs,

@@ -27,7 +27,8 @@ def _normalize_backward(ctx, grad):
 def _erase_setup(ctx, inputs, output):
     _images, boxes, fill, _seeds = inputs
     ctx.save_for_backward(boxes)
-    ctx.channels = fill.shape[0]
+    # The fill is (C,) or, per box, (N, K, C): the channels are its last dimension.
+    ctx.channels = fill.shape[-1]
 
 
 def _erase_backward(ctx, grad):

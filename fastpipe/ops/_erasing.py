@@ -120,6 +120,7 @@ class RandomErasing:
 
     def transform(self, images: torch.Tensor, params: dict[str, torch.Tensor | None]):
         """Erases ``images`` with ``params`` from :meth:`make_params`."""
+        _functional.refuse_capture("RandomErasing", images)
         return _functional._apply(
             "RandomErasing",
             "erase",

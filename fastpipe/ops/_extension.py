@@ -8,6 +8,7 @@ import functools
 import importlib
 import importlib.util
 import os
+import re
 import sys
 import warnings
 
@@ -127,9 +128,17 @@ def warn_fallback(name: str, device: torch.device) -> None:
         major, minor = torch.cuda.get_device_capability(_device_index(device))
         problem = (
             f"fastpipe._C's CUDA kernels were built for {CUDA_ARCHS}, which cannot run on this "
-            f"GPU (compute capability {major}.{minor}); rebuild with "
-            f'TORCH_CUDA_ARCH_LIST="{major}.{minor}" (see docs/gpu.md)'
+            f"GPU (compute capability {major}.{minor}); "
         )
+        release = re.match(r"(\d+)\.(\d+)", torch.version.cuda or "")
+        if release and not _cuda_archs.release_builds(
+            (major, minor), (int(release[1]), int(release[2]))
+        ):
+            # The rebuild needs an nvcc of torch's CUDA major, which cannot build this arch.
+            problem += (f"CUDA {torch.version.cuda} (torch's) cannot build for {major}.{minor}, "
+                        "so no rebuild helps")
+        else:
+            problem += f'rebuild with TORCH_CUDA_ARCH_LIST="{major}.{minor}" (see docs/gpu.md)'
     else:
         problem = (
             f"fastpipe._C has no {device.type} kernel for {name} (built without CUDA, or an "

@@ -55,12 +55,20 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     A copy from pageable host memory synchronizes the stream first, which would stall the host
     once per op call until the GPU has finished all the work queued before it; a copy from pinned
     memory with non_blocking=True is queued like a kernel (PyTorch's pinned-memory cache keeps the
-    buffer alive until the copy has run).
+    buffer alive until the copy has run). Under torch.compile the same copy runs as the opaque op
+    ``fastpipe::host_to_device``: Dynamo cannot trace ``pin_memory`` (no fake kernel), and a
+    traced ``.to(device)`` would be the blocking pageable copy on every call of the compiled code.
     """
     on_host = not isinstance(t, torch.Tensor) or t.device.type == "cpu"
-    if device.type != "cuda" or torch.compiler.is_compiling() or not on_host:
+    if device.type != "cuda" or not on_host:
         # Only host tensors are pinned: a tensor already on a GPU cannot be, and needs no copy.
         return t.to(device)
+    if torch.compiler.is_compiling():
+        return torch.ops.fastpipe.host_to_device(t, device)
+    return _pinned_copy(t, device)
+
+
+def _pinned_copy(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     if _capturing():
         # A captured graph would replay this copy from a host buffer the allocator has reused,
         # with the parameters drawn at capture time: no new randomness, possibly garbage.
@@ -71,6 +79,34 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
             "batch_transform); for normalize, pass mean and std as CUDA tensors"
         )
     return t.contiguous().pin_memory().to(device, non_blocking=True)
+
+
+@torch.library.custom_op("fastpipe::host_to_device", mutates_args=())
+def _host_to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """_pinned_copy as an op torch.compile keeps whole in its graph (see _to_device)."""
+    return _pinned_copy(t, device)
+
+
+@_host_to_device.register_fake
+def _(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return torch.empty(t.shape, dtype=t.dtype, device=device)
+
+
+def refuse_capture(op: str, images: torch.Tensor) -> None:
+    """Raises when a random op or batch transform is called while a CUDA graph is captured.
+
+    Checked at the entry of each, not only where a parameter is copied: a call that draws
+    "do not mix" (Mixup with prob < 1, or mixup_enabled=False) copies nothing, so a capture would
+    succeed and every replay return the unmixed images with the capture-time targets.
+    """
+    if torch.compiler.is_compiling():
+        return  # compiled code copies through fastpipe::host_to_device, which checks at run time
+    if _capturing():  # on this thread's current stream, whatever the images' device
+        raise RuntimeError(
+            f"{op} draws its random parameters on the host at every call, which a CUDA graph "
+            "cannot capture (every replay would repeat the capture-time draw). Call it outside "
+            "torch.cuda.graph / CUDA-graph capture (e.g. in DataPrefetcher's batch_transform)"
+        )
 
 
 def _capturing() -> bool:
@@ -206,8 +242,34 @@ def normalize(
         raise ValueError(f"std must not contain zeros or non-finite values, got {std_t.tolist()}")
     if _eager() and mean_t.device.type == "cpu" and not bool(mean_t.isfinite().all()):
         raise ValueError(f"mean must be finite, got {mean_t.tolist()}")
-    mean_t, std_t = _to_device(mean_t, images.device), _to_device(std_t, images.device)
+    mean_t, std_t = _statistics_on(mean_t, images.device), _statistics_on(std_t, images.device)
     return _run("normalize", images, mean_t, std_t, dtype, bool(channels_last))
+
+
+# normalize's host statistics on each GPU, copied once per (GPU, values): a training loop passes
+# the same mean and std at every call. Never evicted (a block freed while a kernel on another
+# stream still reads it could be rewritten); past _MAX_STATISTICS entries, new values are
+# copied per call instead.
+_STATISTICS: dict[tuple[int, tuple[float, ...]], torch.Tensor] = {}
+_MAX_STATISTICS = 64
+
+
+def _statistics_on(vector: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A float32 mean or std vector on ``device``: host values on a GPU come from the cache."""
+    if device.type != "cuda" or vector.device.type != "cpu" or torch.compiler.is_compiling():
+        return _to_device(vector, device)
+    if _capturing():
+        return _to_device(vector, device)  # raises: host values cannot be captured
+    index = torch.cuda.current_device() if device.index is None else device.index
+    key = (index, tuple(vector.tolist()))
+    cached = _STATISTICS.get(key)
+    if cached is None:
+        if len(_STATISTICS) >= _MAX_STATISTICS:
+            return _to_device(vector, device)
+        # A blocking copy, once: the values are on the GPU before any stream can read them, so
+        # every stream may use the cached tensor without waiting for the copy.
+        cached = _STATISTICS.setdefault(key, vector.to(torch.device("cuda", index)))
+    return cached
 
 
 def cutout(
@@ -238,6 +300,7 @@ def cutout(
         respect to float images when not in place (zero gradient in the holes).
     """
     _check_images("cutout", images, random_boxes=True)
+    refuse_capture("cutout", images)
     num_holes = check.non_negative_int("num_holes", num_holes, where="cutout")
     size = check.positive_int("size", size, where="cutout")
     _check_generator("cutout", generator)
@@ -317,6 +380,7 @@ def erasing_params(
     ``(N, max_count, 4)`` boxes, the fill (``(C,)``, or ``(N, max_count, C)`` for ``'rand'``) and
     the ``(N,)`` noise seeds for per-pixel noise (else None)."""
     _check_images(op, images, random_boxes=True)
+    refuse_capture(op, images)
     p = check.probability("p", p, where=op)
     scale = _check_range(op, "scale", scale, 0.0, 1.0)
     ratio_range = _check_range(op, "ratio", ratio, 0.0, float("inf"))
@@ -475,6 +539,7 @@ def mixup(
         when not in place.
     """
     _check_mix_args("mixup", images, targets, alpha, num_classes, label_smoothing, generator)
+    refuse_capture("mixup", images)
     lam = _params.beta(alpha, generator).to(torch.float32)
     weights = _to_device(lam.reshape(1).expand(images.shape[0]), images.device)
     mixed = _apply("mixup", "mixup", images, weights, inplace=inplace)
@@ -507,6 +572,7 @@ def cutmix(
         ``(images, targets)``: mixed images like the input and ``(N, K)`` float32 soft targets.
     """
     _check_mix_args("cutmix", images, targets, alpha, num_classes, label_smoothing, generator)
+    refuse_capture("cutmix", images)
     _, _, h, w = images.shape
     lam = _params.beta(alpha, generator)
     box, corrected = _params.cutmix_box(h, w, lam, generator)

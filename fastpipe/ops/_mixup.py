@@ -161,6 +161,7 @@ class Mixup:
         ``cutmix_minmax``).
         """
         _functional._check_images("Mixup", images, random_boxes=True)
+        _functional.refuse_capture("Mixup", images)
         n, _, h, w = images.shape
         rows = {"batch": 1, "pair": n // 2, "elem": n}[self.mode]
         g = self.generator
@@ -244,6 +245,7 @@ class Mixup:
         _functional._check_mix_args(
             "Mixup", images, targets, 1.0, self.num_classes, self.label_smoothing, None
         )
+        _functional.refuse_capture("Mixup", images)
         n = images.shape[0]
         lam, use_cutmix, boxes = params["lam"], params["use_cutmix"], params["boxes"]
         target_lam = params["target_lam"]

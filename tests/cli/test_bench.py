@@ -141,3 +141,25 @@ def test_bench_device_cuda_without_a_gpu_says_so(capsys, sample_root, monkeypatc
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert main(["bench", "--device", "cuda", "--root", str(sample_root)]) == 2
     assert "--device cpu --model tiny" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    # 32 images in batches of 8 for 4 workers: 4 batches per epoch, fewer than 2 x 4.
+    (["bench", "--device", "cpu", "--model", "tiny", "--num-images", "32", "--batch-size", "8",
+      "--workers", "4"], "make 4 batches per epoch, fewer than 2 x 4 workers = 8"),
+    # Six images of the caller's tree in batches of 2 for 2 workers: 3 batches, fewer than 4.
+    (["bench", "--device", "cpu", "--model", "tiny", "--batch-size", "2", "--workers", "2",
+      "--root", "tree"], "6 images in batches of 2 make 3 batches per epoch, fewer than 2 x 2"),
+])
+def test_model_bench_refuses_a_workload_too_small_for_its_workers(argv, message, capsys,
+                                                                    tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for i in range(6):
+        (tmp_path / "tree" / f"class_{i % 2}").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tree" / f"class_{i % 2}" / f"{i}.jpg").write_bytes(b"")
+    made = set(tmp_path.rglob("*"))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fastpipe bench: error: ") and message in err
+    assert "at least" in err and "--num-images" in err and err.count("\n") == 1
+    assert set(tmp_path.rglob("*")) == made  # refused before any data or report was made

@@ -6,7 +6,9 @@
   absolute difference of at most 2.0 per image and at most 1% of pixels off by more than 24.
   The labels, the order and the shapes must be identical. The failure message prints the
   measured differences: send them back (docs/gpu.md).
-- Every sample exactly once per epoch, batches on the GPU, reshuffled per epoch.
+- Every sample exactly once per epoch, batches on the GPU, reshuffled per epoch; with the fused
+  random-crop decode and with ``crop_decode=False`` (whole-image decode + GPU random crop), each
+  in its own process, so a decoder crash (NVIDIA/nvImageCodec#55) fails that test by name.
 - DDP sharding with two processes on one GPU (gloo; NCCL refuses two ranks on one GPU).
 - uint8 output through DataPrefetcher (the GPU-resident path) normalizes like DALI itself.
 
@@ -60,7 +62,7 @@ def test_mixed_decode_matches_the_cpu_mode_within_the_decoder_tolerance(sample_r
 
     list_file = _list_file(sample_root, tmp_path / "list.txt")
     common = dict(batch_size=8, train=False, shuffle=False, size=96, seed=5,
-                  dtype=torch.uint8, layout="NCHW", num_threads=2)
+                  dtype=torch.uint8, channels_last=False, num_workers=2)
     with DALILoader(list_file, device="cuda", **common) as gpu_loader:
         assert gpu_loader.device.type == "cuda"
         gpu_images, gpu_labels = _epoch(gpu_loader)
@@ -80,20 +82,75 @@ def test_mixed_decode_matches_the_cpu_mode_within_the_decoder_tolerance(sample_r
     assert far.max() <= FAR_SHARE, report
 
 
-def test_every_sample_once_per_epoch_on_the_gpu(sample_root, tmp_path):
+NVIMAGECODEC_55 = (
+    "DALI's fused GPU random-crop decode (decoders.image_random_crop, device='mixed') failed: "
+    "NVIDIA/nvImageCodec#55 reports exactly this with nvImageCodec 0.9 (pinned by DALI 2.4): "
+    "INTERNAL_ERROR or a segfault. Workaround: DALILoader(..., crop_decode=False) / "
+    "image_loader(..., crop_decode=False) decodes whole images and crops them on the GPU; "
+    "please report the GPU, the driver and `pip show nvidia-nvimgcodec-cu13` with this log"
+)
+
+
+def _train_epochs(list_file: str, crop_decode: bool, out: str) -> None:
+    """Three train epochs of a GPU DALILoader; the labels of each written to ``out``."""
     from fastpipe.dali import DALILoader
 
-    list_file = _list_file(sample_root, tmp_path / "list.txt")
-    count = len(list_file.read_text().splitlines())
-    with DALILoader(list_file, batch_size=7, train=True, size=64, device="cuda",
-                    seed=1) as loader:
+    count = len(Path(list_file).read_text().splitlines())
+    with DALILoader(list_file, batch_size=7, train=True, size=64, device="cuda", seed=1,
+                    crop_decode=crop_decode) as loader:
         orders = []
         for _ in range(3):
             images, labels = _epoch(loader)
             assert images.shape == (count, 3, 64, 64) and images.dtype == torch.float32
-            assert sorted(labels.tolist()) == list(range(count))
             orders.append(labels.tolist())
-        assert orders[0] != orders[1] != orders[2], "the epochs were not reshuffled"
+    Path(out).write_text(json.dumps(orders))
+
+
+def run_isolated(target, args: tuple, what: str, hint: str, timeout: float = 300) -> None:
+    """Runs ``target(*args)`` in a fresh (spawned) process, so that a crash in a native library
+    (a segfault in the decoder) fails this test, with ``hint`` naming the known report, instead
+    of killing the whole lane. An exception in the process fails it the same way."""
+    context = mp.get_context("spawn")
+    errors = context.SimpleQueue()
+    process = context.Process(target=_report_errors, args=(target, args, errors))
+    process.start()
+    process.join(timeout)
+    if process.is_alive():
+        process.kill()
+        process.join()
+        pytest.fail(f"{what} did not finish in {timeout:.0f} s. {hint}", pytrace=False)
+    error = None if errors.empty() else errors.get()
+    if process.exitcode != 0 or error is not None:
+        how = (f"died with signal {-process.exitcode}" if process.exitcode < 0
+               else f"raised:\n{error}" if error else f"exited with {process.exitcode}")
+        pytest.fail(f"{what} {how}\n{hint}", pytrace=False)
+
+
+def _report_errors(target, args: tuple, errors) -> None:
+    import traceback
+
+    try:
+        target(*args)
+    except BaseException:  # every failure goes back to the test, with its traceback
+        errors.put(traceback.format_exc())
+        raise SystemExit(1) from None
+
+
+@pytest.mark.parametrize("crop_decode", [True, False])
+def test_every_sample_once_per_epoch_on_the_gpu(sample_root, tmp_path, crop_decode):
+    """Train epochs with the fused random-crop decode (the default) and with its workaround
+    (whole-image decode + GPU random crop), each in its own process: a crash of the fused decode
+    (NVIDIA/nvImageCodec#55) fails this test with the report's name, not the lane."""
+    list_file = _list_file(sample_root, tmp_path / "list.txt")
+    count = len(list_file.read_text().splitlines())
+    out = tmp_path / "orders.json"
+    hint = NVIMAGECODEC_55 if crop_decode else "(the whole-image decode: not nvImageCodec#55)"
+    run_isolated(_train_epochs, (str(list_file), crop_decode, str(out)),
+                 f"train epochs with crop_decode={crop_decode}", hint)
+    orders = json.loads(out.read_text())
+    for labels in orders:
+        assert sorted(labels) == list(range(count))
+    assert orders[0] != orders[1] != orders[2], "the epochs were not reshuffled"
 
 
 def test_uint8_output_through_the_prefetcher_normalizes_like_dali(sample_root, tmp_path):
@@ -130,7 +187,7 @@ def _ddp_rank(rank: int, world_size: int, init_file: str, list_file: str, out_di
                     assert images.is_cuda and images.device.index == 0
                     labels += y.cpu().tolist()
                 epochs.append(labels)
-            result = {"shard": [loader.shard_id, loader.num_shards], "epochs": epochs}
+            result = {"shard": [loader.rank, loader.world_size], "epochs": epochs}
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     finally:
         dist.destroy_process_group()

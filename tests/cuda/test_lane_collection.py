@@ -70,9 +70,14 @@ def test_the_lane_is_collected_whole_where_optional_packages_do_not_import(tmp_p
     assert hidden.returncode == 0, hidden.stdout[-3000:] + hidden.stderr[-3000:]
     lane = _node_ids(hidden)
     assert lane == _node_ids(plain)
+    # The kit (scripts/gpu-kit.sh) runs the lane as `pytest -m cuda tests/cuda`: every cuda test
+    # must live there.
+    assert all(node.startswith("tests/cuda/") for node in lane), [
+        node for node in lane if not node.startswith("tests/cuda/")]
     files = {node.split("::")[0] for node in lane}
+    # Every module of the lane has cuda tests, but these two, which test the lane on the CPU.
     assert {f"tests/cuda/{f.name}" for f in HERE.parent.glob("test_*.py")} <= files | {
-        f"tests/cuda/{HERE.name}"}
+        f"tests/cuda/{HERE.name}", "tests/cuda/test_gpu_kit.py"}
     assert "tests/dali/test_loader.py" in hidden.stdout and "DALI does not import" in hidden.stdout
 
 

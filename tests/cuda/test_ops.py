@@ -6,7 +6,10 @@ come out bit-identical; the random parameters are drawn on the CPU, so one seed 
 boxes and weights on both devices. Covered: every op and in-place variant, four layouts
 (contiguous, channels_last, strided, permuted), ops launched on a non-default stream (they must
 run on the current stream: the result is read there without synchronizing), empty and
-single-sample batches, torch.compile, and the fallback when the kernel image does not fit the GPU.
+single-sample batches, torch.compile in one graph without a synchronization (and eager calls
+without one: torch's sync debug mode set to "error"), mean/std as CUDA tensors, a real CUDA graph
+capture of normalize and the refusal of the random ops and batch transforms, the second GPU
+(``cuda:1``, skipped with one GPU), and the fallback when the kernel image does not fit the GPU.
 
 Skipped without a GPU; FASTPIPE_REQUIRE_CUDA=1 makes that a failure (docs/gpu.md).
 """
@@ -184,16 +187,133 @@ def test_ops_run_on_the_current_stream_not_the_default_one(op):
 
 
 @pytest.mark.parametrize("dtype", (torch.uint8, torch.float32))
-def test_ops_under_torch_compile_equal_eager(dtype):
-    def step(x, g_seed: int):
-        g = torch.Generator().manual_seed(g_seed)
-        y = ops.cutout(x, num_holes=2, size=5, generator=g)
+def test_ops_under_torch_compile_equal_eager_in_one_graph_without_a_sync(dtype):
+    # No generator is built inside the compiled function (Dynamo graph-breaks on one): the draws
+    # come from torch's global generator, seeded alike before each call.
+    from torch._dynamo.utils import counters
+
+    def step(x, targets):
+        y = ops.cutout(x, num_holes=2, size=5)
         y = ops.normalize(y, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
-        return y * 2
+        y, soft = ops.mixup(y, targets, 0.4, 10)
+        return ops.random_erasing(y, p=1.0) * 2, soft
 
     x = batch(dtype, "channels_last").cuda()
-    compiled = torch.compile(step, fullgraph=False)
-    same(compiled(x, 11), step(x, 11).cpu())
+    targets = torch.arange(x.shape[0], device="cuda")
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(step, fullgraph=True)
+    torch.manual_seed(11)
+    compiled(x, targets)  # compiles
+    assert not counters["graph_break"]
+    torch.manual_seed(12)
+    expected = step(x, targets)
+    torch.manual_seed(12)
+    # The host-drawn parameters reach the GPU through fastpipe::host_to_device (pinned,
+    # non_blocking): the compiled call must not synchronize.
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        got = compiled(x, targets)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for a, b in zip(got, expected):
+        same(a, b.cpu())
+
+
+def test_eager_ops_and_batch_transforms_do_not_synchronize():
+    x = batch(torch.float32, "channels_last", shape=(8, 3, 32, 32)).cuda()
+    targets = torch.arange(8, device="cuda") % 10
+    calls = [
+        lambda: ops.normalize(x, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)),
+        lambda: ops.cutout(x, num_holes=2, size=5),
+        lambda: ops.random_erasing(x, p=1.0, value="rand", max_count=2),
+        lambda: ops.mixup(x, targets, 0.4, 10),
+        lambda: ops.cutmix(x, targets, 1.0, 10),
+        lambda: ops.Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, num_classes=10)(x, targets),
+        lambda: ops.RandomErasing(probability=1.0, mode="pixel")(x),
+    ]
+    for call in calls:
+        call()  # warm-up: first launches may load modules
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for call in calls:
+            call()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("dtype", (torch.uint8, torch.float32))
+def test_normalize_with_mean_and_std_as_cuda_tensors(dtype):
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    x = batch(dtype, "strided")
+    gpu = ops.normalize(x.cuda(), torch.tensor(mean, device="cuda"),
+                        torch.tensor(std, device="cuda"))
+    same(gpu, ops.normalize(x, mean, std))
+
+
+def _capturable(static: torch.Tensor, function) -> None:
+    """torch.cuda.graph's warm-up: ``function`` once on a side stream before the capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        function(static)
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def test_normalize_with_cuda_statistics_is_captured_by_a_cuda_graph_and_replayed():
+    mean = torch.tensor((0.485, 0.456, 0.406), device="cuda")
+    std = torch.tensor((0.229, 0.224, 0.225), device="cuda")
+    static = batch(torch.uint8, "contiguous", shape=(4, 3, 32, 32)).cuda()
+    _capturable(static, lambda x: ops.normalize(x, mean, std))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.normalize(static, mean, std)
+    for seed in (1, 2, 3):
+        new = batch(torch.uint8, "contiguous", shape=(4, 3, 32, 32), seed=seed)
+        static.copy_(new)
+        graph.replay()
+        same(out, ops.normalize(new, mean.cpu(), std.cpu()))
+
+
+def test_random_ops_and_batch_transforms_refuse_a_real_cuda_graph_capture():
+    static = batch(torch.float32, "contiguous", shape=(4, 3, 32, 32)).cuda()
+    targets = torch.arange(4, device="cuda")
+    no_mix = ops.Mixup(mixup_alpha=1.0, num_classes=10, prob=0.0)  # draws "do not mix"
+    calls = {
+        "cutout": lambda x: ops.cutout(x),
+        "mixup": lambda x: ops.mixup(x, targets, 0.4, 10),
+        "Mixup prob=0": lambda x: no_mix(x, targets),
+        "RandomErasing": lambda x: ops.RandomErasing(probability=1.0)(x),
+        "normalize, host statistics": lambda x: ops.normalize(x, (0.5,) * 3, (0.2,) * 3),
+    }
+    for name, call in calls.items():
+        _capturable(static, call)
+        graph = torch.cuda.CUDAGraph()
+        with pytest.raises(RuntimeError, match="CUDA graph cannot capture"):
+            with torch.cuda.graph(graph):
+                call(static)
+        assert not torch.cuda.is_current_stream_capturing(), name
+
+
+@pytest.fixture
+def second_gpu():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("one GPU here: the cuda:1 tests need a second")
+    return torch.device("cuda", 1)
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_ops_on_the_second_gpu_run_there_and_equal_the_cpu_kernel(op, second_gpu):
+    x = batch(torch.float32, "channels_last")
+    assert torch.cuda.current_device() == 0  # the images' device must win, not the current one
+    gpu = OPS[op](x.to(second_gpu), torch.Generator().manual_seed(7))
+    assert gpu.device == second_gpu
+    same(gpu, OPS[op](x, torch.Generator().manual_seed(7)))
+    mean = torch.tensor((0.4, 0.5, 0.6), device="cuda:0")  # statistics on the other GPU
+    out = ops.normalize(x.to(second_gpu), mean, (0.2, 0.2, 0.2))
+    assert out.device == second_gpu
+    same(out, ops.normalize(x, (0.4, 0.5, 0.6), (0.2, 0.2, 0.2)))
 
 
 def test_ops_fall_back_when_the_kernel_image_does_not_fit(monkeypatch):

@@ -14,8 +14,11 @@ batches moved and normalized synchronously. The races:
 
 The control tests take the waits or the ``record_stream`` calls away (at torch's level, so they
 do not depend on DataPrefetcher's internals) and assert that the same check then fails: the check
-can fail. Pinned and unpageable host memory, ``prefetch_depth`` 1 and 2, tuple, dict and nested
-batches. Skipped without a GPU; FASTPIPE_REQUIRE_CUDA=1 makes that a failure (docs/gpu.md).
+can fail. One of them takes away only ``record_stream(input, side)``, with GPU inputs that their
+producer frees and rewrites as soon as they are handed over. Pinned and unpageable host memory,
+``prefetch_depth`` 1 and 2, tuple, dict and nested batches, mean/std given as CUDA tensors, a
+``batch_transform`` (run on the side stream), and the second GPU (``cuda:1``; skipped with one
+GPU). Skipped without a GPU; FASTPIPE_REQUIRE_CUDA=1 makes that a failure (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -178,3 +181,141 @@ def test_control_without_the_waits_gpu_resident_batches_are_read_too_early(monke
     sums, labels = _run(prefetcher, "dict", 0.0, pressure=False)
     monkeypatch.undo()
     assert _check(batches, sums, labels, True), "no batch was wrong without any wait"
+
+
+# --- GPU inputs freed by their producer right after they are handed over ----------------------
+
+def _slow_side_stream(monkeypatch, main: torch.cuda.Stream, seconds: float = 0.05) -> None:
+    """Every wait a stream other than ``main`` queues is followed by ``seconds`` of busy work on
+    it: the side stream then reads each batch well after the current stream moved on, so a block
+    freed and rewritten on the current stream is rewritten before the side stream's read."""
+    gpu_sleep(0.001)  # measures the clock once, before any stream is patched
+    real_wait_event, real_wait_stream = torch.cuda.Stream.wait_event, torch.cuda.Stream.wait_stream
+
+    def busy(stream) -> None:
+        if stream != main:
+            with torch.cuda.stream(stream):
+                gpu_sleep(seconds)
+
+    def wait_event(self, event):
+        real_wait_event(self, event)
+        busy(self)
+
+    def wait_stream(self, other):
+        real_wait_stream(self, other)
+        busy(self)
+
+    monkeypatch.setattr(torch.cuda.Stream, "wait_event", wait_event)
+    monkeypatch.setattr(torch.cuda.Stream, "wait_stream", wait_stream)
+
+
+def _freed_inputs_prefetcher(batches, depth: int = 2):
+    """GPU-resident dict batches whose producer takes its tensor back as soon as the prefetcher
+    asks for the next batch (as a loader reusing its output buffers would), and at once writes
+    255 into a new block of the same size on the current stream: the block the allocator hands
+    out first is the one just freed, unless the side stream is recorded on it. With
+    ``prefetch_depth=2`` the next batch is asked for before the step's stream waits for this one,
+    so nothing else orders the rewrite after the side stream's read."""
+    def source():
+        for i, cpu in enumerate(batches):
+            x = torch.empty(cpu.shape, dtype=cpu.dtype, device="cuda")
+            x.copy_(cpu, non_blocking=True)
+            batch = _structure(x, i, "dict")
+            yield batch
+            # The reader's frame still holds the dict: emptying it drops the last reference.
+            batch["image"] = None
+            del x
+            junk = torch.full(cpu.shape, 255, dtype=cpu.dtype, device="cuda")
+            del junk
+
+    return DataPrefetcher(source(), device="cuda", prefetch_depth=depth, mean=MEAN, std=STD)
+
+
+def test_gpu_inputs_freed_and_rewritten_by_their_producer_are_read_intact(monkeypatch):
+    batches = random_batches(COUNT, BIG, seed=33, pin=True)
+    _expected(batches, True)
+    _slow_side_stream(monkeypatch, torch.cuda.current_stream())
+    sums, labels = _run(_freed_inputs_prefetcher(batches), "dict", 0.0, pressure=False)
+    monkeypatch.undo()
+    assert _check(batches, sums, labels, True) == []
+
+
+def test_control_without_record_stream_on_the_side_stream_freed_inputs_are_overwritten(
+    monkeypatch,
+):
+    """Only ``record_stream(input, side)`` is taken away (the records on the current stream
+    stay): the same check then fails, so it holds that call to account."""
+    batches = random_batches(COUNT, BIG, seed=34, pin=True)
+    _expected(batches, True)
+    main = torch.cuda.current_stream()
+    real_record = torch.Tensor.record_stream
+    monkeypatch.setattr(torch.Tensor, "record_stream",
+                        lambda self, stream: real_record(self, stream) if stream == main else None)
+    _slow_side_stream(monkeypatch, main)
+    sums, labels = _run(_freed_inputs_prefetcher(batches), "dict", 0.0, pressure=False)
+    monkeypatch.undo()
+    assert _check(batches, sums, labels, True), (
+        "no batch was wrong without record_stream(input, side): the freed input was not reused"
+    )
+
+
+# --- CUDA mean/std, batch_transform, a second GPU ---------------------------------------------
+
+@pytest.mark.parametrize("depth", (1, 2))
+def test_mean_and_std_given_as_cuda_tensors(depth):
+    batches = random_batches(COUNT, BIG, seed=40 + depth, pin=True)
+    mean = torch.tensor(MEAN, device="cuda")
+    std = torch.tensor(STD, device="cuda")
+    prefetcher = DataPrefetcher(iter([(b, torch.full((b.shape[0],), i)) for i, b in
+                                      enumerate(batches)]),
+                                device="cuda", prefetch_depth=depth, mean=mean, std=std)
+    sums, labels = _run(prefetcher, "tuple", 0.05, pressure=True)
+    assert _check(batches, sums, labels, True) == []
+
+
+def test_batch_transform_runs_on_the_side_stream_and_its_output_is_handed_over():
+    batches = random_batches(COUNT, BIG, seed=50, pin=True)
+    main = torch.cuda.current_stream()
+    streams = []
+    generator = torch.Generator().manual_seed(5)
+
+    def transform(images, targets):
+        streams.append(torch.cuda.current_stream())
+        return ops.cutout(images, num_holes=2, size=64, fill=7, generator=generator), targets
+
+    prefetcher = DataPrefetcher(iter([(b, torch.full((b.shape[0],), i)) for i, b in
+                                      enumerate(batches)]),
+                                device="cuda", prefetch_depth=2, batch_transform=transform)
+    sums, labels = _run(prefetcher, "tuple", 0.05, pressure=True)
+    assert len(streams) == COUNT and all(s != main for s in streams), "not on a side stream"
+    assert len({s.cuda_stream for s in streams}) == 1
+    replay = torch.Generator().manual_seed(5)
+    expected = []
+    for b in batches:
+        x = ops.cutout(b.cuda(), num_holes=2, size=64, fill=7, generator=replay)
+        expected.append(checksum(x).item())
+    torch.cuda.synchronize()
+    assert labels == [i * batches[i].shape[0] for i in range(COUNT)]
+    assert sums == expected
+
+
+@pytest.fixture
+def second_gpu():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("one GPU here: the cuda:1 tests need a second")
+    return torch.device("cuda", 1)
+
+
+def test_prefetcher_on_the_second_gpu(second_gpu):
+    batches = random_batches(COUNT, BIG, seed=60, pin=True)
+    assert torch.cuda.current_device() == 0
+    sums = []
+    with torch.cuda.device(second_gpu):
+        for images, _ in DataPrefetcher(iter([(b, torch.zeros(1)) for b in batches]),
+                                        device=second_gpu, prefetch_depth=2):
+            assert images.device == second_gpu
+            gpu_sleep(0.02)
+            sums.append(checksum(images))
+        torch.cuda.synchronize(second_gpu)
+    # Integer checksums (uint8 times small weights, below 2^53): exact on any GPU.
+    assert [s.item() for s in sums] == _expected(batches, False)

@@ -3,6 +3,8 @@ selection."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -143,6 +145,95 @@ def test_gpu_graph_decodes_mixed_keeps_images_and_labels_on_gpu_and_serializes(s
     assert graph_output_devices(pipe) == ["gpu", "gpu"]
     serialized = pipe.serialize()
     assert b"device_memory_padding" in serialized and b"mixed" in serialized
+
+
+def _decoder_arguments(pipe, decoder: str) -> dict[str, int]:
+    """The memory paddings the graph's decoder was given (from its operator spec, as DALI
+    serializes it)."""
+    pipe._build_graph()
+    for op in pipe._ops:
+        if type(op._op).__name__ == decoder:
+            found = re.findall(r"(device_memory_padding|host_memory_padding): (\d+)", str(op.spec))
+            return {name: int(value) for name, value in found}
+    raise AssertionError(f"no {decoder} in {graph_ops(pipe)}")
+
+
+@pytest.mark.parametrize(
+    "num_workers, device_padding, host_padding",
+    [(1, 211025920, 70272256), (2, 105512960, 35136128), (4, 52756480, 17568064),
+     (16, 16 * 2**20, 8 * 2**20)],  # the floor: DALI's own defaults
+)
+@pytest.mark.parametrize("train", [True, False])
+def test_gpu_decoder_memory_is_a_budget_shared_by_the_dali_threads(
+    sample_root, num_workers, device_padding, host_padding, train
+):
+    # DALI reserves device_memory_padding once and host_memory_padding twice per thread.
+    pipe = build_pipeline(
+        sample_root, recipe=Recipe(train=train), batch_size=8, num_workers=num_workers,
+        device_id=None, decode_device="mixed",
+    )
+    padding = _decoder_arguments(pipe, "ImageRandomCrop" if train else "Image")
+    assert padding == {"device_memory_padding": device_padding,
+                       "host_memory_padding": host_padding}
+    total_device = num_workers * padding["device_memory_padding"]
+    total_host = 2 * num_workers * padding["host_memory_padding"]
+    assert total_device <= max(211025920, num_workers * 16 * 2**20)
+    assert total_host <= max(140544512, num_workers * 2 * 8 * 2**20)
+    pipe.serialize()  # DALI accepts the values
+
+
+def test_cpu_decoder_gets_no_gpu_memory_padding(sample_root):
+    pipe = build_pipeline(sample_root, recipe=Recipe(train=True), batch_size=8, num_workers=2,
+                          device_id=None, decode_device="cpu")
+    assert _decoder_arguments(pipe, "ImageRandomCrop") == {}
+
+
+def test_whole_image_decode_then_gpu_random_crop_when_crop_decode_is_off(sample_root):
+    """crop_decode=False, the workaround of NVIDIA/nvImageCodec#55: a plain mixed decode, then
+    fn.random_resized_crop on the GPU; no fused random-crop decode in the graph."""
+    recipe = Recipe(train=True, color_jitter=0.4, cutout_holes=1)
+    pipe = build_pipeline(sample_root, recipe=recipe, batch_size=8, num_workers=2,
+                          device_id=None, decode_device="mixed", crop_decode=False)
+    ops = graph_ops(pipe)
+    assert ("Image", "mixed") in ops and ("RandomResizedCrop", "gpu") in ops
+    assert "ImageRandomCrop" not in {name for name, _ in ops}
+    assert "Resize" not in {name for name, _ in ops}  # random_resized_crop resizes
+    assert all(device == "gpu" for name, device in ops if name in GPU_IMAGE_OPS)
+    assert graph_output_devices(pipe) == ["gpu", "gpu"]
+    assert b"RandomResizedCrop" in pipe.serialize()
+    eval_pipe = build_pipeline(sample_root, recipe=Recipe(train=False), batch_size=8,
+                               num_workers=2, device_id=None, decode_device="mixed",
+                               crop_decode=False)
+    assert {name for name, _ in graph_ops(eval_pipe)} == {
+        name for name, _ in graph_ops(build_pipeline(
+            sample_root, recipe=Recipe(train=False), batch_size=8, num_workers=2,
+            device_id=None, decode_device="mixed"))}
+
+
+def test_crop_decode_off_runs_on_the_cpu_through_every_entry_point(sample_root):
+    from fastpipe.factory import image_loader
+
+    loader = DALILoader(sample_root, batch_size=8, size=32, device="cpu", seed=3,
+                        crop_decode=False)
+    assert ("RandomResizedCrop", "cpu") in graph_ops(loader._new_pipeline(lambda: None))
+    with loader:
+        images, labels = next(iter(loader))
+    assert images.shape == (8, 3, 32, 32) and images.dtype == torch.float32
+    assert 0.0 <= float(images.min()) and float(images.max()) <= 1.0
+    assert labels.shape == (8,)
+    pipe = image_pipeline(sample_root, batch_size=4, size=32, device="cpu", crop_decode=False)
+    assert "ImageRandomCrop" not in {name for name, _ in graph_ops(pipe)}
+    factory = image_loader(sample_root, 8, train=True, size=32, backend="dali", device="cpu",
+                           crop_decode=False)
+    try:
+        assert factory.crop_decode is False
+    finally:
+        factory.close()
+    with pytest.raises(TypeError, match="crop_decode must be True or False"):
+        DALILoader(sample_root, batch_size=8, device="cpu", crop_decode="no")
+    with pytest.warns(RuntimeWarning, match="crop_decode=False applies to the DALI backend"):
+        image_loader(sample_root, 8, train=True, size=32, backend="cpu", device="cpu",
+                     crop_decode=False)
 
 
 def test_cpu_graph_has_no_gpu_operator(sample_root):

@@ -166,3 +166,60 @@ def test_torch_cuda_arch_list_overrides_the_choice(setup_py, tmp_path, monkeypat
     home = _fake_cuda_home(tmp_path, NVCC_13_LISTING.replace("\n", "\\n"), "13.0")
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.6")
     assert setup_py["_cuda_arch_list"](str(home)) == "8.6"
+
+
+# torch 2.6's cpp_extension: what it accepts in TORCH_CUDA_ARCH_LIST (nothing past 9.0a).
+_TORCH_2_6_ARCHS = ("3.5", "3.7", "5.0", "5.2", "5.3", "6.0", "6.1", "6.2", "7.0", "7.2", "7.5",
+                    "8.0", "8.6", "8.7", "8.9", "9.0", "9.0a")
+
+
+def _torch_2_6_arch_flags(cflags=None):
+    """Stands in for torch 2.6's cpp_extension._get_cuda_arch_flags: the same check."""
+    import os
+
+    for arch in os.environ["TORCH_CUDA_ARCH_LIST"].split(";"):
+        if arch.removesuffix("+PTX") not in _TORCH_2_6_ARCHS:
+            raise ValueError(f"Unknown CUDA arch ({arch}) or GPU not supported")
+    return []
+
+
+def test_setup_keeps_only_the_archs_an_older_torch_accepts(setup_py, tmp_path, monkeypatch,
+                                                           capsys):
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(cpp_extension, "_get_cuda_arch_flags", _torch_2_6_arch_flags)
+    monkeypatch.setattr(torch, "__version__", "2.6.0+cu126")
+    home = _fake_cuda_home(tmp_path, NVCC_13_LISTING.replace("\n", "\\n"), "12.9")
+    chosen = setup_py["_cuda_arch_list"](str(home))
+    assert chosen == "7.5;8.0;8.6;8.9;9.0+PTX"
+    _torch_2_6_arch_flags()  # the list set for the build passes torch 2.6's check
+    assert "cannot build for 10.0, 11.0, 12.0" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("version, expected", [("2.5.1+cu124", "7.5;8.0;8.6;8.9;9.0+PTX"),
+                                               ("2.14.1+cu130", NEW_LIST)])
+def test_setup_falls_back_to_the_torch_release_when_its_check_is_missing(
+    setup_py, tmp_path, monkeypatch, version, expected
+):
+    from torch.utils import cpp_extension
+
+    monkeypatch.delattr(cpp_extension, "_get_cuda_arch_flags")
+    monkeypatch.setattr(torch, "__version__", version)
+    home = _fake_cuda_home(tmp_path, NVCC_13_LISTING.replace("\n", "\\n"), "13.0")
+    assert setup_py["_cuda_arch_list"](str(home)) == expected
+
+
+def test_the_installed_torch_is_asked_and_its_environment_left_alone(setup_py, monkeypatch):
+    import os
+
+    accepts = setup_py["_torch_accepts_arch"]
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "7.5")
+    assert accepts("9.0") is True
+    assert accepts("4.2") is False  # no torch knows it
+    assert os.environ["TORCH_CUDA_ARCH_LIST"] == "7.5"
+    accepted = _cuda_archs.archs_torch_accepts(_cuda_archs.WANTED_ARCHS, accepts, torch.__version__)
+    release = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    if release >= (2, 14):  # the project's torch: 7.5 to 12.0 (checked on 2.14.1)
+        assert accepted == set(_cuda_archs.WANTED_ARCHS)
+    elif release < (2, 7):
+        assert "10.0" not in accepted and "9.0" in accepted

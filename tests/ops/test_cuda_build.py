@@ -79,6 +79,12 @@ _EMULATION = r"""
 #include <type_traits>
 #include "kernels.h"
 
+// The index policy the bodies are instantiated with: kernels.h's int64 one here;
+// tests/ops/test_cuda_fast_path.py builds the same file with cuda::Index32.
+#ifndef FP_INDEX
+#define FP_INDEX Index64
+#endif
+
 using namespace fastpipe;
 
 struct HostConv {
@@ -107,33 +113,35 @@ static int64_t pair_total(const int64_t* g) { return (g[0] + 1) / 2 * g[1] * g[2
                              const int64_t* boxes, int64_t count, const T* fill,               \
                              const int64_t* seeds) {                                           \
     for (int64_t i = 0; i < total(g); ++i)                                                     \
-      out[i] = erase_element<T, HostConv>(i, in, str(s), cl, geo(g), boxes, count, fill, seeds); \
+      out[i] = erase_element<T, HostConv, FP_INDEX>(i, in, str(s), cl, geo(g), boxes, count, fill, \
+          seeds);                                                                                  \
   }                                                                                            \
   EXPORT void erase_inplace_##SUFFIX(T* images, const int64_t* s, const int64_t* g,            \
                                      const int64_t* boxes, int64_t count, const T* fill,       \
                                      const int64_t* seeds) {                                   \
     for (int64_t i = 0; i < total(g); ++i)                                                     \
-      erase_inplace_element<T, HostConv>(i, images, str(s), geo(g), boxes, count, fill, seeds); \
+      erase_inplace_element<T, HostConv, FP_INDEX>(i, images, str(s), geo(g), boxes, count, fill,  \
+          seeds);                                                                                  \
   }                                                                                            \
   EXPORT void mixup_##SUFFIX(const T* in, const int64_t* s, T* out, int cl, const int64_t* g,  \
                              const float* lam) {                                               \
     for (int64_t i = 0; i < total(g); ++i)                                                     \
-      out[i] = mixup_element<T, HostConv>(i, in, str(s), cl, geo(g), lam);                     \
+      out[i] = mixup_element<T, HostConv, FP_INDEX>(i, in, str(s), cl, geo(g), lam);               \
   }                                                                                            \
   EXPORT void cutmix_##SUFFIX(const T* in, const int64_t* s, T* out, int cl, const int64_t* g, \
                               const int64_t* boxes) {                                          \
     for (int64_t i = 0; i < total(g); ++i)                                                     \
-      out[i] = cutmix_element<T>(i, in, str(s), cl, geo(g), boxes);                            \
+      out[i] = cutmix_element<T, FP_INDEX>(i, in, str(s), cl, geo(g), boxes);                      \
   }                                                                                            \
   EXPORT void mixup_inplace_##SUFFIX(T* images, const int64_t* s, int cl, const int64_t* g,    \
                                      const float* lam) {                                       \
     for (int64_t i = 0; i < pair_total(g); ++i)                                                \
-      mixup_pair_element<T, HostConv>(i, images, str(s), cl, geo(g), lam);                     \
+      mixup_pair_element<T, HostConv, FP_INDEX>(i, images, str(s), cl, geo(g), lam);               \
   }                                                                                            \
   EXPORT void cutmix_inplace_##SUFFIX(T* images, const int64_t* s, int cl, const int64_t* g,   \
                                       const int64_t* boxes) {                                  \
     for (int64_t i = 0; i < pair_total(g); ++i)                                                \
-      cutmix_pair_element<T>(i, images, str(s), cl, geo(g), boxes);                            \
+      cutmix_pair_element<T, FP_INDEX>(i, images, str(s), cl, geo(g), boxes);                      \
   }
 
 DEFINE(u8, uint8_t)
@@ -141,17 +149,21 @@ DEFINE(f32, float)
 """
 
 
-@pytest.fixture(scope="module")
-def emulated(tmp_path_factory):
+def build_emulation(work: Path, flags: tuple[str, ...] = ()) -> ctypes.CDLL:
+    """The kernel bodies of _EMULATION built for the host in work, with extra compiler flags."""
     compiler = _tool([os.environ.get("CXX", "c++"), "g++", "clang++"], "C++ compiler")
-    work = tmp_path_factory.mktemp("cuda_emulation")
     (work / "emulation.cpp").write_text(_EMULATION)
     library = work / "emulation.so"
-    command = [compiler, "-O1", "-std=c++17", "-ffp-contract=off", "-shared", "-fPIC"]
+    command = [compiler, "-O1", "-std=c++17", "-ffp-contract=off", "-shared", "-fPIC", *flags]
     command += [f"-I{CSRC}", str(work / "emulation.cpp"), "-o", str(library)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=100)
     assert result.returncode == 0, f"{' '.join(command)}\n{result.stderr}"
     return ctypes.CDLL(str(library))
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    return build_emulation(tmp_path_factory.mktemp("cuda_emulation"))
 
 
 def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
@@ -230,6 +242,11 @@ def _batches():
 
 
 def test_cuda_kernel_bodies_equal_the_reference_when_run_on_the_cpu(emulated):
+    check_bodies_against_the_reference(emulated)
+
+
+def check_bodies_against_the_reference(emulated: ctypes.CDLL) -> None:
+    """Every body of a build_emulation library, every layout, against _reference."""
     g = torch.Generator().manual_seed(5)
     for x in _batches():
         n, c, h, w = x.shape

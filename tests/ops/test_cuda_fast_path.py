@@ -1,4 +1,9 @@
-"""The CUDA normalize kernel's fast path (fastpipe/csrc/cuda/index.h), run on the CPU.
+"""The CUDA kernels' fast paths (fastpipe/csrc/cuda/index.h), run on the CPU.
+
+Every kernel (normalize, erase, mixup, cutmix and the in-place forms) has a 32-bit index path,
+taken when the batch fits_in_32_bits: kernels.h's per-element bodies instantiated with
+cuda::Index32 are built here for the host and compared with the reference, and the PTX of
+kernels.cu is read to check that those instances do no 64-bit division.
 
 The kernel computes each channel's scale and shift once per block (a shared-memory table) and,
 when every index and strided offset fits in 32 bits, decodes indices with 32-bit division. Both
@@ -20,6 +25,7 @@ import pytest
 import torch
 
 from fastpipe.ops import _reference
+from tests.ops.test_cuda_build import _tool, build_emulation, check_bodies_against_the_reference
 
 pytestmark = [pytest.mark.extension, pytest.mark.timeout(120)]
 
@@ -182,3 +188,44 @@ def test_32_bit_index_decoding_agrees_with_int64(fast_path):
 def test_fits_in_32_bits_bounds_every_index_and_offset(fast_path, shape, strides, fits):
     geometry, stride_t = _i64(shape), _i64(strides)
     assert bool(fast_path.fits32(_ptr(geometry), _ptr(stride_t))) is fits
+
+
+def test_32_bit_bodies_of_erase_mixup_and_cutmix_give_the_bits_of_the_reference(tmp_path):
+    # The same host loop as tests/ops/test_cuda_build.py, the bodies instantiated with Index32.
+    library = build_emulation(
+        tmp_path, ("-include", "cuda/index.h", "-DFP_INDEX=fastpipe::cuda::Index32")
+    )
+    check_bodies_against_the_reference(library)
+
+
+_KERNELS = ("erase_kernel", "erase_inplace_kernel", "mixup_kernel", "mixup_inplace_kernel",
+            "cutmix_kernel", "cutmix_inplace_kernel", "normalize_table_kernel")
+
+
+def _ptx_entries(tmp_path) -> dict[str, str]:
+    cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    nvcc = _tool([os.path.join(cuda_home, "bin", "nvcc"), "nvcc"], "nvcc")
+    ptx = tmp_path / "kernels.ptx"
+    command = [nvcc, "-ptx", "-O3", "--fmad=false", "-std=c++17", f"-I{CSRC}",
+               "-D__CUDA_NO_HALF_OPERATORS__", "-D__CUDA_NO_HALF_CONVERSIONS__",
+               "-D__CUDA_NO_BFLOAT16_CONVERSIONS__", "-D__CUDA_NO_HALF2_OPERATORS__",
+               "-arch=compute_90", str(CSRC / "cuda" / "kernels.cu"), "-o", str(ptx)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=100)
+    assert result.returncode == 0, f"{' '.join(command)}\n{result.stderr}"
+    entries = {}
+    for body in ptx.read_text().split(".entry ")[1:]:
+        entries[body.split("(", 1)[0]] = body
+    return entries
+
+
+def test_32_bit_kernels_do_no_64_bit_division_in_the_ptx(tmp_path):
+    entries = _ptx_entries(tmp_path)
+    for kernel in _KERNELS:
+        # Itanium mangling: the kernel's name, then its template arguments; Lb1E is `true` (the
+        # Index32 path), one instance per image type (and per output type for normalize).
+        fast = {name: body for name, body in entries.items()
+                if f"{len(kernel)}{kernel}I" in name and "Lb1E" in name}
+        assert len(fast) >= 4, (kernel, sorted(entries))
+        for name, body in fast.items():
+            divisions = [op for op in ("div.s64", "rem.s64", "div.u64", "rem.u64") if op in body]
+            assert not divisions, f"{name} does 64-bit division: {divisions}"

@@ -194,3 +194,19 @@ def test_random_erasing_class_forms():
 def test_bad_arguments_are_named(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+@pytest.mark.parametrize("n, c", [(4, 3), (2, 3), (3, 1), (3, 3)])
+def test_backward_of_a_per_box_fill_for_any_batch_size_and_channels(backend, n, c):
+    # 'rand' fills each box with its own colour, a (N, K, C) fill: the gradient is zero inside
+    # the boxes and passes through elsewhere, whatever N is against C.
+    images = torch.rand(n, c, 12, 10, requires_grad=True)
+    out = ops.random_erasing(images, p=1.0, value="rand", max_count=2, generator=_gen(n * 10 + c))
+    out.backward(torch.ones_like(out))
+    erased = out.detach() != images.detach()
+    assert erased.any()
+    assert torch.equal(images.grad, (~erased).to(images.grad.dtype))
+    eraser = ops.RandomErasing(probability=1.0, mode="rand", max_count=2, generator=_gen(c))
+    out = eraser(images)
+    (grad,) = torch.autograd.grad(out.sum(), images)
+    assert torch.equal(grad, (out.detach() == images.detach()).to(grad.dtype))

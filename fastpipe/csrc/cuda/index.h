@@ -1,4 +1,5 @@
-// Index math of the CUDA kernels' fast paths: 32-bit index decoding and per-channel tables.
+// Index math of the CUDA kernels' fast paths: 32-bit index decoding (every kernel) and the
+// per-channel tables of normalize.
 //
 // Host and device, torch-free like kernels.h: tests/ops/test_cuda_fast_path.py compiles it
 // for the host and checks it against kernels.h's int64 path and the PyTorch reference. Integer
@@ -63,6 +64,17 @@ FP_HD uint32_t strided_offset32(const Index4& p, const Strides& s) {
          static_cast<uint32_t>(p.y) * static_cast<uint32_t>(s.h) +
          static_cast<uint32_t>(p.x) * static_cast<uint32_t>(s.w);
 }
+
+// The index policy of kernels.h's per-element bodies (erase, mixup, cutmix and their in-place
+// forms) with 32-bit decoding; valid when fits_in_32_bits. The caller's index i is below 2^31.
+struct Index32 {
+  static FP_HD Index4 decode(int64_t i, const Geometry& g, bool channels_last) {
+    return dense_index32(static_cast<uint32_t>(i), g, channels_last);
+  }
+  static FP_HD uint32_t offset(const Index4& p, const Strides& s) {
+    return strided_offset32(p, s);
+  }
+};
 
 // One channel's entry of the normalize table: kernels.h's scale and shift, computed once per
 // channel instead of once per element (the same two float divisions, so the same bits).

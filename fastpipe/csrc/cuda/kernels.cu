@@ -84,58 +84,79 @@ __global__ void normalize_table_kernel(const TIn* __restrict__ in, Strides s,
   }
 }
 
-template <typename T>
+// The grid-stride loop of the kernels below: with Index32 (the batch fits_in_32_bits) a 32-bit
+// counter and kernels.h's bodies instantiated with Index32, so no element pays a 64-bit division.
+template <bool Index32Path>
+using IndexOf = typename std::conditional<Index32Path, Index32, Index64>::type;
+
+template <bool Index32Path, typename Body>
+__device__ __forceinline__ void grid_stride(int64_t total, Body&& body) {
+  if constexpr (Index32Path) {
+    // total < 2^31 and the stride is below 2^24, so i + stride cannot wrap around 2^32.
+    const uint32_t end = static_cast<uint32_t>(total);
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < end; i += blockDim.x * gridDim.x) {
+      body(static_cast<int64_t>(i));
+    }
+  } else {
+    FASTPIPE_GRID_STRIDE_LOOP(i, total) {
+      body(i);
+    }
+  }
+}
+
+template <typename T, bool I32>
 __global__ void erase_kernel(const T* __restrict__ in, Strides s, T* __restrict__ out,
                              bool channels_last, Geometry g, const int64_t* __restrict__ boxes,
                              int64_t count, const T* __restrict__ fill,
                              const int64_t* __restrict__ seeds, int64_t total) {
-  FASTPIPE_GRID_STRIDE_LOOP(i, total) {
-    out[i] = erase_element<T, DeviceConv>(i, in, s, channels_last, g, boxes, count, fill, seeds);
-  }
+  grid_stride<I32>(total, [&](int64_t i) {
+    out[i] = erase_element<T, DeviceConv, IndexOf<I32>>(i, in, s, channels_last, g, boxes, count,
+                                                        fill, seeds);
+  });
 }
 
-template <typename T>
+template <typename T, bool I32>
 __global__ void erase_inplace_kernel(T* __restrict__ images, Strides s, Geometry g,
                                      const int64_t* __restrict__ boxes, int64_t count,
                                      const T* __restrict__ fill, const int64_t* __restrict__ seeds,
                                      int64_t total) {
-  FASTPIPE_GRID_STRIDE_LOOP(i, total) {
-    erase_inplace_element<T, DeviceConv>(i, images, s, g, boxes, count, fill, seeds);
-  }
+  grid_stride<I32>(total, [&](int64_t i) {
+    erase_inplace_element<T, DeviceConv, IndexOf<I32>>(i, images, s, g, boxes, count, fill, seeds);
+  });
 }
 
-template <typename T>
+template <typename T, bool I32>
 __global__ void mixup_kernel(const T* __restrict__ in, Strides s, T* __restrict__ out,
                              bool channels_last, Geometry g, const float* __restrict__ lam,
                              int64_t total) {
-  FASTPIPE_GRID_STRIDE_LOOP(i, total) {
-    out[i] = mixup_element<T, DeviceConv>(i, in, s, channels_last, g, lam);
-  }
+  grid_stride<I32>(total, [&](int64_t i) {
+    out[i] = mixup_element<T, DeviceConv, IndexOf<I32>>(i, in, s, channels_last, g, lam);
+  });
 }
 
-template <typename T>
+template <typename T, bool I32>
 __global__ void cutmix_kernel(const T* __restrict__ in, Strides s, T* __restrict__ out,
                               bool channels_last, Geometry g, const int64_t* __restrict__ boxes,
                               int64_t total) {
-  FASTPIPE_GRID_STRIDE_LOOP(i, total) {
-    out[i] = cutmix_element<T>(i, in, s, channels_last, g, boxes);
-  }
+  grid_stride<I32>(total, [&](int64_t i) {
+    out[i] = cutmix_element<T, IndexOf<I32>>(i, in, s, channels_last, g, boxes);
+  });
 }
 
-template <typename T>
+template <typename T, bool I32>
 __global__ void mixup_inplace_kernel(T* images, Strides s, bool channels_last, Geometry g,
                                      const float* __restrict__ lam, int64_t total) {
-  FASTPIPE_GRID_STRIDE_LOOP(i, total) {
-    mixup_pair_element<T, DeviceConv>(i, images, s, channels_last, g, lam);
-  }
+  grid_stride<I32>(total, [&](int64_t i) {
+    mixup_pair_element<T, DeviceConv, IndexOf<I32>>(i, images, s, channels_last, g, lam);
+  });
 }
 
-template <typename T>
+template <typename T, bool I32>
 __global__ void cutmix_inplace_kernel(T* images, Strides s, bool channels_last, Geometry g,
                                       const int64_t* __restrict__ boxes, int64_t total) {
-  FASTPIPE_GRID_STRIDE_LOOP(i, total) {
-    cutmix_pair_element<T>(i, images, s, channels_last, g, boxes);
-  }
+  grid_stride<I32>(total, [&](int64_t i) {
+    cutmix_pair_element<T, IndexOf<I32>>(i, images, s, channels_last, g, boxes);
+  });
 }
 
 int64_t total_of(const Geometry& g) {
@@ -206,9 +227,12 @@ cudaError_t launch_erase(const void* images, Strides in_strides, void* out, bool
   }
   return with_type(type, [&](auto tag) {
     using T = decltype(tag);
-    erase_kernel<T><<<blocks_for(total), kThreads, 0, stream>>>(
-        static_cast<const T*>(images), in_strides, static_cast<T*>(out), out_channels_last, g,
-        boxes, count, static_cast<const T*>(fill), seeds, total);
+    auto launch = [&](auto kernel) {
+      kernel<<<blocks_for(total), kThreads, 0, stream>>>(
+          static_cast<const T*>(images), in_strides, static_cast<T*>(out), out_channels_last, g,
+          boxes, count, static_cast<const T*>(fill), seeds, total);
+    };
+    fits_in_32_bits(g, in_strides) ? launch(erase_kernel<T, true>) : launch(erase_kernel<T, false>);
     return cudaGetLastError();
   });
 }
@@ -222,9 +246,13 @@ cudaError_t launch_erase_inplace(void* images, Strides strides, ImageType type, 
   }
   return with_type(type, [&](auto tag) {
     using T = decltype(tag);
-    erase_inplace_kernel<T><<<blocks_for(total), kThreads, 0, stream>>>(
-        static_cast<T*>(images), strides, g, boxes, count, static_cast<const T*>(fill), seeds,
-        total);
+    auto launch = [&](auto kernel) {
+      kernel<<<blocks_for(total), kThreads, 0, stream>>>(
+          static_cast<T*>(images), strides, g, boxes, count, static_cast<const T*>(fill), seeds,
+          total);
+    };
+    fits_in_32_bits(g, strides) ? launch(erase_inplace_kernel<T, true>)
+                                : launch(erase_inplace_kernel<T, false>);
     return cudaGetLastError();
   });
 }
@@ -237,9 +265,12 @@ cudaError_t launch_mixup(const void* images, Strides in_strides, void* out, bool
   }
   return with_type(type, [&](auto tag) {
     using T = decltype(tag);
-    mixup_kernel<T><<<blocks_for(total), kThreads, 0, stream>>>(
-        static_cast<const T*>(images), in_strides, static_cast<T*>(out), out_channels_last, g, lam,
-        total);
+    auto launch = [&](auto kernel) {
+      kernel<<<blocks_for(total), kThreads, 0, stream>>>(
+          static_cast<const T*>(images), in_strides, static_cast<T*>(out), out_channels_last, g,
+          lam, total);
+    };
+    fits_in_32_bits(g, in_strides) ? launch(mixup_kernel<T, true>) : launch(mixup_kernel<T, false>);
     return cudaGetLastError();
   });
 }
@@ -252,9 +283,13 @@ cudaError_t launch_cutmix(const void* images, Strides in_strides, void* out, boo
   }
   return with_type(type, [&](auto tag) {
     using T = decltype(tag);
-    cutmix_kernel<T><<<blocks_for(total), kThreads, 0, stream>>>(
-        static_cast<const T*>(images), in_strides, static_cast<T*>(out), out_channels_last, g,
-        boxes, total);
+    auto launch = [&](auto kernel) {
+      kernel<<<blocks_for(total), kThreads, 0, stream>>>(
+          static_cast<const T*>(images), in_strides, static_cast<T*>(out), out_channels_last, g,
+          boxes, total);
+    };
+    fits_in_32_bits(g, in_strides) ? launch(cutmix_kernel<T, true>)
+                                   : launch(cutmix_kernel<T, false>);
     return cudaGetLastError();
   });
 }
@@ -267,8 +302,12 @@ cudaError_t launch_mixup_inplace(void* images, Strides strides, bool channels_la
   }
   return with_type(type, [&](auto tag) {
     using T = decltype(tag);
-    mixup_inplace_kernel<T><<<blocks_for(total), kThreads, 0, stream>>>(
-        static_cast<T*>(images), strides, channels_last, g, lam, total);
+    auto launch = [&](auto kernel) {
+      kernel<<<blocks_for(total), kThreads, 0, stream>>>(static_cast<T*>(images), strides,
+                                                         channels_last, g, lam, total);
+    };
+    fits_in_32_bits(g, strides) ? launch(mixup_inplace_kernel<T, true>)
+                                : launch(mixup_inplace_kernel<T, false>);
     return cudaGetLastError();
   });
 }
@@ -282,8 +321,12 @@ cudaError_t launch_cutmix_inplace(void* images, Strides strides, bool channels_l
   }
   return with_type(type, [&](auto tag) {
     using T = decltype(tag);
-    cutmix_inplace_kernel<T><<<blocks_for(total), kThreads, 0, stream>>>(
-        static_cast<T*>(images), strides, channels_last, g, boxes, total);
+    auto launch = [&](auto kernel) {
+      kernel<<<blocks_for(total), kThreads, 0, stream>>>(static_cast<T*>(images), strides,
+                                                         channels_last, g, boxes, total);
+    };
+    fits_in_32_bits(g, strides) ? launch(cutmix_inplace_kernel<T, true>)
+                                : launch(cutmix_inplace_kernel<T, false>);
     return cudaGetLastError();
   });
 }
