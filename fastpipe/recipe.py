@@ -48,6 +48,12 @@ INTERPOLATIONS = ("bilinear", "bicubic")
 # torchvision's reference-script names; timm's RandAugment strings ("rand-m9-mstd0.5") besides.
 POLICIES = ("ra", "ta_wide", "augmix", "imagenet")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8)
+# Bounds of the geometry settings, so that no crop or resize size computed from them overflows
+# (fastpipe/csrc/jpeg/train_plan.h refuses the same ranges): an output side of at most a JPEG's
+# largest, aspect ratios within 1000:1, and eval resizes of at most 100x the output.
+MAX_SIDE = 65535
+RATIO_RANGE = (1e-3, 1e3)
+MIN_CROP_PCT = 0.01
 _TIMM_SECTIONS = ("m", "n", "mstd", "mmax", "inc", "p")
 _TIMM_ONLY = ("augmix", "original", "originalr", "v0", "v0r", "3a", "trivialaugment")
 
@@ -183,14 +189,21 @@ class Recipe:
         if not isinstance(self.train, bool):
             raise check.ArgumentTypeError(f"train must be True or False, got {self.train!r}")
         self._set("size", check.size_pair("size", self.size))
+        if max(self.size) > MAX_SIDE:
+            raise ValueError(f"size sides must be at most {MAX_SIDE} pixels (a JPEG's largest), "
+                             f"got {self.size}")
         self._set("scale", check.pair("scale", self.scale))
         if self.scale[1] > 1:
             raise ValueError(f"scale is a fraction of the image area, at most 1; got {self.scale}")
         self._set("ratio", check.pair("ratio", self.ratio))
+        if not (RATIO_RANGE[0] <= self.ratio[0] and self.ratio[1] <= RATIO_RANGE[1]):
+            raise ValueError(f"ratio (width:height) must lie in [{RATIO_RANGE[0]}, "
+                             f"{RATIO_RANGE[1]}]; got {self.ratio}")
         self._set("hflip", check.probability("hflip", self.hflip))
         crop_pct = check.probability("crop_pct", self.crop_pct)
-        if crop_pct == 0:
-            raise ValueError("crop_pct must be in (0, 1] (0.875 crops 224 from 256), got 0")
+        if crop_pct < MIN_CROP_PCT:
+            raise ValueError(f"crop_pct must be in [{MIN_CROP_PCT}, 1] (0.875 crops 224 from 256), "
+                             f"got {crop_pct}")
         self._set("crop_pct", crop_pct)
         self._set("interpolation", _interpolation(self.interpolation))
         self._set("policy", Policy.parse(self.auto_augment))

@@ -64,6 +64,15 @@ def test_spellings_are_normalized_once():
     ({"cutout_holes": -1}, ValueError, "cutout_holes"),
     ({"train": False, "auto_augment": "ra"}, ValueError, "augmentation is for training"),
     ({"train": False, "cutout_holes": 2}, ValueError, "augmentation is for training"),
+    # non-finite and absurd geometry, which reached C++'s crop arithmetic (issue 30)
+    ({"scale": (0.08, float("inf"))}, ValueError, "scale"),
+    ({"scale": (float("nan"), 1.0)}, ValueError, "scale"),
+    ({"ratio": (1e-300, 1.0)}, ValueError, r"ratio \(width:height\) must lie in \[0.001, 1000"),
+    ({"ratio": (1.0, 1e300)}, ValueError, r"ratio \(width:height\) must lie in"),
+    ({"ratio": (0.75, float("inf"))}, ValueError, "ratio"),
+    ({"size": 10**6}, ValueError, "at most 65535 pixels"),
+    ({"size": (224, 2**40)}, ValueError, "at most 65535 pixels"),
+    ({"crop_pct": 1e-9}, ValueError, r"crop_pct must be in \[0.01, 1\]"),
 ])
 def test_a_bad_setting_is_refused_naming_it(kwargs, error, message):
     with pytest.raises(error, match=message):

@@ -50,6 +50,13 @@ try:
 except ImportError:  # installed without extensions: torch's resize
     _input_box = _resize_pixels = None
 
+# The pixel budget of every decode: a file whose frame declares more pixels is refused from its
+# header, before anything its size decides is allocated (ImageTooLargeError). The default is
+# Pillow's (it raises DecompressionBombError past 2 * Image.MAX_IMAGE_PIXELS), which fits real
+# photos; set this module attribute to change it (in each worker process, e.g. in a DataLoader's
+# worker_init_fn where workers are spawned). PIL-decoded files also meet Pillow's own limit.
+MAX_IMAGE_PIXELS = 178_956_970
+
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _JPEG_END = b"\xff\xd9"
 # simplejpeg decodes these to RGB without the Adobe inversion PIL applies; PIL is the reference.
@@ -60,6 +67,20 @@ ImageBytes = bytes | bytearray | memoryview | np.ndarray | np.void
 
 class CorruptImageError(ValueError):
     """An image could not be decoded; the message names its source (file path or pack index)."""
+
+
+class ImageTooLargeError(CorruptImageError):
+    """An image declares more pixels than :data:`MAX_IMAGE_PIXELS` (a decompression bomb)."""
+
+
+def _check_pixels(height: int, width: int, source: str) -> None:
+    """Refuses an image whose header declares more than :data:`MAX_IMAGE_PIXELS` pixels."""
+    if height * width > MAX_IMAGE_PIXELS:
+        raise ImageTooLargeError(
+            f"image {source} declares {height}x{width} pixels, more than the pixel budget of "
+            f"{MAX_IMAGE_PIXELS} (fastpipe.data._decode.MAX_IMAGE_PIXELS): a decompression bomb "
+            "is refused before it is decoded; raise the budget if the image is genuine"
+        )
 
 
 def _bytes_of(data: ImageBytes, source: str) -> bytes | bytearray | memoryview:
@@ -78,16 +99,38 @@ def _bytes_of(data: ImageBytes, source: str) -> bytes | bytearray | memoryview:
 
 
 def _jpeg_size(data: ImageBytes) -> tuple[int, int] | None:
-    """``(height, width)`` of a JPEG that simplejpeg decodes to RGB, else None (use PIL)."""
+    """``(height, width)`` of a JPEG that decodes to RGB on the fast path, else None (use PIL).
+    Chroma layouts simplejpeg's header reader refuses (4:4:1 raises KeyError, 3x1 ValueError)
+    are read from PIL's header parse, so they take the same path, the region decode, whether a
+    seed or a generator draws the crop; damaged headers are then PIL's to report."""
     if bytes(data[:3]) != _JPEG_MAGIC:
         return None
     import simplejpeg
 
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-    except ValueError:
-        return None
+    except (ValueError, KeyError):
+        return _pil_jpeg_size(data)
     if colorspace in _PIL_ONLY_COLORSPACES:
+        return None
+    return height, width
+
+
+def _pil_jpeg_size(data: ImageBytes) -> tuple[int, int] | None:
+    """``(height, width)`` of a YCbCr, RGB or greyscale JPEG from PIL's header parse (no pixels
+    decoded), else None."""
+    import warnings
+
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as image:
+                if image.format != "JPEG" or image.mode not in ("RGB", "L"):
+                    return None
+                width, height = image.size
+    except Exception:  # noqa: BLE001 - PIL raises many types for bad data; PIL's decode reports it
         return None
     return height, width
 
@@ -123,13 +166,28 @@ def _decode_jpeg(
     import simplejpeg
 
     min_height, min_width = _decoded_size(height, width, k)
+    if _scale_is_ambiguous(height, width, k):
+        # simplejpeg picks its scale from the size asked for, and another M/8 scale gives this
+        # size too (images of a few pixels): the exact 1/k decode of fastpipe._jpeg, as the region
+        # path does, else None (PIL, at full size).
+        whole = _decode_jpeg_crop(data, geometry.Box(0, 0, min_height, min_width), k, fast_upsample)
+        return None if whole is None else np.ascontiguousarray(whole)
     try:
         return simplejpeg.decode_jpeg(
             data, colorspace="rgb", min_height=min_height, min_width=min_width,
             strict=True, fastupsample=fast_upsample,
         )
-    except ValueError:
+    except (ValueError, KeyError):  # KeyError: a chroma layout simplejpeg does not know
         return None
+
+
+def _scale_is_ambiguous(height: int, width: int, k: int) -> bool:
+    """Whether a libjpeg-turbo scale M/8 other than 1/k (simplejpeg chooses among M = 1..16)
+    decodes ``height x width`` to the same size as 1/k does: then simplejpeg may decode at
+    that other scale, with other pixels."""
+    size = _decoded_size(height, width, k)
+    return any(m * k != 8 and (-(-height * m // 8), -(-width * m // 8)) == size
+               for m in range(1, 17))
 
 
 def _decoded_box(box: geometry.Box, full_size: tuple[int, int],
@@ -164,7 +222,7 @@ def _decode_jpeg_crop(
         return None
     try:
         pixels, row_stride, column = _decode_region(
-            data, k, box.top, box.left, box.height, box.width, fast_upsample
+            data, k, box.top, box.left, box.height, box.width, fast_upsample, MAX_IMAGE_PIXELS
         )
     except ValueError:
         return None
@@ -177,7 +235,13 @@ def _decode_pil(data: ImageBytes, source: str) -> np.ndarray:
 
     try:
         with Image.open(io.BytesIO(data)) as image:
+            _check_pixels(image.size[1], image.size[0], source)
             return np.array(image.convert("RGB"))
+    except ImageTooLargeError:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise ImageTooLargeError(
+            f"image {source}: {exc} (Pillow's own limit, PIL.Image.MAX_IMAGE_PIXELS)") from exc
     except Exception as exc:  # noqa: BLE001 - PIL raises many types for bad data
         raise CorruptImageError(
             f"cannot decode image {source}: {exc}. The file is damaged, truncated or not an image; "
@@ -193,6 +257,7 @@ def decode_rgb(data: ImageBytes, source: str = "<bytes>") -> np.ndarray:
     data = _bytes_of(data, source)
     size = _jpeg_size(data)
     if size is not None:
+        _check_pixels(*size, source)
         array = _decode_jpeg(data, size[0], size[1], 1)
         if array is not None:
             return array
@@ -318,6 +383,7 @@ class ImageDecoder:
         data = _bytes_of(data, source)
         size = _jpeg_size(data)
         if size is not None:
+            _check_pixels(*size, source)
             plan = self._plan(*size, generator=generator)
             if _decode_resize is not None:
                 resized = self._decode_resized(data, size, plan)
@@ -353,7 +419,8 @@ class ImageDecoder:
             data = _bytes_of(data, source)
             out = np.empty((3, *self._out), dtype=np.uint8)
             if _decode_train(data, seed, out, self.scale, self.ratio, self.hflip,
-                             self.reducing_gap, self.fast_upsample, _FILTERS[self.interpolation]):
+                             self.reducing_gap, self.fast_upsample, _FILTERS[self.interpolation],
+                             MAX_IMAGE_PIXELS):
                 return torch.from_numpy(out)
         return self(data, source, generator=reseeded(seed))
 
@@ -407,7 +474,8 @@ class ImageDecoder:
         out = np.empty((3, window.height, window.width), dtype=np.uint8)
         try:
             _decode_resize(data, plan.k, tuple(box), self.fast_upsample, at, image_size, out,
-                           window[:2], resized_size, plan.flip, _FILTERS[self.interpolation])
+                           window[:2], resized_size, plan.flip, _FILTERS[self.interpolation],
+                           MAX_IMAGE_PIXELS)
         except ValueError:
             return None
         return torch.from_numpy(out)

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -376,3 +382,192 @@ def test_truncated_png_raises_naming_the_source(jpegs):
 def test_bad_arguments_are_rejected_with_the_name(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ImageDecoder(**kwargs)
+
+
+# ---------------------------------------------------------------- untrusted files (issue 30)
+
+CASES = Path(__file__).resolve().parent.parent / "jpeg" / "cases"
+SAMPLING_441 = CASES / "decode_rgb-keyerror-441-sampling.jpg"
+BOMB = CASES / "dos-baseline-65500x65500.jpg"
+
+
+@pytest.fixture(scope="module")
+def sampled_jpeg(tmp_path_factory):
+    """``(image, h, v) -> bytes``: a JPEG with luma sampling h x v against 1x1 chroma
+    (tests/jpeg/sampling_encoder.c; PIL cannot write these)."""
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        pytest.skip("no C compiler to build the test's JPEG encoder")
+    encoder = tmp_path_factory.mktemp("encoder") / "encoder"
+    source = Path(__file__).resolve().parent.parent / "jpeg" / "sampling_encoder.c"
+    subprocess.run([compiler, str(source), "-o", str(encoder), "-ljpeg"], check=True,
+                   capture_output=True)
+
+    def encode_sampled(image: Image.Image, h: int, v: int) -> bytes:
+        width, height = image.size
+        return subprocess.run([str(encoder), str(width), str(height), str(h), str(v)],
+                              input=image.convert("RGB").tobytes(), capture_output=True,
+                              check=True).stdout
+    return encode_sampled
+
+
+def _unusual_layouts(jpegs, sampled_jpeg) -> dict[str, bytes]:
+    photo = pil_rgb(jpegs[1])
+    return {"shared-441": SAMPLING_441.read_bytes(), "441": sampled_jpeg(photo, 1, 4),
+            "3x1": sampled_jpeg(photo, 3, 1), "1x3": sampled_jpeg(photo, 1, 3)}
+
+
+def test_unusual_chroma_layouts_decode_to_pils_pixels(jpegs, sampled_jpeg):
+    """simplejpeg's header reader raised KeyError: 6 on 4:4:1 files, which stopped decode_rgb,
+    ImageDecoder and every dataset."""
+    for name, data in _unusual_layouts(jpegs, sampled_jpeg).items():
+        np.testing.assert_array_equal(decode_rgb(data, name), np.asarray(pil_rgb(data)))
+        for train in (True, False):
+            out = ImageDecoder(train=train, size=32)(data, name)
+            assert out.shape == (3, 32, 32), name
+
+
+def test_unusual_layouts_give_one_output_on_the_seeded_and_the_generator_paths(
+        jpegs, sampled_jpeg):
+    """The seeded path (decode_train) decoded 3x1 files through the region decode and the call
+    through PIL whole: up to 81 grey levels apart; both now take the region decode."""
+    from fastpipe.data._random import reseeded
+
+    decoder = ImageDecoder(train=True, size=48)
+    for name, data in _unusual_layouts(jpegs, sampled_jpeg).items():
+        for seed in range(6):
+            by_seed = decoder._from_seed(data, name, seed)
+            by_call = decoder(data, name, generator=reseeded(seed))
+            torch.testing.assert_close(by_seed, by_call, atol=0, rtol=0, msg=f"{name} {seed}")
+
+
+def test_damaged_unusual_layouts_are_refused_by_both_paths_alike(jpegs, sampled_jpeg):
+    from fastpipe.data._random import reseeded
+
+    data = _unusual_layouts(jpegs, sampled_jpeg)["3x1"]
+    decoder = ImageDecoder(train=True, size=48)
+    rng = np.random.default_rng(0)
+    start = data.index(b"\xff\xda") + 40
+    for _ in range(30):
+        damaged = bytearray(data)
+        at = int(rng.integers(start, len(data) - 2))
+        damaged[at:at + 8] = rng.integers(0, 256, 8, dtype=np.uint8).tobytes()
+        outcomes = []
+        for by_seed in (True, False):
+            try:
+                outcomes.append(decoder._from_seed(bytes(damaged), "x", 3) if by_seed else
+                                decoder(bytes(damaged), "x", generator=reseeded(3)))
+            except CorruptImageError:
+                outcomes.append(None)
+        if outcomes[0] is None or outcomes[1] is None:
+            assert outcomes[0] is None and outcomes[1] is None
+        else:
+            torch.testing.assert_close(outcomes[0], outcomes[1], atol=0, rtol=0)
+
+
+def test_the_4_4_1_file_packs_reads_and_verifies(tmp_path, jpegs, sampled_jpeg):
+    """fastpipe pack aborted on it (leaving its shards), H5Dataset raised, verify crashed."""
+    pytest.importorskip("h5py")
+    from fastpipe.data import H5Dataset
+    from fastpipe.pack import pack, verify
+
+    root = tmp_path / "images" / "a"
+    root.mkdir(parents=True)
+    (root / "shared.jpg").write_bytes(SAMPLING_441.read_bytes())
+    (root / "big.jpg").write_bytes(_unusual_layouts(jpegs, sampled_jpeg)["441"])
+    (root / "plain.jpg").write_bytes(jpegs[0])
+    report = pack(tmp_path / "images", tmp_path / "p.h5", progress=False)
+    assert report.skipped == []
+    whole = H5Dataset(tmp_path / "p.h5")
+    shapes = sorted(tuple(whole[i][0].shape) for i in range(len(whole)))
+    assert shapes == sorted([(3, 16, 16), (3, *pil_rgb(jpegs[1]).size[::-1]),
+                             (3, *pil_rgb(jpegs[0]).size[::-1])])
+    cropped = H5Dataset(tmp_path / "p.h5", decoder=ImageDecoder(size=32), seed=0)
+    assert [tuple(cropped[i][0].shape) for i in range(len(cropped))] == [(3, 32, 32)] * 3
+    assert verify(tmp_path / "p.h5").ok
+
+
+def _peak_of(code: str) -> tuple[str, int, int]:
+    """Runs ``code`` in a fresh interpreter; its output, and the growth of its peak RSS (KiB) and
+    the peak of tracemalloc (bytes: numpy's buffers count there) across the code."""
+    script = (
+        "import resource, tracemalloc\n"
+        "from fastpipe.data._decode import ImageDecoder, ImageTooLargeError, decode_rgb\n"
+        f"data = open({str(BOMB)!r}, 'rb').read()\n"
+        "ImageDecoder(size=8)(open({!r}, 'rb').read())\n".format(str(SAMPLING_441)) +
+        "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+        "tracemalloc.start()\n"
+        f"{code}\n"
+        "peak = tracemalloc.get_traced_memory()[1]\n"
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before, peak)\n"
+    )
+    lines = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           check=True, timeout=120).stdout.splitlines()
+    rss, peak = lines[-1].split()
+    return "\n".join(lines[:-1]), int(rss), int(peak)
+
+
+def test_a_bomb_is_refused_before_anything_is_allocated():
+    """629 bytes declaring 65500x65500: decode_rgb allocated 12 GiB; now every decode refuses
+    it from its header, naming the file, with peak memory measured around the calls."""
+    calls = ["decode_rgb(data, 'bomb.jpg')", "ImageDecoder()(data, 'bomb.jpg')",
+             "ImageDecoder(train=False)(data, 'bomb.jpg')",
+             "ImageDecoder()._from_seed(data, 'bomb.jpg', 5)"]
+    code = "\n".join(f"try:\n    {call}\nexcept ImageTooLargeError as e:\n    print(e)"
+                     for call in calls)
+    out, rss, peak = _peak_of(code)
+    lines = out.splitlines()
+    assert len(lines) == 4, out
+    assert all("bomb.jpg declares 65500x65500 pixels" in line and "178956970" in line
+               for line in lines), out
+    assert rss < 64 * 1024, f"peak RSS grew by {rss} KiB"
+    assert peak < 16 << 20, f"tracemalloc peak {peak} bytes"
+
+
+def test_the_pixel_budget_is_a_module_setting(monkeypatch, jpegs):
+    from fastpipe.data import _decode
+
+    height, width = pil_rgb(jpegs[0]).size[::-1]
+    png = encode(pil_rgb(jpegs[0]), "PNG")
+    monkeypatch.setattr(_decode, "MAX_IMAGE_PIXELS", height * width - 1)
+    for data in (jpegs[0], png):
+        for call in (decode_rgb, ImageDecoder(), ImageDecoder(train=False),
+                     lambda d, s: ImageDecoder()._from_seed(d, s, 1)):
+            with pytest.raises(_decode.ImageTooLargeError, match="img.jpg declares"):
+                call(data, "img.jpg")
+    monkeypatch.setattr(_decode, "MAX_IMAGE_PIXELS", height * width)
+    assert decode_rgb(jpegs[0]).shape == (height, width, 3)
+    assert ImageDecoder()._from_seed(jpegs[0], "img.jpg", 1).shape == (3, 224, 224)
+
+
+def test_the_packer_skips_a_bomb_as_an_input(tmp_path, jpegs):
+    pytest.importorskip("h5py")
+    from fastpipe.pack import pack
+
+    root = tmp_path / "images" / "a"
+    root.mkdir(parents=True)
+    (root / "bomb.jpg").write_bytes(BOMB.read_bytes())
+    (root / "plain.jpg").write_bytes(jpegs[0])
+    report = pack(tmp_path / "images", tmp_path / "p.h5", progress=False)
+    assert [Path(s["source"]).name for s in report.skipped] == ["bomb.jpg"]
+    assert report.skipped[0]["reason"].startswith("too large: ")
+    assert "pixel budget" in report.skipped[0]["reason"]
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_images_of_a_few_pixels_decode_at_the_planned_scale_on_every_path(k):
+    """simplejpeg picks its scale from the size asked for, and for images of ~8 px or less
+    another M/8 scale gives the same size: the whole-image path decoded at another scale than the
+    region path. It now decodes at 1/k exactly (fastpipe._jpeg)."""
+    jpeg = pytest.importorskip("fastpipe._jpeg")
+    rng = np.random.default_rng(k)
+    for height in (1, 2, 3, 5, 8, 9, 17):
+        for width in (1, 3, 5, 16):
+            image = Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+            data = encode(image, quality=90)
+            dh, dw = -(-height // k), -(-width // k)
+            for fast in (True, False):
+                pixels, stride, column = jpeg.decode_region(data, k, 0, 0, dh, dw, fast)
+                region = np.frombuffer(pixels, np.uint8, count=dh * stride).reshape(dh, -1, 3)
+                np.testing.assert_array_equal(_decode_jpeg(data, height, width, k, fast),
+                                              region[:, column:column + dw])

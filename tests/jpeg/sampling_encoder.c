@@ -1,14 +1,16 @@
 /* Test helper: encodes raw RGB from stdin as a baseline JPEG with the luma sampling factors given
  * on the command line (chroma 1x1), which PIL cannot write. Built and run by tests/jpeg/test_region.py.
- * usage: jpeg_sampling_encoder WIDTH HEIGHT H_SAMP V_SAMP < rgb > jpeg */
+ * usage: jpeg_sampling_encoder WIDTH HEIGHT H_SAMP V_SAMP [arith] < rgb > jpeg
+ * ("arith": arithmetic coding instead of Huffman, which PIL cannot write either) */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <jpeglib.h>
 
 int main(int argc, char **argv) {
-    if (argc != 5) {
-        fprintf(stderr, "usage: %s WIDTH HEIGHT H_SAMP V_SAMP < rgb > jpeg\n", argv[0]);
+    if (argc != 5 && !(argc == 6 && strcmp(argv[5], "arith") == 0)) {
+        fprintf(stderr, "usage: %s WIDTH HEIGHT H_SAMP V_SAMP [arith] < rgb > jpeg\n", argv[0]);
         return 2;
     }
     const int width = atoi(argv[1]), height = atoi(argv[2]);
@@ -34,6 +36,7 @@ int main(int argc, char **argv) {
         cinfo.comp_info[c].h_samp_factor = 1;
         cinfo.comp_info[c].v_samp_factor = 1;
     }
+    cinfo.arith_code = argc == 6 ? TRUE : FALSE;
     jpeg_start_compress(&cinfo, TRUE);
     while (cinfo.next_scanline < cinfo.image_height) {
         JSAMPROW row = rgb + (size_t)cinfo.next_scanline * width * 3;

@@ -317,7 +317,7 @@ def test_train_and_eval_paths_use_the_region_decoder(region_path, sample_root, m
     ImageDecoder(train=False)(data, "x.jpg")
     assert len(calls) == 2
     if region_path == "decode_region":
-        k, top, left, rows, cols, fast_upsample = calls[1]
+        k, top, left, rows, cols, fast_upsample = calls[1][:6]
     else:
         k, (top, left, rows, cols), fast_upsample = calls[1][:3]
     assert (k, fast_upsample) == (1, False)

@@ -180,6 +180,7 @@ static void refill_slow(j_decompress_ptr cinfo, decoder *d) {
         }
         unsigned int c = *d->next++;
         if (c == 0xFF) {
+            bool fill = false;
             do {
                 if (d->next >= d->end) {
                     WARNMS(cinfo, JWRN_JPEG_EOF);
@@ -187,7 +188,16 @@ static void refill_slow(j_decompress_ptr cinfo, decoder *d) {
                     break;
                 }
                 c = *d->next++;
+                fill = fill || c == 0xFF;
             } while (c == 0xFF);
+            if (c == 0 && fill) {
+                /* FF FF .. FF 00: fill bytes before a stuffed zero, which no encoder writes.
+                 * libjpeg-turbo's pixels for it depend on which of its two decoders met it (its
+                 * fast one takes FF FF for a marker and leaves coefficients behind for the slow
+                 * one), so the region decode refuses the data and the caller decodes the image
+                 * whole, with libjpeg's own decoder. */
+                WARNMS(cinfo, JWRN_HIT_MARKER);
+            }
             if (c == 0) {
                 c = 0xFF;
             } else {

@@ -61,9 +61,29 @@ static void fail_on_warning(j_common_ptr cinfo, int msg_level) {
     }
 }
 
+/* The pixel budget's default: Pillow's limit (2 * Image.MAX_IMAGE_PIXELS, where it raises
+ * DecompressionBombError), which fits real photos; fastpipe.data._decode.MAX_IMAGE_PIXELS passes
+ * its own value to every call. */
+constexpr unsigned long long kDefaultMaxPixels = 178956970ULL;
+
+/* The message for an image whose frame declares more pixels than `max_pixels`, checked from the
+ * frame header before anything the size decides is allocated. */
+static bool over_budget(unsigned long long height, unsigned long long width,
+                        unsigned long long max_pixels, char *message, size_t size) {
+    if (height * width <= max_pixels) {
+        return false;
+    }
+    snprintf(message, size,
+             "the frame declares %llux%llu pixels, more than the pixel budget of %llu "
+             "(fastpipe.data._decode.MAX_IMAGE_PIXELS): a decompression bomb, or raise the budget",
+             height, width, max_pixels);
+    return true;
+}
+
 struct region_request {
     const unsigned char *data;
     unsigned long size;
+    unsigned long long max_pixels;
     int scale_denom;
     unsigned int top, left, height, width;
     int fast_upsample;
@@ -89,6 +109,10 @@ static void begin_error_handling(jpeg_decompress_struct *cinfo, strict_error_mgr
 static int configure(jpeg_decompress_struct *cinfo, const region_request *req, strict_error_mgr *err) {
     jpeg_mem_src(cinfo, req->data, req->size);
     jpeg_read_header(cinfo, TRUE);
+    if (over_budget(cinfo->image_height, cinfo->image_width, req->max_pixels, err->message,
+                    sizeof err->message)) {
+        return -1;
+    }
     if (cinfo->jpeg_color_space != JCS_YCbCr && cinfo->jpeg_color_space != JCS_GRAYSCALE &&
         cinfo->jpeg_color_space != JCS_RGB) {
         snprintf(err->message, sizeof err->message,
@@ -128,10 +152,41 @@ static int configure(jpeg_decompress_struct *cinfo, const region_request *req, s
     return 0;
 }
 
-/* An upper bound of the region's width once jpeg_crop_scanline has widened it to whole iMCUs
- * (at most max_h_samp_factor * 8 pixels, at any scale, each side), and of the rows written. */
+/* The columns [*xoffset, +*width) handed to jpeg_crop_scanline for the region's columns: at least
+ * two iMCU columns wide, or the whole width. libjpeg-turbo 2.1.5's jpeg_crop_scanline re-runs
+ * jinit_upsampler when a crop leaves a component fewer than 2 samples wide; with the merged
+ * upsampler (replicated 4:2:0 or 4:2:2 chroma) that writes past libjpeg's merged-upsampler
+ * object (jdsample.c:462, and wild reads in h2v2_merged_upsample_internal on corrupt data).
+ * Two iMCU columns give every component at least 2 samples; the caller's columns lie inside. */
+static void crop_columns(const jpeg_decompress_struct *cinfo, const region_request *req,
+                         JDIMENSION *xoffset, JDIMENSION *width) {
+    const JDIMENSION align = cinfo->num_components == 1 && cinfo->comps_in_scan == 1
+                                 ? (JDIMENSION)cinfo->min_DCT_scaled_size
+                                 : (JDIMENSION)(cinfo->min_DCT_scaled_size * cinfo->max_h_samp_factor);
+    const JDIMENSION narrowest = 2 * align;
+    *xoffset = req->left;
+    *width = req->width;
+    if (*width >= narrowest) {
+        return;
+    }
+    if (narrowest >= cinfo->output_width) {
+        *xoffset = 0;
+        *width = cinfo->output_width;
+        return;
+    }
+    *width = narrowest;
+    if (*xoffset + narrowest > cinfo->output_width) {
+        *xoffset = cinfo->output_width - narrowest;
+    }
+}
+
+/* An upper bound of the region's width once widened (crop_columns) and once jpeg_crop_scanline
+ * has widened it to whole iMCUs (at most max_h_samp_factor * 8 pixels, at any scale, each side),
+ * and of the rows written. */
 static size_t region_capacity(const jpeg_decompress_struct *cinfo, const region_request *req) {
-    const size_t wide = (size_t)req->width + 16 * (size_t)cinfo->max_h_samp_factor;
+    JDIMENSION xoffset, columns;
+    crop_columns(cinfo, req, &xoffset, &columns);
+    const size_t wide = (size_t)columns + 16 * (size_t)cinfo->max_h_samp_factor;
     const size_t row_pixels = wide < cinfo->output_width ? wide : cinfo->output_width;
     return (req->height + max_batch_rows(cinfo)) * row_pixels * 3;
 }
@@ -171,7 +226,8 @@ static int decode_region(region_request *req, strict_error_mgr *err) {
         }
     }
     /* Widens the column range to whole iMCUs; the rows then hold columns [xoffset, +width). */
-    JDIMENSION xoffset = req->left, width = req->width;
+    JDIMENSION xoffset, width;
+    crop_columns(&cinfo, req, &xoffset, &width);
     jpeg_crop_scanline(&cinfo, &xoffset, &width);
     if (req->top > 0) {
         jpeg_skip_scanlines(&cinfo, req->top);
@@ -237,7 +293,8 @@ static void grow_term(j_compress_ptr cinfo) { (void)cinfo; }
  * restart marker after every MCU and optimized Huffman tables, keeping its EXIF and ICC markers.
  * 0 on success with *out (malloc'ed, the caller frees it) and *out_size. */
 static int transcode_for_crops(const unsigned char *data, unsigned long size, unsigned char **out,
-                               size_t *out_size, strict_error_mgr *err) {
+                               size_t *out_size, unsigned long long max_pixels,
+                               strict_error_mgr *err) {
     jpeg_decompress_struct src;
     jpeg_compress_struct dst;
     /* On the heap: libjpeg changes it between setjmp and longjmp, and the handler frees its buffer. */
@@ -266,6 +323,10 @@ static int transcode_for_crops(const unsigned char *data, unsigned long size, un
     jpeg_save_markers(&src, JPEG_APP0 + 1, 0xFFFF);
     jpeg_save_markers(&src, JPEG_APP0 + 2, 0xFFFF);
     jpeg_read_header(&src, TRUE);
+    if (over_budget(src.image_height, src.image_width, max_pixels, err->message,
+                    sizeof err->message)) {
+        longjmp(err->jump, 1);
+    }
     if (src.data_precision != 8) {
         snprintf(err->message, sizeof err->message, "%d-bit samples: only 8-bit JPEGs are rewritten",
                  src.data_precision);
@@ -294,18 +355,20 @@ static int transcode_for_crops(const unsigned char *data, unsigned long size, un
 }
 
 PyDoc_STRVAR(transcode_doc,
-"transcode(data) -> bytes\n"
+"transcode(data, max_pixels=178956970) -> bytes\n"
 "\n"
 "``data`` rewritten losslessly (DCT coefficients copied, as jpegtran does) as a baseline JPEG with\n"
 "a restart marker after every MCU, optimized Huffman tables, and its EXIF and ICC markers. Every\n"
 "decoder reads it as the same image; decode_region then entropy-decodes only the MCUs around the\n"
 "crop. Progressive files become baseline. Raises ValueError for what libjpeg-turbo rejects or\n"
-"warns about.");
+"warns about, and for a frame declaring more than max_pixels pixels (the pixel budget,\n"
+"checked from the frame header before anything is allocated).");
 
 static PyObject *py_transcode(PyObject *self, PyObject *args) {
     (void)self;
     Py_buffer view;
-    if (!PyArg_ParseTuple(args, "y*:transcode", &view)) {
+    unsigned long long max_pixels = kDefaultMaxPixels;
+    if (!PyArg_ParseTuple(args, "y*|K:transcode", &view, &max_pixels)) {
         return nullptr;
     }
     strict_error_mgr err;
@@ -314,7 +377,7 @@ static PyObject *py_transcode(PyObject *self, PyObject *args) {
     int status;
     Py_BEGIN_ALLOW_THREADS
     status = transcode_for_crops(static_cast<const unsigned char *>(view.buf),
-                                 (unsigned long)view.len, &out, &out_size, &err);
+                                 (unsigned long)view.len, &out, &out_size, max_pixels, &err);
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&view);
     if (status != 0) {
@@ -327,7 +390,8 @@ static PyObject *py_transcode(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(decode_region_doc,
-"decode_region(data, scale_denom, top, left, height, width, fast_upsample)\n"
+"decode_region(data, scale_denom, top, left, height, width, fast_upsample,\n"
+"              max_pixels=178956970)\n"
 "    -> (pixels: bytearray, row_stride: int, column: int)\n"
 "\n"
 "The RGB pixels of the rectangle at (top, left) of the JPEG ``data`` decoded at 1/scale_denom\n"
@@ -341,11 +405,14 @@ PyDoc_STRVAR(decode_region_doc,
 "rectangle; its pixels are the same.\n"
 "Raises ValueError for anything libjpeg-turbo warns about or rejects (strict, like simplejpeg's\n"
 "strict=True), for colour spaces other than YCbCr, RGB and greyscale, and for a rectangle\n"
-"outside the decoded image.");
+"outside the decoded image, and for a frame declaring more than max_pixels pixels (the pixel\n"
+"budget, checked from the frame header before anything is allocated). Crops narrower than two\n"
+"iMCU columns are decoded two iMCU columns wide (libjpeg-turbo 2.1.5 mishandles narrower ones).");
 
 /* ValueError for a scale or a rectangle decode_region cannot take, else true with `req` set. */
 static bool make_request(region_request *req, const Py_buffer &view, int scale_denom, long top,
-                         long left, long height, long width, int fast_upsample) {
+                         long left, long height, long width, int fast_upsample,
+                         unsigned long long max_pixels) {
     if (scale_denom != 1 && scale_denom != 2 && scale_denom != 4 && scale_denom != 8) {
         PyErr_Format(PyExc_ValueError, "scale_denom must be 1, 2, 4 or 8, got %d", scale_denom);
         return false;
@@ -359,6 +426,7 @@ static bool make_request(region_request *req, const Py_buffer &view, int scale_d
     }
     req->data = static_cast<const unsigned char *>(view.buf);
     req->size = (unsigned long)view.len;
+    req->max_pixels = max_pixels;
     req->scale_denom = scale_denom;
     req->top = (unsigned int)top;
     req->left = (unsigned int)left;
@@ -375,6 +443,12 @@ static bool make_request(region_request *req, const Py_buffer &view, int scale_d
  * segments around the rectangle (kept in `segments`); then reads the header, so that a rectangle
  * that does not fit is refused before its buffer is allocated, and sets req->capacity. */
 static int prepare(region_request *req, std::vector<unsigned char> &segments, strict_error_mgr *err) {
+    long height = 0, width = 0;
+    if (train_plan::frame_size(req->data, req->size, &height, &width) &&
+        over_budget((unsigned long long)height, (unsigned long long)width, req->max_pixels,
+                    err->message, sizeof err->message)) {
+        return -1;
+    }
     try {
         segments = segmented_crop(req->data, req->size, req->scale_denom, &req->top, &req->left,
                                   req->height, req->width, req->fast_upsample ? 0u : 1u);
@@ -393,12 +467,14 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args) {
     Py_buffer view;
     int scale_denom, fast_upsample;
     long top, left, height, width;
-    if (!PyArg_ParseTuple(args, "y*illllp:decode_region", &view, &scale_denom, &top, &left,
-                          &height, &width, &fast_upsample)) {
+    unsigned long long max_pixels = kDefaultMaxPixels;
+    if (!PyArg_ParseTuple(args, "y*illllp|K:decode_region", &view, &scale_denom, &top, &left,
+                          &height, &width, &fast_upsample, &max_pixels)) {
         return nullptr;
     }
     region_request req;
-    if (!make_request(&req, view, scale_denom, top, left, height, width, fast_upsample)) {
+    if (!make_request(&req, view, scale_denom, top, left, height, width, fast_upsample,
+                      max_pixels)) {
         PyBuffer_Release(&view);
         return nullptr;
     }
@@ -435,7 +511,7 @@ static PyObject *py_decode_region(PyObject *self, PyObject *args) {
 
 PyDoc_STRVAR(decode_resize_doc,
 "decode_resize(data, scale_denom, region, fast_upsample, at, image_size, out, out_at,\n"
-"              out_image_size, flip, filter) -> None\n"
+"              out_image_size, flip, filter, max_pixels=178956970) -> None\n"
 "\n"
 "decode_region(data, scale_denom, *region, fast_upsample) followed by fastpipe._resize.resize\n"
 "of its pixels, in one call that releases the GIL once: loader threads contend for the GIL at\n"
@@ -538,15 +614,18 @@ static PyObject *py_decode_resize(PyObject *self, PyObject *args) {
     int scale_denom, fast_upsample, flip, filter;
     long top, left, height, width;
     Box source{}, output{};
-    if (!PyArg_ParseTuple(args, "y*i(llll)p(ll)(ll)O(ll)(ll)pi:decode_resize", &view,
+    unsigned long long max_pixels = kDefaultMaxPixels;
+    if (!PyArg_ParseTuple(args, "y*i(llll)p(ll)(ll)O(ll)(ll)pi|K:decode_resize", &view,
                           &scale_denom, &top, &left, &height, &width, &fast_upsample, &source.top,
                           &source.left, &source.full_height, &source.full_width, &out_object,
                           &output.top,
-                          &output.left, &output.full_height, &output.full_width, &flip, &filter)) {
+                          &output.left, &output.full_height, &output.full_width, &flip, &filter,
+                          &max_pixels)) {
         return nullptr;
     }
     region_request req;
-    bool ok = make_request(&req, view, scale_denom, top, left, height, width, fast_upsample) &&
+    bool ok = make_request(&req, view, scale_denom, top, left, height, width, fast_upsample,
+                           max_pixels) &&
               resize_box(&source, source.top, source.left, height, width, source.full_height,
                          source.full_width, "at/image_size") &&
               check_filter(filter);
@@ -576,7 +655,8 @@ static PyObject *py_decode_resize(PyObject *self, PyObject *args) {
 }
 
 PyDoc_STRVAR(decode_train_doc,
-"decode_train(data, seed, out, scale, ratio, hflip, reducing_gap, fast_upsample, filter) -> bool\n"
+"decode_train(data, seed, out, scale, ratio, hflip, reducing_gap, fast_upsample, filter,\n"
+"             max_pixels=178956970) -> bool\n"
 "\n"
 "fastpipe.data.ImageDecoder(train=True) on the JPEG ``data`` with the generator of a sample's\n"
 "``seed`` (fastpipe.data._random.reseeded(seed)), in one call that releases the GIL once: the\n"
@@ -584,16 +664,21 @@ PyDoc_STRVAR(decode_train_doc,
 "(RandomResizedCrop's scale=(lo, hi) and ratio=(lo, hi)), the same DCT scale for reducing_gap,\n"
 "the flip with probability hflip, then decode_resize into ``out``, a C-contiguous (3, oh, ow)\n"
 "uint8 buffer. True when written; False, with ``out`` unspecified, for data that ImageDecoder\n"
-"would not decode this way (not a JPEG, no end-of-image marker, or refused by the region\n"
-"decode): the caller then takes ImageDecoder's own path, which draws the same crop.");
+"would not decode this way (not a JPEG, no end-of-image marker, over max_pixels, or refused\n"
+"by the region decode): the caller then takes ImageDecoder's own path, which draws the same\n"
+"crop (and refuses an image over the pixel budget).");
 
 static bool train_options(train_plan::Options *o, double scale_lo, double scale_hi,
                           double ratio_lo, double ratio_hi, double hflip, double reducing_gap) {
-    if (!(scale_lo > 0.0 && scale_lo <= scale_hi) || !(ratio_lo > 0.0 && ratio_lo <= ratio_hi) ||
-        !(reducing_gap >= 1.0)) {
-        PyErr_Format(PyExc_ValueError, "need 0 < scale[0] <= scale[1], 0 < ratio[0] <= ratio[1] "
-                     "and reducing_gap >= 1, got scale (%g, %g), ratio (%g, %g), reducing_gap %g",
-                     scale_lo, scale_hi, ratio_lo, ratio_hi, reducing_gap);
+    /* fastpipe.Recipe's ranges (recipe.py): within them no size the plan computes overflows. */
+    if (!(scale_lo > 0.0 && scale_lo <= scale_hi && scale_hi <= 1.0) ||
+        !(ratio_lo >= 1e-3 && ratio_lo <= ratio_hi && ratio_hi <= 1e3) ||
+        !(reducing_gap >= 1.0) || !(hflip >= 0.0 && hflip <= 1.0)) {
+        PyErr_Format(PyExc_ValueError, "need 0 < scale[0] <= scale[1] <= 1, 0 < ratio[0] <= ratio[1] "
+                     "within [0.001, 1000], reducing_gap >= 1 and 0 <= hflip <= 1, got scale "
+                     "(%g, %g), "
+                     "ratio (%g, %g), reducing_gap %g, hflip %g",
+                     scale_lo, scale_hi, ratio_lo, ratio_hi, reducing_gap, hflip);
         return false;
     }
     o->scale_lo = scale_lo;
@@ -612,9 +697,10 @@ static PyObject *py_decode_train(PyObject *self, PyObject *args) {
     unsigned long long seed;
     double scale_lo, scale_hi, ratio_lo, ratio_hi, hflip, reducing_gap;
     int fast_upsample, filter;
-    if (!PyArg_ParseTuple(args, "y*KO(dd)(dd)ddpi:decode_train", &view, &seed, &out_object,
+    unsigned long long max_pixels = kDefaultMaxPixels;
+    if (!PyArg_ParseTuple(args, "y*KO(dd)(dd)ddpi|K:decode_train", &view, &seed, &out_object,
                           &scale_lo, &scale_hi, &ratio_lo, &ratio_hi, &hflip, &reducing_gap,
-                          &fast_upsample, &filter)) {
+                          &fast_upsample, &filter, &max_pixels)) {
         return nullptr;
     }
     train_plan::Options options{};
@@ -628,15 +714,18 @@ static PyObject *py_decode_train(PyObject *self, PyObject *args) {
     const auto *bytes = static_cast<const unsigned char *>(view.buf);
     const size_t size = (size_t)view.len;
     long height = 0, width = 0;
+    /* An image over the pixel budget is ImageDecoder's to refuse (it names the file). */
     bool jpeg = ok && train_plan::frame_size(bytes, size, &height, &width) &&
-                bytes[size - 2] == 0xFF && bytes[size - 1] == 0xD9;
+                bytes[size - 2] == 0xFF && bytes[size - 1] == 0xD9 &&
+                (unsigned long long)height * (unsigned long long)width <= max_pixels;
     region_request req;
     Box source{};
     bool flip = false;
     if (jpeg) {
         const train_plan::Plan plan = train_plan::plan(height, width, seed, options);
         const train_plan::Box &r = plan.region;
-        jpeg = make_request(&req, view, plan.k, r.top, r.left, r.height, r.width, fast_upsample);
+        jpeg = make_request(&req, view, plan.k, r.top, r.left, r.height, r.width, fast_upsample,
+                            max_pixels);
         if (!jpeg) {
             PyErr_Clear();  // a region decode_resize refuses too: ImageDecoder's own path
         }
@@ -685,8 +774,9 @@ static PyObject *py_train_plan(PyObject *self, PyObject *args) {
         return nullptr;
     }
     if (height < 1 || width < 1 || height > 65535 || width > 65535 || o.out_height < 1 ||
-        o.out_width < 1) {
-        return PyErr_Format(PyExc_ValueError, "need sizes of at least 1 (images up to 65535)");
+        o.out_width < 1 || o.out_height > kMaxSide || o.out_width > kMaxSide) {
+        return PyErr_Format(PyExc_ValueError, "need sizes of at least 1 (images up to 65535, "
+                            "outputs up to 2**24)");
     }
     const train_plan::Plan p = train_plan::plan(height, width, seed, o);
     return Py_BuildValue("(i(llll)O)", p.k, p.region.top, p.region.left, p.region.height,

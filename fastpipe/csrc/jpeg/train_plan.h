@@ -33,8 +33,13 @@ struct Box {
     long top, left, height, width;
 };
 
-/* Python's round() of a float: half to even, as nearbyint in the default rounding mode. */
-inline long round_even(double x) { return static_cast<long>(std::nearbyint(x)); }
+/* Python's round() of a float: half to even, as nearbyint in the default rounding mode. Values
+ * no image side reaches (and NaN) come back as -1, which every caller refuses, rather than as an
+ * undefined conversion; region_decode.cpp's argument checks keep real plans far from them. */
+inline long round_even(double x) {
+    if (!(std::fabs(x) < 4.0e18)) return -1;
+    return static_cast<long>(std::nearbyint(x));
+}
 
 /* _crop.random_resized_crop_box. */
 inline Box random_resized_crop_box(long height, long width, const double *u, double scale_lo,

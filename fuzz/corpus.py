@@ -1,0 +1,141 @@
+"""Writes the seed corpus: a JPEG of every layout the decoders accept, and the shared findings.
+
+4:2:0, 4:2:2, 4:4:4 (PIL), 4:4:0, 4:1:1, 4:1:0, 4:4:1 and 3x1 (tests/jpeg/sampling_encoder.c),
+greyscale, RGB-coded (Adobe), CMYK, progressive, arithmetic-coded and restart-marked (jpegtran),
+transcoded (fastpipe._jpeg.transcode), odd sizes from 1x1 up; plus every file in
+``--extra`` folders (e.g. the findings of earlier runs).
+
+    python -m fuzz.corpus OUT [--jpegtran PATH] [--extra DIR ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parent.parent
+ENCODER = ROOT / "tests" / "jpeg" / "sampling_encoder.c"
+# (luma h, luma v) with chroma 1x1: the layouts PIL cannot write.
+SAMPLINGS = {"440": (1, 2), "411": (4, 1), "410": (4, 2), "441": (1, 4), "3x1": (3, 1),
+             "1x3": (1, 3)}
+SIZES = [(1, 1), (1, 17), (17, 1), (2, 3), (5, 7), (8, 8), (9, 15), (16, 16), (17, 33),
+         (31, 64), (48, 33), (64, 64)]
+
+
+def _image(height: int, width: int, seed: int) -> Image.Image:
+    """A smooth gradient with noise and a sharp colour edge: every coefficient band in use."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 // max(width, 1), y * 255 // max(height, 1),
+                     (x + y) * 127 // max(width + height, 1)], axis=-1)
+    base[:, width // 2:, 0] = 255 - base[:, width // 2:, 0]
+    noise = rng.integers(-20, 21, size=base.shape)
+    return Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8))
+
+
+def _pil(image: Image.Image, **options) -> bytes:
+    out = io.BytesIO()
+    image.save(out, format="JPEG", **options)
+    return out.getvalue()
+
+
+def _encoder(tmp: Path) -> Path | None:
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        return None
+    out = tmp / "sampling_encoder"
+    subprocess.run([compiler, str(ENCODER), "-o", str(out), "-ljpeg"], check=True,
+                   capture_output=True)
+    return out
+
+
+def _sampled(encoder: Path, image: Image.Image, h: int, v: int) -> bytes:
+    width, height = image.size
+    return subprocess.run([str(encoder), str(width), str(height), str(h), str(v)],
+                          input=image.tobytes(), capture_output=True, check=True).stdout
+
+
+def _jpegtran(jpegtran: str, data: bytes, *options: str) -> bytes:
+    # A jpegtran of fuzz/build_libjpeg.sh has no RPATH (Debian's patch): its library beside it.
+    lib = Path(jpegtran).resolve().parent.parent / "lib"
+    env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0",
+               LD_LIBRARY_PATH=f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}")
+    return subprocess.run([jpegtran, *options], input=data, capture_output=True, check=True,
+                          env=env).stdout
+
+
+def seeds(jpegtran: str | None) -> dict[str, bytes]:
+    """Every seed by name."""
+    out: dict[str, bytes] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        encoder = _encoder(Path(tmp))
+        for i, (height, width) in enumerate(SIZES):
+            image = _image(height, width, i)
+            tag = f"{height}x{width}"
+            for name, sub in (("420", 2), ("422", 1), ("444", 0)):
+                out[f"{name}-{tag}"] = _pil(image, quality=90, subsampling=sub)
+            out[f"grey-{tag}"] = _pil(image.convert("L"), quality=85)
+            if height * width >= 64:
+                out[f"progressive-{tag}"] = _pil(image, quality=80, progressive=True)
+                out[f"cmyk-{tag}"] = _pil(image.convert("CMYK"), quality=80)
+            if encoder is not None and height >= 8 and width >= 8:
+                for name, (h, v) in SAMPLINGS.items():
+                    out[f"{name}-{tag}"] = _sampled(encoder, image, h, v)
+        if jpegtran is not None:
+            for name in [n for n in out if n.endswith(("-17x33", "-48x33", "-64x64", "-1x17"))]:
+                data = out[name]
+                if name.startswith("cmyk"):
+                    continue
+                out[f"arith-{name}"] = _jpegtran(jpegtran, data, "-arithmetic")
+                out[f"arith-progressive-{name}"] = _jpegtran(jpegtran, data, "-arithmetic",
+                                                             "-progressive")
+                out[f"restart2-{name}"] = _jpegtran(jpegtran, data, "-restart", "2B")
+        try:
+            from fastpipe._jpeg import transcode
+        except ImportError:
+            transcode = None
+        if transcode is not None:
+            for name in [n for n in out if n.startswith(("420-", "422-", "444-", "grey-", "411-",
+                                                          "progressive-"))]:
+                try:
+                    out[f"transcoded-{name}"] = transcode(out[name])
+                except ValueError:
+                    pass
+        rgb = io.BytesIO()
+        _image(24, 40, 99).save(rgb, format="JPEG", quality=90, subsampling=0,
+                                keep_rgb=True)
+        out["rgb-24x40"] = rgb.getvalue()
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--jpegtran", default=shutil.which("jpegtran"),
+                        help="a jpegtran for the arithmetic-coded and restart-marked seeds")
+    parser.add_argument("--extra", type=Path, nargs="*", default=[],
+                        help="folders whose files join the corpus (the shared findings)")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    written = 0
+    for name, data in seeds(args.jpegtran).items():
+        (args.out / f"{name}.jpg").write_bytes(data)
+        written += 1
+    for folder in args.extra:
+        for path in sorted(folder.glob("*")):
+            if path.is_file() and path.suffix.lower() in (".jpg", ".jpeg", ".bin"):
+                shutil.copyfile(path, args.out / f"extra-{path.name}")
+                written += 1
+    print(f"{written} seeds in {args.out}")
+
+
+if __name__ == "__main__":
+    main()

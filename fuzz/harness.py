@@ -1,0 +1,404 @@
+"""A mutational fuzz driver over fastpipe's native entry points (docs/fuzzing.md).
+
+Each execution takes a seed of the corpus, mutates it (bytes, markers, frame fields, restart
+intervals, fill bytes, splices) and calls one target with arguments drawn around the image's
+size (narrow crops and image edges included). A target returns normally or raises what its
+contract allows (ValueError for data it refuses; RuntimeError for a resize box the caller got
+wrong); anything else is a finding: another exception, a mismatch of two decoders of the same
+data, an execution over ``--timeout`` seconds, or, in a sanitizer build, the sanitizer's report
+(which ends the process: the input is in FINDINGS/current.bin then).
+
+    python -m fuzz.harness CORPUS [--seconds 120] [--lib DIR] [--findings DIR] [--seed 0]
+    python -m fuzz.harness --replay FILE ...      # every target on the files, unmutated
+
+A target is a function ``(data, rng) -> None`` registered with ``@target("name")``: adding one
+(a pack reader, another decoder) is a function here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import importlib.util
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+# The pixel budget the fuzzed calls pass: far below the default, so that mutated frame sizes
+# decode in milliseconds under the sanitizers; the budget check itself is what they exercise.
+FUZZ_MAX_PIXELS = 1 << 22
+
+TARGETS: dict[str, Callable[[bytes, np.random.Generator], None]] = {}
+jpeg = resize = None
+
+
+class Finding(Exception):
+    """A result no input may give (a mismatch between two decoders of the same data)."""
+
+
+def target(name: str):
+    def register(function):
+        TARGETS[name] = function
+        return function
+    return register
+
+
+def load(lib: Path | None) -> None:
+    """fastpipe._jpeg and fastpipe._resize: from ``lib`` (a sanitizer build's folder holding
+    fastpipe/_jpeg*.so), else the installed ones."""
+    global jpeg, resize
+    if lib is None:
+        import fastpipe._jpeg as jpeg_module
+        import fastpipe._resize as resize_module
+        jpeg, resize = jpeg_module, resize_module
+        return
+    loaded = {}
+    for name in ("_jpeg", "_resize"):
+        path = next((lib / "fastpipe").glob(f"{name}.*.so"))
+        spec = importlib.util.spec_from_file_location(f"fastpipe.{name}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        loaded[name] = module
+    jpeg, resize = loaded["_jpeg"], loaded["_resize"]
+
+
+def frame_size(data: bytes) -> tuple[int, int]:
+    """(height, width) of the first frame header, or a small guess (the call then refuses)."""
+    at = 2
+    while at + 9 <= len(data):
+        if data[at] != 0xFF:
+            break
+        marker = data[at + 1]
+        if marker == 0xFF:
+            at += 1
+            continue
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            height, width = data[at + 5] << 8 | data[at + 6], data[at + 7] << 8 | data[at + 8]
+            return max(1, height), max(1, width)
+        if marker == 0xDA:
+            break
+        at += 2 + (data[at + 2] << 8 | data[at + 3])
+    return 16, 16
+
+
+def _span(rng: np.random.Generator, full: int) -> tuple[int, int]:
+    """(start, length) within ``full``: narrow spans (1-3 pixels) and spans at the edges often."""
+    full = max(full, 1)
+    pick = rng.integers(6)
+    if pick == 0:
+        length = int(rng.integers(1, 4))
+    elif pick == 1:
+        length = full
+    else:
+        length = int(rng.integers(1, full + 1))
+    length = min(length, full)
+    where = rng.integers(4)
+    if where == 0:
+        start = 0
+    elif where == 1:
+        start = full - length
+    else:
+        start = int(rng.integers(0, full - length + 1))
+    if rng.integers(20) == 0:  # now and then a box outside the image
+        start += int(rng.integers(1, 9))
+    return start, length
+
+
+def _region(data: bytes, rng: np.random.Generator) -> tuple[int, tuple[int, int, int, int], bool]:
+    height, width = frame_size(data)
+    k = int(rng.choice([1, 1, 2, 4, 8]))
+    dh, dw = -(-height // k), -(-width // k)
+    top, h = _span(rng, dh)
+    left, w = _span(rng, dw)
+    return k, (top, left, h, w), bool(rng.integers(2))
+
+
+def _pixels(result, h: int, w: int) -> np.ndarray:
+    pixels, stride, column = result
+    rows = np.frombuffer(pixels, np.uint8, count=h * stride).reshape(h, stride // 3, 3)
+    return rows[:, column:column + w]
+
+
+@target("decode_region")
+def _decode_region(data: bytes, rng: np.random.Generator) -> None:
+    k, box, fast = _region(data, rng)
+    try:
+        jpeg.decode_region(data, k, *box, fast, FUZZ_MAX_PIXELS)
+    except ValueError:
+        pass
+
+
+@target("huffman_vs_libjpeg")
+def _huffman_vs_libjpeg(data: bytes, rng: np.random.Generator) -> None:
+    """fastpipe's Huffman decoder and libjpeg-turbo's give the same pixels or the same refusal."""
+    k, box, fast = _region(data, rng)
+    outcomes = []
+    for enabled in (True, False):
+        before, _ = jpeg._huffman(enabled)
+        try:
+            outcomes.append(_pixels(jpeg.decode_region(data, k, *box, fast, FUZZ_MAX_PIXELS),
+                                    box[2], box[3]).copy())
+        except ValueError:
+            outcomes.append(None)
+        finally:
+            jpeg._huffman(before)
+    ours, theirs = outcomes
+    # fastpipe's may refuse what libjpeg's decodes (non-standard FF FF 00 stuffing: the caller
+    # then decodes whole with libjpeg's), never the other way, and never give other pixels.
+    if (ours is not None and theirs is None) or (
+            ours is not None and not np.array_equal(ours, theirs)):
+        raise Finding(f"Huffman decoders differ at 1/{k}, box {box}, fast_upsample={fast}: "
+                      f"fastpipe's {'refused' if ours is None else 'decoded'}, libjpeg's "
+                      f"{'refused' if theirs is None else 'decoded'}")
+
+
+@target("decode_resize")
+def _decode_resize(data: bytes, rng: np.random.Generator) -> None:
+    k, box, fast = _region(data, rng)
+    oh, ow = int(rng.integers(1, 40)), int(rng.integers(1, 40))
+    out = np.empty((3, oh, ow), np.uint8)
+    try:
+        jpeg.decode_resize(data, k, box, fast, (0, 0), (box[2], box[3]), out, (0, 0), (oh, ow),
+                           bool(rng.integers(2)), int(rng.integers(2)), FUZZ_MAX_PIXELS)
+    except (ValueError, RuntimeError):
+        pass
+
+
+def _extreme(rng: np.random.Generator) -> float:
+    return float(rng.choice([0.0, 1e-300, 1e-3, 0.08, 0.5, 1.0, 4 / 3, 1e3, 1e300, np.inf,
+                             -1.0, np.nan]))
+
+
+@target("decode_train")
+def _decode_train(data: bytes, rng: np.random.Generator) -> None:
+    oh, ow = int(rng.integers(1, 40)), int(rng.integers(1, 40))
+    out = np.empty((3, oh, ow), np.uint8)
+    if rng.integers(4) == 0:
+        scale = sorted((_extreme(rng), _extreme(rng)))
+        ratio = sorted((_extreme(rng), _extreme(rng)))
+    else:
+        scale, ratio = (0.08, 1.0), (0.75, 4 / 3)
+    gap = float(rng.choice([1.0, 2.0, np.inf]))
+    try:
+        jpeg.decode_train(data, int(rng.integers(1 << 62)), out, tuple(scale), tuple(ratio), 0.5,
+                          gap, bool(rng.integers(2)), int(rng.integers(2)), FUZZ_MAX_PIXELS)
+    except (ValueError, RuntimeError):
+        pass
+
+
+@target("train_plan")
+def _train_plan(data: bytes, rng: np.random.Generator) -> None:
+    height, width = frame_size(data)
+    scale, ratio = sorted((_extreme(rng), _extreme(rng))), sorted((_extreme(rng), _extreme(rng)))
+    try:
+        jpeg._train_plan(height, width, int(rng.integers(1 << 62)),
+                         (int(rng.integers(1, 1 << 24)), int(rng.integers(1, 1 << 24))),
+                         tuple(scale), tuple(ratio), 0.5, 1.0)
+    except ValueError:
+        pass
+
+
+@target("transcode")
+def _transcode(data: bytes, rng: np.random.Generator) -> None:
+    try:
+        rewritten = jpeg.transcode(data, FUZZ_MAX_PIXELS)
+    except ValueError:
+        return
+    k, box, fast = _region(rewritten, rng)
+    try:  # the restart-segment assembly of decode_region
+        jpeg.decode_region(rewritten, k, *box, fast, FUZZ_MAX_PIXELS)
+    except ValueError:
+        pass
+
+
+@target("resize")
+def _resize(data: bytes, rng: np.random.Generator) -> None:
+    """fastpipe._resize on pixels made of the input's bytes, with boxes drawn around them."""
+    h, w = int(rng.integers(1, 24)), int(rng.integers(1, 24))
+    pixels = np.resize(np.frombuffer(data, np.uint8), (h, w, 3))
+    fh, fw = h + int(rng.integers(0, 3)), w + int(rng.integers(0, 3))
+    oh, ow = int(rng.integers(1, 30)), int(rng.integers(1, 30))
+    out = np.empty((3, oh, ow), np.uint8)
+    at = (int(rng.integers(0, fh - h + 1)), int(rng.integers(0, fw - w + 1)))
+    size = (oh + int(rng.integers(0, 4)), ow + int(rng.integers(0, 4)))
+    try:
+        resize.resize(pixels, at, (fh, fw), out, (int(rng.integers(0, 2)), int(rng.integers(0, 2))),
+                      size, bool(rng.integers(2)), int(rng.integers(2)))
+    except (ValueError, RuntimeError):
+        pass
+
+
+# --- mutations -----------------------------------------------------------------------------
+
+def _markers(data: bytearray) -> list[int]:
+    return [i for i in range(len(data) - 1) if data[i] == 0xFF and data[i + 1] not in (0, 0xFF)]
+
+
+def mutate(data: bytes, corpus: list[bytes], rng: np.random.Generator) -> bytes:
+    out = bytearray(data)
+    for _ in range(int(rng.integers(1, 5))):
+        if not out:
+            out = bytearray(b"\xff\xd8\xff\xd9")
+        n = len(out)
+        kind = int(rng.integers(12))
+        at = int(rng.integers(n))
+        if kind == 0:
+            out[at] ^= 1 << int(rng.integers(8))
+        elif kind == 1:
+            out[at] = int(rng.choice([0, 0xFF, 0x7F, 0x80, 1, int(rng.integers(256))]))
+        elif kind == 2:
+            out[at:at] = rng.integers(0, 256, int(rng.integers(1, 16)), dtype=np.uint8).tobytes()
+        elif kind == 3:
+            del out[at:at + int(rng.integers(1, 64))]
+        elif kind == 4:
+            end = min(n, at + int(rng.integers(1, 256)))
+            out[int(rng.integers(n)):0] = out[at:end]
+        elif kind == 5:  # splice another seed's tail
+            other = corpus[int(rng.integers(len(corpus)))]
+            cut = int(rng.integers(len(other)))
+            out = out[:at] + bytearray(other[cut:])
+        elif kind == 6:  # a 16-bit field after a marker: lengths, frame sizes, restart intervals
+            markers = _markers(out)
+            if markers:
+                m = markers[int(rng.integers(len(markers)))] + 2 + 2 * int(rng.integers(5))
+                if m + 2 <= n:
+                    value = int(rng.choice([0, 1, 2, 3, 8, 255, 256, 0x7FFF, 0xFFFF,
+                                            int(rng.integers(1 << 16))]))
+                    out[m:m + 2] = value.to_bytes(2, "big")
+        elif kind == 7:  # fill bytes, stuffing and markers inside the entropy data
+            out[at:at] = bytes(rng.choice([b"\xff" * int(rng.integers(1, 300)), b"\xff\x00",
+                                           b"\xff\xff\x00", b"\xff\xd0", b"\xff\xd7",
+                                           b"\xff\xd9", b"\xff\xdc\x00\x04\x00\x01"]))
+        elif kind == 8:
+            del out[at:]
+        elif kind == 9:  # sampling factors and component counts of the frame header
+            markers = [m for m in _markers(out) if 0xC0 <= out[m + 1] <= 0xC2]
+            if markers and markers[0] + 19 < n:
+                m = markers[0] + 11 + 3 * int(rng.integers(3))
+                out[m] = int(rng.choice([0x11, 0x12, 0x21, 0x22, 0x41, 0x14, 0x42, 0x24, 0x31,
+                                         0x44, 0x00, int(rng.integers(256))]))
+        elif kind == 10:
+            end = min(n, at + int(rng.integers(1, 64)))
+            chunk = out[at:end]
+            del out[at:end]
+            where = int(rng.integers(len(out) + 1))
+            out[where:where] = chunk
+        else:  # the end-of-image marker back, so that the region paths take the file
+            if out[-2:] != b"\xff\xd9":
+                out += b"\xff\xd9"
+    return bytes(out)
+
+
+# --- driver --------------------------------------------------------------------------------
+
+def _save(findings: Path, name: str, data: bytes, note: str) -> None:
+    findings.mkdir(parents=True, exist_ok=True)
+    (findings / f"{name}.bin").write_bytes(data)
+    (findings / f"{name}.txt").write_text(note + "\n")
+
+
+def run(corpus_dir: Path, seconds: float, findings: Path, seed: int, timeout: float,
+        targets: list[str]) -> int:
+    corpus = [p.read_bytes() for p in sorted(corpus_dir.glob("*")) if p.is_file()]
+    if not corpus:
+        raise SystemExit(f"no seeds in {corpus_dir}: run python -m fuzz.corpus first")
+    findings.mkdir(parents=True, exist_ok=True)
+    current = findings / "current.bin"
+    rng = np.random.default_rng(seed)
+    counts: Counter[str] = Counter()
+    slowest: list[tuple[float, str]] = []
+    found = 0
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        name = targets[int(rng.integers(len(targets)))]
+        base = corpus[int(rng.integers(len(corpus)))]
+        data = base if rng.integers(10) == 0 else mutate(base, corpus, rng)
+        call_seed = int(rng.integers(1 << 62))
+        current.write_bytes(data)
+        (findings / "current.txt").write_text(f"target {name}, argument seed {call_seed}\n")
+        faulthandler.dump_traceback_later(timeout, exit=True)
+        began = time.perf_counter()
+        try:
+            TARGETS[name](data, np.random.default_rng(call_seed))
+        except Exception as exc:  # noqa: BLE001 - anything a target's contract does not allow
+            found += 1
+            _save(findings, f"{name}-{found}", data,
+                  f"target {name}, argument seed {call_seed}: {type(exc).__name__}: {exc}")
+            print(f"FINDING {name}: {type(exc).__name__}: {exc}", flush=True)
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+        took = time.perf_counter() - began
+        slowest = sorted(slowest + [(took, name)], reverse=True)[:5]
+        counts[name] += 1
+    current.unlink(missing_ok=True)
+    (findings / "current.txt").unlink(missing_ok=True)
+    summary = {"executions": sum(counts.values()), "seconds": round(time.monotonic() - start, 1),
+               "seeds": len(corpus), "per_target": dict(counts), "findings": found,
+               "slowest_s": [[round(t, 3), n] for t, n in slowest]}
+    print(json.dumps(summary))
+    return 1 if found else 0
+
+
+def _sweep(data: bytes) -> None:
+    """Every narrow crop (1-3 columns) at every column, at every scale, both upsamplings."""
+    height, width = frame_size(data)
+    for k in (1, 2, 4, 8):
+        dh, dw = -(-height // k), -(-width // k)
+        for fast in (True, False):
+            for w in (1, 2, 3):
+                for left in range(0, max(dw - w + 1, 1)):
+                    try:
+                        jpeg.decode_region(data, k, 0, left, min(dh, 4), w, fast, FUZZ_MAX_PIXELS)
+                    except ValueError:
+                        pass
+
+
+def replay(files: list[Path]) -> int:
+    """Every target on each file as it is (arguments from fixed seeds) and the narrow-crop sweep."""
+    bad = 0
+    for path in files:
+        data = path.read_bytes()
+        _sweep(data)
+        for name, function in TARGETS.items():
+            for call_seed in range(8):
+                try:
+                    function(data, np.random.default_rng(call_seed))
+                except Exception as exc:  # noqa: BLE001
+                    bad += 1
+                    print(f"FINDING {path.name} {name} seed {call_seed}: {exc}", flush=True)
+    print(json.dumps({"replayed": len(files), "findings": bad}))
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("corpus", type=Path, nargs="?")
+    parser.add_argument("--seconds", type=float, default=120.0)
+    parser.add_argument("--lib", type=Path, help="a sanitizer build's folder (fuzz/.build/lib)")
+    parser.add_argument("--findings", type=Path, default=Path("fuzz/findings"))
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=10.0,
+                        help="seconds one execution may take before it counts as a hang")
+    parser.add_argument("--targets", default=",".join(TARGETS),
+                        help=f"comma-separated, of: {', '.join(TARGETS)}")
+    parser.add_argument("--replay", type=Path, nargs="+")
+    args = parser.parse_args(argv)
+    load(args.lib)
+    if args.replay:
+        sys.exit(replay(args.replay))
+    if args.corpus is None:
+        parser.error("give a corpus folder (python -m fuzz.corpus OUT writes one) or --replay")
+    targets = [t for t in args.targets.split(",") if t]
+    unknown = set(targets) - set(TARGETS)
+    if unknown:
+        parser.error(f"unknown targets {sorted(unknown)}; known: {sorted(TARGETS)}")
+    sys.exit(run(args.corpus, args.seconds, args.findings, args.seed, args.timeout, targets))
+
+
+if __name__ == "__main__":
+    main()

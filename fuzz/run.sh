@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The fuzz lane: libjpeg-turbo 2.1.5 and fastpipe._jpeg/_resize built with AddressSanitizer and
+# UndefinedBehaviorSanitizer, the seed corpus, a replay of the shared findings and of every seed,
+# then SECONDS_TO_FUZZ seconds of mutational fuzzing (default 120). Fails on any finding or
+# sanitizer report; findings land in fuzz/findings/. See docs/fuzzing.md.
+#   fuzz/run.sh                       # CI's bounded run
+#   SECONDS_TO_FUZZ=3600 fuzz/run.sh  # a longer one
+set -euo pipefail
+cd "$(dirname "$0")/.."
+start=$SECONDS
+seconds="${SECONDS_TO_FUZZ:-120}"
+build=fuzz/.build
+python=${PYTHON:-python}
+
+bash fuzz/build_libjpeg.sh
+prefix="$PWD/$build/libjpeg"
+t=$SECONDS
+FASTPIPE_SANITIZE=address,undefined FASTPIPE_NO_CUDA=1 FASTPIPE_LIBJPEG_PREFIX="$prefix" \
+    "$python" setup.py -q build_ext --build-lib "$build/lib" --build-temp "$build/temp" \
+    >"$build/extensions.log" 2>&1 \
+    || { tail -40 "$build/extensions.log"; echo "the sanitizer build of fastpipe._jpeg/_resize failed"; exit 1; }
+echo "sanitized fastpipe._jpeg and _resize built in $((SECONDS - t)) s"
+
+rm -rf "$build/corpus"
+"$python" -m fuzz.corpus "$build/corpus" --jpegtran "$prefix/bin/jpegtran" \
+    --extra tests/jpeg/cases ${FUZZ_EXTRA:-}
+
+# Python itself is not instrumented: the ASan runtime is preloaded, leaks are not checked (the
+# interpreter keeps its objects), and the first report ends the process with a non-zero status.
+export LD_PRELOAD="$(${CC:-cc} -print-file-name=libasan.so) $(${CC:-cc} -print-file-name=libubsan.so)"
+export ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:exitcode=86:max_allocation_size_mb=2048:allocator_may_return_null=0:malloc_fill_byte=171"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:exitcode=87"
+status=0
+"$python" -m fuzz.harness --lib "$build/lib" --replay "$build"/corpus/* || status=$?
+if [ "$status" = 0 ]; then
+    "$python" -m fuzz.harness "$build/corpus" --lib "$build/lib" --seconds "$seconds" \
+        --findings fuzz/findings || status=$?
+fi
+unset LD_PRELOAD
+if [ "$status" != 0 ]; then
+    echo "fuzz lane FAILED (status $status): see the report above and fuzz/findings/"
+    exit 1
+fi
+echo "fuzz lane finished in $((SECONDS - start)) s"
