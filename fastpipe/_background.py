@@ -10,6 +10,12 @@ The contract, each clause tested in tests/test_background.py:
 * ends with its consumer: early ``break``, ``del``, garbage collection and interpreter exit all
   close the thread, because the thread holds no reference to the consumer-side object.
 
+Ctrl-C: the consumer waits only in ``queue.SimpleQueue.get`` (implemented in C), so a
+KeyboardInterrupt can never leave a Python-level lock of the queue half-taken (``queue.Queue``'s
+conditions can be, and the producer then hangs or fails with "release unlocked lock"); and a close
+while a KeyboardInterrupt unwinds signals the producer without waiting for it. A producer is a
+daemon thread; interpreter exit gives all of them ``_EXIT_JOIN_SECONDS`` together.
+
 prefetch_generator's BackgroundGenerator is the idea this follows, but it is not used: version 1.0.3
 forwards exceptions (older ones did not), but its thread stays blocked in ``put`` after an early
 break, it has no ``close()``, and it treats a ``None`` item as the end of the data.
@@ -17,8 +23,11 @@ break, it has no ``close()``, and it treats a ``None`` item as the end of the da
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
+import signal
+import sys
 import threading
 import time
 import warnings
@@ -55,17 +64,38 @@ class _Raised:
 _END = _End()
 
 
-def _put(items: queue.Queue, stop: threading.Event, item: Any) -> bool:
+class _Items(queue.SimpleQueue):
+    """The items waiting for the consumer: at most ``maxsize``, since the producer takes a slot
+    before it queues one."""
+
+    def __new__(cls, maxsize: int) -> _Items:
+        return super().__new__(cls)
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+
+    def full(self) -> bool:
+        return self.qsize() >= self.maxsize
+
+
+def _put(items: queue.SimpleQueue, slots: queue.SimpleQueue, stop: threading.Event,
+         item: Any) -> bool:
+    # A slot is taken before an item is queued and given back when the consumer takes it: at
+    # most prefetch_depth items wait.
     while not stop.is_set():
         try:
-            items.put(item, timeout=_POLL_SECONDS)
-            return True
-        except queue.Full:
+            slots.get(timeout=_POLL_SECONDS)
+        except queue.Empty:
             continue
+        if stop.is_set():
+            return False
+        items.put(item)
+        return True
     return False
 
 
-def _produce(source: Iterator, items: queue.Queue, stop: threading.Event) -> None:
+def _produce(source: Iterator, items: queue.SimpleQueue, slots: queue.SimpleQueue,
+             stop: threading.Event) -> None:
     # `source` is the only strong reference to the underlying iterator once the consumer side has
     # handed it over, so leaving this function releases it (a DataLoader iterator then shuts down
     # its workers).
@@ -76,11 +106,11 @@ def _produce(source: Iterator, items: queue.Queue, stop: threading.Event) -> Non
             except StopIteration:
                 break
             except BaseException as error:  # noqa: BLE001 - forwarded to the consumer as is
-                _put(items, stop, _Raised(error))
+                _put(items, slots, stop, _Raised(error))
                 return
-            if not _put(items, stop, item):
+            if not _put(items, slots, stop, item):
                 return
-        _put(items, stop, _END)
+        _put(items, slots, stop, _END)
     finally:
         close = getattr(source, "close", None)
         del source
@@ -91,9 +121,11 @@ def _produce(source: Iterator, items: queue.Queue, stop: threading.Event) -> Non
                 pass
 
 
-def _signal_stop(items: queue.Queue, stop: threading.Event) -> None:
+def _signal_stop(items: queue.SimpleQueue, slots: queue.SimpleQueue,
+                 stop: threading.Event) -> None:
     stop.set()
-    # Empty the queue so a producer blocked in put() returns at once instead of after a poll.
+    slots.put(None)  # wakes a producer waiting for a slot at once instead of after a poll
+    # Drops the items waiting, so their memory (and a DataLoader's shared memory) goes now.
     while True:
         try:
             items.get_nowait()
@@ -101,9 +133,17 @@ def _signal_stop(items: queue.Queue, stop: threading.Event) -> None:
             break
 
 
-def _shutdown(thread: threading.Thread, items: queue.Queue, stop: threading.Event) -> None:
-    _signal_stop(items, stop)
-    if thread is not threading.current_thread() and thread.is_alive():
+def interrupted() -> bool:
+    """Whether a KeyboardInterrupt is unwinding through the caller (a ``finally`` or ``except``
+    on its way): closing then only signals threads to stop, and does not wait for the item they
+    are fetching (a slow batch, or one from worker processes the same Ctrl-C killed)."""
+    return isinstance(sys.exc_info()[1], KeyboardInterrupt)
+
+
+def _shutdown(thread: threading.Thread, items: queue.SimpleQueue, slots: queue.SimpleQueue,
+              stop: threading.Event) -> None:
+    _signal_stop(items, slots, stop)
+    if thread is not threading.current_thread() and thread.is_alive() and not interrupted():
         thread.join(_JOIN_SECONDS)
 
 
@@ -125,7 +165,7 @@ if hasattr(os, "register_at_fork"):
 def _close_all_at_exit() -> None:
     live = list(_live)
     for it in live:
-        _signal_stop(it._items, it._stop)
+        _signal_stop(it._items, it._slots, it._stop)
     deadline = time.monotonic() + _EXIT_JOIN_SECONDS
     for it in live:
         it._done = True
@@ -147,15 +187,20 @@ class BackgroundIterator(Generic[T]):
         name: str = "fastpipe-background",
     ):
         prefetch_depth = check.positive_int("prefetch_depth", prefetch_depth)
-        self._items: queue.Queue = queue.Queue(maxsize=prefetch_depth)
+        self._items = _Items(prefetch_depth)
+        self._slots: queue.SimpleQueue = queue.SimpleQueue()
+        for _ in range(prefetch_depth):
+            self._slots.put(None)
         self._stop = threading.Event()
         self._done = False
         self._thread = threading.Thread(
-            target=_produce, args=(source, self._items, self._stop), name=name, daemon=True
+            target=_produce, args=(source, self._items, self._slots, self._stop), name=name,
+            daemon=True,
         )
         del source
         self._thread.start()
-        self._finalizer = weakref.finalize(self, _shutdown, self._thread, self._items, self._stop)
+        self._finalizer = weakref.finalize(
+            self, _shutdown, self._thread, self._items, self._slots, self._stop)
         # At exit, _close_all_at_exit stops every producer without waiting out a slow item;
         # finalize's own exit hook would join each one for up to _JOIN_SECONDS.
         self._finalizer.atexit = False
@@ -180,8 +225,9 @@ class BackgroundIterator(Generic[T]):
                 # Ctrl-C: tell the producer to stop, but do not wait for the item it is fetching
                 # (a slow batch, or workers the same Ctrl-C killed): the interrupt goes on now.
                 self._done = True
-                _signal_stop(self._items, self._stop)
+                _signal_stop(self._items, self._slots, self._stop)
                 raise
+        self._slots.put(None)
         if item is _END:
             self.close()
             raise StopIteration
@@ -198,7 +244,8 @@ class BackgroundIterator(Generic[T]):
         """
         self._done = True
         self._finalizer()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
+        if (self._thread.is_alive() and self._thread is not threading.current_thread()
+                and not interrupted()):
             warnings.warn(
                 f"{self._thread.name}: the background thread is still fetching an item after "
                 f"{_JOIN_SECONDS:.0f} s; it stops when that item is done",
@@ -221,3 +268,51 @@ class BackgroundIterator(Generic[T]):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def deferred_interrupt() -> Iterator[None]:
+    """Holds back Ctrl-C (SIGINT) in its block, then handles it at the block's end.
+
+    For starting worker processes: a KeyboardInterrupt raised inside ``os.fork``'s hooks
+    (logging's ``_releaseLock``) is printed as "Exception ignored" and lost, leaving the program
+    running with its workers killed by the same Ctrl-C, and possibly with logging's lock held.
+    The Python handler in place (Python's KeyboardInterrupt, or a program's own) is called at the
+    end of the block with the signal. Only the main thread receives SIGINT and may change the
+    handler: elsewhere, or when SIGINT is ignored or not handled in Python, this changes nothing.
+    A process forked inside the block gets the handler back.
+    """
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield
+        return
+    owner = os.getpid()
+    received: list[Any] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        if os.getpid() != owner:  # a child forked in the block, before its handler is reset
+            previous(signum, frame)
+        received.append(frame)
+
+    hold.fastpipe_previous = previous  # type: ignore[attr-defined]
+    signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received and not interrupted():
+            previous(signal.SIGINT, received[0])
+
+
+def _handler_back_in_child() -> None:
+    # A worker forked inside deferred_interrupt() inherits `hold`: it must stop on Ctrl-C.
+    try:
+        previous = getattr(signal.getsignal(signal.SIGINT), "fastpipe_previous", None)
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    except ValueError:  # forked from a thread other than the main one: not this module's fork
+        pass
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_handler_back_in_child)

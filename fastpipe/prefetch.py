@@ -130,6 +130,9 @@ class DataPrefetcher(LoaderAttributes):
         self._streams = streams_for(self.device)
         # One side stream per device, made at the first epoch there (never per epoch).
         self._side_streams: dict[torch.device, Any] = {}
+        # mean and std on each device they were used on (CUDA), copied once (see _stats_on).
+        self._device_stats: dict[torch.device, tuple[torch.Tensor, ...]] = {}
+        self._unit_stats: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._range_checked = False
         self._epoch: weakref.ref[Iterator[Any]] | None = None
         self._next_epoch: Iterator[Any] | None = None
@@ -144,6 +147,7 @@ class DataPrefetcher(LoaderAttributes):
         state["_epoch"] = None
         state["_next_epoch"] = None
         state["_side_streams"] = {}
+        state["_device_stats"] = {}
         return state
 
     def __iter__(self) -> Iterator[Any]:
@@ -261,7 +265,8 @@ class DataPrefetcher(LoaderAttributes):
         if images is None:
             return moved
         if self.normalizes:
-            moved = replace_at(moved, images, self._normalize(get_at(moved, images), images))
+            normalized = self._normalize(get_at(moved, images), images, device)
+            moved = replace_at(moved, images, normalized)
         if self.batch_transform is not None:
             moved = self._transform(moved, images)
         return moved
@@ -278,7 +283,8 @@ class DataPrefetcher(LoaderAttributes):
             )
         return replace_at(replace_at(batch, images, out[0]), targets, out[1])
 
-    def _normalize(self, images: Any, where: tuple[Any, ...]) -> torch.Tensor:
+    def _normalize(self, images: Any, where: tuple[Any, ...],
+                   device: torch.device) -> torch.Tensor:
         if not isinstance(images, torch.Tensor) or images.dim() != 4:
             shape = (tuple(images.shape) if isinstance(images, torch.Tensor)
                      else type(images).__name__)
@@ -295,8 +301,7 @@ class DataPrefetcher(LoaderAttributes):
         if self.mean is None and self.dtype is None:
             return images.contiguous(memory_format=torch.channels_last)
         channels = images.shape[1]
-        mean = self.mean if self.mean is not None else torch.zeros(channels)
-        std = self.std if self.std is not None else torch.ones(channels)
+        mean, std = self._host_stats(channels)
         for name, values in (("mean", mean), ("std", std)):
             if values.numel() != channels:
                 raise ValueError(
@@ -305,9 +310,39 @@ class DataPrefetcher(LoaderAttributes):
                 )
         if self.mean is not None and images.dtype != torch.uint8 and not self._range_checked:
             self._check_unit_range(images, place(where))
+        mean, std = self._stats_on(device, mean, std)
         return normalize(
             images, mean, std, dtype=self.dtype or torch.float32, channels_last=self.channels_last
         )
+
+    def _stats_on(self, device: torch.device, mean: torch.Tensor,
+                  std: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``mean`` and ``std`` on ``device``, copied there once per device and kept: a copy per
+        batch would be two more host-to-device transfers each step, and one from pageable memory
+        blocks the host until the stream has caught up. The copy is queued non-blocking from
+        pinned memory, on the stream current here (the side stream on CUDA), before the kernel
+        that reads it; the kept tensors are never freed, so no other stream can see their memory
+        reused."""
+        if self._streams is None or (mean.device == device and std.device == device):
+            return mean, std
+        cached = self._device_stats.get(device)
+        if cached is None or cached[0] is not mean or cached[1] is not std:
+            moved = tuple(
+                self._streams.to_device(_pinned(values), device, non_blocking=True)
+                for values in (mean, std)
+            )
+            cached = self._device_stats[device] = (mean, std, *moved)
+        return cached[2], cached[3]
+
+    def _host_stats(self, channels: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # With dtype alone, zeros and ones made once per channel count (the device copies are
+        # kept per pair of these tensors).
+        if self.mean is not None:
+            return self.mean, self.std
+        cached = self._unit_stats.get(channels)
+        if cached is None:
+            cached = self._unit_stats[channels] = (torch.zeros(channels), torch.ones(channels))
+        return cached
 
     def _check_unit_range(self, images: torch.Tensor, where: str) -> None:
         # Once per epoch (the first batch): reading the values back waits for the device.
@@ -382,6 +417,14 @@ class DataPrefetcher(LoaderAttributes):
             self.batch_transform.load_state_dict(state["batch_transform"])
         self._close_epoch()
         self._handed_out = None
+
+
+def _pinned(values: torch.Tensor) -> torch.Tensor:
+    """A page-locked copy of a host tensor, so its copy to the GPU is queued without a sync;
+    as it is where nothing can pin (a tensor on a device; no CUDA driver)."""
+    if values.device.type != "cpu" or not torch.cuda.is_available():
+        return values
+    return values.contiguous().pin_memory()
 
 
 def _loader_method(loader: Any, name: str) -> Any:

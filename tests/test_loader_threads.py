@@ -90,3 +90,52 @@ class Stream(IterableDataset):
 def test_what_threads_cannot_do_is_refused(kwargs, match):
     with pytest.raises(ValueError, match=match):
         DataLoaderX(num_workers=2, **kwargs)
+
+
+def test_thread_workers_collate_straight_into_pinned_memory_without_a_second_copy(
+    monkeypatch, no_thread_leak
+):
+    # Recording stand-ins for the GPU-only steps: the pinned allocation of fast_collate and the
+    # pin step after a collate. Pinning after fast_collate would be a second batch-sized copy.
+    import torch.utils.data._utils.pin_memory as torch_pinning
+
+    from fastpipe.data import collate
+
+    allocated, pinned_after = [], []
+
+    def empty_pinned(shape, dtype):
+        out = torch.empty(shape, dtype=dtype)
+        allocated.append(out.data_ptr())
+        return out
+
+    def pin_step(data, *args, **kwargs):
+        pinned_after.append(data)
+        return data
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(collate, "_empty_pinned", empty_pinned)
+    monkeypatch.setattr(torch_pinning, "pin_memory", pin_step)
+    dataset = [(torch.full((3, 4, 4), i, dtype=torch.uint8), i) for i in range(12)]
+    loader = DataLoaderX(dataset, batch_size=4, num_workers=2, worker_method="thread",
+                         pin_memory=True, collate_fn=fast_collate)
+    batches = list(loader)
+    # (The threads allocate in the order they finish; the batches come in sampler order.)
+    assert sorted(images.data_ptr() for images, _ in batches) == sorted(allocated)
+    assert len(allocated) == 3
+    assert torch.cat([labels for _, labels in batches]).tolist() == list(range(12))
+    assert pinned_after == []
+    # Any other collate_fn is pinned after it, as DataLoader's pinning does.
+    assert len(list(DataLoaderX(dataset, batch_size=4, num_workers=2, worker_method="thread",
+                                pin_memory=True))) == 3
+    assert len(pinned_after) == 3
+
+
+def test_thread_workers_without_cuda_skip_pinning_as_process_workers_do(no_thread_leak):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA; the check is for machines without it")
+    dataset = [(torch.full((3, 4, 4), i, dtype=torch.uint8), i) for i in range(8)]
+    loader = DataLoaderX(dataset, batch_size=4, num_workers=2, worker_method="thread",
+                         pin_memory=True, collate_fn=fast_collate)
+    with pytest.warns(UserWarning, match="no CUDA device"):
+        labels = [labels.tolist() for _, labels in loader]
+    assert labels == [[0, 1, 2, 3], [4, 5, 6, 7]]

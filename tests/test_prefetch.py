@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import threading
 from collections import namedtuple
 
 import pytest
@@ -594,3 +595,66 @@ def test_a_sharded_loader_is_accepted_in_a_distributed_run(two_processes, no_thr
     sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=2, rank=1)
     prefetcher = DataPrefetcher(DataLoaderX(dataset, batch_size=4, sampler=sampler), device="cpu")
     assert sum(len(labels) for _, labels in prefetcher) == 10
+
+
+@pytest.fixture
+def process_starts(monkeypatch):
+    """The names of the threads that start a process (a DataLoader worker's fork), in order."""
+    import multiprocessing.process
+
+    started: list[str] = []
+    start = multiprocessing.process.BaseProcess.start
+
+    def recording_start(self):
+        started.append(threading.current_thread().name)
+        return start(self)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", recording_start)
+    return started
+
+
+@pytest.mark.parametrize("wrapped", ["DataLoader", "DataLoaderX"])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_worker_processes_start_in_the_thread_that_iterates_not_the_background_one(
+    wrapped, persistent, process_starts, no_thread_leak
+):
+    # A fork from the background thread inherits the locks other threads hold at that moment
+    # (logging's, the import lock): with Ctrl-C at the wrong time the child or the fork hangs.
+    cls = DataLoaderX if wrapped == "DataLoaderX" else DataLoader
+    loader = cls(_Images(), batch_size=6, num_workers=2, persistent_workers=persistent)
+    prefetcher = DataPrefetcher(loader, device="cpu")
+    for _ in range(2):
+        assert len(list(prefetcher)) == 4
+    prefetcher.close()
+    del prefetcher, loader
+    gc.collect()
+    assert process_starts and set(process_starts) == {threading.current_thread().name}
+
+
+def test_mean_and_std_are_copied_once_per_device_non_blocking_from_pinned_memory(
+    recording, monkeypatch
+):
+    # A copy per batch would be two more transfers each step, blocking ones from pageable memory.
+    _cuda_unindexed(monkeypatch)
+    pinned = []
+
+    def recording_pinned(values):
+        pinned.append(values.tolist())
+        return values
+
+    monkeypatch.setattr(prefetch_module, "_pinned", recording_pinned)
+    batches = [(torch.full((2, 3, 2, 2), 7, dtype=torch.uint8), torch.tensor([100 + k] * 2))
+               for k in range(4)]
+    prefetcher = DataPrefetcher(batches, device="cuda", mean=(3.0,) * 3, std=(2.0,) * 3)
+    for device in (0, 0, 1, 1):  # two epochs on cuda:0, then two on cuda:1
+        recording.current_device = device
+        for images, _ in prefetcher:
+            assert torch.allclose(images, torch.full_like(images, (7 / 255 - 3.0) / 2.0))
+    stats = [entry for entry in recording.log if entry[0] == "copy" and entry[1] in (3, 2)]
+    side_streams = [entry[1] for entry in recording.log if entry[0] == "stream"]
+    assert [(value, stream) for _, value, stream, _ in stats] == [
+        (3, side_streams[0]), (2, side_streams[0]), (3, side_streams[1]), (2, side_streams[1])]
+    assert all(non_blocking for *_, non_blocking in stats)
+    assert pinned == [[3.0] * 3, [2.0] * 3] * 2
+    # The images of every batch were copied, each once.
+    assert sum(1 for entry in recording.log if entry[0] == "copy" and entry[1] == 7) == 16

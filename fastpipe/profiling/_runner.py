@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+from fastpipe._background import deferred_interrupt
 from fastpipe.profiling._datasets import DatasetSource
 from fastpipe.profiling._settings import LoaderSettings
 from fastpipe.profiling._table import Row
@@ -41,7 +42,7 @@ def run_loader(
     profiler.loader_info = LoaderInfo.of(loader)  # not of the epoch generator
     from fastpipe._progress import progress_bar
 
-    bar = progress_bar(progress and steps is not None, only_on_terminal=True,
+    bar = progress_bar(progress and steps is not None,
                        total=(steps or 0) + 1, unit="step", desc="fastpipe profile")
     counted, first = 0, True
     deadline = hard_deadline = math.inf
@@ -127,8 +128,12 @@ def epochs(loader: Any) -> Iterator[Any]:
     """The loader's batches, epoch after epoch, until an epoch yields none."""
     while True:
         empty = True
-        for batch in loader:
+        # Ctrl-C is held back while a DataLoader starts its workers (see deferred_interrupt).
+        with deferred_interrupt():
+            batches = iter(loader)
+        for batch in batches:
             empty = False
             yield batch
+        del batches
         if empty:
             return
