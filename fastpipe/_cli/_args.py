@@ -8,6 +8,11 @@ from pathlib import Path
 
 from fastpipe._cli import CommandError
 
+# Every long command shows progress by the same rule (fastpipe/_progress.py) and hides it with
+# the same flag.
+PROGRESS_HELP = ("hide the progress (a bar on a terminal, a line every few seconds in a log or "
+                 "a pipe)")
+
 DATASET_HELP = ("an ImageFolder directory, a .h5 pack file (from `fastpipe pack`), or "
                 "module:function (or file.py:function) returning a map-style dataset")
 

@@ -8,7 +8,7 @@ import json
 import sys
 
 from fastpipe._cli import CommandError
-from fastpipe._cli._args import in_cli_spelling, positive_int
+from fastpipe._cli._args import PROGRESS_HELP, in_cli_spelling, positive_int
 from fastpipe._hardware import usable_cores
 
 HELP = "pack an image folder or list file into one HDF5 (or LMDB) file; merge packs"
@@ -83,7 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shard-size", type=positive_int, default=10_000,
                         help="inputs per shard at most (default 10000)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing OUTPUT")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--no-progress", "--quiet", dest="no_progress", action="store_true",
+                        help=PROGRESS_HELP)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -115,7 +116,7 @@ def _merge(args: argparse.Namespace):
         raise CommandError(f"{', '.join(ignored)} do not apply to --merge-only (the packs are "
                            "already packed)")
     return merge_packs(args.paths[1:], args.paths[0], merge=args.merge, format=args.format,
-                       overwrite=args.overwrite, progress=not args.quiet)
+                       overwrite=args.overwrite, progress=not args.no_progress)
 
 
 def _pack(args: argparse.Namespace):
@@ -128,6 +129,6 @@ def _pack(args: argparse.Namespace):
     return pack(source, output, storage=args.storage,
                 num_workers=args.workers if args.workers is not None else usable_cores(),
                 part=args.part, merge=args.merge, max_side=args.max_side, size=args.size,
-                strict=args.strict, progress=not args.quiet, format=args.format,
+                strict=args.strict, progress=not args.no_progress, format=args.format,
                 quality=args.quality, transcode=args.transcode, check=not args.no_check,
                 shard_size=args.shard_size, overwrite=args.overwrite)

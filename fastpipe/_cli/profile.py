@@ -6,6 +6,7 @@ import argparse
 
 from fastpipe._cli import CommandError
 from fastpipe._cli._args import (
+    PROGRESS_HELP,
     add_dataset_arguments,
     check_output,
     check_plot,
@@ -35,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--csv", metavar="FILE", help="write the per-step timeline as CSV")
     parser.add_argument("--plot", metavar="FILE.png", help="save the timeline plot")
     parser.add_argument("--json", action="store_true", help="print summary and timeline as JSON")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--no-progress", action="store_true", help=PROGRESS_HELP)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,6 +6,7 @@ import argparse
 
 from fastpipe._cli import CommandError
 from fastpipe._cli._args import (
+    PROGRESS_HELP,
     add_dataset_arguments,
     check_plot,
     int_list,
@@ -32,12 +33,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prefetch_factor values to try (default 2,4)")
     parser.add_argument("--wrappers", default="DataLoader,DataLoaderX,DataLoaderX+DataPrefetcher",
                         help="loaders to try, comma-separated (default all three)")
+    parser.add_argument("--rounds", type=positive_int, default=3,
+                        help="interleaved runs of each setting; a setting wins only when each of "
+                             "its rounds beats each round of the simpler one (default 3)")
     parser.add_argument("--step-ms", type=non_negative_float, default=0.0,
                         help="sleep after each batch, standing in for your training step "
                              "(default 0)")
     parser.add_argument("--plot", metavar="FILE.png", help="save samples/s against num_workers")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--no-progress", action="store_true", help=PROGRESS_HELP)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
             source, batch_size=args.batch_size, num_workers=args.workers,
             batch_sizes=args.batch_sizes, prefetch_factors=args.prefetch_factors,
             wrappers=wrappers, budget=args.budget, step_seconds=args.step_ms / 1000,
+            rounds=args.rounds,
             progress=not args.no_progress,
         )
     except ValueError as exc:  # nothing could be measured: the message says why

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from fastpipe._cli import CommandError
+from fastpipe._cli._args import PROGRESS_HELP
 
 HELP = "check a pack made by fastpipe pack: metadata, checksums, decoding; exit 1 on problems"
 
@@ -16,7 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sample", type=int, metavar="K",
                         help="check K random samples instead of all")
     parser.add_argument("--seed", type=int, default=0, help="seed for --sample (default 0)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--no-progress", "--quiet", dest="no_progress", action="store_true",
+                        help=PROGRESS_HELP)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -28,6 +30,6 @@ def run(args: argparse.Namespace) -> int:
     if args.sample is not None and args.sample < 1:
         raise CommandError(f"--sample must be >= 1, got {args.sample}")
     report = verify(args.file, args.sample, seed=args.seed,
-                    progress=not args.quiet and not args.json)
+                    progress=not args.no_progress and not args.json)
     print(json.dumps(report.to_json(), indent=2) if args.json else report.summary())
     return 0 if report.ok else 1

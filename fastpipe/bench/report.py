@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,7 @@ class BenchReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"machine": self.machine, "settings": self.settings,
-                "rows": self.table.to_dicts()}
+                "rows": self.table.to_dicts(), "notes": list(self.notes)}
 
     def to_json(self, path: str | os.PathLike | None = None) -> str:
         text = json.dumps(self.to_dict(), indent=2)
@@ -78,6 +79,42 @@ class BenchReport:
 
         title = f"fastpipe bench: {machine_line(self.machine)}"
         return plot_bench(self.rows, title, path)
+
+
+def noise_notes(table: ResultTable, rounds: int) -> list[str]:
+    """What the rounds say about the noise of ``table``'s numbers: how far each loader's rounds
+    spread, a line for each loader whose rounds disagree by more than the others', and one for
+    each ratio to the baseline that the rounds do not resolve (the min-max ranges overlap)."""
+    ran = [r for r in table.rows if r.median]
+    repeated = [r for r in ran if len(r.per_round) > 1]
+    if rounds < 2 or not repeated:
+        return ["note: one round per loader, so the noise was not measured; on a machine doing "
+                "other work, images/s move by tens of percent between runs (--rounds 3 measures "
+                "the spread)."]
+    spreads = {r.key: (r.high - r.low) / r.median for r in repeated}
+    typical = statistics.median(spreads.values())
+    notes = [f"note: noise: each loader's rounds spread by {typical:.0%} (median) and up to "
+             f"{max(spreads.values()):.0%} (min-max over median). Absolute images/s move between "
+             "runs by as much or more when other work shares the cores; compare the ratios of one "
+             "run, whose loaders ran interleaved."]
+    for row in repeated:
+        spread = spreads[row.key]
+        if spread > max(2 * typical, 0.10):
+            notes.append(f"note: {row.name}'s rounds disagree ({_range(row)} images/s, "
+                         f"{spread:.0%} apart, against {typical:.0%} typical here): something "
+                         "else likely ran during one of them; rerun before trusting its row.")
+    base = table.baseline_row
+    if base is not None and len(base.per_round) > 1:
+        for row in repeated:
+            if row is not base and row.low <= base.high and base.low <= row.high:
+                notes.append(f"note: {row.name}'s rounds overlap {base.name}'s ({_range(row)} "
+                             f"against {_range(base)} images/s): its {row.ratio:.2f}x is within "
+                             "the noise.")
+    return notes
+
+
+def _range(row: Row) -> str:
+    return f"{row.low:.1f}-{row.high:.1f}"
 
 
 def workers(count: int) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 from fastpipe._constants import DEFAULT_SIZE
 from fastpipe._hardware import usable_cores
 from fastpipe.bench.machine import describe_machine
-from fastpipe.bench.report import BenchReport, loader_table, workers
+from fastpipe.bench.report import BenchReport, loader_table, noise_notes, workers
 from fastpipe.bench.variants import VARIANTS, BenchConfig, Skip, Variant
 from fastpipe.data.samples import default_cache_dir, sample_images
 from fastpipe.profiling._runner import close_loader, measured_row, run_loader
@@ -133,7 +133,7 @@ def run_bench(
     from fastpipe._progress import progress_bar
 
     results: dict[str, list[Row]] = {key: [] for key in chosen}
-    bar = progress_bar(progress, only_on_terminal=True, total=len(chosen) * rounds,
+    bar = progress_bar(progress, total=len(chosen) * rounds,
                        desc="fastpipe bench", unit="run")
     started = time.perf_counter()
     try:
@@ -160,4 +160,6 @@ def run_bench(
     setup = (f"data: {num_images} JPEGs in {root}; batch {batch_size}, {workers(num_workers)}, "
              f"{size}x{size} crops, {seconds:g} s per loader after its first batch, {step_ms:g} ms "
              f"simulated step, median of {rounds} round(s)")
-    return BenchReport(describe_machine(), settings, loader_table(rows), setup, conditions)
+    table = loader_table(rows)
+    return BenchReport(describe_machine(), settings, table, setup, conditions,
+                       notes=noise_notes(table, rounds))

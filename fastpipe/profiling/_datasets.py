@@ -38,6 +38,11 @@ def _import_factory(spec: str) -> Any:
             path = Path(module_name)
             if not path.is_file():
                 raise FileNotFoundError(f"{path} does not exist")
+            # As `python file.py` would: the script's folder comes first on the path, so the
+            # files beside it import.
+            folder = str(path.resolve().parent)
+            if folder not in sys.path:
+                sys.path.insert(0, folder)
             name = f"_fastpipe_factory_{path.stem}"
             module_spec = importlib.util.spec_from_file_location(name, path)
             assert module_spec is not None and module_spec.loader is not None

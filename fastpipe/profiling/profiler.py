@@ -126,6 +126,12 @@ class LoaderInfo:
     prefetch_factor: int | None = None
     dataset: str | None = None
     batches_per_epoch: int | None = None
+    # "process" (DataLoader's worker processes) or "thread" (DataLoaderX(worker_method="thread"),
+    # what image_loader builds for a few workers): restarts and the knobs that fit differ.
+    worker_method: str | None = None
+    prefetch_depth: int | None = None  # DataLoaderX's background queue
+    fast_path: bool = False  # the dataset is fastpipe's (fastpipe.data): the fast CPU path
+    pack: bool = False  # ... and reads a pack file (H5Dataset, LMDBDataset)
 
     @classmethod
     def of(cls, loader: Any) -> LoaderInfo:
@@ -147,7 +153,9 @@ class LoaderInfo:
                 info.pin_memory = loader.pin_memory
                 info.persistent_workers = loader.persistent_workers
                 info.prefetch_factor = loader.prefetch_factor
+                info.worker_method = "process" if loader.num_workers else None
                 info.dataset = type(loader.dataset).__name__
+                info.fast_path, info.pack = _fastpipe_dataset(loader.dataset)
             try:
                 info.batches_per_epoch = len(loader) or None
             except TypeError:  # no len(): an iterable dataset or a generator
@@ -156,7 +164,17 @@ class LoaderInfo:
         for name, value in described.items():
             if name in known:
                 setattr(info, name, value)
+        if not info.num_workers:
+            info.worker_method = None
         return info
+
+
+def _fastpipe_dataset(dataset: Any) -> tuple[bool, bool]:
+    """(the dataset is fastpipe's fast CPU path, it reads a pack), told by where its class is
+    defined: fastpipe.data (ImageFolder, H5Dataset, LMDBDataset share the fast decode)."""
+    module = type(dataset).__module__ or ""
+    fast = module == "fastpipe.data" or module.startswith("fastpipe.data.")
+    return fast, fast and type(dataset).__name__ in ("H5Dataset", "LMDBDataset")
 
 
 def describe_loader(loader: Any) -> dict[str, Any]:
@@ -542,7 +560,9 @@ def diagnose(summary: ProfileSummary, cuda: bool) -> tuple[str, list[str]]:
     per_epoch = info.batches_per_epoch
     # A DataLoader without persistent workers starts them again at every epoch: the first
     # batch of each epoch stalls. Those steps are told apart from stalls of the loader itself.
-    restarts = loaderish and bool(info.num_workers) and not info.persistent_workers
+    # Threads (worker_method="thread") start again in microseconds, and are not persistent.
+    restarts = (loaderish and bool(info.num_workers) and info.worker_method != "thread"
+                and not info.persistent_workers)
     epoch_starts = {s.index for s in counted if per_epoch and s.index % per_epoch == 0}
     start_waits = [_wait(s, use_device) for s in counted if s.index in epoch_starts]
     other_waits = [_wait(s, use_device) for s in counted if s.index not in epoch_starts]
@@ -560,24 +580,54 @@ def diagnose(summary: ProfileSummary, cuda: bool) -> tuple[str, list[str]]:
             "persistent_workers=True."
         )
     if other_waits and other_p95 > 4 * max(other_p50, 1e-4) and other_p95 > 0.005:
-        depth = f" (now {info.prefetch_factor})" if info.prefetch_factor else ""
+        which = "Waits are uneven"
+        if start_waits:
+            # The summary's percentiles count every step; these leave the epoch starts out.
+            which = (f"Apart from the {len(start_waits)} epoch start"
+                     f"{'s' if len(start_waits) != 1 else ''} (the summary's p95 of "
+                     f"{summary.wait_p95 * 1e3:.1f} ms counts them), waits are uneven")
         advice.append(
-            f"Waits are uneven (p95 {other_p95 * 1e3:.1f} ms, p50 {other_p50 * 1e3:.1f} ms): the "
-            f"loader keeps up on average but stalls at times; keep more batches ready with "
-            f"prefetch_factor{depth} or DataLoaderX(prefetch_depth=...)."
+            f"{which} (p95 {other_p95 * 1e3:.1f} ms, p50 {other_p50 * 1e3:.1f} ms): the loader "
+            f"keeps up on average but stalls at times; keep more batches ready with "
+            f"{_deeper_queue(info)}."
         )
     if info.kind != "DALILoader":
         if loaderish and info.num_workers is not None and info.num_workers >= cores:
             lead = "The workers already use every core: make each sample cheaper"
         else:
             lead = "Once more workers stop helping, make each sample cheaper"
-        advice.append(
-            f"{lead}: the fast CPU path (fastpipe.data.ImageFolder + fastpipe.data.fast_collate, "
-            "uint8 until the device), a pack file (`fastpipe pack`, read with "
-            "fastpipe.data.H5Dataset), or DALI (fastpipe.dali.DALILoader; decodes on the GPU "
-            "when there is one)."
-        )
+        # Only what this loader does not do already.
+        ways = []
+        if not info.fast_path:
+            ways.append("the fast CPU path (fastpipe.data.ImageFolder + "
+                        "fastpipe.data.fast_collate, uint8 until the device)")
+        if not info.pack:
+            ways.append("a pack file (`fastpipe pack`, read with fastpipe.data.H5Dataset)")
+        ways.append("DALI (fastpipe.dali.DALILoader, or image_loader on a CUDA machine with "
+                    "DALI; decodes on the GPU)")
+        in_use = [name for name, used in (("the fast CPU path", info.fast_path),
+                                          ("a pack file", info.pack)) if used]
+        already = f" (it already reads {' and '.join(in_use)})" if in_use else ""
+        advice.append(f"{lead}{already}: {', '.join(ways[:-1])}{', or ' if len(ways) > 1 else ''}"
+                      f"{ways[-1]}.")
     return verdict, advice
+
+
+def _deeper_queue(info: LoaderInfo) -> str:
+    """The settings that keep more batches ready, as this loader spells them."""
+    if info.kind == "DataLoaderX":
+        depth = f" (now {info.prefetch_depth})" if info.prefetch_depth else ""
+        if info.worker_method == "thread":
+            # image_loader takes prefetch_depth (not prefetch_factor) for the same queue.
+            return f"prefetch_depth{depth} (DataLoaderX or image_loader)"
+        factor = f" (now {info.prefetch_factor})" if info.prefetch_factor else ""
+        return f"prefetch_depth{depth}, or prefetch_factor{factor} for each worker process"
+    if info.kind == "DataLoader":
+        factor = f" (now {info.prefetch_factor})" if info.prefetch_factor else ""
+        if info.num_workers:
+            return f"prefetch_factor{factor}, or fastpipe.DataLoaderX(prefetch_depth=...)"
+        return "fastpipe.DataLoaderX(prefetch_depth=...) (a background queue)"
+    return "a deeper queue of ready batches (fastpipe.DataLoaderX(prefetch_depth=...))"
 
 
 def profile(

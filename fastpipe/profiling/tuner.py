@@ -6,17 +6,25 @@ that ``fastpipe bench`` prints too (``_table``).
 
 The search is coordinate descent inside a time budget: first num_workers (the setting that
 matters most), then batch size, prefetch_factor, persistent_workers, pin_memory (with CUDA only)
-and the wrapper (DataLoaderX, DataPrefetcher), each tried on top of the best found so far. A
-change is kept only when it is faster by more than ``min_gain``, so noise does not pick settings.
+and the wrapper (DataLoaderX, DataPrefetcher), each tried on top of the best found so far.
+
+Every stage measures its candidates and the current best side by side in ``rounds`` interleaved
+rounds (each round a fresh loader, the order reversed every other round so that a drift of the
+machine's load falls on all of them). A candidate replaces the current best only when every one
+of its rounds beats every round of the current best by more than ``min_gain``: for two equally
+fast settings that happens by chance once in ``comb(2 * rounds, rounds)`` (1 in 20 with 3
+rounds), so noise does not pick settings, and otherwise the simpler setting stays.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +49,8 @@ class TuneResult:
     step_seconds: float
     requested_batch_size: int
     min_gain: float = 0.03
+    rounds: int = 3
+    short_stages: dict[str, int] = field(default_factory=dict)
 
     @property
     def code(self) -> str:
@@ -77,8 +87,15 @@ class TuneResult:
         return self.result_table().text()
 
     def notes(self) -> list[str]:
-        notes = ["* = recommended: the fastest, unless a simpler setting was within "
-                 f"{self.min_gain:.0%} of it (differences that small are noise)."]
+        notes = [self.decision_note()]
+        for stage, done in self.short_stages.items():
+            chance = (f"1 time in {math.comb(2 * done, done)}" if done > 1
+                      else "with no noise measured")
+            notes.append(f"the budget allowed {done} of {self.rounds} rounds for {stage}: its "
+                         f"choice is less sure ({chance}); a larger budget measures all.")
+        noise = self.noise_note()
+        if noise:
+            notes.append(noise)
         if self.best.settings.batch_size != self.requested_batch_size:
             notes.append(
                 f"batch_size={self.best.settings.batch_size} loads fastest, but the batch size "
@@ -95,8 +112,44 @@ class TuneResult:
             )
         return notes
 
+    def decision_note(self) -> str:
+        """How the recommendation was chosen, with the chance that noise alone chose it."""
+        if self.rounds == 1:
+            return ("* = recommended: the fastest, unless a simpler setting was within "
+                    f"{self.min_gain:.0%} of it; one round per setting, so the noise was not "
+                    "measured (rounds=3 measures it)")
+        return (f"* = recommended: a setting replaced a simpler one only when each of its "
+                f"{self.rounds} interleaved rounds beat each round of the simpler one by more "
+                f"than {self.min_gain:.0%} (two equally fast settings do that by chance 1 time "
+                f"in {math.comb(2 * self.rounds, self.rounds)}); otherwise the simpler one "
+                "stayed.")
+
+    def noise(self) -> tuple[float, float] | None:
+        """The measured noise: the median and the largest spread of a setting's rounds
+        ((max - min) / median, over the settings measured more than once); None without
+        repeated rounds."""
+        spreads = [(t.high - t.low) / t.median for t in self.trials
+                   if t.median and len(t.per_round) > 1]
+        if not spreads:
+            return None
+        return statistics.median(spreads), max(spreads)
+
+    def noise_note(self) -> str | None:
+        noise = self.noise()
+        if noise is None:
+            return None
+        typical, worst = noise
+        return (f"noise measured here: the rounds of one setting spread by {typical:.0%} "
+                f"(median) and up to {worst:.0%} (min-max over median); rates closer than that "
+                "are not told apart.")
+
     def to_dict(self) -> dict[str, Any]:
+        noise = self.noise()
         return {
+            "rounds": self.rounds,
+            "short_stages": dict(self.short_stages),
+            "noise": None if noise is None else {"median_spread": noise[0],
+                                                 "max_spread": noise[1]},
             "best": self.best.to_dict(self.result_table().rate_field),
             "code": self.code,
             "dataset": self.source.description if self.source is not None else None,
@@ -151,6 +204,8 @@ def tune(
     budget: float = 60.0,
     step_seconds: float = 0.0,
     min_gain: float = 0.03,
+    rounds: int = 3,
+    seconds_per_run: float | None = None,
     collate_fn: Callable | None = None,
     progress: bool = False,
 ) -> TuneResult:
@@ -166,10 +221,17 @@ def tune(
         prefetch_factors, persistent_workers: values tried once workers are chosen.
         pin_memory: values to try; default (False, True) with CUDA, (False,) without.
         wrappers: among "DataLoader", "DataLoaderX", "DataLoaderX+DataPrefetcher".
-        budget: total seconds; each trial gets an equal share, and trials that do not fit
-            are listed as skipped.
+        budget: total seconds, shared among the runs still planned (less what starting and
+            stopping a loader has cost per run so far); settings that do not fit are listed as
+            skipped.
         step_seconds: a sleep after each batch, standing in for the training step.
-        min_gain: a setting replaces the best so far only when this much faster (0.03 = 3%).
+        min_gain: a setting replaces the best so far only when each of its rounds is this much
+            faster (0.03 = 3%) than each round of the best so far.
+        rounds: interleaved measurements of each setting of a stage (with the best so far
+            measured again beside them); 1 measures each setting once and the noise not at all.
+        seconds_per_run: how long each run measures after its first batch; default a share of
+            the budget.
+        progress: a progress bar on a terminal, a line every few seconds otherwise.
 
     Returns:
         A :class:`TuneResult`: ranked trials, ``best``, ``code`` to paste, ``plot()``.
@@ -179,22 +241,27 @@ def tune(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if budget <= 0:
         raise ValueError(f"budget must be a positive number of seconds, got {budget}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+    if seconds_per_run is not None and not seconds_per_run > 0:
+        raise ValueError(f"seconds_per_run must be more than 0, got {seconds_per_run}")
+    if not 0 <= min_gain < 1:
+        raise ValueError(f"min_gain must be in [0, 1), got {min_gain}")
     grid = _Grid.make(batch_size, num_workers, batch_sizes, prefetch_factors,
                       persistent_workers, pin_memory, wrappers)
-    # Each trial gets an equal share of the budget; a third of each share is left for starting
-    # and stopping workers.
-    trial_seconds = max(0.3, budget / grid.planned * 2 / 3)
+    planned = grid.planned * rounds
 
     from fastpipe._progress import progress_bar
 
-    bar = progress_bar(progress, only_on_terminal=True, total=grid.planned,
-                       desc="fastpipe tune", unit="trial")
+    bar = progress_bar(progress, total=planned, desc="fastpipe tune", unit="run")
     started = time.perf_counter()
+    short_stages: dict[str, int] = {}
     try:
         trials, best = _search(grid, grid.start(batch_size), started, budget,
-                               lambda settings, stage: measure(source, settings, trial_seconds,
-                                                               step_seconds, stage=stage),
-                               trial_seconds, min_gain, bar)
+                               lambda settings, stage, seconds: measure(
+                                   source, settings, seconds, step_seconds, stage=stage),
+                               min_gain, bar, rounds, short_stages, seconds_per_run)
+        bar.total = bar.n  # the plan was an upper bound: stages without candidates ran nothing
     finally:
         bar.close()
     if best is None:
@@ -205,7 +272,7 @@ def tune(
         )
     ranked = sorted(trials.values(), key=lambda t: -(t.samples_per_second or -1.0))
     return TuneResult(ranked, best, source, budget, time.perf_counter() - started, step_seconds,
-                      batch_size, min_gain)
+                      batch_size, min_gain, rounds, short_stages)
 
 
 def _as_source(dataset: Any, collate_fn: Callable | None) -> DatasetSource:
@@ -261,11 +328,16 @@ class _Grid:
 
     @property
     def planned(self) -> int:
-        """An upper bound on the number of trials: every worker count, then each other value
-        but the one already measured."""
+        """An upper bound on the measurements of one round: every worker count, then every
+        value of each later stage that has more than one (the best so far is measured again
+        beside its rivals)."""
+        return sum(self.planned_per_stage())
+
+    def planned_per_stage(self) -> list[int]:
+        """The terms of :attr:`planned`, one per stage of :meth:`stages`."""
         others = (self.batch_sizes, self.prefetch_factors, self.persistent_workers,
                   self.pin_memory, self.wrappers)
-        return len(self.workers) + sum(max(len(v) - 1, 0) for v in others)
+        return [len(self.workers)] + [len(v) if len(v) > 1 else 0 for v in others]
 
     def start(self, batch_size: int) -> LoaderSettings:
         """The settings the first stage varies: your batch size (or the middle one), the first
@@ -296,31 +368,86 @@ class _Grid:
 
 
 def _search(grid: _Grid, base: LoaderSettings, started: float, budget: float,
-            run: Callable[[LoaderSettings, str], Row], trial_seconds: float, min_gain: float,
-            bar: Any) -> tuple[dict[LoaderSettings, Row], Row | None]:
-    """Coordinate descent: each stage's candidates around the best so far; a candidate becomes
-    the best only when ``min_gain`` faster. Trials that no longer fit the budget are recorded as
-    skipped."""
+            run: Callable[[LoaderSettings, str, float], Row], min_gain: float, bar: Any,
+            rounds: int = 3, short_stages: dict[str, int] | None = None,
+            seconds_per_run: float | None = None,
+            ) -> tuple[dict[LoaderSettings, Row], Row | None]:
+    """Coordinate descent: each stage measures its new candidates and the best so far in
+    ``rounds`` interleaved rounds, then walks the candidates in order (simplest first): one
+    replaces the current choice only when it :func:`clearly_beats` it in this stage's rounds.
+
+    The budget is shared among the runs still planned, less what starting and stopping a
+    loader has cost per run so far (the first stage, before that is known, leaves a third of
+    each share for it). A stage whose runs no longer fit records its candidates as skipped; one
+    whose later rounds do not fit stops after fewer rounds, noted in ``short_stages`` (stage:
+    rounds run)."""
+    if short_stages is None:
+        short_stages = {}
     trials: dict[LoaderSettings, Row] = {}
     best: Row | None = None
-    for stage, candidates in grid.stages():
+    runs_done, asked, spent = 0, 0.0, 0.0
+    planned_left = grid.planned * rounds
+    for (stage, candidates), stage_planned in zip(grid.stages(), grid.planned_per_stage()):
         if best is None and stage != "num_workers":
             break  # nothing measured to build on; the caller reports it
-        for settings in candidates(best.settings if best is not None else base):
-            if settings in trials:
-                continue
-            elapsed = time.perf_counter() - started
-            if best is not None and elapsed + trial_seconds > budget:
+        incumbent = best.settings if best is not None else None
+        stage_settings = candidates(incumbent if incumbent is not None else base)
+        new = [s for s in stage_settings if s not in trials]
+        share_left = max(planned_left, 1)
+        planned_left -= stage_planned * rounds
+        if not new:
+            continue
+        measured = ([incumbent] if incumbent is not None else []) + new
+        elapsed = time.perf_counter() - started
+        overhead = max(0.0, (spent - asked) / runs_done) if runs_done else 0.0
+        if seconds_per_run is not None:
+            seconds = seconds_per_run
+        elif runs_done:
+            seconds = max(0.2, (budget - elapsed) / share_left - overhead)
+        else:
+            seconds = max(0.2, budget / share_left * 2 / 3)
+        if best is not None and elapsed + len(measured) * rounds * (seconds + overhead) > budget:
+            for settings in new:
                 trials[settings] = settings_row(settings, stage, skipped="over the time budget")
+            bar.update(len(measured) * rounds)
+            continue
+        runs: dict[LoaderSettings, list[Row]] = {s: [] for s in measured}
+        for round_index in range(rounds):
+            elapsed = time.perf_counter() - started
+            overhead = max(0.0, (spent - asked) / runs_done) if runs_done else 0.0
+            if round_index and elapsed + len(measured) * (seconds + overhead) > budget:
+                # The budget ends this stage's rounds early: its choice rests on fewer.
+                short_stages[stage] = round_index
+                bar.update(len(measured) * (rounds - round_index))
+                break
+            # Reversed every other round: a machine growing busier slows no setting alone.
+            for settings in measured if round_index % 2 == 0 else measured[::-1]:
+                bar.set_postfix_str(settings.label, refresh=False)
+                begun = time.perf_counter()
+                runs[settings].append(run(settings, stage, seconds))
+                runs_done, asked = runs_done + 1, asked + seconds
+                spent += time.perf_counter() - begun
                 bar.update(1)
+        for settings in new:
+            trials[settings] = Row.merged(runs[settings])
+        rates = {s: [r.samples_per_second for r in rows] for s, rows in runs.items()}
+        if best is not None:
+            if None in rates[best.settings]:  # measured before; this stage's run gave no rate
+                rates[best.settings] = list(best.per_round)
+            else:
+                best = trials[best.settings] = Row.merged([best, *runs[best.settings]])
+        choice = incumbent
+        for settings in stage_settings:
+            if settings == incumbent or settings not in runs or None in rates[settings]:
                 continue
-            bar.set_postfix_str(settings.label, refresh=False)
-            trial = run(settings, stage)
-            trials[settings] = trial
-            bar.update(1)
-            if trial.samples_per_second is None:
-                continue
-            if best is None or best.samples_per_second is None or (
-                    trial.samples_per_second > best.samples_per_second * (1 + min_gain)):
-                best = trial
+            if choice is None or clearly_beats(rates[settings], rates[choice], min_gain):
+                choice = settings
+        if choice is not None:
+            best = trials[choice]
     return trials, best
+
+
+def clearly_beats(challenger: Sequence[float], current: Sequence[float], min_gain: float) -> bool:
+    """True when every round of ``challenger`` is more than ``min_gain`` faster than every round
+    of ``current`` (rounds measured interleaved, so that the two saw the same machine)."""
+    return min(challenger) > max(current) * (1 + min_gain)

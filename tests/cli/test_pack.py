@@ -99,3 +99,37 @@ def test_pack_workers_default_to_the_usable_cores(sample_root, tmp_path, capsys)
     with pytest.raises(SystemExit):
         main(["pack", "--help"])
     assert f"{usable_cores()} here" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # two fresh Python processes
+@pytest.mark.timeout(180)
+def test_pack_and_verify_into_a_pipe_write_no_bars(sample_root, tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    out = tmp_path / "piped.h5"
+    for argv in (["pack", str(sample_root), str(out), "--workers", "1"], ["verify", str(out)]):
+        done = subprocess.run([sys.executable, "-m", "fastpipe", *argv], cwd=root, env=env,
+                              capture_output=True, text=True, timeout=170)
+        assert done.returncode == 0, done.stderr
+        # A log or a pipe gets plain lines (tests/test_progress.py), never a bar's redraws.
+        assert "\r" not in done.stderr and "it/s" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("command", ["pack", "verify"])
+def test_no_progress_is_the_flag_and_quiet_its_alias(command):
+    import argparse
+
+    from fastpipe._cli import pack, verify
+
+    module = {"pack": pack, "verify": verify}[command]
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    for flag in ("--no-progress", "--quiet"):
+        assert parser.parse_args(["a", "b", flag] if command == "pack" else ["a", flag]
+                                 ).no_progress is True
+    assert "--no-progress" in parser.format_help()

@@ -14,9 +14,10 @@ def test_tune_json_and_plot_on_a_factory_dataset(capsys, tmp_path, no_thread_lea
     plot = tmp_path / "tune.png"
     code = main(["tune", "tests.helpers.tune:tiny_sleepy_dataset", "--batch-size", "8",
                  "--workers", "0,1", "--budget", "4", "--plot", str(plot), "--json",
-                 "--no-progress"])
+                 "--rounds", "2", "--no-progress"])
     assert code == 0
     data = json.loads(capsys.readouterr().out)
+    assert data["rounds"] == 2 and "by chance 1 time in 6" in data["notes"][0]
     assert data["best"]["samples_per_second"] > 0
     assert "loader = " in data["code"] and "SleepyDataset" in data["dataset"]
     assert {t["settings"]["num_workers"] for t in data["trials"]} == {0, 1}

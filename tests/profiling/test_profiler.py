@@ -463,3 +463,96 @@ def test_loaders_are_known_by_what_they_describe_not_by_their_class_name():
     assert (info.kind, info.num_workers, info.batch_size, info.prefetcher) == (
         "DataLoaderX", 0, 3, True)
     assert LoaderInfo.of(torch.utils.data.DataLoader(list(range(6)))).kind == "DataLoader"
+
+
+# --- advice that fits the loader it profiles ----------------------------------------------------
+
+def summary_of(info, waits, per_epoch=None, step=0.01):
+    """A summary (and its advice) for ``info`` over steps with these waits; the first is the
+    warm-up. Epoch starts fall every ``per_epoch`` steps."""
+    info.batches_per_epoch = per_epoch
+    steps, start = [], 0.0
+    for index, wait in enumerate(waits):
+        steps.append(profile_module.Step(index, start, wait, wait + step, 8, index == 0))
+        start += wait + step
+    counted = steps[1:]
+    counted_waits = [s.wait for s in counted]
+    seconds = sum(s.step for s in counted)
+    summary = profile_module.ProfileSummary(
+        steps_counted=len(counted), seconds=seconds, steps_per_second=len(counted) / seconds,
+        samples_per_second=8 * len(counted) / seconds, wait_share=sum(counted_waits) / seconds,
+        wait_p50=profile_module._percentile(counted_waits, 50),
+        wait_p95=profile_module._percentile(counted_waits, 95),
+        step_p50=0.0, step_p95=0.0, warmup_seconds=steps[0].step, clock="host", verdict="",
+        advice=[], loader=info, steps=steps)
+    summary.verdict, summary.advice = profile_module.diagnose(summary, cuda=False)
+    return summary
+
+
+def image_loader_waits():
+    # 24 steps, epochs of 8: the epoch starts wait 128 ms, the others 2 ms but 50 ms at times.
+    return [0.2] + [0.128 if i % 8 == 0 else (0.05 if i % 5 == 0 else 0.002)
+                    for i in range(1, 24)]
+
+
+@pytest.mark.timeout(60)
+def test_advice_on_an_image_loader_names_only_what_image_loader_takes(sample_root):
+    from fastpipe.factory import image_loader
+
+    loader = image_loader(sample_root, batch_size=8, train=True, size=32, num_workers=2,
+                          device="cpu")
+    info = profile_module.LoaderInfo.of(loader)
+    assert (info.kind, info.prefetcher, info.worker_method, info.num_workers) == (
+        "DataLoaderX", True, "thread", 2)
+    assert info.fast_path and not info.pack and info.prefetch_depth is not None
+    advice = "\n".join(summary_of(info, image_loader_waits(), per_epoch=8).advice)
+    assert "worker process" not in advice and "persistent_workers" not in advice
+    assert "prefetch_factor" not in advice
+    assert f"prefetch_depth (now {info.prefetch_depth}) (DataLoaderX or image_loader)" in advice
+    assert "the fast CPU path (" not in advice and "it already reads the fast CPU path" in advice
+    assert "a pack file (`fastpipe pack`" in advice and "DALI" in advice
+
+
+def test_advice_on_a_pack_does_not_recommend_a_pack(tmp_path):
+    class H5Dataset(Dataset):  # where it is defined decides, not the name
+        def __len__(self):
+            return 4
+
+    H5Dataset.__module__ = "fastpipe.data.h5"
+    info = profile_module.LoaderInfo.of(DataLoader(H5Dataset(), batch_size=2))
+    assert info.fast_path and info.pack
+    advice = "\n".join(summary_of(info, [0.2] + [0.03] * 10).advice)
+    assert "fastpipe pack" not in advice and "the fast CPU path (" not in advice
+    assert "(it already reads the fast CPU path and a pack file): DALI" in advice
+    H5Dataset.__module__ = __name__
+    assert not any(profile_module.LoaderInfo.of(DataLoader(H5Dataset())).__dict__[k]
+                   for k in ("fast_path", "pack"))
+
+
+def test_advice_quotes_the_summary_p95_or_says_what_it_left_out():
+    info = profile_module.LoaderInfo(kind="DataLoader", num_workers=2, persistent_workers=True,
+                                     prefetch_factor=2, worker_method="process")
+    summary = summary_of(info, image_loader_waits(), per_epoch=8)
+    uneven = next(a for a in summary.advice if "uneven" in a)
+    # The summary's p95 counts the epoch starts; the advice's leaves them out and says so.
+    assert f"the summary's p95 of {summary.wait_p95 * 1e3:.1f} ms counts them" in uneven
+    assert "Apart from the 2 epoch starts" in uneven
+    assert "prefetch_factor (now 2), or fastpipe.DataLoaderX(prefetch_depth=...)" in uneven
+    # Without epoch starts to leave out, the advice's p95 is the summary's.
+    flat = summary_of(info, [0.2] + [0.05 if i % 5 == 0 else 0.002 for i in range(1, 24)])
+    uneven = next(a for a in flat.advice if "uneven" in a)
+    assert uneven.startswith(f"Waits are uneven (p95 {flat.wait_p95 * 1e3:.1f} ms")
+
+
+def test_thread_workers_are_not_told_to_persist():
+    info = profile_module.LoaderInfo(kind="DataLoaderX", num_workers=2, worker_method="thread",
+                                     persistent_workers=False, prefetch_factor=2,
+                                     prefetch_depth=2)
+    advice = "\n".join(summary_of(info, image_loader_waits(), per_epoch=8).advice)
+    assert "persistent_workers" not in advice and "worker process" not in advice
+    process = profile_module.LoaderInfo(kind="DataLoaderX", num_workers=2, prefetch_depth=2,
+                                        worker_method="process", persistent_workers=False,
+                                        prefetch_factor=2)
+    advice = "\n".join(summary_of(process, image_loader_waits(), per_epoch=8).advice)
+    assert "(starting 2 worker processes)" in advice and "set persistent_workers=True" in advice
+    assert "prefetch_depth (now 2), or prefetch_factor (now 2) for each worker process" in advice

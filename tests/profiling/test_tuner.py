@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import sys
 import time
 
 import pytest
@@ -16,15 +17,19 @@ from fastpipe.profiling.tuner import default_worker_counts
 from tests.helpers.tune import SleepyDataset
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.slow
+@pytest.mark.timeout(600)
 def test_tune_finds_the_clearly_best_setting_of_a_synthetic_dataset(no_thread_leak, tmp_path):
-    # 4 workers load about twice as fast as 2 and four times as fast as 0, and batches of 16
-    # share the fixed per-batch cost four times better than batches of 4 (tests/helpers/tune.py).
+    # 4 workers load twice as fast as 2 and four times as fast as 0, and batches of 16 load
+    # 3.3 times as fast as batches of 4; no trial reaches an epoch's end, where worker processes
+    # restart (tests/helpers/tune.py: clear_winner_dataset).
     result = tune(
-        "tests.helpers.tune:sleepy_dataset", batch_size=4, num_workers=(0, 2, 4),
+        "tests.helpers.tune:clear_winner_dataset", batch_size=4, num_workers=(0, 2, 4),
         batch_sizes=(4, 16),
         prefetch_factors=(2,), persistent_workers=(False,), wrappers=("DataLoader", "DataLoaderX"),
-        budget=10,
+        # Half a second per run after its first batch, and a budget no load on the machine
+        # exhausts: every stage runs all its rounds, and the margins decide.
+        seconds_per_run=0.5, budget=900,
     )
     best = result.best.settings
     assert (best.num_workers, best.batch_size) == (4, 16)
@@ -37,11 +42,91 @@ def test_tune_finds_the_clearly_best_setting_of_a_synthetic_dataset(no_thread_le
     assert result.trials[0].samples_per_second == max(r for r in rates.values() if r is not None)
     assert "num_workers=4" in result.code and "batch_size=16" in result.code
     assert multiprocessing.active_children() == []  # every trial's workers have stopped
+    # Three interleaved rounds each, and the best so far measured again beside its rivals.
+    assert result.short_stages == {} and not any(t.skipped for t in result.trials)
+    assert all(len(t.per_round) == 3 for t in result.trials if t.settings.num_workers < 4)
+    assert len(result.best.per_round) == 6  # the batch-size stage's rounds and the wrapper's
 
     png = result.plot(tmp_path / "tune.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
     data = json.loads(result.to_json())
     assert data["best"]["settings"]["num_workers"] == 4 and len(data["trials"]) == 5
+    assert data["rounds"] == 3 and data["noise"]["max_spread"] >= data["noise"]["median_spread"]
+
+
+class ScriptedRates:
+    """A stand-in for the tuner's measurement: each setting's rounds take their rates, in turn,
+    from a script (samples/s), whatever the clock says, so a decision under noise is exact."""
+
+    def __init__(self, script):
+        self.script = script
+        self.calls = []
+
+    def rates_for(self, settings):
+        return self.script[(settings.num_workers, settings.batch_size)]
+
+    def __call__(self, source, settings, seconds, step_seconds=0.0, min_batches=3, stage=""):
+        from fastpipe.profiling._runner import settings_row
+
+        done = sum(1 for s in self.calls if s == settings)
+        self.calls.append(settings)
+        rates = self.rates_for(settings)
+        row = settings_row(settings, stage)
+        row.per_round = [rates[done % len(rates)]]
+        row.batches, row.seconds = 10, 1.0
+        return row
+
+
+def tune_scripted(monkeypatch, script, **kwargs):
+    import fastpipe.profiling.tuner as tuner
+
+    measure = ScriptedRates(script)
+    monkeypatch.setattr(tuner, "measure", measure)
+    kwargs = {"batch_size": 4, "batch_sizes": (4,), "prefetch_factors": (2,),
+              "persistent_workers": (False,), "wrappers": ("DataLoader",), "budget": 60, **kwargs}
+    return tune(SleepyDataset(length=8), **kwargs), measure
+
+
+def test_one_lucky_round_does_not_pick_a_setting(monkeypatch):
+    # 2 workers are no faster than 0; their first run happened to be 12% faster. One trial per
+    # setting picked them (the flips between identical runs); interleaved rounds keep 0.
+    result, measure = tune_scripted(monkeypatch, {(0, 4): [100.0, 103.0, 97.0],
+                                                  (2, 4): [112.0, 96.0, 99.0]},
+                                    num_workers=(0, 2))
+    assert result.best.settings.num_workers == 0
+    # Interleaved, the order reversed every other round.
+    assert [s.num_workers for s in measure.calls] == [0, 2, 2, 0, 0, 2]
+    assert result.best.per_round == [100.0, 103.0, 97.0]
+
+
+def test_a_clear_winner_beats_the_noise_and_the_notes_state_the_noise(monkeypatch):
+    result, measure = tune_scripted(
+        monkeypatch, {(0, 4): [100.0, 95.0, 105.0], (2, 4): [150.0, 165.0, 180.0],
+                      (2, 16): [300.0, 330.0, 270.0]},
+        num_workers=(0, 2), batch_sizes=(4, 16))
+    assert (result.best.settings.num_workers, result.best.settings.batch_size) == (2, 16)
+    # The best so far is measured again beside the batch sizes: 3 rounds in each stage.
+    assert sum(1 for s in measure.calls if (s.num_workers, s.batch_size) == (2, 4)) == 6
+    notes = "\n".join(result.notes())
+    assert "each of its 3 interleaved rounds beat each round" in notes
+    assert "by chance 1 time in 20" in notes
+    # Spreads (max - min) / median: 10/100, 30/165 (over both stages' rounds), 60/300.
+    assert result.noise() == pytest.approx((30 / 165, 0.2))
+    assert "spread by 18% (median) and up to 20%" in notes
+
+
+def test_a_small_true_gain_inside_the_noise_keeps_the_simpler_setting(monkeypatch):
+    # 5% faster on median, but the rounds overlap: not told apart, so the simpler stays.
+    result, _ = tune_scripted(monkeypatch, {(0, 4): [100.0, 96.0, 104.0],
+                                            (2, 4): [105.0, 101.0, 109.0]}, num_workers=(0, 2))
+    assert result.best.settings.num_workers == 0
+
+
+def test_one_round_says_the_noise_was_not_measured(monkeypatch):
+    result, measure = tune_scripted(monkeypatch, {(0, 4): [100.0], (2, 4): [120.0]},
+                                    num_workers=(0, 2), rounds=1)
+    assert result.best.settings.num_workers == 2 and len(measure.calls) == 2
+    assert "the noise was not measured" in result.notes()[0] and result.noise() is None
 
 
 @pytest.mark.timeout(60)
@@ -106,6 +191,19 @@ def test_resolve_dataset_reads_a_folder_a_factory_and_a_file_path(sample_root, t
     assert resolve_dataset(f"{script}:make").dataset == list(range(10))
 
 
+def test_a_script_imports_the_files_beside_it_as_python_script_py_would(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setattr(sys, "modules", dict(sys.modules))
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "nc29_sibling_samples.py").write_text("SAMPLES = list(range(7))\n")
+    (folder / "mydata.py").write_text(
+        "from nc29_sibling_samples import SAMPLES\n\ndef make():\n    return SAMPLES\n")
+    monkeypatch.chdir(tmp_path)  # not the script's folder: the relative path alone finds it
+    assert resolve_dataset("project/mydata.py:make").dataset == list(range(7))
+    assert sys.path[0] == str(folder)
+
+
 def test_resolve_dataset_names_what_is_wrong(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist; pass an ImageFolder directory"):
         resolve_dataset(tmp_path / "missing")
@@ -130,6 +228,10 @@ def test_bad_arguments_are_named():
         tune(data, num_workers=(-1,))
     with pytest.raises(TypeError, match="map-style dataset"):
         tune(42)
+    with pytest.raises(ValueError, match="rounds must be an integer >= 1, got 0"):
+        tune(data, rounds=0)
+    with pytest.raises(ValueError, match=r"min_gain must be in \[0, 1\)"):
+        tune(data, min_gain=1.5)
 
 
 def test_default_worker_counts_double_up_to_twice_the_cores():
