@@ -4,8 +4,9 @@ The CPU kernels (fastpipe/csrc/*.cpp, fastpipe/csrc/cpu/*.cpp) are always built.
 (fastpipe/csrc/cuda/*.cu, plain CUDA without torch headers so they compile in seconds) and their
 torch glue (fastpipe/csrc/cuda/*.cpp) are added when torch is a CUDA build and nvcc is found
 (CUDA_HOME, or nvcc on PATH), for TORCH_CUDA_ARCH_LIST when it is set, else for every architecture
-of fastpipe/_cuda_archs.py's WANTED_ARCHS that this nvcc supports (7.5 to 12.0, the newest also as
-PTX for newer GPUs). The list is recorded in the extension, so that at run time the ops fall back
+of fastpipe/_cuda_archs.py's WANTED_ARCHS that this nvcc supports and the installed torch's
+cpp_extension accepts (7.5 to 12.0, the newest also as PTX for newer GPUs; torch 2.4-2.6 stop at
+9.0). The list is recorded in the extension, so that at run time the ops fall back
 to their reference, with a warning, on a GPU the kernel images do not fit.
 
 fastpipe._resize (fastpipe/csrc/image/resize.cpp, no torch headers, no libraries) resizes the CPU
@@ -106,17 +107,64 @@ def _nvcc_archs(cuda_home):
     return supported
 
 
+def _torch_accepts_arch(arch):
+    """Whether the installed torch's cpp_extension builds for ``arch`` (torch 2.4-2.6 reject
+    everything past 9.0a with "Unknown CUDA arch"), asked of its own check; None when that
+    cannot be asked. torch's _get_cuda_arch_flags is private and setup.py cannot import
+    fastpipe._compat (the package is not built yet), so the call lives here, behind a fallback."""
+    try:
+        from torch.utils import cpp_extension
+    except ImportError:
+        return None
+    check = getattr(cpp_extension, "_get_cuda_arch_flags", None)
+    if not callable(check):
+        return None
+    saved = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    os.environ["TORCH_CUDA_ARCH_LIST"] = arch
+    try:
+        check()
+        return True
+    except ValueError:
+        return False
+    except Exception:  # a changed private function: fall back to the release rule
+        return None
+    finally:
+        if saved is None:
+            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = saved
+
+
+def _torch_version():
+    try:
+        import torch
+    except ImportError:
+        return ""
+    return torch.__version__
+
+
 def _cuda_arch_list(cuda_home) -> str:
-    """TORCH_CUDA_ARCH_LIST if set, else the default list for this nvcc (set in os.environ, where
-    torch.utils.cpp_extension reads it)."""
+    """TORCH_CUDA_ARCH_LIST if set, else the default list for this nvcc and this torch (set in
+    os.environ, where torch.utils.cpp_extension reads it)."""
     chosen = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
     if not chosen:
-        chosen = _cuda_archs_module().default_arch_list(_nvcc_archs(cuda_home))
+        archs = _cuda_archs_module()
+        supported = _nvcc_archs(cuda_home)
+        accepted = archs.archs_torch_accepts(
+            archs.WANTED_ARCHS, _torch_accepts_arch, _torch_version()
+        )
+        chosen = archs.default_arch_list(supported, accepted)
+        left_out = sorted(supported & set(archs.WANTED_ARCHS) - accepted, key=lambda a: float(a))
+        if left_out:
+            print(
+                f"fastpipe: torch {_torch_version()} cannot build for {', '.join(left_out)} "
+                "(its cpp_extension rejects them); left out of the list"
+            )
         if not chosen:
             raise RuntimeError(
-                f"fastpipe: the nvcc in {cuda_home} supports none of the GPU architectures "
-                "7.5 to 12.0; set TORCH_CUDA_ARCH_LIST (e.g. \"8.0;9.0+PTX\"), or "
-                "FASTPIPE_NO_CUDA=1 to build the CPU kernels only"
+                f"fastpipe: the nvcc in {cuda_home} and torch {_torch_version()} share none of "
+                "the GPU architectures 7.5 to 12.0; set TORCH_CUDA_ARCH_LIST (e.g. "
+                "\"8.0;9.0+PTX\"), or FASTPIPE_NO_CUDA=1 to build the CPU kernels only"
             )
         os.environ["TORCH_CUDA_ARCH_LIST"] = chosen
     print(f"fastpipe: building the CUDA kernels for TORCH_CUDA_ARCH_LIST={chosen}")
@@ -228,6 +276,34 @@ def _build_extension_class():
     return BuildExtension
 
 
+def _sanitized(extensions):
+    """With FASTPIPE_SANITIZE (e.g. ``address,undefined``), the plain CPython extensions
+    (fastpipe._jpeg, fastpipe._resize) built with those sanitizers for the fuzz lane
+    (fuzz/run.sh, docs/fuzzing.md), and fastpipe._C, torch's, left out; with
+    FASTPIPE_LIBJPEG_PREFIX, fastpipe._jpeg links the libjpeg-turbo installed there (a sanitized
+    one: fuzz/build_libjpeg.sh). Without it, the extensions as they are."""
+    sanitizers = os.environ.get("FASTPIPE_SANITIZE", "").strip()
+    if not sanitizers:
+        return extensions
+    flags = [f"-fsanitize={sanitizers}", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer",
+             "-g", "-O1"]
+    prefix = os.environ.get("FASTPIPE_LIBJPEG_PREFIX")
+    kept = []
+    for ext in extensions:
+        name = ext.name.split(".")[-1]
+        if name not in _VERSIONED_EXTENSIONS:
+            continue
+        ext.extra_compile_args = [a for a in ext.extra_compile_args if a not in ("-O3", "-g0")]
+        ext.extra_compile_args += flags
+        ext.extra_link_args = list(ext.extra_link_args or []) + [f"-fsanitize={sanitizers}"]
+        if prefix and name == "_jpeg":
+            ext.include_dirs = [os.path.join(prefix, "include")] + list(ext.include_dirs or [])
+            ext.library_dirs = [os.path.join(prefix, "lib")]
+            ext.runtime_library_dirs = [os.path.join(prefix, "lib")]
+        kept.append(ext)
+    return kept
+
+
 def _extensions():
     if os.environ.get("FASTPIPE_NO_EXTENSION") == "1":
         return [], {}
@@ -281,7 +357,7 @@ def _extensions():
         ext = cpp_extension.CppExtension(
             "fastpipe._C", sources, extra_compile_args={"cxx": CXX_FLAGS}, **common
         )
-    extensions = [ext, _resize_extension()] + ([jpeg] if jpeg is not None else [])
+    extensions = _sanitized([ext, _resize_extension()] + ([jpeg] if jpeg is not None else []))
     return extensions, {"build_ext": _build_extension_class()}
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 import threading
@@ -10,14 +11,23 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from fastpipe import _validate as check
-from fastpipe._background import BackgroundIterator
+from fastpipe._background import BackgroundIterator, deferred_interrupt
 from fastpipe._compat import shutdown_dataloader_workers
 from fastpipe._seed import order_seed
 from fastpipe._threads import thread_batches
-from fastpipe.data._resume import STATE_VERSION, HandOff, check_loader_state, dataset_fingerprint
+from fastpipe.data._resume import (
+    STATE_VERSION,
+    HandOff,
+    augmentation_state,
+    check_loader_state,
+    dataset_fingerprint,
+    restore_augmentation,
+)
+from fastpipe.data.collate import fast_collate
 from fastpipe.data.sampler import RandomSampler, SequentialSampler, _EpochSampler
 
 _DATALOADER_SIGNATURE = inspect.signature(DataLoader.__init__)
@@ -119,13 +129,16 @@ class DataLoaderX(DataLoader):
         # The base iterator (and with it any worker processes) is created here in the caller's
         # thread; only next() runs in the background.
         if self.worker_method == "thread" and self.num_workers > 0:
+            collate_fn, pin = _thread_collate(self.collate_fn, self.pin_memory)
             base: Iterator[Any] = thread_batches(
-                self.dataset, self.batch_sampler, self.collate_fn, self.num_workers,
+                self.dataset, self.batch_sampler, collate_fn, self.num_workers,
                 in_flight=self.num_workers * (self.prefetch_factor or 2),
-                pin_memory=self.pin_memory, name="fastpipe-DataLoaderX-worker",
+                pin_memory=pin, name="fastpipe-DataLoaderX-worker",
             )
         else:
-            base = super().__iter__()
+            # Ctrl-C is held back while the workers start (see deferred_interrupt), then raised.
+            with deferred_interrupt():
+                base = super().__iter__()
         epoch = BackgroundIterator(
             _batches(base, shut_down_workers=not self.persistent_workers),
             prefetch_depth=self.prefetch_depth,
@@ -151,7 +164,8 @@ class DataLoaderX(DataLoader):
 
     def _fastpipe_describe(self) -> dict[str, Any]:
         """Tells ``fastpipe.profile`` what this is (it reads the DataLoader settings itself)."""
-        return {"kind": "DataLoaderX"}
+        return {"kind": "DataLoaderX", "worker_method": self.worker_method,
+                "prefetch_depth": self.prefetch_depth}
 
     # Resume: the position is counted where the training loop receives batches, so the batches
     # waiting in the background queue or in the workers come again after a restore.
@@ -163,7 +177,8 @@ class DataLoaderX(DataLoader):
 
         A plain dict (``torch.save``-able, and a ``torch.distributed.checkpoint`` ``Stateful``):
         ``version``, ``dataset`` (its length and ``fingerprint()``, if it has one) and
-        ``sampler`` (its epoch, position, seed, and for DDP its rank and world size). Loaded into
+        ``sampler`` (its epoch, position, seed, and for DDP its rank and world size), and for
+        fastpipe's datasets ``augmentation`` (the seed of their crops, drawn or given). Loaded into
         a fresh loader built the same way, the next ``iter()`` yields the batch after that one.
         Taken after an epoch's last batch, the next ``iter()`` ends that epoch without batches if
         the loop had not yet seen its end, and is the next epoch if it had (torchdata's rule).
@@ -176,11 +191,15 @@ class DataLoaderX(DataLoader):
             sampler_state = sampler._next_iteration_state()
         else:
             sampler_state = position.state(batch_size)
-        return {
+        state = {
             "version": STATE_VERSION,
             "dataset": self._dataset_fingerprint(),
             "sampler": sampler_state,
         }
+        augmentation = augmentation_state(self.dataset)
+        if augmentation is not None:
+            state["augmentation"] = augmentation
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores a :meth:`state_dict`; the next ``iter()`` continues from it.
@@ -190,7 +209,9 @@ class DataLoaderX(DataLoader):
         """
         sampler, _ = self._resumable_sampler("load_state_dict")
         check_loader_state(state, self.dataset, "DataLoaderX", entries=("sampler",))
+        apply_seed = restore_augmentation(self.dataset, state.get("augmentation"), "DataLoaderX")
         sampler.load_state_dict(state["sampler"])
+        apply_seed()
         self._position = None
 
     def _dataset_fingerprint(self) -> dict[str, Any]:
@@ -249,6 +270,26 @@ def _check_thread_workers(loader: DataLoaderX) -> None:
             "worker_init_fn runs in worker processes; with worker_method='thread' there are none "
             "(set up the dataset before building the loader, or use worker_method='process')"
         )
+
+
+def _thread_collate(collate_fn: Any, pin_memory: bool) -> tuple[Any, bool]:
+    """The collate function thread workers call, and whether they pin its batches after it.
+
+    fast_collate writes the batch straight into pinned memory itself: pinning afterwards would
+    allocate a second batch and copy it (37 MiB for 256x3x224x224 uint8). Without CUDA nothing
+    is pinned, as DataLoader's workers do (it warned when it was built)."""
+    if not pin_memory:
+        return collate_fn, False
+    if not torch.cuda.is_available():
+        warnings.warn(
+            "DataLoaderX(pin_memory=True) but no CUDA device is available: the thread workers' "
+            "batches stay in ordinary memory (as DataLoader's worker processes do); leave "
+            "pin_memory unset on this machine", UserWarning, stacklevel=3,
+        )
+        return collate_fn, False
+    if collate_fn is fast_collate:
+        return functools.partial(fast_collate, pin_memory=True), False
+    return collate_fn, True
 
 
 def _warn_if_rebuilt_by_accelerate() -> None:

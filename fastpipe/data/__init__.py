@@ -10,6 +10,12 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
+    "ArrayField": "fastpipe.data.fields",
+    "BytesField": "fastpipe.data.fields",
+    "FloatField": "fastpipe.data.fields",
+    "ImageField": "fastpipe.data.fields",
+    "IntField": "fastpipe.data.fields",
+    "StrField": "fastpipe.data.fields",
     "CorruptImageError": "fastpipe.data._decode",
     "ImageDecoder": "fastpipe.data._decode",
     "decode_rgb": "fastpipe.data._decode",
@@ -20,6 +26,7 @@ _EXPORTS = {
     "sample_generator": "fastpipe.data._random",
     "H5Dataset": "fastpipe.data.h5",
     "LMDBDataset": "fastpipe.data.lmdb",
+    "TarDataset": "fastpipe.data.tar",
     "sample_images": "fastpipe.data.samples",
     "DistributedSampler": "fastpipe.data.sampler",
     "RandomSampler": "fastpipe.data.sampler",

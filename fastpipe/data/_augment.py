@@ -309,6 +309,7 @@ class PerSample:
             policy = Policy.parse(auto_augment)
         seed = checked_seed(seed, where=type(self).__name__)
         self.seed = draw_seed() if seed is None else seed
+        self._seed_drawn = seed is None  # a loader's saved state may give it back (resume)
         self.epoch = 0
         self.recipe = recipe
         self.auto_augment = None if policy is None else policy.name

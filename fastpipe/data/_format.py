@@ -17,7 +17,9 @@ from typing import Any
 import numpy as np
 
 FORMAT = "fastpipe-pack"
-VERSION = 1
+VERSION = 2  # the newest version this fastpipe reads
+IMAGE_VERSION = 1  # (image, label) packs: the names below, one "data" and one "labels" dataset
+RECORDS_VERSION = 2  # records: one dataset per field (the names after them)
 
 # HDF5 names. Root attributes mark the file; everything else lives in these datasets.
 ATTR_FORMAT = "fastpipe_format"
@@ -29,6 +31,17 @@ OFFSETS = "offsets"  # int64 (N+1,), bytes storage only: sample i is data[offset
 DATA = "data"  # uint8 (total_bytes,) for bytes storage; (N, *sample_shape) for array storage
 PATH_OFFSETS = "path_offsets"  # int64 (N+1,)
 PATH_DATA = "path_data"  # uint8 UTF-8 source paths, concatenated
+
+# Version 2 (records). Each field is a dataset at the root named after it, so that plain h5py
+# reads ``f[field][i]``: fixed-shape fields ``(N, *shape)``, variable ones (encoded images, bytes,
+# strings, arrays with a variable first axis) the rows of all samples, sample i being rows
+# ``offsets[i]:offsets[i+1]``. fastpipe's own datasets live in one group beside them.
+INTERNAL = "_fastpipe"
+R_META = INTERNAL + "/meta"  # scalar UTF-8 JSON: count, fields, order, classes, plan, ...
+R_OFFSETS = INTERNAL + "/offsets"  # group: int64 (N+1,) per variable field
+R_CRC32 = INTERNAL + "/crc32"  # group: uint32 (N,) per field, zlib.crc32 of each stored row
+R_PATH_OFFSETS = INTERNAL + "/path_offsets"
+R_PATH_DATA = INTERNAL + "/path_data"
 
 # LMDB keys.
 LMDB_META = b"__meta__"
@@ -104,12 +117,24 @@ def check_meta(meta: Any, where: str) -> dict[str, Any]:
             f"{where} is a fastpipe pack of format version {version}; this fastpipe reads up to "
             f"version {VERSION}: upgrade fastpipe"
         )
-    for key in ("storage", "layout", "count", "classes"):
+    required = ("count", "fields", "order") if version == RECORDS_VERSION else (
+        "storage", "layout", "count", "classes")
+    for key in required:
         if key not in meta:
             raise PackFormatError(f"{where}: metadata lacks the key {key!r}; the file is damaged")
-    if meta["storage"] not in ("bytes", "array"):
+    if version != RECORDS_VERSION and meta["storage"] not in ("bytes", "array"):
         raise PackFormatError(f"{where}: unknown storage {meta['storage']!r}")
     return meta
+
+
+def is_record_reader(reader: Any) -> bool:
+    """Whether an open reader reads records (named fields) rather than (image, label) pairs."""
+    return hasattr(reader, "fields")
+
+
+def is_records(meta: dict[str, Any]) -> bool:
+    """Whether checked metadata describes a records pack (format version 2)."""
+    return meta.get("version") == RECORDS_VERSION
 
 
 class PackReader:
@@ -157,15 +182,18 @@ class PackReader:
         self.close()
 
 
-def open_pack(path: str | os.PathLike, format: str | None = None) -> PackReader:
-    """Opens an HDF5 or LMDB pack (format sniffed from the file unless given) in this process."""
+def open_pack(path: str | os.PathLike, format: str | None = None) -> Any:
+    """Opens an HDF5 or LMDB pack (format sniffed from the file unless given) in this process:
+    a :class:`PackReader` for an (image, label) pack, a records reader for a records pack."""
     fmt = format or sniff_format(path)
     if fmt == "hdf5":
-        from fastpipe.data.h5 import H5PackReader
+        from fastpipe.data.h5 import H5PackReader, H5RecordReader, h5_version
 
+        if h5_version(path) == RECORDS_VERSION:
+            return H5RecordReader(path, plain=False)
         return H5PackReader(path)
     if fmt == "lmdb":
-        from fastpipe.data.lmdb import LMDBPackReader
+        from fastpipe.data.lmdb import open_lmdb
 
-        return LMDBPackReader(path)
+        return open_lmdb(path)
     raise ValueError(f"format must be 'hdf5' or 'lmdb', got {format!r}")

@@ -36,6 +36,13 @@ class PackDataset(PerSample, Dataset):
     ``(3, H, W)`` tensor). ``file`` is the pack's path; ``path(i)`` names the file sample ``i``
     was packed from.
 
+    Records (a records pack, a plain HDF5 file, tar shards): ``dataset[i]`` is a dict of the
+    fields (a tuple with ``fields=[...]``, which picks and orders them, or for a pack of tuples);
+    image fields go through the decoder (or the recipe's), the rest come back as stored (arrays
+    as tensors of their dtype, see :mod:`fastpipe.data.fields`); ``auto_augment`` applies to the
+    one image field, ``transform`` to the whole record. ``fields`` maps each name to its field;
+    ``targets`` and ``classes`` come from a ``label`` int field when there is one.
+
     The constructor opens the pack once to validate it and read the labels, then closes it, so
     nothing open is ever pickled or inherited: each DataLoader worker (fork or spawn) opens its own
     handle on first access, and a handle from before a fork is replaced in the child.
@@ -52,8 +59,12 @@ class PackDataset(PerSample, Dataset):
         seed: int | None = None,
         *,
         recipe: Recipe | None = None,
+        fields: Sequence[str] | None = None,
     ) -> None:
         self.file = Path(path)
+        if isinstance(fields, str):
+            raise TypeError(f"fields must be a list of field names, got the string {fields!r}")
+        self._fields_arg = None if fields is None else list(fields)
         where = type(self).__name__
         if recipe is not None:
             if decoder is not None:
@@ -70,13 +81,20 @@ class PackDataset(PerSample, Dataset):
                               getattr(decoder, "interpolation", DEFAULT_INTERPOLATION))
         with self._open() as reader:
             self.meta: dict[str, Any] = reader.meta
-            self.targets: np.ndarray = reader.labels
-            self.classes: list[str] = reader.classes
-            self.storage: str = reader.spec.storage
-            self.layout: str = reader.spec.layout
-            self.sample_shape = reader.spec.sample_shape
             self._count = reader.count
-        if decoder is not None and self.storage != "bytes":
+            if not fmt.is_record_reader(reader):
+                if self._fields_arg is not None:
+                    raise ValueError(f"{self.file} is an (image, label) pack; fields= picks the "
+                                     "fields of a records pack or a plain HDF5 file")
+                self.targets: np.ndarray | None = reader.labels
+                self.classes: list[str] = reader.classes
+                self.storage: str = reader.spec.storage
+                self.layout: str | None = reader.spec.layout
+                self.sample_shape = reader.spec.sample_shape
+                self.fields: dict[str, Any] | None = None
+            else:
+                self._init_records(reader)
+        if self.fields is None and decoder is not None and self.storage != "bytes":
             raise ValueError(
                 f"{self.file} holds decoded arrays ({self.layout}) of one size, which cannot be "
                 "cropped and resized per sample: a decoder applies to bytes storage only (and "
@@ -85,7 +103,26 @@ class PackDataset(PerSample, Dataset):
         self._reader: fmt.PackReader | None = None
         self._pid: int | None = None
 
-    def _open(self) -> fmt.PackReader:
+    def _init_records(self, reader: Any) -> None:
+        """Record mode: the fields to return, in order, and the label field if there is one."""
+        names = self._fields_arg or reader.order
+        if unknown := [n for n in names if n not in reader.fields]:
+            raise ValueError(f"{self.file} has no field {unknown[0]!r}; it has "
+                             f"{', '.join(reader.order)}")
+        self.fields = {n: reader.fields[n] for n in names}
+        self._names = list(names)
+        self._as_tuple = self._fields_arg is not None or reader.meta.get("record") == "tuple"
+        self.storage, self.layout, self.sample_shape = "fields", None, None
+        label = reader.fields.get("label")
+        self.targets = (np.asarray(reader.read_block("label", 0, reader.count), np.int64)
+                        if label is not None and label.kind == "int" else None)
+        self.classes = list(reader.classes.get("label", []))
+        images = [n for n in names if self.fields[n].kind == "image"]
+        if self._policy is not None and len(images) != 1:
+            raise ValueError(f"auto_augment applies to one image field; {self.file} returns "
+                             f"{len(images)} ({images}): pick the fields with fields=[...]")
+
+    def _open(self) -> Any:
         try:
             found = fmt.sniff_format(self.file)
         except fmt.PackFormatError:
@@ -96,9 +133,16 @@ class PackDataset(PerSample, Dataset):
                 f"{self.file} is an {'LMDB' if found == 'lmdb' else 'HDF5'} file, but "
                 f"{type(self).__name__} reads {'LMDB' if self._format == 'lmdb' else 'HDF5'} "
                 f"packs: open it with fastpipe.data.{reader}")
+        if self._format == "hdf5":
+            from fastpipe.data.h5 import H5PackReader, H5RecordReader, h5_version
+
+            version = h5_version(self.file)
+            if version is None or version == fmt.RECORDS_VERSION:
+                return H5RecordReader(self.file, plain=version is None, names=self._fields_arg)
+            return H5PackReader(self.file)
         return fmt.open_pack(self.file, self._format)
 
-    def _get_reader(self) -> fmt.PackReader:
+    def _get_reader(self) -> Any:
         pid = os.getpid()
         if self._reader is None or self._pid != pid:
             if self._reader is not None:
@@ -122,15 +166,23 @@ class PackDataset(PerSample, Dataset):
     def __len__(self) -> int:
         return self._count
 
-    def __getitem__(self, index: int) -> tuple[Any, int]:
+    def __getitem__(self, index: int) -> Any:
         reader = self._get_reader()
         i = reader._check_index(index)
+        if self.fields is not None:
+            return self._record(reader, i, self._epoch_of(index))
         return self._finish(reader, i, self._epoch_of(index), reader.read(i))
 
-    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, int]]:
+    def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """Batched read: samples are read in storage order, returned in the order asked."""
         reader = self._get_reader()
         checked = [reader._check_index(i) for i in indices]
+        if self.fields is not None:
+            epochs = [self._epoch_of(i) for i in indices]
+            out: list[Any] = [None] * len(checked)
+            for k in np.argsort(checked, kind="stable"):
+                out[k] = self._record(reader, checked[k], epochs[k])
+            return out
         epochs = [self._epoch_of(i) for i in indices]
         order = np.argsort(checked, kind="stable")
         if self.storage == "array":
@@ -157,11 +209,32 @@ class PackDataset(PerSample, Dataset):
             image = self._augmented(self._decoded(reader, index, epoch, data, tensor))
         return image, int(self.targets[index])
 
+    def _record(self, reader: Any, index: int, epoch: int) -> Any:
+        """Sample ``index`` as a dict of its fields (a tuple with ``fields=`` or for a pack of
+        tuples): images through the decoder, the rest as :mod:`fastpipe.data.fields` returns
+        them. auto_augment applies to the image field, transform to the whole record."""
+        values = {}
+        for name in self._names:
+            field = self.fields[name]
+            stored = reader.read(index, name)
+            if field.kind == "image":
+                values[name] = self._decoded(reader, index, epoch, stored, None, name)
+            else:
+                values[name] = field.value(stored)
+        if not self._needs_fork():
+            return tuple(values.values()) if self._as_tuple else values
+        with forked_default_generator(sample_seed(self.seed, epoch, index, 1)):
+            if self._policy is not None:
+                name = next(n for n in self._names if self.fields[n].kind == "image")
+                values[name] = self._policy(values[name])
+            record = tuple(values.values()) if self._as_tuple else values
+            return self._transform(record) if self._transform is not None else record
+
     def _decoded(self, reader: fmt.PackReader, index: int, epoch: int, data: np.ndarray | None,
-                 tensor: torch.Tensor | None) -> Any:
-        if self.storage != "bytes":
+                 tensor: torch.Tensor | None, field: str | None = None) -> Any:
+        if self.storage == "array":
             return tensor if tensor is not None else torch.from_numpy(data)
-        source = f"{self.file}[{index}]"
+        source = f"{self.file}[{index}]" + (f"[{field!r}]" if field is not None else "")
         try:
             if isinstance(self.decoder, ImageDecoder):
                 return self.decoder._from_seed(data, source, sample_seed(self.seed, epoch, index))
@@ -178,8 +251,8 @@ class PackDataset(PerSample, Dataset):
         Bytes storage only; this is what a DALI external source feeds to its decoder.
         """
         if self.storage != "bytes":
-            raise ValueError(f"{self.file} holds decoded arrays (array storage): encoded() "
-                             "needs bytes storage")
+            raise ValueError(f"{self.file} holds {self.storage} storage: encoded() needs bytes "
+                             "storage (an (image, label) pack of encoded images)")
         reader = self._get_reader()
         i = reader._check_index(index)
         return reader.read(i), int(self.targets[i])
@@ -189,7 +262,10 @@ class PackDataset(PerSample, Dataset):
         and options, and the labels), which a saved loader state must match
         (fastpipe.data._resume)."""
         digest = hashlib.sha256(str(self.meta.get("plan") or self.file).encode())
-        digest.update(np.asarray(self.targets, dtype=np.int64).tobytes())
+        if self.fields is not None:
+            digest.update(f"{self._count}\0{self.meta.get('fields')}".encode())
+        if self.targets is not None:
+            digest.update(np.asarray(self.targets, dtype=np.int64).tobytes())
         return digest.hexdigest()[:16]
 
     def describe(self, index: int) -> str:
@@ -219,6 +295,9 @@ class PackDataset(PerSample, Dataset):
             pass
 
     def __repr__(self) -> str:
+        if self.fields is not None:
+            return (f"{type(self).__name__}({str(self.file)!r}, samples={len(self)}, "
+                    f"fields={list(self.fields)})")
         shape = f", sample_shape={tuple(self.sample_shape)}" if self.sample_shape else ""
         return (f"{type(self).__name__}({str(self.file)!r}, samples={len(self)}, "
                 f"storage={self.storage!r}"

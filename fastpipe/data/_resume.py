@@ -16,9 +16,13 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from fastpipe._background import deferred_interrupt
+
 __all__ = [
     "STATE_VERSION",
     "HandOff",
+    "augmentation_state",
+    "restore_augmentation",
     "StatesAhead",
     "WrappedHandOff",
     "check_loader_state",
@@ -39,6 +43,36 @@ def dataset_fingerprint(dataset: Any) -> dict[str, Any]:
         "length": len(dataset),
         "fingerprint": str(fingerprint()) if callable(fingerprint) else None,
     }
+
+
+def augmentation_state(dataset: Any) -> dict[str, Any] | None:
+    """The seed of a dataset's per-sample randomness (fastpipe's datasets: crops, flips,
+    auto_augment are functions of ``(seed, epoch, index)``), which a state saves so that a
+    restart replays the same crops even when the seed was drawn (``seed=None``)."""
+    seed = getattr(dataset, "seed", None)
+    if not hasattr(dataset, "_seed_drawn") or not isinstance(seed, int):
+        return None
+    return {"seed": seed}
+
+
+def restore_augmentation(dataset: Any, saved: dict[str, Any] | None,
+                         owner: str) -> Callable[[], None]:
+    """Checks a saved augmentation seed against a dataset, changing nothing, and returns what
+    applies it: a dataset whose seed was drawn takes the saved one; a seed the user chose that
+    differs from it is refused (the replayed batches would not be the ones the run saw)."""
+    if saved is None or augmentation_state(dataset) is None:
+        return lambda: None
+    seed = int(saved["seed"])
+    if dataset.seed != seed and not dataset._seed_drawn:
+        raise ValueError(
+            f"{owner}.load_state_dict(): the state was saved with the dataset's seed {seed}, "
+            f"this dataset was built with seed={dataset.seed}; build it with seed={seed} or "
+            "seed=None (which takes the saved one)")
+
+    def apply() -> None:
+        dataset.seed = seed
+
+    return apply
 
 
 def check_loader_state(
@@ -177,7 +211,15 @@ class WrappedHandOff(HandOff):
         )
 
     def read(self) -> Iterator[Any]:
-        batches = iter(self._loader)
+        # iter() runs here, in the caller's thread, not at the first next() of a generator, which
+        # may be a background thread's: a DataLoader's iter() forks its worker processes, and a
+        # fork from one thread inherits the locks the others hold at that moment (logging's).
+        # Ctrl-C is held back while the workers start (see deferred_interrupt), then raised.
+        with deferred_interrupt():
+            batches = iter(self._loader)
+        return self._read(batches)
+
+    def _read(self, batches: Iterator[Any]) -> Iterator[Any]:
         try:
             for batch in batches:
                 if self._loader_states is not None:

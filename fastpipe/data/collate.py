@@ -7,11 +7,13 @@ import mmap
 import sys
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
 import torch
+
+from fastpipe.data._collate_records import collate_records, is_record_batch
 
 
 def _empty_pinned(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -109,9 +111,10 @@ _kept = _KeptBatches()
 
 
 def fast_collate(
-    batch: Sequence[tuple[torch.Tensor, Any]], pin_memory: bool = False
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Stacks ``(image, label)`` samples into ``(uint8 (N, C, H, W), int64 (N,))``.
+    batch: Sequence[Any], pin_memory: bool = False, pad: bool | Collection[Any] = False
+) -> Any:
+    """Stacks ``(image, label)`` samples into ``(uint8 (N, C, H, W), int64 (N,))``, and records
+    (dicts, or tuples other than ``(image, label)``) field by field.
 
     Images keep their dtype (uint8 from :class:`~fastpipe.data.ImageFolder`): no float conversion
     on the CPU, a quarter of the bytes of a float batch to move between processes and to the GPU.
@@ -123,9 +126,19 @@ def fast_collate(
     process (``num_workers=0`` or a background thread): pinned memory cannot be handed across
     processes, so in a worker pass ``pin_memory=True`` to the DataLoader instead. Without a CUDA
     device it warns and returns unpinned memory, as the DataLoader does.
+
+    Records come back as a dict (or tuple) of batches: tensors and arrays of one shape stacked in
+    their dtype, into the same memory as images; numbers as tensors of their dtype (Python int:
+    int64, float: float64); strings and bytes as lists. A field whose first axis varies within
+    the batch is an error unless ``pad`` is True (or names it: field names, or positions of a
+    tuple): it is then padded with zeros to the longest and its lengths (int64) come as
+    ``<name>_lengths`` (a tuple's position holds ``(padded, lengths)``). Pass options with
+    ``functools.partial(fast_collate, pad=True)``.
     """
     if len(batch) == 0:
         raise ValueError("fast_collate got an empty batch")
+    if is_record_batch(batch):
+        return collate_records(batch, pad, _allocator(pin_memory))
     try:
         images = [sample[0] for sample in batch]
         labels = [sample[1] for sample in batch]
@@ -147,7 +160,14 @@ def fast_collate(
                 f"{tuple(first.shape)} {first.dtype}, sample {i} is {what}; "
                 "give the dataset a fixed output size"
             )
-    shape = (len(images), *first.shape)
+    out = _allocator(pin_memory)((len(images), *first.shape), first.dtype)
+    torch.stack(images, out=out)
+    return out, _labels_tensor(labels)
+
+
+def _allocator(pin_memory: bool):
+    """Where a batch's tensors go: pinned memory (asked for, in the main process), shared memory
+    (in a DataLoader worker), or memory kept from earlier batches (in this process)."""
     in_worker = torch.utils.data.get_worker_info() is not None
     if pin_memory and in_worker:
         raise ValueError(
@@ -158,17 +178,14 @@ def fast_collate(
     if pin_memory and not torch.cuda.is_available():
         warnings.warn(
             "fast_collate(pin_memory=True) but no CUDA device is available: returning unpinned "
-            "memory", stacklevel=2,
+            "memory", stacklevel=3,
         )
         pin_memory = False
     if pin_memory:
-        out = _empty_pinned(shape, first.dtype)
-    elif in_worker:
-        out = _empty_shared(shape, first.dtype)
-    else:
-        out = _kept.empty(shape, first.dtype)
-    torch.stack(images, out=out)
-    return out, _labels_tensor(labels)
+        return _empty_pinned
+    if in_worker:
+        return _empty_shared
+    return _kept.empty
 
 
 def _labels_tensor(labels: list[Any]) -> torch.Tensor:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +20,21 @@ import numpy as np
 from fastpipe._optional import require
 from fastpipe.data._format import (
     ATTR_FORMAT,
+    ATTR_VERSION,
     CRC32,
     DATA,
     FORMAT,
+    IMAGE_VERSION,
     LABELS,
     META,
     OFFSETS,
     PATH_DATA,
     PATH_OFFSETS,
+    R_CRC32,
+    R_META,
+    R_OFFSETS,
+    R_PATH_DATA,
+    R_PATH_OFFSETS,
     PackFormatError,
     PackReader,
     Spec,
@@ -38,7 +46,10 @@ __all__ = ["H5Dataset"]
 
 
 class H5Dataset(PackDataset):
-    """Reads an HDF5 pack: ``dataset[i] -> (image, label)``.
+    """Reads an HDF5 pack: ``dataset[i] -> (image, label)``; a records pack or a plain HDF5
+    file (top-level datasets sharing their first dimension, one row per sample) as records:
+    ``dataset[i] -> {"mix": tensor, "zone0": tensor}``, or a tuple with ``fields=[...]`` (see
+    docs/your-data.md).
 
     Bytes storage: ``decoder(data, source)`` turns the stored bytes (uint8 1-D array) into the
     image; the default decodes fully to a uint8 ``(3, H, W)`` tensor. Array storage: the stored
@@ -370,3 +381,256 @@ def _read_index(f, name: str, where: str, shape: tuple[int, ...], dtype) -> np.n
     if out.size:
         ds.read_direct(out)
     return out
+
+
+def h5_version(path: str | os.PathLike) -> int | None:
+    """The fastpipe format version an HDF5 file is marked with; None for a plain HDF5 file."""
+    h5py = h5py_module()
+    try:
+        with h5py.File(path, "r") as f:
+            marker = f.attrs.get(ATTR_FORMAT)
+            version = f.attrs.get(ATTR_VERSION)
+    except OSError as exc:
+        raise PackFormatError(f"cannot open {path} as HDF5 ({exc})") from exc
+    if isinstance(marker, bytes):
+        marker = marker.decode()
+    if marker != FORMAT:
+        return None
+    return int(version) if version is not None else IMAGE_VERSION
+
+
+class _Column:
+    """One field's dataset, read at random: rows ``[a, b)`` along its first axis.
+
+    Plain data (native byte order, no filters, contiguous or chunked along the first axis only,
+    not virtual) is read with ``os.preadv`` at its file offsets, with no h5py call on the hot
+    path, so threads read in parallel; anything else reads through h5py.
+    """
+
+    def __init__(self, ds, fd_of: Any) -> None:
+        self.ds = ds
+        self.row_shape = tuple(ds.shape[1:])
+        self.dtype = ds.dtype
+        self._fd_of = fd_of  # opens the file's descriptor on first direct read
+        self._offset: int | None = None
+        self._chunks: np.ndarray | None = None
+        self._chunk_len = 0
+        self._row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * ds.dtype.itemsize
+        plain = (ds.dtype.kind in "biuf" and ds.dtype.isnative and not ds.is_virtual
+                 and ds.id.get_create_plist().get_nfilters() == 0 and ds.file.userblock_size == 0)
+        if plain and ds.chunks is None:
+            offset = ds.id.get_offset()
+            self._offset = None if offset is None else int(offset)
+        elif plain and tuple(ds.chunks[1:]) == self.row_shape:
+            self._chunk_len = ds.chunks[0]
+            self._chunks = _chunk_offsets(ds, self._chunk_len)
+        self.direct = self._offset is not None or self._chunks is not None
+
+    def rows(self, a: int, b: int) -> np.ndarray:
+        out = np.empty((b - a, *self.row_shape), self.dtype)
+        if b <= a:
+            return out
+        if not self.direct:
+            self.ds.read_direct(out, np.s_[a:b])
+            return out
+        fd = self._fd_of()
+        flat = out.reshape(-1).view(np.uint8)
+        if self._chunks is None:
+            _pread(fd, flat, self._offset + a * self._row_bytes, self.ds.file.filename)
+            return out
+        done, row = 0, a
+        while row < b:  # the rows may span chunks: read the piece in each
+            chunk, within = divmod(row, self._chunk_len)
+            n = min(b - row, self._chunk_len - within)
+            size = n * self._row_bytes
+            _pread(fd, flat[done:done + size], int(self._chunks[chunk]) + within * self._row_bytes,
+                   self.ds.file.filename)
+            done += size
+            row += n
+        return out
+
+
+def _pread(fd: int, out: np.ndarray, offset: int, where: str) -> None:
+    if out.nbytes and os.preadv(fd, [out], offset) != out.nbytes:
+        raise PackFormatError(f"{where} is truncated (short read); run fastpipe verify")
+
+
+class H5RecordReader:
+    """Reads records (named fields) from one HDF5 file in one process: a fastpipe records pack
+    (format version 2), or a plain HDF5 file whose top-level datasets share their first
+    dimension (one row per sample), as users write them.
+
+    ``read(i, name)`` returns the stored form of a field (see :mod:`fastpipe.data.fields`);
+    :func:`fastpipe.data.records.field_value` turns it into what the dataset returns.
+    """
+
+    def __init__(self, path: str | os.PathLike, plain: bool | None = None,
+                 names: Sequence[str] | None = None) -> None:
+        from fastpipe.data import fields as F
+
+        h5py = h5py_module()
+        self.path = Path(path)
+        where = str(self.path)
+        if plain is None:
+            plain = h5_version(self.path) is None
+        self.plain = plain
+        try:
+            # Our packs are read a row at a time: no chunk cache. A user's file may be compressed
+            # in chunks of many rows, where h5py's default cache saves decoding a chunk per row.
+            f = h5py.File(self.path, "r", **({} if plain else {"rdcc_nbytes": 0}))
+        except OSError as exc:
+            raise PackFormatError(f"cannot open {where} as HDF5 ({exc})") from exc
+        self._file = f
+        self._fd: int | None = None
+        try:
+            if plain:
+                self.meta, self.fields = _plain_fields(f, where, names)
+            else:
+                raw = _require_dataset(f, R_META, where)[()]
+                self.meta = check_meta(json.loads(raw.decode() if isinstance(raw, bytes) else raw),
+                                       where)
+                self.fields = {n: F.field_from_json(self.meta["fields"][n])
+                               for n in self.meta["order"]}
+            self.count = int(self.meta["count"])
+            self.order: list[str] = list(self.meta["order"])
+            self.classes: dict[str, list[str]] = dict(self.meta.get("classes") or {})
+            self._columns: dict[str, _Column] = {}
+            self._offsets: dict[str, np.ndarray] = {}
+            for name in self.order:
+                ds = _require_dataset(f, name, where)
+                field = self.fields[name]
+                if not plain and field.variable:
+                    self._offsets[name] = _read_index(f, f"{R_OFFSETS}/{name}", where,
+                                                      (self.count + 1,), np.int64)
+                    if ds.shape[0] < self._offsets[name][-1]:
+                        raise PackFormatError(f"{where}: field {name!r} holds {ds.shape[0]} rows "
+                                              "but its offsets end past them; the file is damaged")
+                elif ds.shape[:1] != (self.count,):
+                    raise PackFormatError(f"{where}: field {name!r} has shape {ds.shape}, "
+                                          f"expected {self.count} rows")
+                self._columns[name] = _Column(ds, self._descriptor) if ds.dtype.kind in "biuf" \
+                    else None
+        except BaseException:
+            f.close()
+            raise
+
+    def _descriptor(self) -> int:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+        return self._fd
+
+    def _check_index(self, index: int) -> int:
+        return PackReader._check_index(self, index)  # type: ignore[arg-type]
+
+    def read(self, index: int, name: str) -> Any:
+        """Field ``name`` of sample ``index`` as stored: a fixed field's row, a variable field's
+        rows (flat uint8 for images, bytes and strings); a plain file's non-numeric values as
+        h5py gives them."""
+        column = self._columns[name]
+        if name in self._offsets:
+            offsets = self._offsets[name]
+            return column.rows(int(offsets[index]), int(offsets[index + 1]))
+        if column is None:  # strings, variable-length or compound data of a plain file
+            return self._file[name][index]
+        return column.rows(index, index + 1)[0]
+
+    def read_block(self, name: str, start: int, stop: int) -> np.ndarray:
+        """The stored rows of samples ``[start, stop)`` of one field, concatenated."""
+        if name in self._offsets:
+            offsets = self._offsets[name]
+            return self._columns[name].rows(int(offsets[start]), int(offsets[stop]))
+        return self._columns[name].rows(start, stop)
+
+    def offsets(self, name: str) -> np.ndarray | None:
+        return self._offsets.get(name)
+
+    def crc32(self, name: str) -> np.ndarray:
+        return _read_index(self._file, f"{R_CRC32}/{name}", str(self.path), (self.count,),
+                           np.uint32)
+
+    def source(self, index: int) -> str:
+        if self.plain:
+            return f"{self.path}[{index}]"
+        return self.sources(index, index + 1)[0]
+
+    def sources(self, start: int, stop: int) -> list[str]:
+        if self.plain:
+            return [f"{self.path}[{i}]" for i in range(start, stop)]
+        offsets = self._file[R_PATH_OFFSETS][start:stop + 1]
+        blob = bytes(self._file[R_PATH_DATA][offsets[0]:offsets[-1]]) if len(offsets) else b""
+        rel = offsets - offsets[0]
+        return [blob[rel[j]:rel[j + 1]].decode("utf-8", "replace") for j in range(stop - start)]
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        f = getattr(self, "_file", None)
+        if f is not None:
+            try:
+                f.close()
+            except Exception:  # noqa: BLE001 - see _Segment.close
+                pass
+            self._file = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _plain_fields(f, where: str, names: Sequence[str] | None) -> tuple[dict[str, Any], dict]:
+    """The metadata and fields of a plain HDF5 file: its top-level datasets (or ``names``), which
+    must share their first dimension."""
+
+    h5py = h5py_module()
+    if names is None:
+        names = [k for k in f if isinstance(f.get(k, getlink=False), h5py.Dataset)]
+        if not names:
+            raise PackFormatError(f"{where} has no datasets at its top level; read nested ones "
+                                  "with fields=['group/name', ...]")
+    lengths = {}
+    fields = {}
+    for name in names:
+        if name not in f or not isinstance(f[name], h5py.Dataset):
+            raise PackFormatError(f"{where} has no dataset {name!r} (it has: "
+                                  f"{', '.join(sorted(f))})")
+        ds = f[name]
+        if ds.ndim == 0:
+            raise PackFormatError(f"{where}: {name!r} is a scalar dataset, not one row per "
+                                  "sample; leave it out with fields=[...]")
+        lengths[name] = ds.shape[0]
+        fields[name] = _plain_field(ds, f"{where}[{name!r}]")
+    if len(set(lengths.values())) > 1:
+        listed = ", ".join(f"{n} {k}" for n, k in lengths.items())
+        raise PackFormatError(f"the datasets of {where} have different lengths ({listed}), so they "
+                              "are not one row per sample; pick those that are with "
+                              "fields=[...]")
+    meta = {"format": "hdf5", "count": next(iter(lengths.values())), "order": list(names),
+            "fields": {n: fl.to_json() for n, fl in fields.items()}, "plain": True}
+    return meta, fields
+
+
+def _plain_field(ds, where: str):
+    from fastpipe.data import fields as F
+
+    h5py = h5py_module()
+    if h5py.check_string_dtype(ds.dtype) is not None:
+        return F.StrField()
+    vlen = h5py.check_vlen_dtype(ds.dtype)
+    if vlen is not None:
+        if np.dtype(vlen).kind in "biuf":
+            return F.ArrayField(np.dtype(vlen).name, (None,))
+        return F.BytesField()
+    if ds.dtype.kind == "V" and ds.dtype.names is None:
+        return F.BytesField()  # opaque: raw bytes
+    if ds.dtype.kind not in "biufc":
+        raise PackFormatError(f"{where} holds {ds.dtype} values, which fastpipe does not read "
+                              "(numbers, booleans, strings and variable-length data); leave it "
+                              "out with fields=[...]")
+    if ds.ndim == 1:
+        return (F.FloatField if ds.dtype.kind == "f" else
+                F.IntField if ds.dtype.kind in "biu" else
+                lambda d: F.ArrayField(d, ()))(ds.dtype.name)
+    return F.ArrayField(ds.dtype.name, tuple(ds.shape[1:]))

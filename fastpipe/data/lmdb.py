@@ -205,3 +205,83 @@ class LMDBPackReader(PackReader):
                 except Exception:  # noqa: BLE001 - the transaction may already be gone
                     pass
             _lmdb_release(self.path, env)
+
+
+def lmdb_field_key(name: str, index: int) -> bytes:
+    return b"f/%s/%010d" % (name.encode(), index)
+
+
+def lmdb_crc_key(name: str) -> bytes:
+    return b"__crc32__/" + name.encode()
+
+
+def open_lmdb(path: str | os.PathLike) -> LMDBPackReader:
+    """The reader of an LMDB pack: records (format version 2) or (image, label)."""
+    from fastpipe.data._format import RECORDS_VERSION
+
+    probe = LMDBPackReader.__new__(LMDBPackReader)
+    probe.path = Path(path)
+    if not probe.path.exists():
+        raise FileNotFoundError(f"no such pack: {path}")
+    probe._env = _lmdb_acquire(probe.path)
+    probe._txns, probe._txns_lock = {}, threading.Lock()
+    try:
+        raw = probe._txn.get(LMDB_META)
+        version = json.loads(bytes(raw).decode()).get("version") if raw is not None else None
+    except ValueError:
+        version = None  # the reader explains what is wrong with it
+    finally:
+        probe.close()
+    return LMDBRecordReader(path) if version == RECORDS_VERSION else LMDBPackReader(path)
+
+
+class LMDBRecordReader(LMDBPackReader):
+    """Reads a records pack from LMDB: one value per field and sample (``f/<field>/<index>``),
+    the stored rows of :mod:`fastpipe.data.fields`; the same interface as the HDF5 records
+    reader."""
+
+    plain = False
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        from fastpipe.data import fields as F
+
+        self.path = Path(path)
+        where = str(self.path)
+        self._env = _lmdb_acquire(self.path)
+        self._txns: dict[int, Any] = {}
+        self._txns_lock = threading.Lock()
+        try:
+            raw = self._txn.get(LMDB_META)
+            if raw is None:
+                raise PackFormatError(f"{where} is an LMDB file but not a fastpipe pack")
+            self.meta = check_meta(json.loads(bytes(raw).decode()), where)
+            self.count = int(self.meta["count"])
+            self.order = list(self.meta["order"])
+            self.fields = {n: F.field_from_json(self.meta["fields"][n]) for n in self.order}
+            self.classes = dict(self.meta.get("classes") or {})
+        except BaseException:
+            self.close()
+            raise
+
+    def read(self, index: int, name: str) -> np.ndarray:
+        field = self.fields[name]
+        raw = self._get(lmdb_field_key(name, index), index)
+        row = np.frombuffer(raw, field.stored_dtype).copy()  # the buffer ends with the txn
+        if field.variable:
+            return row.reshape((-1, *field.row_shape))
+        if row.size != int(np.prod(field.row_shape, dtype=np.int64)):
+            raise PackFormatError(f"{self.path}: field {name!r} of sample {index} holds "
+                                  f"{row.size} values, expected the shape {field.row_shape}")
+        return row.reshape(field.row_shape)
+
+    def read_block(self, name: str, start: int, stop: int) -> np.ndarray:
+        rows = [self.read(i, name) for i in range(start, stop)]
+        if self.fields[name].variable:
+            return np.concatenate(rows) if rows else np.zeros((0, *self.fields[name].row_shape))
+        return np.stack(rows) if rows else np.zeros((0, *self.fields[name].row_shape))
+
+    def offsets(self, name: str) -> None:
+        return None
+
+    def crc32(self, name: str) -> np.ndarray:  # type: ignore[override]
+        return self._array(lmdb_crc_key(name), "<u4").astype(np.uint32)

@@ -8,10 +8,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fastpipe.data._format import open_pack
+from fastpipe.data._format import is_record_reader, open_pack
 from fastpipe.pack._errors import PackError
 from fastpipe.pack._files import check_output, install, progress_bar, size_on_disk
 from fastpipe.pack._options import default_merge, format_for
+from fastpipe.pack._records import write_merged_records, write_records_lmdb
 from fastpipe.pack._reports import PackReport
 from fastpipe.pack._write import write_lmdb, write_merged_h5
 
@@ -63,7 +64,8 @@ def merge_packs(
     merge_files(paths, tmp, meta, format, merge, progress)
     install(tmp, output)
     with open_pack(output, format) as reader:
-        count, storage, final_meta = reader.count, reader.spec.storage, reader.meta
+        count, final_meta = reader.count, reader.meta
+        storage = reader.spec.storage if hasattr(reader, "spec") else "fields"
     return PackReport(output, format, storage, merge, inputs, count, skipped, len(paths), 0,
                       time.perf_counter() - started, size_on_disk(output, final_meta))
 
@@ -78,7 +80,14 @@ def merge_files(files: Sequence[Path], tmp: Path, meta: dict[str, Any], format: 
                           f"merge ({'lmdb' if format == 'lmdb' else merge})", "sample") as bar:
             if tmp.exists():
                 tmp.unlink()
-            if format == "lmdb":
+            if is_record_reader(readers[0]):
+                if format == "lmdb":
+                    write_records_lmdb(readers, tmp, meta, bar.update)
+                else:
+                    write_merged_records(readers, tmp, meta, merge, bar.update)
+            elif any(is_record_reader(r) for r in readers):
+                raise PackError("records packs and (image, label) packs do not merge together")
+            elif format == "lmdb":
                 write_lmdb(readers, tmp, meta, bar.update)
             else:
                 write_merged_h5(readers, tmp, meta, merge, bar.update)
@@ -96,6 +105,8 @@ def _order_parts(paths: list[Path], metas: list[dict[str, Any]]) -> list[int]:
     that do not belong together."""
 
     def describe(m: dict[str, Any]) -> tuple:
+        if "fields" in m:
+            return ("fields", str(m["fields"]), tuple(m["order"]))
         return (m["storage"], m["layout"], tuple(m.get("sample_shape") or ()), m.get("dtype"))
 
     for p, m in zip(paths, metas, strict=True):

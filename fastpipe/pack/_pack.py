@@ -5,21 +5,25 @@ Each step is one function below; :func:`pack` only calls them in order.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import secrets
 import shutil
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fastpipe._version import __version__
 from fastpipe.data import _format as fmt
-from fastpipe.data._format import PackFormatError, open_pack
-from fastpipe.data.h5 import H5PackReader, h5py_module
+from fastpipe.data._format import PackFormatError, Spec, open_pack
+from fastpipe.data.fields import Field
+from fastpipe.data.h5 import h5py_module
 from fastpipe.data.lmdb import lmdb_module
+from fastpipe.pack import _records
 from fastpipe.pack._errors import PackError
 from fastpipe.pack._files import (
     check_output,
@@ -30,6 +34,7 @@ from fastpipe.pack._files import (
 )
 from fastpipe.pack._merge import merge_files
 from fastpipe.pack._options import DEFAULT_SHARD_SIZE, PackOptions
+from fastpipe.pack._records import RecordSpec
 from fastpipe.pack._reports import PackReport
 from fastpipe.pack._sources import Listing, Processor, list_source, probe_spec
 from fastpipe.pack._workers import (
@@ -66,13 +71,17 @@ def pack(
     overwrite: bool = False,
     resume: bool | None = None,
     start_method: str | None = None,
+    fields: Mapping[str, Field] | Sequence[str] | None = None,
 ) -> PackReport:
-    """Packs images (or arrays) into one HDF5 or LMDB file for fast random access.
+    """Packs images (or arrays, or records of named fields) into one HDF5 or LMDB file for fast
+    random access.
 
     Args:
         source: an ImageFolder root (``root/<class>/<image>``), a list file (``path [label]`` per
             line, paths relative to the list file), or a map-style dataset returning
-            ``(array, label)``.
+            ``(image, label)``, or records: a dict of fields, or a tuple other than
+            ``(image, int label)`` (e.g. two arrays). Records are stored one HDF5 dataset per
+            field (docs/your-data.md), each field exactly as the dataset returned it.
         output: the pack to write. Shards go to ``<output>.shards/<run>/`` first (one folder
             per run; an older run's folder is removed once the new output is installed).
         storage: ``"bytes"`` keeps encoded files (JPEG/PNG) as they are; ``"array"`` stores
@@ -110,6 +119,11 @@ def pack(
             datasets, whose contents pack cannot see (pass ``resume=True`` when the dataset is
             unchanged).
         start_method: multiprocessing start method for workers (default: the platform's).
+        fields: records: the fields, declared (``{"mix": ArrayField("float32", (4, 16000))}``,
+            some or all; the rest are taken from the first sample) or, for tuples, their names
+            (``["mix", "zone0"]``). Every sample must fit the fields: a dtype or shape that
+            differs is an error naming the sample and the field, never a cast. A variable first
+            axis must be declared (``ArrayField("float32", (None, 40))``).
 
     Returns:
         A :class:`PackReport` with counts, the skipped inputs and their reasons, and timings.
@@ -129,7 +143,7 @@ def pack(
     listing = list_source(source)
     if listing.count == 0:
         raise PackError(f"the source {listing.description} has no inputs")
-    plan = _Plan.make(listing, output, options)
+    plan = _Plan.make(listing, output, options, fields)
     results, resumed = _pack_shards(plan)
     return _install_output(plan, results, resumed, started)
 
@@ -150,19 +164,29 @@ class _Plan:
     replacing: bool  # a complete output exists and is being replaced
 
     @classmethod
-    def make(cls, listing: Listing, output: Path, options: PackOptions) -> _Plan:
+    def make(cls, listing: Listing, output: Path, options: PackOptions,
+             fields: Mapping[str, Field] | Sequence[str] | None = None) -> _Plan:
         lo, hi = 0, listing.count
         if options.part is not None:
             i, n = options.part
             lo, hi = i * listing.count // n, (i + 1) * listing.count // n
         # The sample spec comes from the start of the whole source, so every part agrees on it.
-        spec = probe_spec(listing, options.storage, 0, listing.count, options.size)
+        records = _records.probe(listing, fields)
+        if records is not None:
+            _check_record_options(options)
+            listing = dataclasses.replace(listing, records=True)
+            spec: Spec | RecordSpec = records
+            version = fmt.RECORDS_VERSION
+            classes: Any = _records.class_names(listing, records)
+        else:
+            spec = probe_spec(listing, options.storage, 0, listing.count, options.size)
+            version, classes = fmt.IMAGE_VERSION, listing.classes
         plan = hashlib.sha256(json.dumps(
             [listing.fingerprint, options.storage, spec.to_json(), options.plan_json()],
             sort_keys=True).encode()).hexdigest()[:24]
         meta = {
-            "format": fmt.FORMAT, "version": fmt.VERSION, **spec.to_json(),
-            "classes": listing.classes, "source": listing.to_json(),
+            "format": fmt.FORMAT, "version": version, **spec.to_json(),
+            "classes": classes, "source": listing.to_json(),
             "options": options.plan_json(), "plan": plan,
             "shard": list(options.part) if options.part is not None else None,
             "writer": f"fastpipe {__version__}",
@@ -175,8 +199,10 @@ class _Plan:
         replacing = output.exists()
         root = output.with_name(output.name + ".shards")
         directory = root / (f"{plan}-{secrets.token_hex(4)}" if replacing else plan)
-        processor = Processor(spec, options.max_side, options.size, options.quality,
-                              options.check, options.transcode)
+        processor = (_records.RecordProcessor(spec, options.check)
+                     if isinstance(spec, RecordSpec) else
+                     Processor(spec, options.max_side, options.size, options.quality,
+                               options.check, options.transcode))
         job = Job(listing, processor, spec, meta, directory, options.strict,
                   _RERUN if listing.kind != "dataset" else _RERUN_DATASET)
         return cls(listing, output, options, lo, hi, job,
@@ -253,7 +279,7 @@ def _resume(directory: Path, ranges: list[tuple[int, int]], plan: str | None
         meta = None
         if plan is not None and path.name in wanted:
             try:
-                with H5PackReader(path) as reader:
+                with open_pack(path, "hdf5") as reader:
                     meta = reader.meta
             except (PackFormatError, OSError):
                 meta = None
@@ -265,6 +291,15 @@ def _resume(directory: Path, ranges: list[tuple[int, int]], plan: str | None
     return kept
 
 
+def _check_record_options(options: PackOptions) -> None:
+    """Refuses the image-pack options a records pack cannot honour."""
+    image_only = {"storage": options.storage != "bytes", "max_side": options.max_side is not None,
+                  "size": options.size is not None, "transcode": options.transcode}
+    if given := [name for name, set_ in image_only.items() if set_]:
+        raise PackError(f"{', '.join(given)} apply to (image, label) packs; a records pack keeps "
+                        "every field as the dataset returned it")
+
+
 def _install_output(plan: _Plan, results: dict[int, ShardResult], resumed: int,
                     started: float) -> PackReport:
     """Merges the shards into the output (one HDF5 shard with a virtual merge is the output
@@ -273,6 +308,11 @@ def _install_output(plan: _Plan, results: dict[int, ShardResult], resumed: int,
     shard_files = [plan.directory / shard_name(a, b) for a, b in plan.ranges]
     skipped = [s for a, _ in plan.ranges for s in results[a].skipped]
     count = sum(results[a].count for a, _ in plan.ranges)
+    if count == 0:
+        reasons = "; ".join(f"{s['source']}: {s['reason']}" for s in skipped[:3])
+        raise PackError(
+            f"nothing was packed: all {plan.hi - plan.lo} inputs were skipped ({reasons}"
+            f"{' ...' if len(skipped) > 3 else ''}); fix them or point pack at other inputs")
     single = options.format == "hdf5" and options.merge == "virtual" and len(shard_files) == 1
     if single:
         install(shard_files[0], output)  # one shard is already a complete pack
@@ -286,7 +326,8 @@ def _install_output(plan: _Plan, results: dict[int, ShardResult], resumed: int,
         remove_old_shards(plan.root, plan.directory if options.merge == "virtual" else None)
     with open_pack(output, options.format) as reader:
         meta = reader.meta
-    return PackReport(output, options.format, options.storage,
+    storage = "fields" if plan.listing.records else options.storage
+    return PackReport(output, options.format, storage,
                       "none" if single else options.merge, plan.hi - plan.lo, count, skipped,
                       len(plan.ranges), resumed, time.perf_counter() - started,
                       size_on_disk(output, meta))

@@ -6,13 +6,14 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fastpipe.data._decode import CorruptImageError, decode_rgb
+from fastpipe.data._decode import CorruptImageError, ImageTooLargeError, decode_rgb
 from fastpipe.data._format import Spec
 from fastpipe.data._listing import IMG_EXTENSIONS, list_image_folder
 from fastpipe.pack._errors import PackError
@@ -36,6 +37,7 @@ class Listing:
     dataset: Any = None
     fingerprint: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    records: bool = False  # dataset samples are records of fields (pack/_records.py)
 
     def to_json(self) -> dict[str, Any]:
         return {"kind": self.kind, "description": self.description, "inputs": self.count,
@@ -49,6 +51,8 @@ def list_source(source: Any) -> Listing:
         if path.is_dir():
             return _list_folder(path)
         if path.is_file():
+            if tarfile.is_tarfile(path):
+                return _list_tars([path], str(path))
             return _list_file(path)
         raise FileNotFoundError(f"pack source {path} does not exist (expected an ImageFolder tree "
                                 "or a list file)")
@@ -90,6 +94,13 @@ def _stat_key(path: str) -> tuple[int, int]:
 def _list_folder(root: Path) -> Listing:
     # torchvision's listing, shared with ImageFolder and DALI, so sample i and its label match.
     classes, names, labels = list_image_folder(root, IMG_EXTENSIONS)
+    if not names:
+        tars = sorted(root.glob("*.tar"))
+        if tars:
+            return _list_tars(tars, str(root))
+        arrays = _list_array_folder(root)
+        if arrays is not None:
+            return arrays
     if not classes:
         raise PackError(f"{root} has no class folders: an ImageFolder tree is root/<class>/<image>")
     if not names:
@@ -101,6 +112,41 @@ def _list_folder(root: Path) -> Listing:
                    fingerprint=_fingerprint("folder", names, label_array, classes, files))
 
 
+def _list_tars(shards: list[Path], description: str) -> Listing:
+    """WebDataset tar shards, read in place: one record per sample, fields by extension."""
+    from fastpipe.data.tar import TarRecords
+
+    records = TarRecords(shards)
+    h = hashlib.sha256(b"tar")
+    for shard in shards:
+        st = shard.stat()
+        h.update(f"{shard.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\1".encode())
+    return Listing("dataset", f"{description} ({len(shards)} tar shards, {len(records)} samples)",
+                   len(records), [], dataset=records, fingerprint=h.hexdigest())
+
+
+def _list_array_folder(root: Path) -> Listing | None:
+    """A folder of ``.npy``/``.npz`` files (one record each), in class sub-folders (labelled) or
+    not; None when it holds none."""
+    from fastpipe.pack._records import ARRAY_EXTENSIONS
+
+    classes, names, labels = list_image_folder(root, ARRAY_EXTENSIONS)
+    if not names:
+        classes = []
+        names = sorted(os.path.relpath(os.path.join(d, f), root)
+                       for d, _, fs in os.walk(root, followlinks=True) for f in fs
+                       if f.lower().endswith(ARRAY_EXTENSIONS)
+                       and not f.endswith(".fastpipe-index.npz"))
+        labels = [-1] * len(names)
+    if not names:
+        return None
+    label_array = np.asarray(labels, np.int64)
+    files = [str(root / n) for n in names]
+    return Listing("arrays", str(root), len(names), classes, files=files, names=names,
+                   labels=label_array, records=True,
+                   fingerprint=_fingerprint("arrays", names, label_array, classes, files))
+
+
 def _list_file(list_path: Path) -> Listing:
     """``path [label]`` per line; ``#`` comments and blank lines skipped; tab-separated lines split
     on the last tab (paths with spaces), others on the last run of whitespace. Labels are integers
@@ -110,6 +156,8 @@ def _list_file(list_path: Path) -> Listing:
     with open(list_path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             line = line.strip()
+            if line.startswith(COLUMNS_HEADER):
+                return _list_columns(list_path, line[len(COLUMNS_HEADER):].split(), f, number)
             if not line or line.startswith("#"):
                 continue
             parts = line.rsplit("\t", 1) if "\t" in line else line.rsplit(None, 1)
@@ -135,8 +183,66 @@ def _list_file(list_path: Path) -> Listing:
         labels = np.asarray([index[lab] for lab in given], np.int64)
     base = list_path.parent
     files = [str(base / n) if not os.path.isabs(n) else n for n in names]
-    return Listing("list", str(list_path), len(names), classes, files=files, names=names,
-                   labels=labels, fingerprint=_fingerprint("list", names, labels, classes, files))
+    from fastpipe.pack._records import is_array_file
+
+    arrays = [is_array_file(n) for n in names]
+    if any(arrays) and not all(arrays):
+        raise PackError(f"{list_path} lists both .npy/.npz files and other files; a pack holds "
+                        "one kind of sample")
+    kind = "arrays" if all(arrays) else "list"
+    return Listing(kind, str(list_path), len(names), classes, files=files, names=names,
+                   labels=labels, records=kind == "arrays",
+                   fingerprint=_fingerprint(kind, names, labels, classes, files))
+
+
+COLUMNS_HEADER = "#fields:"
+
+
+def _list_columns(list_path: Path, fields: list[str], lines: Any, header: int) -> Listing:
+    """A list file of records: a ``#fields: lr hr label`` line names the columns, then one line
+    per sample (tab-separated when it has tabs, else whitespace). A ``label`` column holds
+    integers or class names; every other column a file (images kept as bytes, ``.npy``/``.npz``
+    arrays), relative to the list file."""
+    from fastpipe.pack._records import check_name
+
+    if len(fields) < 1 or len(set(fields)) != len(fields):
+        raise PackError(f"{list_path}:{header}: '{COLUMNS_HEADER}' needs distinct field names, "
+                        f"got {fields}")
+    for name in fields:
+        check_name(name)
+    columns = [k for k, name in enumerate(fields) if name != "label"]
+    rows: list[list[str]] = []
+    for number, line in enumerate(lines, header + 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        parts = [p.strip() for p in (line.split("\t") if "\t" in line else line.split())]
+        if len(parts) != len(fields):
+            raise PackError(f"{list_path}:{number}: {len(parts)} columns, but the header names "
+                            f"{len(fields)} ({' '.join(fields)})")
+        rows.append(parts)
+    if not rows:
+        raise PackError(f"{list_path} lists no samples after its '{COLUMNS_HEADER}' line")
+    base = list_path.parent
+    paths = [[row[k] if os.path.isabs(row[k]) else str(base / row[k]) for k in columns]
+             for row in rows]
+    classes: list[str] = []
+    if "label" in fields:
+        raw = [row[fields.index("label")] for row in rows]
+        if all(_is_int(x) for x in raw):
+            labels = np.asarray([int(x) for x in raw], np.int64)
+        else:
+            classes = sorted(set(raw))
+            labels = np.asarray([classes.index(x) for x in raw], np.int64)
+    else:
+        labels = np.full(len(rows), -1, np.int64)
+    names = [rows[i][columns[0]] if columns else f"line {i}" for i in range(len(rows))]
+    files = ["\0".join(p) for p in paths]  # one entry per sample: its files, in column order
+    flat = [f for p in paths for f in p]
+    return Listing("columns", str(list_path), len(rows), classes, files=files, names=names,
+                   labels=labels, records=True,
+                   extra={"columns": [fields[k] for k in columns]},
+                   fingerprint=_fingerprint("columns", names + fields, labels, classes, flat))
 
 
 def _is_int(text: str) -> bool:
@@ -152,8 +258,9 @@ def _is_int(text: str) -> bool:
 
 
 def load_input(listing: Listing, index: int, local: int | None = None,
-               files: list[str] | None = None) -> tuple[Any, int]:
-    """Reads input ``index``: (raw bytes or array-like, label). Raises SkipInput when unreadable."""
+               files: list[str] | None = None, raw: bool = False) -> tuple[Any, int]:
+    """Reads input ``index``: (raw bytes or array-like, label); a dataset's sample as it is with
+    ``raw`` or for a records pack. Raises SkipInput when unreadable."""
     if listing.kind == "dataset":
         try:
             item = listing.dataset[index]
@@ -161,9 +268,12 @@ def load_input(listing: Listing, index: int, local: int | None = None,
             raise
         except Exception as exc:  # noqa: BLE001 - a user dataset may raise anything for a bad sample
             raise SkipInput(f"dataset[{index}] raised {type(exc).__name__}: {exc}") from exc
+        if raw or listing.records:
+            return item, -1
         if not isinstance(item, (tuple, list)) or len(item) != 2:
             raise PackError(
-                f"dataset[{index}] returned {type(item).__name__}; pack needs (array, label) pairs"
+                f"dataset[{index}] returned {type(item).__name__}; an image pack needs "
+                "(image, label) pairs (a dict or another tuple packs as a record of fields)"
             )
         value, label = item
         try:
@@ -173,6 +283,29 @@ def load_input(listing: Listing, index: int, local: int | None = None,
                             "integers") from exc
         return value, label
     path = (files if files is not None else listing.files)[index if local is None else local]
+    if listing.kind == "columns":
+        from fastpipe.pack._records import load_array_file
+
+        record: dict[str, Any] = {}
+        for name, file in zip(listing.extra["columns"], path.split("\0"), strict=True):
+            try:
+                if file.lower().endswith((".npy", ".npz")):
+                    arrays = load_array_file(file)
+                    record[name] = arrays["array"] if len(arrays) == 1 and "array" in arrays \
+                        else arrays
+                else:
+                    with open(file, "rb") as f:
+                        record[name] = f.read()
+            except (OSError, ValueError, EOFError) as exc:
+                raise SkipInput(f"column {name!r}: unreadable {file}: {exc}") from exc
+        return record, -1
+    if listing.kind == "arrays":
+        from fastpipe.pack._records import load_array_file
+
+        try:
+            return load_array_file(path), -1
+        except (OSError, ValueError, EOFError) as exc:
+            raise SkipInput(f"unreadable array file: {exc}") from exc
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -186,6 +319,9 @@ def load_input(listing: Listing, index: int, local: int | None = None,
 def source_name(listing: Listing, index: int, names: list[str] | None = None,
                 local: int | None = None) -> str:
     if listing.kind == "dataset":
+        describe = getattr(listing.dataset, "describe", None)
+        if callable(describe):  # fastpipe's readers name a sample's origin (shard:key, file[i])
+            return str(describe(index))
         return f"{type(listing.dataset).__name__}[{index}]"
     return (names if names is not None else listing.names)[index if local is None else local]
 
@@ -197,6 +333,11 @@ def _as_array(value: Any) -> np.ndarray | bytes:
         return np.asarray(value.convert("RGB"))
     if hasattr(value, "detach") and hasattr(value, "numpy"):  # torch tensor
         return value.detach().cpu().numpy()
+    if isinstance(value, (tuple, list, dict)):
+        raise PackError(
+            f"a sample's image is a {type(value).__name__} of {len(value)} values; an image pack "
+            "holds (image, label) pairs. To pack several arrays per sample, return a flat tuple "
+            "(e.g. (mix, zone0, label)) or a dict: it packs as a record of fields")
     return np.asarray(value)
 
 
@@ -223,6 +364,8 @@ def fit_image(image: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
 def _decode(data: bytes, source: str) -> np.ndarray:
     try:
         return decode_rgb(data, source)
+    except ImageTooLargeError as exc:  # a decompression bomb, refused from its header
+        raise SkipInput(f"too large: {exc}") from exc
     except CorruptImageError as exc:
         raise SkipInput(f"corrupt image: {exc}") from exc
 

@@ -25,6 +25,7 @@ import numpy as np
 from fastpipe.data._format import Spec
 from fastpipe.pack._errors import CorruptInputError, PackError
 from fastpipe.pack._files import fsync
+from fastpipe.pack._records import RecordShardWriter, RecordSpec
 from fastpipe.pack._sources import Listing, Processor, SkipInput, load_input, source_name
 from fastpipe.pack._write import ShardWriter
 
@@ -66,8 +67,8 @@ class Job:
     """What every shard of one pack shares; sent once to each worker process."""
 
     listing: Listing
-    processor: Processor
-    spec: Spec
+    processor: Processor | Callable[[Any, str], Any]
+    spec: Spec | RecordSpec
     meta: dict[str, Any]
     directory: Path
     strict: bool
@@ -113,7 +114,8 @@ class Failed(NamedTuple):
 def pack_shard(job: Job, task: Task, on_progress: Callable[[int], None]) -> ShardResult:
     """Packs inputs ``[task.start, task.stop)`` into one shard file."""
     partial = job.directory / (task.name + ".partial")
-    writer = ShardWriter(partial, job.spec, task.stop - task.start)
+    writer = (RecordShardWriter if isinstance(job.spec, RecordSpec) else ShardWriter)(
+        partial, job.spec, task.stop - task.start)
     skipped: list[dict[str, Any]] = []
     pending, last = 0, time.monotonic()
     try:
@@ -147,10 +149,12 @@ def pack_shard(job: Job, task: Task, on_progress: Callable[[int], None]) -> Shar
     return ShardResult(writer.count, skipped)
 
 
-def _load(job: Job, task: Task, index: int, local: int, name: str) -> tuple[np.ndarray, int]:
+def _load(job: Job, task: Task, index: int, local: int, name: str) -> tuple[Any, int]:
     value, label = load_input(job.listing, index, local, task.files)
     if task.labels is not None:
         label = int(task.labels[local])
+        if job.listing.kind in ("arrays", "columns") and label >= 0:
+            value["label"] = label
     return job.processor(value, name), label
 
 

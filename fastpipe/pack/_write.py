@@ -62,7 +62,7 @@ def _stored_dtype(spec: Spec) -> np.dtype:
 def write_root(f, meta: dict[str, Any], spec: Spec, count: int) -> None:
     h5py = h5py_module()
     f.attrs[fmt.ATTR_FORMAT] = fmt.FORMAT
-    f.attrs[fmt.ATTR_VERSION] = fmt.VERSION
+    f.attrs[fmt.ATTR_VERSION] = fmt.IMAGE_VERSION
     f.attrs["storage"] = spec.storage
     f.attrs["count"] = np.int64(count)
     if fmt.META in f:

@@ -38,6 +38,7 @@ def test_each_pipeline_is_measured_in_its_own_process(tmp_path, sample_root):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # 8 fresh interpreters importing torch: minutes on a loaded 2-core box
 def test_a_baseline_row_imports_the_baseline_checkouts_fastpipe(tmp_path, sample_root):
     # The baseline: a copy of this checkout's package (its compiled extensions with it).
     import shutil

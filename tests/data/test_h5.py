@@ -113,10 +113,12 @@ def test_files_that_are_not_packs_are_refused(sample_root, tmp_path, bytes_pack)
     jpeg = next(sample_root.glob("class_00/*.jpg"))
     with pytest.raises(PackFormatError, match="cannot open .* as HDF5"):
         H5Dataset(jpeg)
-    with h5py.File(tmp_path / "other.h5", "w") as f:
+    with h5py.File(tmp_path / "other.h5", "w") as f:  # a plain HDF5 file reads as records
         f["x"] = np.arange(3)
-    with pytest.raises(PackFormatError, match="not a fastpipe pack"):
+        f["y"] = np.arange(4)
+    with pytest.raises(PackFormatError, match=r"different lengths \(x 3, y 4\).*fields="):
         H5Dataset(tmp_path / "other.h5")
+    assert H5Dataset(tmp_path / "other.h5", fields=["x"])[2] == (2,)
     with pytest.raises(FileNotFoundError):
         H5Dataset(tmp_path / "missing.h5")
     damaged = tmp_path / "nolabels.h5"

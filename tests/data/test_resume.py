@@ -650,3 +650,37 @@ def test_prefetcher_state_carries_its_batch_transform_at_the_handed_batch(no_thr
     resumed.load_state_dict(state)
     assert_same(whole[3:], epoch_batches(resumed), "prefetcher with Mixup, resumed at batch 3")
     resumed.close()
+
+
+def _crops(sample_root, seed, state=None, batches=4):
+    from fastpipe.data import ImageFolder, fast_collate
+
+    dataset = ImageFolder(sample_root, size=32, seed=seed)
+    loader = DataLoaderX(dataset, batch_size=4, shuffle=True, seed=11, collate_fn=fast_collate)
+    if state is not None:
+        loader.load_state_dict(state)
+    out, saved = [], None
+    for k, (images, _) in enumerate(loader):
+        out.append(images.clone())
+        if k == 1:
+            saved = loader.state_dict()
+        if len(out) == batches:
+            break
+    return out, saved
+
+
+def test_a_restart_with_seed_none_replays_the_same_crops(sample_root, no_thread_leak):
+    # The augmentation seed drawn for seed=None is saved, so the resumed batches are the ones the
+    # uninterrupted run got (the order alone resumed before, with other crops).
+    full, state = _crops(sample_root, seed=None)
+    assert state["augmentation"]["seed"] is not None
+    resumed, _ = _crops(sample_root, seed=None, state=state, batches=2)
+    assert all(torch.equal(a, b) for a, b in zip(resumed, full[2:], strict=True))
+
+
+def test_a_restart_with_another_chosen_seed_is_refused(sample_root, no_thread_leak):
+    _, state = _crops(sample_root, seed=5)
+    with pytest.raises(ValueError, match="saved with the dataset's seed 5.*seed=6"):
+        _crops(sample_root, seed=6, state=state)
+    resumed, _ = _crops(sample_root, seed=5, state=state, batches=1)
+    assert len(resumed) == 1

@@ -82,3 +82,59 @@ def make_corrupt_folder(sample_root: Path, root: Path, good_per_class: int = 2) 
 def hflip(image):
     """A picklable transform: flips a CHW tensor left to right."""
     return image.flip(-1)
+
+
+class SpeechRecords:
+    """The speech-feature recipe's samples: ``mix`` float32 (4, T) and ``zone0`` float32 (T,),
+    plus ``frames`` int64 of a length that varies per sample and a ``label``. ``kind="tuple"``
+    returns ``(mix, zone0)`` only (two arrays of the same dtype)."""
+
+    def __init__(self, n: int = 24, t: int = 160, kind: str = "dict",
+                 marker: str | os.PathLike | None = None, kill_index: int = -1) -> None:
+        self.n, self.t, self.kind = n, t, kind
+        self.marker, self.kill_index = (None if marker is None else str(marker)), kill_index
+
+    def __len__(self) -> int:
+        return self.n
+
+    def record(self, index: int) -> dict:
+        rng = np.random.default_rng(1000 + index)
+        return {"mix": rng.standard_normal((4, self.t)).astype(np.float32),
+                "zone0": rng.standard_normal(self.t).astype(np.float32),
+                "frames": rng.integers(-2**40, 2**40, 3 + index % 5, dtype=np.int64),
+                "label": index % 4}
+
+    def __getitem__(self, index: int):
+        if not 0 <= index < self.n:
+            raise IndexError(index)
+        if index == self.kill_index and self.marker and os.path.exists(self.marker):
+            os.unlink(self.marker)
+            os.kill(os.getpid(), signal.SIGKILL)
+        record = self.record(index)
+        if self.kind == "tuple":
+            return record["mix"][0], record["zone0"]
+        return record
+
+
+def write_shards(root: Path, shards: int = 3, per_shard: int = 10) -> list[bytes]:
+    """WebDataset shards: ``xxxxx.jpg`` + ``xxxxx.cls`` + ``xxxxx.txt`` per sample."""
+    import io
+    import tarfile
+
+    from PIL import Image
+
+    root.mkdir(exist_ok=True)
+    jpegs = []
+    for s in range(shards):
+        with tarfile.open(root / f"{s:06d}.tar", "w") as tar:
+            for i in range(per_shard):
+                k = s * per_shard + i
+                buffer = io.BytesIO()
+                Image.new("RGB", (24 + k, 20), (k * 7 % 256, 40, 90)).save(buffer, format="JPEG")
+                jpegs.append(buffer.getvalue())
+                for name, data in ((f"{k:05d}.jpg", jpegs[-1]), (f"{k:05d}.cls", b"%d" % (k % 3)),
+                                   (f"{k:05d}.txt", f"sample {k}".encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    return jpegs

@@ -76,6 +76,7 @@ EXEMPT = {
     ("extension_available", "device"): "a question about one device type, not a destination",
     ("H5Dataset", "layout"): "the stored array layout of a pack file, not a memory format",
     ("LMDBDataset", "layout"): "the stored array layout of a pack file, not a memory format",
+    ("TarDataset", "layout"): "the pack datasets' stored layout (None: tar shards hold records)",
     ("EncodedSource", "rank"): "a building block: the share is explicit (DALILoader resolves it)",
     ("EncodedSource", "world_size"): "a building block: the share is explicit",
     ("EncodedSource", "seed"): "the order seed all ranks share: explicit, default 0",

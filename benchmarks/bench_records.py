@@ -1,0 +1,178 @@
+"""Records: the speech-feature recipe's samples (``mix`` float32 (4, 16000) + ``zone0`` float32
+(16000,), 320 KB a sample) read at random and through loaders with 2 workers.
+
+Rows, each in its own process, in interleaved rounds (``_harness.run_rounds``):
+
+- the hand-written baseline users have: a Dataset opening ``h5py.File`` lazily and reading
+  ``f["mix"][i]``, ``f["zone0"][i]``, through ``torch.utils.data.DataLoader`` (2 processes);
+- fastpipe's ``H5Dataset`` on the same plain file and on a records pack (``pack`` with
+  ``merge="copy"``), through ``DataLoaderX`` with 2 worker processes and with 2 threads;
+- random access in one process (no loader) for each reader.
+
+Reported: samples/s, GB/s of sample data, CPU ms per sample. The files sit in the page cache (the
+set is smaller than memory), so this measures the reader and the hand-off between workers and the
+training loop, not the disk.
+
+    python -m benchmarks.bench_records [--quick] [--samples N] [--repeat R] [--markdown FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks import _harness
+
+SAMPLE_BYTES = (4 * 16000 + 16000) * 4
+ROWS = {
+    "h5py Dataset, random access": "",
+    "H5Dataset plain file, random access": "",
+    "H5Dataset pack, random access": "",
+    "h5py Dataset + DataLoader, 2 processes": "",
+    "H5Dataset pack + DataLoaderX, 2 processes": "",
+    "H5Dataset plain file + DataLoaderX, 2 threads": "",
+    "H5Dataset pack + DataLoaderX, 2 threads": "",
+}
+
+
+class HandWritten:
+    """The common hand-written Dataset: h5py opened on first use in each process."""
+
+    def __init__(self, path: str) -> None:
+        self.path, self.file = path, None
+        import h5py
+
+        with h5py.File(path, "r") as f:
+            self.n = len(f["mix"])
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int):
+        import h5py
+        import torch
+
+        if self.file is None:
+            self.file = h5py.File(self.path, "r")
+        return (torch.from_numpy(self.file["mix"][index]),
+                torch.from_numpy(self.file["zone0"][index]))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__, file=None)
+
+
+def prepare(folder: Path, samples: int) -> None:
+    """The plain file (as users write it: one dataset per key, a row per sample) and the pack."""
+    import h5py
+    import numpy as np
+
+    from fastpipe.pack import pack
+
+    rng = np.random.default_rng(0)
+    with h5py.File(folder / "plain.h5", "w") as f:
+        mix = f.create_dataset("mix", (samples, 4, 16000), np.float32)
+        zone0 = f.create_dataset("zone0", (samples, 16000), np.float32)
+        for start in range(0, samples, 256):
+            n = min(256, samples - start)
+            mix[start:start + n] = rng.standard_normal((n, 4, 16000), np.float32)
+            zone0[start:start + n] = rng.standard_normal((n, 16000), np.float32)
+
+    class Records:
+        def __len__(self) -> int:
+            return samples
+
+        def __getitem__(self, i: int) -> dict:
+            return {"mix": source["mix"][i], "zone0": source["zone0"][i]}
+
+    with h5py.File(folder / "plain.h5", "r") as source:
+        pack(Records(), folder / "pack.h5", merge="copy", progress=False)
+
+
+def measure(name: str, cfg: Any) -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    from fastpipe import DataLoaderX
+    from fastpipe.data import H5Dataset
+
+    folder = Path(cfg.folder)
+    plain, packed = str(folder / "plain.h5"), str(folder / "pack.h5")
+    if name.startswith("h5py"):
+        dataset: Any = HandWritten(plain)
+    else:
+        dataset = H5Dataset(plain if "plain" in name else packed, fields=["mix", "zone0"])
+    n = len(dataset)
+    if "random access" in name:
+        order = np.random.default_rng(1).permutation(n)
+        for i in order[:64]:  # warm-up: open the file, first reads
+            dataset[int(i)]
+        cpu, start = _harness.cpu_seconds(), time.perf_counter()
+        for i in order:
+            dataset[int(i)]
+        seconds = time.perf_counter() - start
+        return {"rate": n / seconds, "cpu_ms": (_harness.cpu_seconds() - cpu) / n * 1e3}
+    kwargs = dict(batch_size=cfg.batch_size, shuffle=True, num_workers=2)
+    if name.startswith("h5py"):
+        loader: Any = torch.utils.data.DataLoader(dataset, **kwargs)
+    else:
+        loader = DataLoaderX(dataset, **kwargs,
+                             worker_method="thread" if "threads" in name else "process")
+
+    def epochs():
+        for _ in range(cfg.epochs):
+            for mix, _zone0 in loader:
+                yield mix
+
+    return _harness.time_batches(epochs(), warmup=cfg.warmup)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_records",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=4096)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--epochs", type=int, default=2)
+    _harness.add_arguments(parser, repeat=3)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.samples, args.epochs = 256, 1
+    rounds = _harness.rounds_of(args, 3)
+    names = _harness.select(ROWS, args.only)
+    with tempfile.TemporaryDirectory(prefix="fastpipe-bench-records-") as folder:
+        prepare(Path(folder), args.samples)
+        config = {"folder": folder, "batch_size": args.batch_size, "epochs": args.epochs,
+                  "warmup": 2 if not args.quick else 1}
+        runs = _harness.run_rounds("bench_records", names, config, rounds, unit="samples/s",
+                                   baseline=args.baseline)
+    base = "h5py Dataset + DataLoader, 2 processes"
+    base_rate = (statistics.median(r["rate"] for r in runs.current[base])
+                 if base in runs.current else None)
+    lines = [f"{args.samples} records of mix float32 (4, 16000) + zone0 float32 (16000,) "
+             f"({SAMPLE_BYTES // 1000} KB), batch {args.batch_size}, {rounds} interleaved rounds "
+             f"(median, min-max), each row in its own process. Machine: {_harness.machine()}.",
+             "", "| row | samples/s (min-max) | GB/s | CPU ms/sample | vs hand-written h5py + "
+             "DataLoader |", "| --- | ---: | ---: | ---: | ---: |"]
+    for name in names:
+        measured = [r for r in runs.current.get(name, []) if "rate" in r]
+        if not measured:
+            lines.append(f"| {name} | {runs.note(name) or 'not run'} | | | |")
+            continue
+        rates = [r["rate"] for r in measured]
+        rate = statistics.median(rates)
+        cpu = statistics.median(r["cpu_ms"] for r in measured)
+        ratio = f"{rate / base_rate:.2f}x" if base_rate and "random" not in name else ""
+        lines.append(f"| {name} | {rate:.0f} ({min(rates):.0f}-{max(rates):.0f}) | "
+                     f"{rate * SAMPLE_BYTES / 1e9:.2f} | {cpu:.2f} | {ratio} |")
+    if args.baseline is not None:
+        lines += ["", *_harness.before_after(names, runs, unit="samples/s")]
+    _harness.finish("\n".join(lines), args, runs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Collating records: a batch of dicts (or tuples) of fields into a dict (or tuple) of batches.
+
+Tensors of one shape are stacked in their dtype (uint8 images stay uint8); tensors whose first
+axis varies are refused unless padding was asked for, which pads them with zeros to the longest
+and adds their lengths; Python and numpy scalars become tensors of their dtype; strings and bytes
+stay lists.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+Allocate = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
+
+LENGTHS_SUFFIX = "_lengths"
+
+
+def is_record_batch(batch: Sequence[Any]) -> bool:
+    """Records (dicts, or tuples other than ``(image, label)``) rather than image pairs."""
+    first = batch[0]
+    if isinstance(first, Mapping):
+        return True
+    if not isinstance(first, (tuple, list)):
+        return False
+    if len(first) != 2:
+        return True
+    label = first[1]  # an (image, label) pair has one integer label
+    return isinstance(label, (torch.Tensor, np.ndarray)) and label.ndim > 0
+
+
+def collate_records(batch: Sequence[Any], pad: bool | Collection[str], allocate: Allocate) -> Any:
+    first = batch[0]
+    if isinstance(first, Mapping):
+        keys = list(first)
+        for k, sample in enumerate(batch):
+            if not isinstance(sample, Mapping) or list(sample) != keys:
+                raise ValueError(f"fast_collate needs records with the same fields: sample 0 has "
+                                 f"{keys}, sample {k} has "
+                                 f"{list(sample) if isinstance(sample, Mapping) else sample!r}")
+        out: dict[str, Any] = {}
+        for key in keys:
+            values = [sample[key] for sample in batch]
+            padded = pad is True or (not isinstance(pad, bool) and key in pad)
+            collated = _collate_field(key, values, padded, allocate)
+            if isinstance(collated, _Padded):
+                out[key], out[key + LENGTHS_SUFFIX] = collated.values, collated.lengths
+            else:
+                out[key] = collated
+        return out
+    width = len(first)
+    if any(not isinstance(s, (tuple, list)) or len(s) != width for s in batch):
+        raise ValueError(f"fast_collate needs records with the same fields: sample 0 has {width} "
+                         "values and another sample does not")
+    fields = []
+    for position in range(width):
+        padded = pad is True or (not isinstance(pad, bool) and position in pad)
+        collated = _collate_field(str(position), [s[position] for s in batch], padded, allocate)
+        fields.append((collated.values, collated.lengths) if isinstance(collated, _Padded)
+                      else collated)
+    return tuple(fields)
+
+
+class _Padded:
+    def __init__(self, values: torch.Tensor, lengths: torch.Tensor) -> None:
+        self.values, self.lengths = values, lengths
+
+
+def _collate_field(name: str, values: list[Any], pad: bool, allocate: Allocate) -> Any:
+    first = values[0]
+    if isinstance(first, (str, bytes)):
+        return list(values)
+    if isinstance(first, np.ndarray):
+        values = [torch.from_numpy(np.ascontiguousarray(v)) for v in values]
+        first = values[0]
+    if not isinstance(first, torch.Tensor):
+        return _scalars(name, values)
+    for k, v in enumerate(values):
+        if not isinstance(v, torch.Tensor) or v.dtype != first.dtype or v.dim() != first.dim():
+            raise ValueError(f"fast_collate: field {name!r} of sample {k} is "
+                             f"{_what(v)}, sample 0's is {_what(first)}")
+    shapes = {tuple(v.shape) for v in values}
+    if len(shapes) == 1:
+        out = allocate((len(values), *first.shape), first.dtype)
+        torch.stack(values, out=out)
+        return out
+    trailing = {s[1:] for s in shapes}
+    if len(trailing) != 1 or first.dim() == 0:
+        raise ValueError(f"fast_collate: field {name!r} has shapes {sorted(shapes)[:4]} in one "
+                         "batch; only the first axis may vary (and then only with pad=True)")
+    if not pad:
+        raise ValueError(f"fast_collate: field {name!r} varies in length within the batch "
+                         f"({sorted(s[0] for s in shapes)[:6]}...); pass "
+                         f"collate_fn=functools.partial(fast_collate, pad=True) to pad it with "
+                         f"zeros to the longest and get its lengths as {name + LENGTHS_SUFFIX!r}")
+    lengths = torch.tensor([v.shape[0] for v in values], dtype=torch.int64)
+    out = allocate((len(values), int(lengths.max()), *first.shape[1:]), first.dtype)
+    out.zero_()
+    for k, v in enumerate(values):
+        out[k, :v.shape[0]] = v
+    return _Padded(out, lengths)
+
+
+def _scalars(name: str, values: list[Any]) -> torch.Tensor:
+    first = values[0]
+    if isinstance(first, np.generic):
+        return torch.from_numpy(np.asarray(values, dtype=first.dtype))
+    if isinstance(first, bool):
+        dtype = torch.bool
+    elif isinstance(first, int):
+        dtype = torch.int64
+    elif isinstance(first, float):
+        dtype = torch.float64
+    else:
+        raise TypeError(f"fast_collate: field {name!r} is a {type(first).__name__}; records "
+                        "hold tensors, arrays, numbers, strings and bytes")
+    if any(type(v) is not type(first) for v in values):
+        raise ValueError(f"fast_collate: field {name!r} mixes "
+                         f"{sorted({type(v).__name__ for v in values})} in one batch")
+    return torch.tensor(values, dtype=dtype)
+
+
+def _what(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"{value.dtype} {tuple(value.shape)}"
+    return type(value).__name__
