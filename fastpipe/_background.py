@@ -8,7 +8,9 @@ The contract, each clause tested in tests/test_background.py:
 * errors forwarded: an exception raised by the source iterator is raised to the consumer, as the
   same object, at the position where it happened; iteration ends after it;
 * ends with its consumer: early ``break``, ``del``, garbage collection and interpreter exit all
-  close the thread, because the thread holds no reference to the consumer-side object.
+  close the thread, because the thread holds no reference to the consumer-side object (``del``
+  and garbage collection signal it and wait at most ``_DROP_JOIN_SECONDS``: the thread dropping
+  the iterator may be unwinding a Ctrl-C; the producer ends after the item it is fetching).
 
 Ctrl-C: the consumer waits only in ``queue.SimpleQueue.get`` (implemented in C), so a
 KeyboardInterrupt can never leave a Python-level lock of the queue half-taken (``queue.Queue``'s
@@ -48,6 +50,10 @@ _JOIN_SECONDS = 30.0
 # waiting on DataLoader workers that a Ctrl-C has killed) is a daemon thread and dies with the
 # process, so exit must not wait out its item.
 _EXIT_JOIN_SECONDS = 0.3
+# How long dropping an iterator (``del``, garbage collection) waits for its producer: the thread
+# that drops it may be unwinding a Ctrl-C (where sys.exc_info() no longer shows it), and a
+# producer inside an item ends after it anyway.
+_DROP_JOIN_SECONDS = 0.3
 
 
 class _End:
@@ -141,10 +147,10 @@ def interrupted() -> bool:
 
 
 def _shutdown(thread: threading.Thread, items: queue.SimpleQueue, slots: queue.SimpleQueue,
-              stop: threading.Event) -> None:
+              stop: threading.Event, wait: float = _DROP_JOIN_SECONDS) -> None:
     _signal_stop(items, slots, stop)
     if thread is not threading.current_thread() and thread.is_alive() and not interrupted():
-        thread.join(_JOIN_SECONDS)
+        thread.join(wait)
 
 
 _live: weakref.WeakSet[BackgroundIterator] = weakref.WeakSet()
@@ -243,7 +249,8 @@ class BackgroundIterator(Generic[T]):
         than 30 s, close() warns and returns while the thread finishes that item.
         """
         self._done = True
-        self._finalizer()
+        if self._finalizer.detach() is not None:  # not closed yet: stop it and wait for it
+            _shutdown(self._thread, self._items, self._slots, self._stop, _JOIN_SECONDS)
         if (self._thread.is_alive() and self._thread is not threading.current_thread()
                 and not interrupted()):
             warnings.warn(

@@ -154,3 +154,39 @@ def test_workers_forked_after_an_earlier_loader_exit_cleanly(sample_root):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "exited unexpectedly" not in done.stderr
+
+
+def test_garbage_collection_does_not_wait_out_the_item_being_fetched():
+    # A consumer dropped while its producer waits on a slow item (a DataLoader polling workers a
+    # Ctrl-C killed: 5 s) must not block the thread that drops it; the producer is told to stop
+    # and ends after that item. close() itself still waits for it (the contract's 'stoppable').
+    release, fetching = threading.Event(), threading.Event()
+
+    def source():
+        yield 0
+        fetching.set()
+        release.wait(30)
+        yield 1
+
+    it = BackgroundIterator(source(), prefetch_depth=1)
+    thread = it._thread
+    assert next(it) == 0
+    assert fetching.wait(5)
+    dropped = threading.Event()
+
+    def drop():
+        nonlocal it
+        del it
+        gc.collect()
+        dropped.set()
+
+    dropper = threading.Thread(target=drop)
+    dropper.start()
+    try:
+        assert dropped.wait(5), "dropping the iterator waited for the item being fetched"
+        assert thread.is_alive()  # still inside the item, as expected
+    finally:
+        release.set()
+        dropper.join(30)
+    thread.join(5)
+    assert not thread.is_alive()
