@@ -466,7 +466,7 @@ def write_records_lmdb(readers: Sequence[Any], output: Path, meta: dict[str, Any
     """Writes records packs (in order) as one LMDB file: one value per field and sample, the
     same stored rows as the HDF5 datasets, per-field CRC-32 arrays, the metadata."""
     from fastpipe.data.lmdb import lmdb_crc_key, lmdb_field_key, lmdb_module
-    from fastpipe.pack._write import LMDB_TXN_BYTES, meta_json
+    from fastpipe.pack._write import LMDB_TXN_BYTES, meta_json, put_growing
 
     lmdb = lmdb_module()
     first = readers[0]
@@ -479,14 +479,7 @@ def write_records_lmdb(readers: Sequence[Any], output: Path, meta: dict[str, Any
 
         def commit() -> None:
             nonlocal batch, size
-            while True:
-                try:
-                    with env.begin(write=True) as txn:
-                        for key, value in batch:
-                            txn.put(key, value)
-                    break
-                except lmdb.MapFullError:
-                    env.set_mapsize(env.info()["map_size"] * 2)
+            put_growing(env, batch)
             batch, size = [], 0
 
         base = 0

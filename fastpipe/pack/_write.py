@@ -298,6 +298,19 @@ def _map_virtual(h5py, layout, reader: PackReader, root: Path, sample_base: int,
     return parts
 
 
+def put_growing(env, batch: list[tuple[bytes, bytes]]) -> None:
+    """Writes ``batch`` in one LMDB transaction, doubling the map size until it fits."""
+    lmdb = lmdb_module()
+    while True:
+        try:
+            with env.begin(write=True) as txn:
+                for key, value in batch:
+                    txn.put(key, value)
+            return
+        except lmdb.MapFullError:
+            env.set_mapsize(env.info()["map_size"] * 2)
+
+
 def write_lmdb(readers: Sequence[PackReader], output: Path, meta: dict[str, Any],
                on_samples: Callable[[int], None] | None = None) -> None:
     """Writes ``readers`` (in order) as one LMDB pack file (``subdir=False``)."""
@@ -317,14 +330,7 @@ def write_lmdb(readers: Sequence[PackReader], output: Path, meta: dict[str, Any]
 
         def commit() -> None:
             nonlocal batch, batch_bytes
-            while True:
-                try:
-                    with env.begin(write=True) as txn:
-                        for key, value in batch:
-                            txn.put(key, value)
-                    break
-                except lmdb.MapFullError:
-                    env.set_mapsize(env.info()["map_size"] * 2)
+            put_growing(env, batch)
             batch, batch_bytes = [], 0
 
         base = 0
