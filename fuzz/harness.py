@@ -9,10 +9,14 @@ data, an execution over ``--timeout`` seconds, or, in a sanitizer build, the san
 (which ends the process: the input is in FINDINGS/current.bin then).
 
     python -m fuzz.harness CORPUS [--seconds 120] [--lib DIR] [--findings DIR] [--seed 0]
-    python -m fuzz.harness --replay FILE ...      # every target on the files, unmutated
+    python -m fuzz.harness CORPUS --targets packs  # the pack readers (fuzz/packs.py)
+    python -m fuzz.harness --replay FILE ...      # every native target on the files, unmutated
 
 A target is a function ``(data, rng) -> None`` registered with ``@target("name")``: adding one
-(a pack reader, another decoder) is a function here.
+(another decoder) is a function here. ``--targets`` takes names or the groups ``native`` (the
+default: fastpipe._jpeg and _resize, run under the sanitizers) and ``packs`` (the pack readers
+of fuzz/packs.py: damaged packs opened, read and verified; pure Python over h5py and lmdb, run
+without the sanitizer preload).
 """
 
 from __future__ import annotations
@@ -358,21 +362,33 @@ def _sweep(data: bytes) -> None:
                         pass
 
 
-def replay(files: list[Path]) -> int:
-    """Every target on each file as it is (arguments from fixed seeds) and the narrow-crop sweep."""
+def replay(files: list[Path], names: list[str], seeds: list[int], sweep: bool = True) -> int:
+    """Targets on each file as it is (arguments from fixed seeds) and the narrow-crop sweep."""
     bad = 0
     for path in files:
         data = path.read_bytes()
-        _sweep(data)
-        for name, function in TARGETS.items():
-            for call_seed in range(8):
+        if sweep:
+            _sweep(data)
+        for name in names:
+            for call_seed in seeds:
                 try:
-                    function(data, np.random.default_rng(call_seed))
+                    TARGETS[name](data, np.random.default_rng(call_seed))
                 except Exception as exc:  # noqa: BLE001
                     bad += 1
                     print(f"FINDING {path.name} {name} seed {call_seed}: {exc}", flush=True)
     print(json.dumps({"replayed": len(files), "findings": bad}))
     return 1 if bad else 0
+
+
+def _pack_targets() -> list[str]:
+    """Registers the pack-reader targets (fuzz/packs.py), with the pixel budget of the fuzzed
+    calls for the images they decode."""
+    import fastpipe.data._decode as decode
+    from fuzz import packs
+
+    decode.MAX_IMAGE_PIXELS = FUZZ_MAX_PIXELS
+    TARGETS.update(packs.TARGETS)
+    return list(packs.TARGETS)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -384,19 +400,34 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=10.0,
                         help="seconds one execution may take before it counts as a hang")
-    parser.add_argument("--targets", default=",".join(TARGETS),
-                        help=f"comma-separated, of: {', '.join(TARGETS)}")
+    parser.add_argument("--targets", default="native",
+                        help=f"comma-separated names or groups (native, packs), of: "
+                             f"{', '.join(TARGETS)}, and the pack_* targets of fuzz/packs.py")
     parser.add_argument("--replay", type=Path, nargs="+")
+    parser.add_argument("--call-seed", type=int,
+                        help="with --replay: this argument seed only (a finding's .txt names it)")
     args = parser.parse_args(argv)
     load(args.lib)
-    if args.replay:
-        sys.exit(replay(args.replay))
-    if args.corpus is None:
-        parser.error("give a corpus folder (python -m fuzz.corpus OUT writes one) or --replay")
-    targets = [t for t in args.targets.split(",") if t]
+    native = list(TARGETS)
+    wanted = [t for t in args.targets.split(",") if t]
+    pack_targets = _pack_targets() if any(
+        t == "packs" or t.startswith("pack_") for t in wanted) else []
+    targets = [name for t in wanted
+               for name in (native if t == "native" else pack_targets if t == "packs" else [t])]
     unknown = set(targets) - set(TARGETS)
     if unknown:
         parser.error(f"unknown targets {sorted(unknown)}; known: {sorted(TARGETS)}")
+    if pack_targets:
+        if args.corpus is None:
+            parser.error("the pack targets build their packs from a corpus: give its folder")
+        from fuzz import packs
+
+        packs.set_corpus([p.read_bytes() for p in sorted(args.corpus.glob("*")) if p.is_file()])
+    if args.replay:
+        seeds = list(range(8)) if args.call_seed is None else [args.call_seed]
+        sys.exit(replay(args.replay, targets, seeds, sweep=not pack_targets))
+    if args.corpus is None:
+        parser.error("give a corpus folder (python -m fuzz.corpus OUT writes one) or --replay")
     sys.exit(run(args.corpus, args.seconds, args.findings, args.seed, args.timeout, targets))
 
 

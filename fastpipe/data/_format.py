@@ -9,6 +9,7 @@ lazily (after a fork or in a spawned worker) and never pickle them.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,11 +109,57 @@ def sniff_format(path: str | os.PathLike) -> str:
     )
 
 
+# A sample count no real pack reaches; larger ones are damage, refused before anything is sized
+# from them.
+MAX_COUNT = 1 << 48
+LAYOUTS = ("encoded", "CHW", "raw")
+
+
+def damaged(where: str, key: str, what: str) -> PackFormatError:
+    """The error for a malformed metadata value: names the pack and the key."""
+    return PackFormatError(f"{where}: the metadata value {key!r} {what}; the file is damaged "
+                           "(run fastpipe verify on it)")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_pair(value: Any) -> bool:
+    return (isinstance(value, list) and len(value) == 2 and all(_is_int(v) for v in value)
+            and 0 <= value[0] <= value[1])
+
+
+def _str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def parse_meta(raw: Any, where: str, name: str) -> dict[str, Any]:
+    """The JSON metadata stored as ``raw`` (a string dataset's value or an LMDB value), checked."""
+    if isinstance(raw, np.ndarray) and raw.shape == () and raw.dtype.kind in "OSU":
+        raw = raw.item()
+    if isinstance(raw, memoryview):
+        raw = bytes(raw)
+    if not isinstance(raw, (bytes, str)):
+        raise PackFormatError(f"{where}: {name!r} holds {type(raw).__name__} data, not the JSON "
+                              "metadata string; the file is damaged")
+    try:
+        meta = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise PackFormatError(f"{where}: the metadata {name!r} is not valid JSON ({exc}); the "
+                              "file is damaged") from exc
+    return check_meta(meta, where)
+
+
 def check_meta(meta: Any, where: str) -> dict[str, Any]:
+    """Checks every metadata value a reader uses (types and ranges), so that damage is a
+    :class:`PackFormatError` naming the pack and the key, never a ``TypeError`` later."""
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise PackFormatError(f"{where} has no fastpipe metadata: not a fastpipe pack")
     version = meta.get("version")
-    if not isinstance(version, int) or version > VERSION:
+    if not _is_int(version) or version < IMAGE_VERSION:
+        raise damaged(where, "version", f"is {version!r}, not a format version")
+    if version > VERSION:
         raise PackFormatError(
             f"{where} is a fastpipe pack of format version {version}; this fastpipe reads up to "
             f"version {VERSION}: upgrade fastpipe"
@@ -122,9 +169,120 @@ def check_meta(meta: Any, where: str) -> dict[str, Any]:
     for key in required:
         if key not in meta:
             raise PackFormatError(f"{where}: metadata lacks the key {key!r}; the file is damaged")
-    if version != RECORDS_VERSION and meta["storage"] not in ("bytes", "array"):
-        raise PackFormatError(f"{where}: unknown storage {meta['storage']!r}")
+    count = meta["count"]
+    if not _is_int(count) or not 0 <= count < MAX_COUNT:
+        raise damaged(where, "count", f"is {count!r}, not a sample count")
+    if not (meta.get("inputs") is None or _is_int(meta["inputs"]) and meta["inputs"] >= 0):
+        raise damaged(where, "inputs", f"is {meta['inputs']!r}, not a number of inputs")
+    if not isinstance(meta.get("skipped") or [], list):
+        raise damaged(where, "skipped", "is not a list")
+    for key in ("merge", "plan", "record"):
+        if meta.get(key) is not None and not isinstance(meta[key], str):
+            raise damaged(where, key, f"is {meta[key]!r}, not a string")
+    if version == RECORDS_VERSION:
+        _check_record_meta(meta, where)
+    else:
+        _check_image_meta(meta, where)
+    parts = meta.get("parts")
+    if parts is not None and not (isinstance(parts, list)
+                                  and all(isinstance(p, dict) for p in parts)):
+        raise damaged(where, "parts", "is not a list of parts")
     return meta
+
+
+def _check_image_meta(meta: dict[str, Any], where: str) -> None:
+    if meta["storage"] not in ("bytes", "array"):
+        raise PackFormatError(f"{where}: unknown storage {meta['storage']!r} (the metadata "
+                              "value 'storage'); the file is damaged")
+    if meta["layout"] not in LAYOUTS:
+        raise damaged(where, "layout", f"is {meta['layout']!r}, not one of {', '.join(LAYOUTS)}")
+    if not _str_list(meta["classes"]):
+        raise damaged(where, "classes", f"is {_short(meta['classes'])}, not a list of class names")
+    dtype = meta.get("dtype", "uint8")
+    try:
+        ok = isinstance(dtype, str) and np.dtype(dtype).kind in "biuf"
+    except TypeError:
+        ok = False
+    if not ok:
+        raise damaged(where, "dtype", f"is {dtype!r}, not a numeric dtype")
+    shape = meta.get("sample_shape")
+    if meta["storage"] == "array" or shape is not None:
+        if not (isinstance(shape, list) and shape and all(_is_int(v) and 0 < v < MAX_COUNT
+                                                          for v in shape)):
+            raise damaged(where, "sample_shape",
+                          f"is {_short(shape)}, not the positive sizes of a sample's axes")
+    if meta["storage"] == "bytes" and np.dtype(dtype) != np.uint8:
+        raise damaged(where, "dtype", f"is {dtype!r}; bytes storage holds uint8")
+
+
+def _check_record_meta(meta: dict[str, Any], where: str) -> None:
+    fields, order = meta["fields"], meta["order"]
+    if not isinstance(fields, dict):
+        raise damaged(where, "fields", f"is {_short(fields)}, not an object of fields")
+    if not (_str_list(order) and order and len(set(order)) == len(order)):
+        raise damaged(where, "order", f"is {_short(order)}, not a list of distinct field names")
+    if missing := [n for n in order if n not in fields]:
+        raise damaged(where, "order", f"names {missing[0]!r}, which 'fields' does not describe")
+    record_fields(meta, where)
+    classes = meta.get("classes") or {}
+    if not (isinstance(classes, dict) and all(_str_list(v) for v in classes.values())):
+        raise damaged(where, "classes", f"is {_short(classes)}, not class names per field")
+    if unknown := [n for n in classes if n not in order]:
+        raise damaged(where, "classes", f"names {unknown[0]!r}, which is not a field")
+
+
+def record_fields(meta: dict[str, Any], where: str) -> dict[str, Any]:
+    """The fields (:mod:`fastpipe.data.fields`) of checked records metadata, in order."""
+    from fastpipe.data.fields import field_from_json
+
+    out = {}
+    for name in meta["order"]:
+        try:
+            out[name] = field_from_json(meta["fields"][name])
+        except Exception as exc:  # noqa: BLE001 - KeyError, TypeError, FieldError of bad JSON
+            raise damaged(where, "fields", f"describes the field {name!r} as "
+                          f"{_short(meta['fields'][name])} ({type(exc).__name__}: {exc})"
+                          ) from exc
+    return out
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_offsets(offsets: np.ndarray, end: int, where: str, what: str) -> None:
+    """Offsets that a reader may slice with: from 0, never backwards, ending at ``end`` (the
+    length of the data they index). ``what`` names them in the error."""
+    if not len(offsets):
+        raise PackFormatError(f"{where}: {what} are empty; the index is damaged")
+    if offsets[0] != 0:
+        raise PackFormatError(f"{where}: {what} start at {int(offsets[0])}, not 0; the index is "
+                              "damaged (run fastpipe verify on it)")
+    backwards = np.diff(offsets) < 0
+    if backwards.any():
+        i = int(np.argmax(backwards))
+        raise PackFormatError(
+            f"{where}: {what} run backwards at sample {i} ({int(offsets[i])} then "
+            f"{int(offsets[i + 1])}); the index is damaged (run fastpipe verify on it)")
+    if offsets[-1] != end:
+        raise PackFormatError(
+            f"{where}: {what} end at {int(offsets[-1])} but the data they index holds {end}; the "
+            "index or the data is damaged (run fastpipe verify on it)")
+
+
+def check_labels(labels: np.ndarray, classes: list[str], where: str, field: str | None = None,
+                 ) -> None:
+    """Labels within the classes (-1, unlabelled, only in a pack without classes)."""
+    n = len(classes)
+    bad = ((labels < 0) | (labels >= n)) if n else (labels < -1)
+    if bad.any():
+        i = int(np.argmax(bad))
+        within = f"outside the {n} classes" if n else "below -1 in a pack without classes"
+        of = f"field {field!r}: " if field else ""
+        raise PackFormatError(
+            f"{where}: {of}sample {i} has the label {int(labels[i])}, {within} (and "
+            f"{int(bad.sum()) - 1} more); the labels are damaged (run fastpipe verify on it)")
 
 
 def is_record_reader(reader: Any) -> bool:

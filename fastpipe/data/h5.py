@@ -9,7 +9,6 @@ this module.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,7 +37,11 @@ from fastpipe.data._format import (
     PackFormatError,
     PackReader,
     Spec,
-    check_meta,
+    check_labels,
+    check_offsets,
+    damaged,
+    parse_meta,
+    record_fields,
 )
 from fastpipe.data._pack_dataset import PackDataset
 
@@ -88,12 +91,20 @@ def read_h5_meta(f, where: str) -> dict[str, Any]:
     if META not in f:
         raise PackFormatError(f"{where} is a fastpipe pack without its '{META}' dataset; the file "
                               "is damaged")
-    raw = f[META][()]
-    try:
-        meta = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
-    except ValueError as exc:
-        raise PackFormatError(f"{where}: the '{META}' dataset is not valid JSON ({exc})") from exc
-    return check_meta(meta, where)
+    return parse_meta(f[META][()], where, META)
+
+
+# What h5py raises on a damaged file (a bad signature, a broken B-tree, a truncated object
+# header): turned into a PackFormatError naming the pack wherever a reader touches the file.
+H5_ERRORS = (OSError, RuntimeError, KeyError, ValueError, TypeError, AttributeError)
+
+
+def h5_damaged(where: str, exc: BaseException, doing: str = "read its HDF5 structure",
+               ) -> PackFormatError:
+    error = PackFormatError(f"{where}: cannot {doing} ({type(exc).__name__}: {exc}); the file is "
+                            "damaged (run fastpipe verify on it)")
+    error.__cause__ = exc
+    return error
 
 
 def _require_dataset(f, name: str, where: str):
@@ -129,6 +140,10 @@ class _Segment:
         self._chunk_len = 0  # elements (bytes storage) or rows (array storage) per chunk
         self._row_bytes = 0
         self.expect: dict[str, Any] = {}  # the part file's "count" and "plan" as the merge saw them
+        # The checksums the merged pack records for this part's samples: a part file swapped
+        # with another of the same count and plan holds other ones.
+        self.expect_crc32: Any = None  # () -> np.ndarray, or None for a pack's own data
+        self.local_byte_stop = 0  # bytes storage: the end of this part's bytes in its file
 
     def open(self, spec: Spec) -> None:
         if self._dataset is not None or self._fd is not None:
@@ -144,33 +159,66 @@ class _Segment:
         except OSError as exc:
             raise PackFormatError(f"cannot open {self.path} as HDF5: {exc}") from exc
         try:
-            self._check_part(f)
+            self._open(f, spec)
+        except PackFormatError:
+            f.close()
+            raise
+        except H5_ERRORS as exc:
+            f.close()
+            raise h5_damaged(str(self.path), exc) from exc
         except BaseException:
             f.close()
             raise
-        ds = _require_dataset(f, DATA, str(self.path))
-        plain = (ds.dtype == np.dtype(spec.dtype) and ds.dtype.isnative and f.userblock_size == 0
+
+    def _open(self, f, spec: Spec) -> None:
+        self._check_part(f)
+        where = str(self.path)
+        ds = _require_dataset(f, DATA, where)
+        local_stop = self.local_start + self.sample_stop - self.sample_start
+        if spec.storage == "bytes":
+            if ds.ndim != 1 or ds.shape[0] < self.local_byte_stop:
+                raise PackFormatError(f"{where}: '{DATA}' has shape {ds.shape}, but the pack "
+                                      f"reads its bytes up to {self.local_byte_stop}; the file "
+                                      "is damaged")
+        elif tuple(ds.shape[1:]) != tuple(spec.sample_shape) or ds.shape[0] < local_stop:
+            raise PackFormatError(f"{where}: '{DATA}' has shape {ds.shape}, but the pack reads "
+                                  f"rows up to {local_stop} of shape {tuple(spec.sample_shape)}; "
+                                  "the file is damaged")
+        if ds.dtype.newbyteorder("=") != np.dtype(spec.dtype):
+            raise PackFormatError(f"{where}: '{DATA}' holds {ds.dtype}, but the pack's samples are "
+                                  f"{spec.dtype}; the file is damaged")
+        plain = (ds.dtype.isnative and f.userblock_size == 0
                  and ds.id.get_create_plist().get_nfilters() == 0 and not ds.is_virtual)
         self._row_bytes = int(np.prod(ds.shape[1:], dtype=np.int64)) * ds.dtype.itemsize
         direct = False
+        end = 0  # the last byte of the file a direct read may touch
         if plain and ds.chunks is None:
             offset = ds.id.get_offset()
             if offset is not None:
                 self._offset, direct = int(offset), True
+                end = self._offset + ds.id.get_storage_size()
         elif plain and tuple(ds.chunks[1:]) == tuple(ds.shape[1:]):
             self._chunk_len = ds.chunks[0]
             self._chunks = _chunk_offsets(ds, self._chunk_len)
             direct = self._chunks is not None
+            if direct:
+                end = int(self._chunks.max()) + self._chunk_len * self._row_bytes if len(
+                    self._chunks) else 0
         if direct:
+            size = os.path.getsize(self.path)
+            if end > size:
+                raise PackFormatError(f"{where} is truncated: its '{DATA}' ends at byte {end} "
+                                      f"but the file holds {size}; run fastpipe verify")
             self._fd = os.open(self.path, os.O_RDONLY)
             f.close()
         else:
             self._file, self._dataset = f, ds
 
     def _check_part(self, f) -> None:
-        # A part file replaced since the merge (another pack run under the same name) would be
-        # read at the old offsets: refuse it rather than return another sample's bytes.
-        if not self.expect:
+        # A part file replaced since the merge (another pack run under the same name, or two
+        # parts swapped) would be read at the old offsets: refuse it rather than return another
+        # sample's bytes. Count and plan catch another run; the checksums catch a swap.
+        if not self.expect and self.expect_crc32 is None:
             return
         meta = read_h5_meta(f, str(self.path))
         found = {key: meta.get(key) for key in self.expect}
@@ -180,6 +228,23 @@ class _Segment:
             raise PackFormatError(
                 f"the part file {self.path} of a virtual pack was replaced after the merge "
                 f"({mismatches}); pack the output again")
+        if self.expect_crc32 is None:
+            return
+        n = self.sample_stop - self.sample_start
+        ds = _require_dataset(f, CRC32, str(self.path))
+        if ds.ndim != 1 or ds.shape[0] < self.local_start + n:
+            raise PackFormatError(f"{self.path}: '{CRC32}' has shape {ds.shape}, shorter than the "
+                                  f"{self.local_start + n} samples the merge recorded; the file is "
+                                  "damaged")
+        own = np.empty(n, np.uint32)
+        if n:
+            ds.read_direct(own, np.s_[self.local_start:self.local_start + n])
+        if not np.array_equal(own, self.expect_crc32()):
+            raise PackFormatError(
+                f"the part file {self.path} of a virtual pack does not hold the samples "
+                f"{self.sample_start} to {self.sample_stop - 1} the merge recorded (their "
+                "checksums differ): part files were swapped or replaced after the merge; restore "
+                "them or pack the output again")
 
     def _pread(self, out: np.ndarray, offset: int) -> None:
         if os.preadv(self._fd, [out], offset) != out.nbytes:
@@ -263,32 +328,47 @@ class H5PackReader(PackReader):
             raise PackFormatError(f"cannot open {where} as HDF5 ({exc}): not a fastpipe pack or "
                                   "damaged") from exc
         try:
-            self.meta = read_h5_meta(f, where)
-            self.spec = Spec.from_meta(self.meta)
-            self.count = int(self.meta["count"])
-            self.classes = list(self.meta["classes"])
-            self.labels = _read_index(f, LABELS, where, (self.count,), np.int64)
-            self._path_offsets_array: np.ndarray | None = None  # loaded on first source()
-            self._path_data = _require_dataset(f, PATH_DATA, where)
-            _require_dataset(f, PATH_OFFSETS, where)
-            data = _require_dataset(f, DATA, where)
-            if self.spec.storage == "bytes":
-                self.offsets = _read_index(f, OFFSETS, where, (self.count + 1,), np.int64)
-                if data.ndim != 1 or data.shape[0] < self.offsets[-1]:
-                    raise PackFormatError(
-                        f"{where}: '{DATA}' holds {data.shape} bytes but the offsets end at "
-                        f"{int(self.offsets[-1])}; the file is damaged")
-            else:
-                expected = (self.count, *self.spec.sample_shape)
-                if tuple(data.shape) != expected:
-                    raise PackFormatError(f"{where}: '{DATA}' has shape {data.shape}, expected "
-                                          f"{expected}")
-            self._file = f
-            self._segments = self._make_segments(data.is_virtual)
+            self._open(f, where)
+        except PackFormatError:
+            f.close()
+            raise
+        except H5_ERRORS as exc:
+            f.close()
+            raise h5_damaged(where, exc) from exc
         except BaseException:
             f.close()
             raise
         self._bounds = np.array([s.sample_start for s in self._segments], np.int64)
+
+    def _open(self, f, where: str) -> None:
+        """Reads and checks the metadata and the index arrays: everything a read slices with is
+        validated here, so a damaged index is an error at open, not another sample's bytes."""
+        self.meta = read_h5_meta(f, where)
+        self.spec = Spec.from_meta(self.meta)
+        self.count = int(self.meta["count"])
+        self.classes = list(self.meta["classes"])
+        self._file = f
+        self.labels = _read_index(f, LABELS, where, (self.count,), np.int64)
+        check_labels(self.labels, self.classes, where)
+        self._path_offsets_array: np.ndarray | None = None  # loaded on first source()
+        self._path_data = _require_dataset(f, PATH_DATA, where)
+        _require_dataset(f, PATH_OFFSETS, where)
+        data = _require_dataset(f, DATA, where)
+        if self.spec.storage == "bytes":
+            self.offsets = _read_index(f, OFFSETS, where, (self.count + 1,), np.int64)
+            if data.ndim != 1:
+                raise PackFormatError(f"{where}: '{DATA}' has shape {data.shape}, not the flat "
+                                      "bytes of bytes storage; the file is damaged")
+            check_offsets(self.offsets, data.shape[0], where, f"'{OFFSETS}'")
+        else:
+            expected = (self.count, *self.spec.sample_shape)
+            if tuple(data.shape) != expected:
+                raise PackFormatError(f"{where}: '{DATA}' has shape {data.shape}, expected "
+                                      f"{expected}")
+        if data.dtype.newbyteorder("=") != np.dtype(self.spec.dtype):
+            raise PackFormatError(f"{where}: '{DATA}' holds {data.dtype}, but the metadata value "
+                                  f"'dtype' says {self.spec.dtype}; the file is damaged")
+        self._segments = self._make_segments(data.is_virtual)
 
     def _make_segments(self, virtual: bool) -> list[_Segment]:
         # Our virtual merges list their parts, so reads go straight to the part files. A file
@@ -297,17 +377,25 @@ class H5PackReader(PackReader):
         parts = self.meta.get("parts") if virtual and self.meta.get("merge") == "virtual" else None
         if not parts:
             total = int(self.offsets[-1]) if self.spec.storage == "bytes" else 0
-            return [_Segment(self.path, 0, self.count, 0, 0, 0)] if self.count or total else []
+            segment = _Segment(self.path, 0, self.count, 0, 0, 0)
+            segment.local_byte_stop = total
+            return [segment] if self.count or total else []
         segments = []
-        for part in parts:
+        where, bytes_storage = str(self.path), self.spec.storage == "bytes"
+        crc_of = self._merged_crc32
+        for k, part in enumerate(parts):
+            s0, s1, l0, b0, lb0 = _part_ranges(part, k, self, where, bytes_storage,
+                                               segments[-1].sample_stop if segments else 0)
             file = (self.path.parent / part["file"]).resolve()
-            s0, s1 = part["samples"]
-            b0 = part["bytes"][0] if self.spec.storage == "bytes" else 0
-            lb0 = part.get("local_bytes", [0])[0] if self.spec.storage == "bytes" else 0
-            segment = _Segment(file, s0, s1, part.get("local_samples", [0])[0], b0, lb0)
+            segment = _Segment(file, s0, s1, l0, b0, lb0)
+            segment.local_byte_stop = lb0 + (int(self.offsets[s1]) - b0 if bytes_storage else 0)
             segment.expect = {k: part[f"part_{k}"] for k in ("count", "plan")
                               if f"part_{k}" in part}
+            segment.expect_crc32 = (lambda a=s0, b=s1: crc_of(a, b))
             segments.append(segment)
+        if (segments[-1].sample_stop if segments else 0) != self.count:
+            raise damaged(where, "parts", f"maps samples up to {segments[-1].sample_stop}, but the "
+                          f"pack holds {self.count}")
         missing = [str(s.path) for s in segments if not s.path.exists()]
         if missing:
             raise PackFormatError(
@@ -317,11 +405,32 @@ class H5PackReader(PackReader):
             )
         return segments
 
+    def _merged_crc32(self, start: int, stop: int) -> np.ndarray:
+        """The checksums the pack records for samples ``[start, stop)``."""
+        if self._file is None:
+            raise ValueError(f"{self.path}: the pack reader is closed")
+        ds = _require_dataset(self._file, CRC32, str(self.path))
+        if tuple(ds.shape) != (self.count,):
+            raise PackFormatError(f"{self.path}: '{CRC32}' has shape {ds.shape}, expected "
+                                  f"{(self.count,)}; the file is damaged")
+        out = np.empty(stop - start, np.uint32)
+        if stop > start:
+            ds.read_direct(out, np.s_[start:stop])
+        return out
+
     @property
     def _path_offsets(self) -> np.ndarray:
         if self._path_offsets_array is None:
-            self._path_offsets_array = _read_index(self._file, PATH_OFFSETS, str(self.path),
-                                                   (self.count + 1,), np.int64)
+            where = str(self.path)
+            try:
+                offsets = _read_index(self._file, PATH_OFFSETS, where, (self.count + 1,),
+                                      np.int64)
+                check_offsets(offsets, self._path_data.shape[0], where, f"'{PATH_OFFSETS}'")
+            except PackFormatError:
+                raise
+            except H5_ERRORS as exc:
+                raise h5_damaged(where, exc, f"read '{PATH_OFFSETS}'") from exc
+            self._path_offsets_array = offsets
         return self._path_offsets_array
 
     def _segment(self, index: int) -> _Segment:
@@ -333,12 +442,17 @@ class H5PackReader(PackReader):
     def read(self, index: int, out: np.ndarray | None = None) -> np.ndarray:
         i = self._check_index(index)
         segment = self._segment(i)
-        if self.spec.storage == "bytes":
-            return segment.read_bytes(int(self.offsets[i]), int(self.offsets[i + 1]))
-        if out is None:
-            out = np.empty(self.spec.sample_shape, self.spec.dtype)
-        segment.read_row(i, out)
-        return out
+        try:
+            if self.spec.storage == "bytes":
+                return segment.read_bytes(int(self.offsets[i]), int(self.offsets[i + 1]))
+            if out is None:
+                out = np.empty(self.spec.sample_shape, self.spec.dtype)
+            segment.read_row(i, out)
+            return out
+        except PackFormatError:
+            raise
+        except H5_ERRORS as exc:  # a damaged chunk or filter of data read through h5py
+            raise h5_damaged(str(segment.path), exc, f"read sample {i}") from exc
 
     def byte_size(self, index: int) -> int:
         if self.spec.storage == "bytes":
@@ -348,17 +462,24 @@ class H5PackReader(PackReader):
 
     def source(self, index: int) -> str:
         i = self._check_index(index)
-        a, b = int(self._path_offsets[i]), int(self._path_offsets[i + 1])
-        return bytes(self._path_data[a:b]).decode("utf-8", "replace")
+        return self.sources(i, i + 1)[0]
 
     def sources(self, start: int, stop: int) -> list[str]:
         a, b = int(self._path_offsets[start]), int(self._path_offsets[stop])
-        blob = bytes(self._path_data[a:b]) if b > a else b""
+        try:
+            blob = bytes(self._path_data[a:b]) if b > a else b""
+        except H5_ERRORS as exc:
+            raise h5_damaged(str(self.path), exc, f"read '{PATH_DATA}'") from exc
         rel = self._path_offsets[start:stop + 1] - a
         return [blob[rel[j]:rel[j + 1]].decode("utf-8", "replace") for j in range(stop - start)]
 
     def crc32(self) -> np.ndarray:
-        return _read_index(self._file, CRC32, str(self.path), (self.count,), np.uint32)
+        try:
+            return _read_index(self._file, CRC32, str(self.path), (self.count,), np.uint32)
+        except PackFormatError:
+            raise
+        except H5_ERRORS as exc:
+            raise h5_damaged(str(self.path), exc, f"read '{CRC32}'") from exc
 
     def close(self) -> None:
         for segment in getattr(self, "_segments", []):
@@ -372,11 +493,47 @@ class H5PackReader(PackReader):
             self._file = None
 
 
+def _part_ranges(part: dict[str, Any], k: int, reader: H5PackReader, where: str,
+                 bytes_storage: bool, start: int) -> tuple[int, int, int, int, int]:
+    """(first sample, end sample, first local sample, first byte, first local byte) of part ``k``
+    of a virtual merge, checked: the parts run back to back over the samples, and their byte
+    ranges agree with the offsets."""
+    def bad(what: str) -> PackFormatError:
+        return damaged(where, "parts", f"has part {k} {what}")
+
+    def pair(key: str, default: list[int] | None = None) -> list[int]:
+        value = part.get(key, default)
+        if not (isinstance(value, list) and len(value) == 2
+                and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+                and value[0] <= value[1]):
+            raise bad(f"with {key} {value!r}, not a range")
+        return value
+
+    if not isinstance(part.get("file"), str) or not part["file"]:
+        raise bad(f"with file {part.get('file')!r}")
+    s0, s1 = pair("samples")
+    l0, l1 = pair("local_samples", [0, s1 - s0])
+    if s0 != start or s1 > reader.count or l1 - l0 != s1 - s0:
+        raise bad(f"mapping samples {s0} to {s1} (locally {l0} to {l1}) after sample {start} of "
+                  f"{reader.count}")
+    if not bytes_storage:
+        return s0, s1, l0, 0, 0
+    b0, b1 = pair("bytes")
+    lb0, lb1 = pair("local_bytes", [0, b1 - b0])
+    if [b0, b1] != [int(reader.offsets[s0]), int(reader.offsets[s1])] or lb1 - lb0 != b1 - b0:
+        raise bad(f"mapping bytes {b0} to {b1} (locally {lb0} to {lb1}), but the offsets of its "
+                  f"samples run from {int(reader.offsets[s0])} to {int(reader.offsets[s1])}")
+    return s0, s1, l0, b0, lb0
+
+
 def _read_index(f, name: str, where: str, shape: tuple[int, ...], dtype) -> np.ndarray:
     ds = _require_dataset(f, name, where)
     if tuple(ds.shape) != shape:
         raise PackFormatError(f"{where}: '{name}' has shape {ds.shape}, expected {shape}; the file "
                               "is damaged")
+    if ds.dtype.kind not in "iu":  # integers only: anything else would be cast
+        raise PackFormatError(f"{where}: '{name}' holds {ds.dtype}, not integers; the file is "
+                              "damaged")
     out = np.empty(shape, dtype)
     if out.size:
         ds.read_direct(out)
@@ -390,13 +547,24 @@ def h5_version(path: str | os.PathLike) -> int | None:
         with h5py.File(path, "r") as f:
             marker = f.attrs.get(ATTR_FORMAT)
             version = f.attrs.get(ATTR_VERSION)
+    except FileNotFoundError:
+        raise
     except OSError as exc:
         raise PackFormatError(f"cannot open {path} as HDF5 ({exc})") from exc
+    except H5_ERRORS as exc:
+        raise h5_damaged(str(path), exc, "read its root attributes") from exc
     if isinstance(marker, bytes):
-        marker = marker.decode()
-    if marker != FORMAT:
+        marker = marker.decode("utf-8", "replace")
+    if not isinstance(marker, str) or marker != FORMAT:
         return None
-    return int(version) if version is not None else IMAGE_VERSION
+    if version is None:
+        return IMAGE_VERSION
+    if isinstance(version, np.ndarray) and version.shape == ():
+        version = version.item()
+    if not isinstance(version, (int, np.integer)) or isinstance(version, bool):
+        raise PackFormatError(f"{path}: the root attribute '{ATTR_VERSION}' is {version!r}, not "
+                              "a format version; the file is damaged")
+    return int(version)
 
 
 class _Column:
@@ -425,6 +593,14 @@ class _Column:
             self._chunk_len = ds.chunks[0]
             self._chunks = _chunk_offsets(ds, self._chunk_len)
         self.direct = self._offset is not None or self._chunks is not None
+        if self.direct:
+            end = (self._offset + ds.id.get_storage_size() if self._chunks is None else
+                   int(self._chunks.max()) + self._chunk_len * self._row_bytes
+                   if len(self._chunks) else 0)
+            size = os.path.getsize(ds.file.filename)
+            if end > size:
+                raise PackFormatError(f"{ds.file.filename} is truncated: {ds.name!r} ends at byte "
+                                      f"{end} but the file holds {size}; run fastpipe verify")
 
     def rows(self, a: int, b: int) -> np.ndarray:
         out = np.empty((b - a, *self.row_shape), self.dtype)
@@ -466,8 +642,6 @@ class H5RecordReader:
 
     def __init__(self, path: str | os.PathLike, plain: bool | None = None,
                  names: Sequence[str] | None = None) -> None:
-        from fastpipe.data import fields as F
-
         h5py = h5py_module()
         self.path = Path(path)
         where = str(self.path)
@@ -482,37 +656,103 @@ class H5RecordReader:
             raise PackFormatError(f"cannot open {where} as HDF5 ({exc})") from exc
         self._file = f
         self._fd: int | None = None
+        self._path_offsets: np.ndarray | None = None  # loaded on first sources()
         try:
-            if plain:
-                self.meta, self.fields = _plain_fields(f, where, names)
-            else:
-                raw = _require_dataset(f, R_META, where)[()]
-                self.meta = check_meta(json.loads(raw.decode() if isinstance(raw, bytes) else raw),
-                                       where)
-                self.fields = {n: F.field_from_json(self.meta["fields"][n])
-                               for n in self.meta["order"]}
-            self.count = int(self.meta["count"])
-            self.order: list[str] = list(self.meta["order"])
-            self.classes: dict[str, list[str]] = dict(self.meta.get("classes") or {})
-            self._columns: dict[str, _Column] = {}
-            self._offsets: dict[str, np.ndarray] = {}
-            for name in self.order:
-                ds = _require_dataset(f, name, where)
-                field = self.fields[name]
-                if not plain and field.variable:
-                    self._offsets[name] = _read_index(f, f"{R_OFFSETS}/{name}", where,
-                                                      (self.count + 1,), np.int64)
-                    if ds.shape[0] < self._offsets[name][-1]:
-                        raise PackFormatError(f"{where}: field {name!r} holds {ds.shape[0]} rows "
-                                              "but its offsets end past them; the file is damaged")
-                elif ds.shape[:1] != (self.count,):
-                    raise PackFormatError(f"{where}: field {name!r} has shape {ds.shape}, "
-                                          f"expected {self.count} rows")
-                self._columns[name] = _Column(ds, self._descriptor) if ds.dtype.kind in "biuf" \
-                    else None
+            self._open(f, where, plain, names)
+        except PackFormatError:
+            f.close()
+            raise
+        except H5_ERRORS as exc:
+            f.close()
+            raise h5_damaged(where, exc) from exc
         except BaseException:
             f.close()
             raise
+
+    def _open(self, f, where: str, plain: bool, names: Sequence[str] | None) -> None:
+        """Reads and checks the metadata, each field's dataset (dtype, row shape, length) and the
+        offsets of variable fields, labels within their classes, and the parts of a virtual
+        merge."""
+        if plain:
+            self.meta, self.fields = _plain_fields(f, where, names)
+        else:
+            self.meta = parse_meta(_require_dataset(f, R_META, where)[()], where, R_META)
+            self.fields = record_fields(self.meta, where)
+        self.count = int(self.meta["count"])
+        self.order: list[str] = list(self.meta["order"])
+        self.classes: dict[str, list[str]] = dict(self.meta.get("classes") or {})
+        self._columns: dict[str, _Column | None] = {}
+        self._offsets: dict[str, np.ndarray] = {}
+        for name in self.order:
+            ds = _require_dataset(f, name, where)
+            field = self.fields[name]
+            if not plain:
+                stored = np.dtype(field.stored_dtype)
+                if (ds.dtype.newbyteorder("=") != stored
+                        or tuple(ds.shape[1:]) != tuple(field.row_shape)):
+                    raise PackFormatError(
+                        f"{where}: field {name!r} is stored as {ds.dtype} rows of shape "
+                        f"{tuple(ds.shape[1:])}, but its metadata says {stored} rows of shape "
+                        f"{tuple(field.row_shape)}; the file is damaged")
+            if not plain and field.variable:
+                offsets = _read_index(f, f"{R_OFFSETS}/{name}", where, (self.count + 1,),
+                                      np.int64)
+                check_offsets(offsets, ds.shape[0], where, f"field {name!r}: its offsets")
+                self._offsets[name] = offsets
+            elif ds.shape[:1] != (self.count,):
+                raise PackFormatError(f"{where}: field {name!r} has shape {ds.shape}, "
+                                      f"expected {self.count} rows; the file is damaged")
+            self._columns[name] = _Column(ds, self._descriptor) if ds.dtype.kind in "biuf" \
+                else None
+        if not plain and self.meta.get("merge") == "virtual" and self.meta.get("parts"):
+            self._check_parts(f, where)
+        for name, names_of in self.classes.items():
+            field = self.fields[name]
+            if field.kind == "int" and self._columns[name] is not None:
+                labels = self._columns[name].rows(0, self.count).astype(np.int64)
+                check_labels(labels, names_of, where, name)
+
+    def _check_parts(self, f, where: str) -> None:
+        """A virtual merge reads each field from its part files by name, and HDF5 fills a
+        missing part with zeros: every part must be there and hold the samples the merge
+        recorded (its checksums, one small array per field, against the merged ones)."""
+        h5py = h5py_module()
+        parts = self.meta["parts"]
+        merged = {name: _read_index(f, f"{R_CRC32}/{name}", where, (self.count,), np.uint32)
+                  for name in self.order}
+        base = 0
+        for k, part in enumerate(parts):
+            n = part.get("count")
+            if not (isinstance(part.get("file"), str) and isinstance(n, int)
+                    and not isinstance(n, bool) and 0 <= n <= self.count - base):
+                raise damaged(where, "parts", f"has part {k} as {part!r}")
+            file = self.path.parent / part["file"]
+            if not file.exists():
+                raise PackFormatError(
+                    f"{where} is a virtual pack whose part file {file} is missing; keep the "
+                    ".shards folder next to the pack (or pack with merge='copy' for one "
+                    "self-contained file)")
+            try:
+                with h5py.File(file, "r") as g:
+                    for name in self.order:
+                        # Equal checksums are the samples the merge recorded, whatever else
+                        # about the file changed; a part of another run or a swapped one fails.
+                        ds = g[f"{R_CRC32}/{name}"]
+                        if ds.shape != (n,) or not np.array_equal(ds[()],
+                                                                  merged[name][base:base + n]):
+                            raise PackFormatError(
+                                f"the part file {file} of a virtual pack does not hold the "
+                                f"samples {base} to {base + n - 1} the merge recorded (the "
+                                f"checksums of field {name!r} differ): part files were swapped "
+                                "or replaced after the merge; restore them or pack the output "
+                                "again")
+            except PackFormatError:
+                raise
+            except H5_ERRORS as exc:
+                raise h5_damaged(str(file), exc) from exc
+            base += n
+        if base != self.count:
+            raise damaged(where, "parts", f"maps {base} samples, but the pack holds {self.count}")
 
     def _descriptor(self) -> int:
         if self._fd is None:
@@ -527,26 +767,43 @@ class H5RecordReader:
         rows (flat uint8 for images, bytes and strings); a plain file's non-numeric values as
         h5py gives them."""
         column = self._columns[name]
-        if name in self._offsets:
-            offsets = self._offsets[name]
-            return column.rows(int(offsets[index]), int(offsets[index + 1]))
-        if column is None:  # strings, variable-length or compound data of a plain file
-            return self._file[name][index]
-        return column.rows(index, index + 1)[0]
+        try:
+            if name in self._offsets:
+                offsets = self._offsets[name]
+                return column.rows(int(offsets[index]), int(offsets[index + 1]))
+            if column is None:  # strings, variable-length or compound data of a plain file
+                return self._file[name][index]
+            return column.rows(index, index + 1)[0]
+        except PackFormatError:
+            raise
+        except H5_ERRORS as exc:  # a damaged chunk or filter, read through h5py
+            raise h5_damaged(str(self.path), exc, f"read field {name!r} of sample {index}"
+                             ) from exc
 
     def read_block(self, name: str, start: int, stop: int) -> np.ndarray:
         """The stored rows of samples ``[start, stop)`` of one field, concatenated."""
-        if name in self._offsets:
-            offsets = self._offsets[name]
-            return self._columns[name].rows(int(offsets[start]), int(offsets[stop]))
-        return self._columns[name].rows(start, stop)
+        try:
+            if name in self._offsets:
+                offsets = self._offsets[name]
+                return self._columns[name].rows(int(offsets[start]), int(offsets[stop]))
+            return self._columns[name].rows(start, stop)
+        except PackFormatError:
+            raise
+        except H5_ERRORS as exc:
+            raise h5_damaged(str(self.path), exc,
+                             f"read field {name!r} of samples {start} to {stop - 1}") from exc
 
     def offsets(self, name: str) -> np.ndarray | None:
         return self._offsets.get(name)
 
     def crc32(self, name: str) -> np.ndarray:
-        return _read_index(self._file, f"{R_CRC32}/{name}", str(self.path), (self.count,),
-                           np.uint32)
+        try:
+            return _read_index(self._file, f"{R_CRC32}/{name}", str(self.path), (self.count,),
+                               np.uint32)
+        except PackFormatError:
+            raise
+        except H5_ERRORS as exc:
+            raise h5_damaged(str(self.path), exc, f"read the checksums of field {name!r}") from exc
 
     def source(self, index: int) -> str:
         if self.plain:
@@ -556,8 +813,21 @@ class H5RecordReader:
     def sources(self, start: int, stop: int) -> list[str]:
         if self.plain:
             return [f"{self.path}[{i}]" for i in range(start, stop)]
-        offsets = self._file[R_PATH_OFFSETS][start:stop + 1]
-        blob = bytes(self._file[R_PATH_DATA][offsets[0]:offsets[-1]]) if len(offsets) else b""
+        where = str(self.path)
+        try:
+            if self._path_offsets is None:
+                data = _require_dataset(self._file, R_PATH_DATA, where)
+                offsets = _read_index(self._file, R_PATH_OFFSETS, where, (self.count + 1,),
+                                      np.int64)
+                check_offsets(offsets, data.shape[0], where, f"'{R_PATH_OFFSETS}'")
+                self._path_offsets = offsets
+            offsets = self._path_offsets[start:stop + 1]
+            blob = (bytes(self._file[R_PATH_DATA][offsets[0]:offsets[-1]]) if len(offsets)
+                    else b"")
+        except PackFormatError:
+            raise
+        except H5_ERRORS as exc:
+            raise h5_damaged(where, exc, "read the source paths") from exc
         rel = offsets - offsets[0]
         return [blob[rel[j]:rel[j + 1]].decode("utf-8", "replace") for j in range(stop - start)]
 

@@ -22,9 +22,11 @@ from fastpipe.data._format import (
     PackFormatError,
     PackReader,
     Spec,
-    check_meta,
+    check_labels,
     lmdb_data_key,
     lmdb_path_key,
+    parse_meta,
+    record_fields,
 )
 from fastpipe.data._pack_dataset import PackDataset
 
@@ -112,22 +114,32 @@ class LMDBPackReader(PackReader):
         self._txns: dict[int, Any] = {}  # thread ident -> its transaction
         self._txns_lock = threading.Lock()
         try:
-            raw = self._txn.get(LMDB_META)
-            if raw is None:
-                raise PackFormatError(f"{where} is an LMDB file but not a fastpipe pack (no "
-                                      f"{LMDB_META!r} key)")
-            try:
-                meta = json.loads(bytes(raw).decode())
-            except ValueError as exc:
-                raise PackFormatError(f"{where}: the metadata is not valid JSON ({exc})") from exc
-            self.meta = check_meta(meta, where)
+            self.meta = self._meta(where)
             self.spec = Spec.from_meta(self.meta)
             self.count = int(self.meta["count"])
             self.classes = list(self.meta["classes"])
             self.labels = self._array(LMDB_LABELS, "<i8").astype(np.int64)
+            check_labels(self.labels, self.classes, where)
+            if self.count:  # the last sample is there: the pack was not cut short
+                self._get(lmdb_data_key(self.count - 1), self.count - 1)
         except BaseException:
             self.close()
             raise
+
+    def _meta(self, where: str) -> dict[str, Any]:
+        raw = self._lookup(LMDB_META)
+        if raw is None:
+            raise PackFormatError(f"{where} is an LMDB file but not a fastpipe pack (no "
+                                  f"{LMDB_META!r} key)")
+        return parse_meta(bytes(raw), where, LMDB_META.decode())
+
+    def _lookup(self, key: bytes):
+        lmdb = lmdb_module()
+        try:
+            return self._txn.get(key)
+        except lmdb.Error as exc:  # a damaged page, B-tree or value
+            raise PackFormatError(f"{self.path}: cannot read the key {key!r} ({exc}); the file "
+                                  "is damaged (run fastpipe verify on it)") from exc
 
     @property
     def _txn(self):
@@ -148,18 +160,18 @@ class LMDBPackReader(PackReader):
         return txn
 
     def _array(self, key: bytes, dtype: str) -> np.ndarray:
-        raw = self._txn.get(key)
+        raw = self._lookup(key)
         if raw is None:
             raise PackFormatError(f"{self.path} is a fastpipe pack without the key {key!r}; the "
                                   "file is damaged")
-        out = np.frombuffer(bytes(raw), dtype)
-        if out.shape != (self.count,):
-            raise PackFormatError(f"{self.path}: {key!r} holds {out.shape[0]} values, expected "
-                                  f"{self.count}")
-        return out
+        size = np.dtype(dtype).itemsize
+        if len(raw) != self.count * size:
+            raise PackFormatError(f"{self.path}: {key!r} holds {len(raw)} bytes, expected "
+                                  f"{self.count} values of {size} bytes; the file is damaged")
+        return np.frombuffer(bytes(raw), dtype)
 
     def _get(self, key: bytes, index: int):
-        raw = self._txn.get(key)
+        raw = self._lookup(key)
         if raw is None:
             raise PackFormatError(f"{self.path} has no key {bytes(key)!r} for sample {index}; the "
                                   "file is damaged")
@@ -226,10 +238,11 @@ def open_lmdb(path: str | os.PathLike) -> LMDBPackReader:
     probe._env = _lmdb_acquire(probe.path)
     probe._txns, probe._txns_lock = {}, threading.Lock()
     try:
-        raw = probe._txn.get(LMDB_META)
-        version = json.loads(bytes(raw).decode()).get("version") if raw is not None else None
-    except ValueError:
-        version = None  # the reader explains what is wrong with it
+        raw = probe._lookup(LMDB_META)
+        meta = json.loads(bytes(raw).decode()) if raw is not None else None
+        version = meta.get("version") if isinstance(meta, dict) else None
+    except (ValueError, RecursionError):  # PackFormatError too: the reader explains it
+        version = None
     finally:
         probe.close()
     return LMDBRecordReader(path) if version == RECORDS_VERSION else LMDBPackReader(path)
@@ -243,38 +256,54 @@ class LMDBRecordReader(LMDBPackReader):
     plain = False
 
     def __init__(self, path: str | os.PathLike) -> None:
-        from fastpipe.data import fields as F
 
         self.path = Path(path)
         where = str(self.path)
         self._env = _lmdb_acquire(self.path)
         self._txns: dict[int, Any] = {}
         self._txns_lock = threading.Lock()
+        self._labels: dict[str, np.ndarray] = {}  # the columns checked at open, by field
         try:
-            raw = self._txn.get(LMDB_META)
-            if raw is None:
-                raise PackFormatError(f"{where} is an LMDB file but not a fastpipe pack")
-            self.meta = check_meta(json.loads(bytes(raw).decode()), where)
+            self.meta = self._meta(where)
             self.count = int(self.meta["count"])
             self.order = list(self.meta["order"])
-            self.fields = {n: F.field_from_json(self.meta["fields"][n]) for n in self.order}
+            self.fields = record_fields(self.meta, where)
             self.classes = dict(self.meta.get("classes") or {})
+            for name, names_of in self.classes.items():
+                if self.fields[name].kind == "int":
+                    labels = self._column(name).astype(np.int64)
+                    check_labels(labels, names_of, where, name)
+                    self._labels[name] = labels
         except BaseException:
             self.close()
             raise
 
+    def _column(self, name: str) -> np.ndarray:
+        rows = [self.read(i, name) for i in range(self.count)]
+        return np.stack(rows) if rows else np.zeros((0, *self.fields[name].row_shape),
+                                                    self.fields[name].stored_dtype)
+
     def read(self, index: int, name: str) -> np.ndarray:
         field = self.fields[name]
-        raw = self._get(lmdb_field_key(name, index), index)
-        row = np.frombuffer(raw, field.stored_dtype).copy()  # the buffer ends with the txn
+        raw = self._lookup(lmdb_field_key(name, index))
+        if raw is None:
+            raise PackFormatError(f"{self.path}: field {name!r} of sample {index} is missing (no "
+                                  f"key {lmdb_field_key(name, index)!r}); the file is damaged")
+        dtype = np.dtype(field.stored_dtype)
+        row_size = int(np.prod(field.row_shape, dtype=np.int64)) * dtype.itemsize
+        if (len(raw) % row_size if field.variable and row_size else len(raw) != row_size):
+            raise PackFormatError(
+                f"{self.path}: field {name!r} of sample {index} holds {len(raw)} bytes, not "
+                f"{'a whole number of' if field.variable else 'one'} {dtype} row of shape "
+                f"{field.row_shape} ({row_size} bytes); the file is damaged")
+        row = np.frombuffer(raw, dtype).copy()  # the buffer ends with the txn
         if field.variable:
             return row.reshape((-1, *field.row_shape))
-        if row.size != int(np.prod(field.row_shape, dtype=np.int64)):
-            raise PackFormatError(f"{self.path}: field {name!r} of sample {index} holds "
-                                  f"{row.size} values, expected the shape {field.row_shape}")
         return row.reshape(field.row_shape)
 
     def read_block(self, name: str, start: int, stop: int) -> np.ndarray:
+        if name in self._labels:
+            return self._labels[name][start:stop].astype(self.fields[name].stored_dtype)
         rows = [self.read(i, name) for i in range(start, stop)]
         if self.fields[name].variable:
             return np.concatenate(rows) if rows else np.zeros((0, *self.fields[name].row_shape))

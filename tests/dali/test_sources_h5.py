@@ -40,6 +40,7 @@ def _eval_epoch(source) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize("kind", ["virtual", "copy", "lmdb"])
+@pytest.mark.slow
 def test_pack_gives_the_same_eval_batches_as_the_folder_it_was_packed_from(kind, packs,
                                                                            sample_root):
     assert len(H5Dataset(packs["copy"])) == 48

@@ -45,6 +45,7 @@ def expected_arrays(n: int = 40) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("context", ["fork", "spawn"])
+@pytest.mark.slow
 def test_dataloader_workers_read_the_right_samples(array_pack, context, no_thread_leak):
     ds = H5Dataset(array_pack)
     ds[3]  # a handle open in the parent before the workers start must not leak into them
@@ -58,6 +59,7 @@ def test_dataloader_workers_read_the_right_samples(array_pack, context, no_threa
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_dataloader_spawn_with_a_decoder_and_transform(bytes_pack, no_thread_leak):
     decoder = ImageDecoder(train=False, size=32)
     ds = H5Dataset(bytes_pack, decoder=decoder, transform=hflip)
@@ -170,6 +172,7 @@ def test_verify_of_something_else(sample_root, tmp_path):
 
 
 @pytest.mark.parametrize("which", ["array", "bytes"])
+@pytest.mark.slow
 def test_a_pack_rewritten_with_compression_still_reads(array_pack, bytes_pack, tmp_path, which):
     """Data the direct reader cannot map (here gzip chunks, as after h5repack) reads through
     h5py."""

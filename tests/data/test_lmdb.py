@@ -38,6 +38,7 @@ def test_bytes_round_trip_is_bit_exact(sample_root, tmp_path):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_array_round_trip_through_dataloader_workers(tmp_path, no_thread_leak):
     source = ArrayDataset(n=30)
     out = tmp_path / "a.lmdb"
@@ -113,6 +114,7 @@ def test_lmdb_draws_what_h5_draws_for_the_same_seed(sample_root, tmp_path):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_thread_workers_read_through_a_transaction_each(sample_root, tmp_path, no_thread_leak):
     import threading
 
