@@ -1,4 +1,5 @@
-"""Builds fastpipe and its extensions fastpipe._C, fastpipe._resize and fastpipe._jpeg.
+"""Builds fastpipe and its extensions fastpipe._C, fastpipe._resize, fastpipe._jpeg and
+fastpipe._png.
 
 The CPU kernels (fastpipe/csrc/*.cpp, fastpipe/csrc/cpu/*.cpp) are always built. The CUDA kernels
 (fastpipe/csrc/cuda/*.cu, plain CUDA without torch headers so they compile in seconds) and their
@@ -18,12 +19,18 @@ JPEG with libjpeg-turbo's own API; it is built when libjpeg-turbo's headers and 
 elsewhere point CFLAGS/LDFLAGS at them). Without it the CPU image path decodes whole images with
 simplejpeg, about 20% more decode time for a train crop.
 
+fastpipe._png (fastpipe/csrc/png/png_decode.cpp, no torch headers) decodes PNGs to their stored
+pixels, or only a band of rows, with libpng 1.6; it is built when libpng's headers and library are
+found (Debian/Ubuntu: apt install libpng-dev; Fedora: libpng-devel). Without it PNGs decode with
+PIL (fastpipe/data/_png.py).
+
 Build against the installed torch:    pip install --no-build-isolation -e .
 In place, for development:            python setup.py build_ext --inplace
 
 Environment switches: FASTPIPE_NO_EXTENSION=1 skips all extensions (fastpipe then uses its
 pure-PyTorch ops, torch's resize and whole-image decoding), FASTPIPE_NO_CUDA=1 builds the CPU
-kernels only, FASTPIPE_NO_JPEG=1 skips fastpipe._jpeg, MAX_JOBS=N limits parallel compiles (ninja).
+kernels only, FASTPIPE_NO_JPEG=1 skips fastpipe._jpeg, FASTPIPE_NO_PNG=1 skips fastpipe._png,
+MAX_JOBS=N limits parallel compiles (ninja).
 """
 
 import glob
@@ -253,8 +260,57 @@ def _resize_extension():
     )
 
 
+_LIBPNG_PROBE = """
+#include <png.h>
+#if PNG_LIBPNG_VER < 10600
+#error "fastpipe._png needs libpng >= 1.6 (tested with 1.6.39)"
+#endif
+int main(void) {
+    png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, 0, 0, 0);
+    png_destroy_read_struct(&png, 0, 0);
+    return 0;
+}
+"""
+
+
+def _libpng_found() -> bool:
+    """True when a program using libpng 1.6 compiles and links here (CC, CFLAGS and LDFLAGS
+    apply, as they do to the extension)."""
+    compiler = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
+    with tempfile.TemporaryDirectory() as tmp:
+        source = os.path.join(tmp, "probe.c")
+        with open(source, "w") as file:
+            file.write(_LIBPNG_PROBE)
+        command = (compiler.split() + os.environ.get("CFLAGS", "").split() + [source, "-o",
+                   os.path.join(tmp, "probe")] + os.environ.get("LDFLAGS", "").split() + ["-lpng"])
+        try:
+            return subprocess.run(command, capture_output=True, timeout=120).returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            return False
+
+
+def _png_extension():
+    """fastpipe._png when libpng's headers are here, else None (with the reason printed)."""
+    if os.environ.get("FASTPIPE_NO_PNG") == "1":
+        return None
+    if not _libpng_found():
+        print(
+            "fastpipe: building without fastpipe._png (libpng PNG decoding): libpng >= 1.6 "
+            "headers and library not found. Install them (Debian/Ubuntu: libpng-dev, Fedora: "
+            "libpng-devel) and reinstall; fastpipe works without it, decoding PNGs with PIL "
+            "(16-bit colour PNGs then cannot keep their 16 bits)"
+        )
+        return None
+    return Extension(
+        "fastpipe._png",
+        [os.path.join("fastpipe", "csrc", "png", "png_decode.cpp")],
+        libraries=["png"],
+        extra_compile_args=["-O3", "-g0"],
+    )
+
+
 # Extensions on the full C API of one Python version, named with its ABI tag.
-_VERSIONED_EXTENSIONS = ("_jpeg", "_resize")
+_VERSIONED_EXTENSIONS = ("_jpeg", "_resize", "_png")
 
 
 def _build_extension_class():
@@ -357,7 +413,9 @@ def _extensions():
         ext = cpp_extension.CppExtension(
             "fastpipe._C", sources, extra_compile_args={"cxx": CXX_FLAGS}, **common
         )
-    extensions = _sanitized([ext, _resize_extension()] + ([jpeg] if jpeg is not None else []))
+    png = _png_extension()
+    extensions = _sanitized([ext, _resize_extension()] + ([jpeg] if jpeg is not None else [])
+                            + ([png] if png is not None else []))
     return extensions, {"build_ext": _build_extension_class()}
 
 

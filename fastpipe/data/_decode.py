@@ -231,8 +231,16 @@ def _decode_jpeg_crop(
 
 
 def _decode_pil(data: ImageBytes, source: str) -> np.ndarray:
+    """Non-JPEG images, and the JPEGs the fast path refuses: PNGs through fastpipe._png
+    (libpng; the same pixels as PIL's, docs/cpu-path.md), the rest and what libpng refuses
+    through PIL."""
     from PIL import Image
 
+    from fastpipe.data._png import decode_rgb_png
+
+    array = decode_rgb_png(data, source)
+    if array is not None:
+        return array
     try:
         with Image.open(io.BytesIO(data)) as image:
             _check_pixels(image.size[1], image.size[0], source)
@@ -242,6 +250,12 @@ def _decode_pil(data: ImageBytes, source: str) -> np.ndarray:
     except Image.DecompressionBombError as exc:
         raise ImageTooLargeError(
             f"image {source}: {exc} (Pillow's own limit, PIL.Image.MAX_IMAGE_PIXELS)") from exc
+    except Image.UnidentifiedImageError as exc:
+        # Pillow names the buffer it read (<_io.BytesIO object at 0x...>), not the file.
+        raise CorruptImageError(
+            f"cannot decode image {source}: not a format Pillow recognises. The file is damaged, "
+            "truncated or not an image; remove it from the dataset or replace it"
+        ) from exc
     except Exception as exc:  # noqa: BLE001 - PIL raises many types for bad data
         raise CorruptImageError(
             f"cannot decode image {source}: {exc}. The file is damaged, truncated or not an image; "

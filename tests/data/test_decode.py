@@ -260,6 +260,7 @@ HIST_BOUND = 0.012
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("height,width", [(400, 500), (480, 340), (100, 1000), (224, 224)])
+@pytest.mark.slow
 def test_crop_distribution_matches_torchvision_random_resized_crop(height, width):
     scale, ratio = (0.08, 1.0), (3 / 4, 4 / 3)
     torch.manual_seed(0)
@@ -276,6 +277,7 @@ def test_crop_distribution_matches_torchvision_random_resized_crop(height, width
         assert 0 <= top <= height - h and 0 <= left <= width - w and h > 0 and w > 0
 
 
+@pytest.mark.slow
 def test_crop_distribution_check_detects_a_wrong_sampler():
     """The bounds above are tight enough to fail a plausible mistake: a ratio drawn uniformly
     instead of log-uniformly, and a scale range of (0.2, 1) instead of (0.08, 1)."""
@@ -507,6 +509,7 @@ def _peak_of(code: str) -> tuple[str, int, int]:
     return "\n".join(lines[:-1]), int(rss), int(peak)
 
 
+@pytest.mark.slow
 def test_a_bomb_is_refused_before_anything_is_allocated():
     """629 bytes declaring 65500x65500: decode_rgb allocated 12 GiB; now every decode refuses
     it from its header, naming the file, with peak memory measured around the calls."""

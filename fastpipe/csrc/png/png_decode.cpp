@@ -1,0 +1,219 @@
+/* fastpipe._png: decode a PNG's stored pixels, or only a band of its rows, with the system's libpng.
+ *
+ * PNG rows are filtered against the row above and deflated as one stream, so rows can only be
+ * read in order; but a non-interlaced file need not be inflated past the last row wanted, and the
+ * rows above the band are read into one scratch row. The pixels are what the file stores (no
+ * palette expansion, no tRNS to alpha, no gamma), 1/2/4-bit grey scaled to 0..255 as PIL does,
+ * sub-byte palette indices one per byte, 16-bit samples in the machine's byte order. The caller
+ * (fastpipe/data/_png.py) allocates the output from the header it parsed itself; this module
+ * checks libpng's reading of the header against it, so a mismatch is an error, never an overrun.
+ *
+ * C++ only because setuptools compiles the package's other sources as C++; no torch headers.
+ * libpng reports errors by longjmp: only trivially destructible objects live between setjmp and
+ * longjmp, and whatever is malloc'd is reachable from `state` to be freed on the error path.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <png.h>
+
+#include <csetjmp>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace {
+
+struct Source {
+    const unsigned char *data;
+    size_t size;
+    size_t pos;
+};
+
+struct State {
+    Source source;
+    unsigned char *scratch;  // one row, for the rows above the band
+    char message[256];
+};
+
+void read_bytes(png_structp png, png_bytep out, size_t length) {
+    auto *source = static_cast<Source *>(png_get_io_ptr(png));
+    if (length > source->size - source->pos) {
+        png_error(png, "truncated file: the data ends inside a chunk");
+    }
+    std::memcpy(out, source->data + source->pos, length);
+    source->pos += length;
+}
+
+[[noreturn]] void on_error(png_structp png, png_const_charp message) {
+    auto *state = static_cast<State *>(png_get_error_ptr(png));
+    std::snprintf(state->message, sizeof(state->message), "%s", message);
+    png_longjmp(png, 1);
+}
+
+void on_warning(png_structp, png_const_charp) {}
+
+struct Expected {
+    uint32_t height, width;
+    int channels, bytes_per_sample;
+    uint32_t top, bottom;
+    unsigned long long max_pixels;
+};
+
+/* Decodes rows [top, bottom) into `out` (bottom - top rows of width * channels * bytes_per_sample
+ * bytes). Returns 0, or -1 with state->message set. */
+int decode(State *state, const Expected &want, unsigned char *out) {
+    png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, state, on_error, on_warning);
+    if (png == nullptr) {
+        std::snprintf(state->message, sizeof(state->message), "out of memory");
+        return -1;
+    }
+    png_infop info = png_create_info_struct(png);
+    if (info == nullptr) {
+        png_destroy_read_struct(&png, nullptr, nullptr);
+        std::snprintf(state->message, sizeof(state->message), "out of memory");
+        return -1;
+    }
+    if (setjmp(png_jmpbuf(png))) {
+        png_destroy_read_struct(&png, &info, nullptr);
+        std::free(state->scratch);
+        state->scratch = nullptr;
+        return -1;
+    }
+    png_set_read_fn(png, &state->source, read_bytes);
+    // The caller checked the pixel budget from the same IHDR; libpng's own limits are wider.
+    png_set_user_limits(png, 0x7fffffffU, 0x7fffffffU);
+    png_read_info(png, info);
+
+    png_uint_32 width = 0, height = 0;
+    int depth = 0, color_type = 0, interlace = 0;
+    png_get_IHDR(png, info, &width, &height, &depth, &color_type, &interlace, nullptr, nullptr);
+    if ((unsigned long long)width * height > want.max_pixels) {
+        png_error(png, "the image declares more pixels than the pixel budget");
+    }
+    if (color_type == PNG_COLOR_TYPE_GRAY && depth < 8) {
+        png_set_expand_gray_1_2_4_to_8(png);  // scaled to 0..255: 1-bit 0/255, 2-bit *85, 4-bit *17
+    } else if (depth < 8) {
+        png_set_packing(png);  // palette indices, one per byte, not scaled
+    }
+    if (depth == 16) {
+        const uint16_t probe = 1;
+        unsigned char first;
+        std::memcpy(&first, &probe, 1);
+        if (first == 1) {
+            png_set_swap(png);  // PNG stores big-endian samples
+        }
+    }
+    const int passes = interlace == PNG_INTERLACE_NONE ? 1 : png_set_interlace_handling(png);
+    png_read_update_info(png, info);
+    const size_t row_bytes = (size_t)want.width * want.channels * want.bytes_per_sample;
+    if (width != want.width || height != want.height
+            || png_get_channels(png, info) != want.channels
+            || png_get_bit_depth(png, info) != 8 * want.bytes_per_sample
+            || png_get_rowbytes(png, info) != row_bytes) {
+        png_error(png, "the header libpng read differs from the one parsed before the decode");
+    }
+    if (passes > 1) {
+        // Every pass fills pixels of every row: the whole image is decoded (top is 0 and bottom
+        // the height here; the caller slices).
+        if (want.top != 0 || want.bottom != height) {
+            png_error(png, "an interlaced image is decoded whole");
+        }
+        for (int pass = 0; pass < passes; ++pass) {
+            for (png_uint_32 y = 0; y < height; ++y) {
+                png_read_row(png, out + y * row_bytes, nullptr);
+            }
+        }
+    } else {
+        if (want.top > 0) {
+            state->scratch = static_cast<unsigned char *>(std::malloc(row_bytes));
+            if (state->scratch == nullptr) {
+                png_error(png, "out of memory");
+            }
+            for (png_uint_32 y = 0; y < want.top; ++y) {
+                png_read_row(png, state->scratch, nullptr);
+            }
+        }
+        for (png_uint_32 y = want.top; y < want.bottom; ++y) {
+            png_read_row(png, out + (y - want.top) * row_bytes, nullptr);
+        }
+    }
+    if (want.bottom == height) {
+        png_read_end(png, nullptr);  // the rest of the stream and the chunks after it are checked
+    }
+    png_destroy_read_struct(&png, &info, nullptr);
+    std::free(state->scratch);
+    state->scratch = nullptr;
+    return 0;
+}
+
+}  // namespace
+
+PyDoc_STRVAR(decode_doc,
+"decode(data, out, height, width, channels, bytes_per_sample, top, bottom, max_pixels) -> None\n"
+"\n"
+"Writes rows [top, bottom) of the PNG ``data``'s stored pixels into the writable buffer ``out``\n"
+"((bottom - top) * width * channels * bytes_per_sample bytes), with the GIL released. The\n"
+"arguments are the caller's reading of the IHDR; libpng's must agree. A non-interlaced file is\n"
+"not inflated past row ``bottom`` (and the rest is checked when ``bottom`` is the height); an\n"
+"interlaced one must be asked whole. Raises ValueError for what libpng rejects.");
+
+static PyObject *py_decode(PyObject *, PyObject *args) {
+    Py_buffer data, out;
+    unsigned int height, width, top, bottom;
+    int channels, bytes_per_sample;
+    unsigned long long max_pixels;
+    if (!PyArg_ParseTuple(args, "y*w*IIiiIIK:decode", &data, &out, &height, &width, &channels,
+                          &bytes_per_sample, &top, &bottom, &max_pixels)) {
+        return nullptr;
+    }
+    const Expected want{height, width, channels, bytes_per_sample, top, bottom, max_pixels};
+    const unsigned long long need = (unsigned long long)(bottom > top ? bottom - top : 0) * width
+                                    * (unsigned)channels * (unsigned)bytes_per_sample;
+    if (top >= bottom || bottom > height || channels < 1 || channels > 4
+            || (bytes_per_sample != 1 && bytes_per_sample != 2)
+            || (unsigned long long)out.len != need || out.readonly) {
+        PyBuffer_Release(&data);
+        PyBuffer_Release(&out);
+        return PyErr_Format(PyExc_ValueError,
+                            "decode: the output buffer does not hold rows [%u, %u) of a %ux%ux%d "
+                            "image of %d-byte samples", top, bottom, height, width, channels,
+                            bytes_per_sample);
+    }
+    State state{};
+    state.source = Source{static_cast<const unsigned char *>(data.buf), (size_t)data.len, 0};
+    int status;
+    Py_BEGIN_ALLOW_THREADS
+    status = decode(&state, want, static_cast<unsigned char *>(out.buf));
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&out);
+    if (status != 0) {
+        return PyErr_Format(PyExc_ValueError, "libpng: %s", state.message);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"decode", py_decode, METH_VARARGS, decode_doc},
+    {nullptr, nullptr, 0, nullptr},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "fastpipe._png",
+    "PNG decoding of stored pixels, or of a band of rows, with the system's libpng "
+    "(see png_decode.cpp).", -1, methods, nullptr, nullptr, nullptr, nullptr,
+};
+
+extern "C" PyMODINIT_FUNC PyInit__png(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m == nullptr) {
+        return nullptr;
+    }
+    if (PyModule_AddStringConstant(m, "LIBPNG_VERSION", PNG_LIBPNG_VER_STRING) < 0) {
+        Py_DECREF(m);
+        return nullptr;
+    }
+    return m;
+}
