@@ -18,7 +18,16 @@ import torch
 
 from fastpipe import _validate as check
 from fastpipe._background import BackgroundIterator
-from fastpipe._batch import get_at, image_path, map_tensors, place, replace_at, target_path
+from fastpipe._batch import (
+    get_at,
+    image_paths,
+    is_image_sequence,
+    map_tensors,
+    place,
+    replace_at,
+    suggest_image_key,
+    target_paths,
+)
 from fastpipe._frameworks import (
     AccelerateTracking,
     LoaderAttributes,
@@ -54,12 +63,20 @@ class DataPrefetcher(LoaderAttributes):
     ``torch.cuda.set_device``. On CPU a background thread prepares the next ``prefetch_depth``
     batches; results are the same.
 
-    Batches may be a tensor, tuple, list, dict, namedtuple or any nesting of them; non-tensor
-    leaves (strings, a ``meta`` dict of strings) pass through unchanged.
+    Batches may be a tensor, or any nesting of dicts, lists, tuples, namedtuples and dataclasses
+    around tensors: every tensor moves, each container keeps its type (a dataclass is rebuilt
+    with ``dataclasses.replace``, frozen ones too), and non-tensor leaves (strings, a ``meta``
+    dict of strings) pass through as the same objects. A batch whose tensors cannot be reached (a
+    set, an object keeping tensors in its attributes) is a ``TypeError`` naming its type.
 
-    Normalization (optional) applies to the images only: the first tensor of a tuple or list, the
-    ``image_key`` entry of a dict, or the batch itself when it is a tensor. With ``mean`` and
-    ``std`` (in the 0-1 scale, like torchvision's ``Normalize``: ImageNet is
+    Normalization (optional) applies to the images only: by default the batch itself when it is a
+    tensor, the ``"image"``, ``"images"``, ``"input"`` or ``"inputs"`` entry of a dict, dataclass
+    or namedtuple, else the first tensor of a tuple, list, dataclass or namedtuple, else its first
+    tuple or list of tensors. ``image_key`` names them instead: a dict key, a sequence index or an
+    attribute name, or a tuple or list of these for several image entries (each normalized the
+    same way). An entry that is a tuple or list of images (variable sizes, as torchvision's
+    detection batches) is normalized image by image, each ``(C, H, W)`` or ``(N, C, H, W)``.
+    With ``mean`` and ``std`` (in the 0-1 scale, like torchvision's ``Normalize``: ImageNet is
     ``mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)``), uint8 images become
     ``(x / 255 - mean) / std`` in ``dtype`` (float32 by default); float images are taken to be in
     0-1 already, and the first batch of each epoch is checked for that (one ``aminmax``): a float
@@ -70,8 +87,13 @@ class DataPrefetcher(LoaderAttributes):
 
     ``batch_transform(images, targets) -> (images, targets)`` (for example
     ``fastpipe.ops.Mixup``) runs once per batch after normalization, on the side stream on CUDA,
-    so it overlaps the training step. The targets are the first tensor after the images of a
-    tuple or list, or the ``"target"``, ``"targets"``, ``"label"`` or ``"labels"`` entry of a dict.
+    so it overlaps the training step. The images are the entry ``image_key`` names (the default
+    above); the targets are the entry ``target_key`` names (in the same forms; e.g. the mask of
+    a segmentation batch, for CutMix on image and mask together), by default the ``"target"``,
+    ``"targets"``, ``"label"`` or ``"labels"`` entry of a dict, dataclass or namedtuple, else the
+    first other tensor of a tuple, list, dataclass or namedtuple, else its first other entry with
+    tensors. Where ``image_key`` (or ``target_key``) is a tuple or list, that argument is a tuple
+    of the entries in its order, and the transform returns a tuple of as many.
 
     It reads like the loader it wraps: ``dataset``, ``sampler``, ``batch_sampler``,
     ``batch_size``, ``drop_last``, ``num_workers`` and ``len()`` are the loader's, and
@@ -96,8 +118,9 @@ class DataPrefetcher(LoaderAttributes):
         channels_last: bool = False,
         non_blocking: bool = True,
         prefetch_depth: int = 1,
-        image_key: str | int | None = None,
+        image_key: Any = None,
         batch_transform: Callable[[Any, Any], tuple[Any, Any]] | None = None,
+        target_key: Any = None,
     ) -> None:
         if (mean is None) != (std is None):
             raise ValueError("pass both mean and std to normalize, or neither")
@@ -110,6 +133,14 @@ class DataPrefetcher(LoaderAttributes):
             raise TypeError(
                 "batch_transform must be a callable (images, targets) -> (images, targets), "
                 f"got {type(batch_transform).__name__}"
+            )
+        for option, key in (("image_key", image_key), ("target_key", target_key)):
+            if isinstance(key, (tuple, list)) and not key:
+                raise ValueError(f"{option} must name at least one entry, got {key!r}")
+        if target_key is not None and batch_transform is None:
+            raise ValueError(
+                "target_key names the entry passed to batch_transform as its targets, and no "
+                "batch_transform was given; pass batch_transform=..., or leave target_key unset"
             )
         self.loader = loader
         self.device = resolve_device(device, where="DataPrefetcher")
@@ -126,6 +157,7 @@ class DataPrefetcher(LoaderAttributes):
         self.non_blocking = non_blocking
         self.prefetch_depth = prefetch_depth
         self.image_key = image_key
+        self.target_key = target_key
         self.batch_transform = batch_transform
         self._streams = streams_for(self.device)
         # One side stream per device, made at the first epoch there (never per epoch).
@@ -253,8 +285,6 @@ class DataPrefetcher(LoaderAttributes):
     def _prepare(self, batch: Any, device: torch.device) -> Any:
         """Moves every tensor of ``batch`` to ``device``, normalizes its images there and runs
         ``batch_transform``."""
-        needs_images = self.normalizes or self.batch_transform is not None
-        images = image_path(batch, self.image_key) if needs_images else None
 
         def move(tensor: torch.Tensor) -> torch.Tensor:
             if self._streams is not None:
@@ -262,18 +292,31 @@ class DataPrefetcher(LoaderAttributes):
             return tensor.to(device)
 
         moved = map_tensors(move, batch)
-        if images is None:
+        if not (self.normalizes or self.batch_transform is not None):
             return moved
+        images = image_paths(moved, self.image_key)
         if self.normalizes:
-            normalized = self._normalize(get_at(moved, images), images, device)
-            moved = replace_at(moved, images, normalized)
+            unchecked: list[tuple[torch.Tensor, str]] = []
+            for where in images:
+                normalized = self._normalize_entry(moved, where, device, unchecked)
+                moved = replace_at(moved, where, normalized)
+            if unchecked:
+                self._check_unit_range(unchecked)
         if self.batch_transform is not None:
             moved = self._transform(moved, images)
         return moved
 
-    def _transform(self, batch: Any, images: tuple[Any, ...]) -> Any:
-        targets = target_path(batch, images)
-        out = self.batch_transform(get_at(batch, images), get_at(batch, targets))
+    def _transform(self, batch: Any, images: list[tuple[Any, ...]]) -> Any:
+        targets = target_paths(batch, images, self.target_key)
+        several_images = isinstance(self.image_key, (tuple, list))
+        several_targets = isinstance(self.target_key, (tuple, list))
+
+        def argument(paths: list[tuple[Any, ...]], several: bool) -> Any:
+            values = tuple(get_at(batch, where) for where in paths)
+            return values if several else values[0]
+
+        out = self.batch_transform(argument(images, several_images),
+                                   argument(targets, several_targets))
         if self._handed_out is not None:
             self._handed_out.transformed()
         if not isinstance(out, tuple) or len(out) != 2:
@@ -281,22 +324,57 @@ class DataPrefetcher(LoaderAttributes):
                 "batch_transform must return a pair (images, targets), got "
                 f"{type(out).__name__}"
             )
-        return replace_at(replace_at(batch, images, out[0]), targets, out[1])
+        for what, paths, several, value in (("images", images, several_images, out[0]),
+                                            ("targets", targets, several_targets, out[1])):
+            if several:
+                if not isinstance(value, (tuple, list)) or len(value) != len(paths):
+                    raise TypeError(
+                        f"batch_transform was given {len(paths)} {what} entries as a tuple "
+                        f"({', '.join(place(where) for where in paths)}) and must return "
+                        f"{what} as a tuple of as many, got {type(value).__name__}"
+                        + (f" of {len(value)}" if isinstance(value, (tuple, list)) else "")
+                    )
+                values = list(value)
+            else:
+                values = [value]
+            for where, new in zip(paths, values):
+                batch = replace_at(batch, where, new)
+        return batch
 
-    def _normalize(self, images: Any, where: tuple[Any, ...],
-                   device: torch.device) -> torch.Tensor:
+    def _normalize_entry(self, batch: Any, where: tuple[Any, ...], device: torch.device,
+                         unchecked: list[tuple[torch.Tensor, str]]) -> Any:
+        """The images at ``where`` normalized: a 4-D batch, or a tuple or list of images (each
+        ``(C, H, W)`` or ``(N, C, H, W)``: variable sizes) one by one."""
+        images = get_at(batch, where)
+        if is_image_sequence(images):
+            out = []
+            for index, image in enumerate(images):
+                at = (*where, index)
+                if isinstance(image, torch.Tensor) and image.dim() == 3:
+                    out.append(self._normalize(image.unsqueeze(0), at, device, batch,
+                                               unchecked).squeeze(0))
+                else:
+                    out.append(self._normalize(image, at, device, batch, unchecked,
+                                               dims="3-D (C, H, W) or 4-D (N, C, H, W)"))
+            return type(images)(out)
+        return self._normalize(images, where, device, batch, unchecked)
+
+    def _normalize(self, images: Any, where: tuple[Any, ...], device: torch.device,
+                   batch: Any, unchecked: list[tuple[torch.Tensor, str]],
+                   dims: str = "4-D (N, C, H, W) image batch") -> torch.Tensor:
         if not isinstance(images, torch.Tensor) or images.dim() != 4:
             shape = (tuple(images.shape) if isinstance(images, torch.Tensor)
                      else type(images).__name__)
             raise TypeError(
                 f"DataPrefetcher was asked to normalize {place(where)}, which is {shape}, not a "
-                "4-D (N, C, H, W) image batch; pass image_key=... to point at the images, or "
-                "leave mean, std and dtype unset"
+                f"{dims}; {suggest_image_key(batch, exclude=[where])} to point at the images, "
+                "or leave mean, std and dtype unset"
             )
         if images.dtype not in (torch.uint8, *_FLOAT_DTYPES):
             raise TypeError(
                 f"DataPrefetcher was asked to normalize {place(where)} of dtype {images.dtype}; "
-                "images must be uint8 or floating point. Pass image_key=... to point at the images"
+                f"images must be uint8 or floating point. "
+                f"{suggest_image_key(batch, exclude=[where])} to point at the images"
             )
         if self.mean is None and self.dtype is None:
             return images.contiguous(memory_format=torch.channels_last)
@@ -309,7 +387,7 @@ class DataPrefetcher(LoaderAttributes):
                     f"channels (shape {tuple(images.shape)}); pass one {name} value per channel"
                 )
         if self.mean is not None and images.dtype != torch.uint8 and not self._range_checked:
-            self._check_unit_range(images, place(where))
+            unchecked.append((images, place(where)))
         mean, std = self._stats_on(device, mean, std)
         return normalize(
             images, mean, std, dtype=self.dtype or torch.float32, channels_last=self.channels_last
@@ -344,22 +422,26 @@ class DataPrefetcher(LoaderAttributes):
             cached = self._unit_stats[channels] = (torch.zeros(channels), torch.ones(channels))
         return cached
 
-    def _check_unit_range(self, images: torch.Tensor, where: str) -> None:
-        # Once per epoch (the first batch): reading the values back waits for the device.
+    def _check_unit_range(self, unchecked: list[tuple[torch.Tensor, str]]) -> None:
+        # Once per epoch (the first batch with float images): reading the values back waits for
+        # the device.
         self._range_checked = True
-        if images.numel() == 0:
-            return
-        low, high = (float(v) for v in torch.aminmax(images.detach()))
-        if low < -_RANGE_SLACK or high > 1 + _RANGE_SLACK:
-            warnings.warn(
-                f"DataPrefetcher: the float images in {where} range from {low:.3g} to {high:.3g}, "
-                "outside [0, 1], and mean/std were given: they look normalized already (e.g. by "
-                "transforms.Normalize in the dataset), and would be normalized twice. Either drop "
-                "Normalize (and ToTensor: PILToTensor gives uint8, cheaper to move) from the "
-                "dataset's transforms, or leave mean and std unset here",
-                UserWarning,
-                stacklevel=2,
-            )
+        for images, where in unchecked:
+            if images.numel() == 0:
+                continue
+            low, high = (float(v) for v in torch.aminmax(images.detach()))
+            if low < -_RANGE_SLACK or high > 1 + _RANGE_SLACK:
+                warnings.warn(
+                    f"DataPrefetcher: the float images in {where} range from {low:.3g} to "
+                    f"{high:.3g}, outside [0, 1], and mean/std were given: they look normalized "
+                    "already (e.g. by transforms.Normalize in the dataset), and would be "
+                    "normalized twice. Either drop Normalize (and ToTensor: PILToTensor gives "
+                    "uint8, cheaper to move) from the dataset's transforms, or leave mean and std "
+                    "unset here",
+                    UserWarning,
+                    stacklevel=2,
+                )
+                return
 
     def _fastpipe_describe(self) -> dict[str, Any]:
         """Tells ``fastpipe.profile`` what this is: a prefetcher over ``self.loader``."""

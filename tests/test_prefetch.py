@@ -72,6 +72,7 @@ def _same(a, b) -> None:
         assert a == b
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["tensor", "tuple", "list", "dict", "namedtuple", "nested"])
 def test_same_batches_in_the_same_order_as_a_plain_loop(kind, no_thread_leak):
     batches = _batches(kind)
@@ -105,6 +106,7 @@ def test_dict_batch_normalizes_image_and_keeps_meta(no_thread_leak):
     "dtype, atol",
     [(torch.float32, 1e-5), (torch.float16, 4e-3), (torch.bfloat16, 3e-2)],
 )
+@pytest.mark.slow
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_normalization_matches_a_float64_reference(dtype, atol, channels_last, no_thread_leak):
     loader = DataLoader(_Images(), batch_size=7)
@@ -160,6 +162,7 @@ def test_loader_exception_reaches_the_loop(no_thread_leak):
     assert len(got) == 1
 
 
+@pytest.mark.slow
 def test_early_break_and_training_exception_leak_no_thread(no_thread_leak):
     loader = DataLoaderX(_Images(200), batch_size=2, num_workers=2)
     prefetcher = DataPrefetcher(loader, device="cpu", mean=MEAN, std=STD, prefetch_depth=3)
@@ -546,6 +549,7 @@ def test_a_missing_loader_attribute_names_the_wrapped_loader():
 # --- Pickling ---
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("state", ["fresh", "iterated", "mid_epoch", "closed"])
 def test_pickles_and_deep_copies_in_every_state(state, no_thread_leak):
     import copy
@@ -613,6 +617,7 @@ def process_starts(monkeypatch):
     return started
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("wrapped", ["DataLoader", "DataLoaderX"])
 @pytest.mark.parametrize("persistent", [False, True])
 def test_worker_processes_start_in_the_thread_that_iterates_not_the_background_one(

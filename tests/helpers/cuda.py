@@ -73,6 +73,8 @@ class RecordingStreams:
         self.active = "default"
         self.current_device = 0  # what torch.cuda.set_device would change
         self.on_gpu: set[int] = set()  # ids of tensors that stand for tensors already on the GPU
+        self.copied: list[torch.Tensor] = []  # every tensor to_device copied, in order
+        self.recorded: list[tuple[torch.Tensor, object]] = []  # (tensor, stream) of record_stream
 
     def concrete_device(self, device):
         return torch.device("cuda", self.current_device) if device.index is None else device
@@ -106,10 +108,17 @@ class RecordingStreams:
         self.log.append(("wait", waiter, event))
 
     def record_stream(self, tensor, stream):
-        self.log.append(("record", int(tensor.flatten()[0]), tensor.dtype, stream))
+        self.recorded.append((tensor, stream))
+        self.log.append(("record", _first(tensor), tensor.dtype, stream))
 
     def to_device(self, tensor, device, non_blocking):
         if id(tensor) in self.on_gpu:
             return tensor  # .to() leaves a tensor already on the device as it is
-        self.log.append(("copy", int(tensor.flatten()[0]), self.active, non_blocking))
+        self.copied.append(tensor)
+        self.log.append(("copy", _first(tensor), self.active, non_blocking))
         return tensor.clone()
+
+
+def _first(tensor: torch.Tensor) -> int | None:
+    """The first value of ``tensor`` (what the log names it by), None when it is empty."""
+    return int(tensor.flatten()[0]) if tensor.numel() else None
