@@ -302,6 +302,11 @@ class EncodedSource:
         fetch: Callable[[int], tuple[Any, Any]] | None = None,
     ) -> None:
         batch_size = check.positive_int("batch_size", batch_size)
+        if getattr(dataset, "joint", None) is not None:
+            raise ValueError(
+                f"{type(dataset).__name__} has joint={dataset.joint!r}, which DALI does not run "
+                "(DALI crops one image per sample); load it on the CPU path (DataLoaderX), or "
+                "build the dataset with joint=None")
         if fetch is None:
             fetch = getattr(dataset, "encoded", None)
             if not callable(fetch):

@@ -16,7 +16,9 @@ from fastpipe._constants import DEFAULT_INTERPOLATION
 from fastpipe.data import _format as fmt
 from fastpipe.data._augment import PerSample
 from fastpipe.data._decode import CorruptImageError, ImageDecoder, decode_rgb
+from fastpipe.data._joint_kernels import joint_record
 from fastpipe.data._random import forked_default_generator, sample_seed
+from fastpipe.data.joint import JOINT_STREAM, JointCrop
 from fastpipe.recipe import Recipe
 
 
@@ -42,6 +44,9 @@ class PackDataset(PerSample, Dataset):
     as tensors of their dtype, see :mod:`fastpipe.data.fields`); ``auto_augment`` applies to the
     one image field, ``transform`` to the whole record. ``fields`` maps each name to its field;
     ``targets`` and ``classes`` come from a ``label`` int field when there is one.
+    ``joint=`` (a :class:`~fastpipe.data.JointCrop`) crops, flips and turns the image fields
+    together (and moves its box fields), drawn per sample from ``(seed, epoch, index)``, before
+    ``transform``; it decodes the image fields itself (no decoder, recipe or auto_augment).
 
     The constructor opens the pack once to validate it and read the labels, then closes it, so
     nothing open is ever pickled or inherited: each DataLoader worker (fork or spawn) opens its own
@@ -60,12 +65,16 @@ class PackDataset(PerSample, Dataset):
         *,
         recipe: Recipe | None = None,
         fields: Sequence[str] | None = None,
+        joint: JointCrop | None = None,
     ) -> None:
         self.file = Path(path)
         if isinstance(fields, str):
             raise TypeError(f"fields must be a list of field names, got the string {fields!r}")
         self._fields_arg = None if fields is None else list(fields)
         where = type(self).__name__
+        if joint is not None:
+            _check_joint(joint, where, decoder=decoder, recipe=recipe, auto_augment=auto_augment)
+        self.joint = joint
         if recipe is not None:
             if decoder is not None:
                 raise ValueError(f"{where}: pass recipe= (fastpipe's decoder for it) or decoder=, "
@@ -83,6 +92,9 @@ class PackDataset(PerSample, Dataset):
             self.meta: dict[str, Any] = reader.meta
             self._count = reader.count
             if not fmt.is_record_reader(reader):
+                if joint is not None:
+                    raise ValueError(f"{self.file} is an (image, label) pack; joint= crops the "
+                                     "image fields of a records pack or a plain HDF5 file")
                 if self._fields_arg is not None:
                     raise ValueError(f"{self.file} is an (image, label) pack; fields= picks the "
                                      "fields of a records pack or a plain HDF5 file")
@@ -118,6 +130,10 @@ class PackDataset(PerSample, Dataset):
                         if label is not None and label.kind == "int" else None)
         self.classes = list(reader.classes.get("label", []))
         images = [n for n in names if self.fields[n].kind == "image"]
+        if self.joint is not None:
+            self.joint.check_fields(images, [n for n in names if n not in images],
+                                    type(self).__name__)
+        self._images = images
         if self._policy is not None and len(images) != 1:
             raise ValueError(f"auto_augment applies to one image field; {self.file} returns "
                              f"{len(images)} ({images}): pick the fields with fields=[...]")
@@ -217,10 +233,17 @@ class PackDataset(PerSample, Dataset):
         for name in self._names:
             field = self.fields[name]
             stored = reader.read(index, name)
-            if field.kind == "image":
+            if self.joint is not None and field.kind == "image":
+                values[name] = stored  # decoded by the joint crop, below
+            elif field.kind == "image":
                 values[name] = self._decoded(reader, index, epoch, stored, None, name)
             else:
                 values[name] = field.value(stored)
+        if self.joint is not None:
+            values = joint_record(self.joint, values, self._images,
+                                  sample_seed(self.seed, epoch, index, JOINT_STREAM),
+                                  f"sample {index} of {self.file} (packed from "
+                                  f"{reader.source(index)})")
         if not self._needs_fork():
             return tuple(values.values()) if self._as_tuple else values
         with forked_default_generator(sample_seed(self.seed, epoch, index, 1)):
@@ -302,3 +325,16 @@ class PackDataset(PerSample, Dataset):
         return (f"{type(self).__name__}({str(self.file)!r}, samples={len(self)}, "
                 f"storage={self.storage!r}"
                 f"{shape}, classes={len(self.classes)})")
+
+
+def _check_joint(joint: Any, where: str, **others: Any) -> None:
+    """A joint crop decodes and crops the image fields itself: refuses what would also."""
+    if not isinstance(joint, JointCrop):
+        raise TypeError(f"{where}: joint must be a fastpipe.data.JointCrop or None, got "
+                        f"{type(joint).__name__}")
+    for name, value in others.items():
+        if value is not None:
+            raise ValueError(
+                f"{where}: joint= and {name}= both shape the image fields and fastpipe does not "
+                f"compose them; pass joint= alone (further per-sample steps go in transform=, "
+                "which receives the cropped record)")

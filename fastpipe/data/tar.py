@@ -260,7 +260,8 @@ class TarDataset(PackDataset):
     list of shards. Fields are named by the members' extensions: images (``jpg``, ``png``, ...)
     decode like :class:`~fastpipe.data.H5Dataset`'s (``recipe=`` for fastpipe's fast path),
     ``cls``/``index``/``id`` are ints, ``txt``/``json`` strings, ``npy`` arrays, the rest bytes;
-    pickles are refused. ``fields=["jpg", "cls"]`` picks and orders them and returns a tuple.
+    pickles are refused. ``fields=["jpg", "cls"]`` picks and orders them and returns a tuple;
+    ``joint=`` crops the image fields together, as in :class:`~fastpipe.data.H5Dataset`.
 
     The index is built once per shard and cached beside it; workers (fork, spawn, threads) open
     their own file descriptors.
@@ -271,10 +272,10 @@ class TarDataset(PackDataset):
     def __init__(self, shards: str | os.PathLike | Sequence[str | os.PathLike],
                  decoder: Any = None, transform: Any = None, auto_augment: str | None = None,
                  seed: int | None = None, *, recipe: Any = None,
-                 fields: Sequence[str] | None = None) -> None:
+                 fields: Sequence[str] | None = None, joint: Any = None) -> None:
         self._shards = list_shards(shards)
         super().__init__(self._shards[0], decoder, transform, auto_augment, seed, recipe=recipe,
-                         fields=fields)
+                         fields=fields, joint=joint)
         self.file = Path(shards) if isinstance(shards, (str, os.PathLike)) else self._shards[0]
 
     def _open(self) -> TarReader:

@@ -102,7 +102,22 @@ def _list_folder(root: Path) -> Listing:
         if arrays is not None:
             return arrays
     if not classes:
-        raise PackError(f"{root} has no class folders: an ImageFolder tree is root/<class>/<image>")
+        # A folder of images without class folders (super-resolution's HR/): records of one
+        # image field, "image", stored as they are.
+        from fastpipe.data.paired import PairedFolders
+
+        try:
+            flat = PairedFolders({"image": root}, seed=0)
+        except FileNotFoundError:
+            raise PackError(f"{root} has no class folders and no images: an ImageFolder tree is "
+                            "root/<class>/<image>; a folder of images packs as records of one "
+                            "image field") from None
+        files = [flat.paths(i)["image"] for i in range(len(flat))]
+        names = [os.path.relpath(f, root) for f in files]
+        return Listing("dataset", f"{root} ({len(files)} images, no class folders: one image "
+                       "field)", len(files), [], dataset=flat.pack_source(),
+                       fingerprint=_fingerprint("images", names, np.zeros(len(names), np.int64),
+                                                [], files))
     if not names:
         raise PackError(f"{root} holds class folders but no images ({', '.join(IMG_EXTENSIONS)})")
     label_array = np.asarray(labels, np.int64)
@@ -464,6 +479,10 @@ class Processor:
                 resized = rgb.resize(size, Image.Resampling.BICUBIC, reducing_gap=3.0)
         except (KeyboardInterrupt, MemoryError):
             raise
+        except Image.UnidentifiedImageError as exc:
+            # Pillow names the buffer it read (<_io.BytesIO object at 0x...>), not the file.
+            raise SkipInput(f"corrupt image: cannot decode {source}: not a format Pillow "
+                            "recognises") from exc
         except Exception as exc:  # noqa: BLE001 - PIL raises many types for bad data
             raise SkipInput(f"corrupt image: cannot decode {source}: {exc}") from exc
         out = io.BytesIO()

@@ -49,6 +49,7 @@ def test_the_index_is_cached_and_rebuilt_when_a_shard_changes(tmp_path):
     assert len(ds) == 4 and ds[3] == (7,)
 
 
+@pytest.mark.slow
 def test_works_after_pickling_in_a_spawned_worker_and_threads(tmp_path, no_thread_leak):
     from fastpipe import DataLoaderX
 
