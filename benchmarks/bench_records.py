@@ -7,13 +7,17 @@ Rows, each in its own process, in interleaved rounds (``_harness.run_rounds``):
   ``f["mix"][i]``, ``f["zone0"][i]``, through ``torch.utils.data.DataLoader`` (2 processes);
 - fastpipe's ``H5Dataset`` on the same plain file and on a records pack (``pack`` with
   ``merge="copy"``), through ``DataLoaderX`` with 2 worker processes and with 2 threads;
-- random access in one process (no loader) for each reader.
+- random access in one process (no loader) for each reader;
+- FFCV (``--ffcv-python``, an interpreter of its own, see ``_ffcv.py``; h5py installed there
+  too): a ``.beton`` of two ``NDArrayField`` s written from the plain file, read by FFCV's
+  ``Loader`` (2 threads, RANDOM order, os_cache); its first epoch (numba compiling) is set-up.
 
 Reported: samples/s, GB/s of sample data, CPU ms per sample. The files sit in the page cache (the
 set is smaller than memory), so this measures the reader and the hand-off between workers and the
 training loop, not the disk.
 
     python -m benchmarks.bench_records [--quick] [--samples N] [--repeat R] [--markdown FILE]
+        [--ffcv-python /work/ffcv-venv/bin/python]
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import _harness
+from benchmarks import _ffcv, _harness
 
 SAMPLE_BYTES = (4 * 16000 + 16000) * 4
 ROWS = {
@@ -37,7 +41,9 @@ ROWS = {
     "H5Dataset pack + DataLoaderX, 2 processes": "",
     "H5Dataset plain file + DataLoaderX, 2 threads": "",
     "H5Dataset pack + DataLoaderX, 2 threads": "",
+    "FFCV, 2 NDArrayFields, 2 threads": "",
 }
+FFCV_ROW = "FFCV, 2 NDArrayFields, 2 threads"
 
 
 class HandWritten:
@@ -66,7 +72,62 @@ class HandWritten:
         return dict(self.__dict__, file=None)
 
 
-def prepare(folder: Path, samples: int) -> None:
+def optional(name: str) -> bool:
+    """FFCV, built elsewhere, may fail without sinking the run (a note in the table)."""
+    return name == FFCV_ROW
+
+
+def write_beton(plain: str, out: str) -> None:
+    """Under FFCV's interpreter: the plain file's two arrays as two ``NDArrayField`` s."""
+    import h5py
+    import numpy as np
+    from ffcv.fields import NDArrayField
+    from ffcv.writer import DatasetWriter
+
+    class Rows:
+        def __init__(self) -> None:
+            self.file = h5py.File(plain, "r")
+
+        def __len__(self) -> int:
+            return len(self.file["mix"])
+
+        def __getitem__(self, i: int):
+            return self.file["mix"][i], self.file["zone0"][i]
+
+    writer = DatasetWriter(out, {
+        "mix": NDArrayField(np.dtype("float32"), (4, 16000)),
+        "zone0": NDArrayField(np.dtype("float32"), (16000,)),
+    }, num_workers=1)
+    writer.from_indexed_dataset(Rows())
+
+
+def measure_ffcv(cfg: Any) -> dict[str, Any]:
+    from ffcv.fields.decoders import NDArrayDecoder
+    from ffcv.loader import Loader, OrderOption
+    from ffcv.transforms import ToTensor
+
+    beton = Path(cfg.folder) / "records.beton"
+    if not beton.exists():
+        raise _harness.Skip(f"{beton} was not written")
+    start, cpu_start = time.perf_counter(), _harness.cpu_seconds()
+    loader = Loader(str(beton), batch_size=cfg.batch_size, num_workers=2,
+                    order=OrderOption.RANDOM, os_cache=True, drop_last=False, pipelines={
+                        "mix": [NDArrayDecoder(), ToTensor()],
+                        "zone0": [NDArrayDecoder(), ToTensor()]})
+    for _ in loader:  # numba compiles the pipeline during the first epoch
+        pass
+    setup = {"setup_s": time.perf_counter() - start,
+             "setup_cpu_s": _harness.cpu_seconds() - cpu_start}
+
+    def epochs():
+        for _ in range(cfg.epochs):
+            for mix, _zone0 in loader:
+                yield mix
+
+    return {**_harness.time_batches(epochs(), warmup=cfg.warmup), **setup}
+
+
+def prepare(folder: Path, samples: int, ffcv_python: Path | None = None) -> None:
     """The plain file (as users write it: one dataset per key, a row per sample) and the pack."""
     import h5py
     import numpy as np
@@ -91,9 +152,17 @@ def prepare(folder: Path, samples: int) -> None:
 
     with h5py.File(folder / "plain.h5", "r") as source:
         pack(Records(), folder / "pack.h5", merge="copy", progress=False)
+    if ffcv_python is not None:
+        import subprocess
+
+        subprocess.run([str(ffcv_python), "-m", "benchmarks.bench_records", "write-beton",
+                        str(folder / "plain.h5"), str(folder / "records.beton")],
+                       check=True, cwd=_harness.REPO)
 
 
 def measure(name: str, cfg: Any) -> dict[str, Any]:
+    if name == FFCV_ROW:
+        return measure_ffcv(cfg)
     import numpy as np
     import torch
 
@@ -132,11 +201,17 @@ def measure(name: str, cfg: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["write-beton"]:
+        write_beton(*argv[1:3])
+        return 0
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_records",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=4096)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--ffcv-python", type=Path, default=None,
+                        help=f"FFCV's interpreter, for the FFCV row; {_ffcv.COMMANDS}; h5py")
     _harness.add_arguments(parser, repeat=3)
     args = parser.parse_args(argv)
     if args.quick:
@@ -144,11 +219,21 @@ def main(argv: list[str] | None = None) -> int:
     rounds = _harness.rounds_of(args, 3)
     names = _harness.select(ROWS, args.only)
     with tempfile.TemporaryDirectory(prefix="fastpipe-bench-records-") as folder:
-        prepare(Path(folder), args.samples)
+        ffcv = args.ffcv_python if FFCV_ROW in names else None
+        prepare(Path(folder), args.samples, ffcv)
+
+        def python(name: str) -> str:
+            if name != FFCV_ROW:
+                return sys.executable
+            if ffcv is None:
+                raise _harness.Skip(f"no --ffcv-python; {_ffcv.INSTALL}")
+            return str(ffcv)
+
         config = {"folder": folder, "batch_size": args.batch_size, "epochs": args.epochs,
                   "warmup": 2 if not args.quick else 1}
         runs = _harness.run_rounds("bench_records", names, config, rounds, unit="samples/s",
-                                   baseline=args.baseline)
+                                   baseline=args.baseline, python=python,
+                                   twin=lambda name: name != FFCV_ROW)
     base = "h5py Dataset + DataLoader, 2 processes"
     base_rate = (statistics.median(r["rate"] for r in runs.current[base])
                  if base in runs.current else None)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastpipe.data._collate_records import collate_records, is_record_batch
+from fastpipe.data._collate_records import collate_records, is_record_batch, stack_into
 
 
 def _empty_pinned(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -161,8 +161,7 @@ def fast_collate(
                 "give the dataset a fixed output size"
             )
     out = _allocator(pin_memory)((len(images), *first.shape), first.dtype)
-    torch.stack(images, out=out)
-    return out, _labels_tensor(labels)
+    return stack_into(images, out), _labels_tensor(labels)
 
 
 def _allocator(pin_memory: bool):

@@ -65,3 +65,18 @@ def test_records_that_differ_name_the_field():
         fast_collate(records)
     with pytest.raises(ValueError, match="same fields"):
         fast_collate([{"a": 1}, {"b": 2}])
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int64, torch.float16, torch.float32,
+                                   torch.bfloat16, torch.bool, torch.complex64])
+def test_stack_into_equals_torch_stack_for_every_dtype_and_layout(dtype):
+    from fastpipe.data._collate_records import stack_into
+
+    base = torch.arange(2 * 3 * 4 * 5).reshape(2, 3, 4, 5) % 7
+    strided = base[1].to(dtype).transpose(1, 2).contiguous().transpose(1, 2)
+    assert not strided.is_contiguous()
+    values = [base[0].to(dtype), strided, base[1].to(dtype)]
+    out = torch.empty((3, 3, 4, 5), dtype=dtype)
+    assert stack_into(values, out) is out
+    assert torch.equal(out, torch.stack(values))
+
