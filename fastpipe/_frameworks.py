@@ -19,8 +19,8 @@ __all__ = ["AccelerateTracking", "LoaderAttributes", "accelerate_tracking", "che
 
 class LoaderAttributes:
     """``len()``, ``dataset``, ``sampler``, ``batch_sampler``, ``batch_size``, ``drop_last``,
-    ``num_workers`` and ``set_epoch`` of ``self.loader``, for a wrapper that should read like the
-    loader it wraps."""
+    ``num_workers``, ``skipped`` and ``set_epoch`` of ``self.loader``, for a wrapper that should
+    read like the loader it wraps."""
 
     loader: Any
 
@@ -65,6 +65,11 @@ class LoaderAttributes:
     def num_workers(self) -> int:
         """The wrapped loader's ``num_workers``."""
         return self._loader_attribute("num_workers")
+
+    @property
+    def skipped(self) -> list[dict[str, Any]]:
+        """The samples the wrapped loader skipped in its last epoch (``on_error="skip"``)."""
+        return self._loader_attribute("skipped")
 
     def set_epoch(self, epoch: int) -> None:
         """Passes ``epoch`` to the loader's ``set_epoch``, or else to its samplers' and

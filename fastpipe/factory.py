@@ -79,6 +79,7 @@ def image_loader(
     crop_pct: float = DEFAULT_CROP_PCT,
     recipe: Recipe | None = None,
     crop_decode: bool = True,
+    on_error: str = "raise",
 ) -> Any:
     """Image classification batches from ``source``, built on the fastest path available.
 
@@ -129,6 +130,12 @@ def image_loader(
             workaround when the fused GPU decode fails (NVIDIA/nvImageCodec#55; see
             :class:`fastpipe.dali.DALILoader`). The CPU backend has its own decoder: ``False``
             there is ignored, with a warning.
+        on_error: what a corrupt image (``fastpipe.data.CorruptImageError``) does: ``"raise"``
+            stops the epoch with it; ``"skip"`` leaves it out of its batch (a partial batch),
+            counts it and reports it at the end of the epoch (a RuntimeWarning;
+            ``loader.loader.skipped`` lists them; resumable): see ``DataLoaderX``. The CPU
+            backend only: DALI decodes inside its pipeline and cannot leave a sample out, so
+            ``"auto"`` picks the CPU path and ``backend="dali"`` is an error.
 
     Returns:
         An iterable of ``(images, labels)`` with ``len``, ``batch_size``, ``drop_last``,
@@ -147,7 +154,7 @@ def image_loader(
         source=source, batch_size=batch_size, recipe=recipe, device=device, backend=backend,
         rank=rank, world_size=world_size, seed=seed, shuffle=shuffle, drop_last=drop_last,
         num_workers=num_workers, worker_method=worker_method, prefetch_depth=prefetch_depth,
-        crop_decode=crop_decode,
+        crop_decode=crop_decode, on_error=on_error,
     )
     if options.backend == "dali":
         return _build_dali(options)
@@ -181,6 +188,9 @@ class _Options:
         if o.worker_method is not None:
             check.choice("worker_method", o.worker_method, ("process", "thread"))
         o.prefetch_depth = check.positive_int("prefetch_depth", given["prefetch_depth"])
+        from fastpipe.data._skip import check_on_error
+
+        o.on_error = check_on_error(given.get("on_error", "raise"))
         o.device = resolve_device(given["device"], where="image_loader")
         o.backend = _choose_backend(check.choice("backend", given["backend"], BACKENDS), o)
         o.crop_decode = given.get("crop_decode", True)
@@ -216,7 +226,9 @@ def _dali_sees_a_gpu() -> bool:
 def _choose_backend(backend: str, o: _Options) -> str:
     if backend == "auto":
         backend = "cpu"
-        if o.device.type == "cuda" and _dali_installed() and o.worker_method != "thread":
+        # DALI cannot leave a sample out of a batch: on_error="skip" is the CPU path's.
+        if (o.device.type == "cuda" and _dali_installed() and o.worker_method != "thread"
+                and o.on_error == "raise"):
             if not _dali_sees_a_gpu():
                 warnings.warn(
                     "image_loader: DALI is installed but sees no GPU (a wheel for another CUDA "
@@ -231,6 +243,12 @@ def _choose_backend(backend: str, o: _Options) -> str:
                     pass  # what DALI cannot run, the CPU path runs
     o.recipe.check(backend)
     if backend == "dali":
+        if o.on_error == "skip":
+            raise ValueError(
+                "on_error='skip' is the CPU backend's: DALI decodes inside its pipeline and "
+                "cannot leave a corrupt sample out of a batch. Pass backend='cpu' (or 'auto'), or "
+                "repack without the corrupt files (fastpipe pack skips and lists them)"
+            )
         if o.worker_method == "thread":
             raise ValueError(
                 f"worker_method={o.worker_method!r} is the CPU backend's (DataLoaderX); DALI runs "
@@ -292,6 +310,7 @@ def _build_cpu(o: _Options) -> Any:
         # Not persistent: closing the loader then ends its worker processes with it.
         persistent_workers=False,
         worker_method=_cpu_worker_method(o), prefetch_depth=o.prefetch_depth,
+        on_error=o.on_error,
     )
     # The dataset gives uint8 samples; the recipe's batch part happens on the device.
     recipe = o.recipe

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import sys
@@ -26,6 +27,13 @@ from fastpipe.data._resume import (
     check_loader_state,
     dataset_fingerprint,
     restore_augmentation,
+)
+from fastpipe.data._skip import (
+    SkippingCollate,
+    SkippingDataset,
+    SkipRecord,
+    Unpacked,
+    check_on_error,
 )
 from fastpipe.data.collate import fast_collate
 from fastpipe.data.sampler import RandomSampler, SequentialSampler, _EpochSampler
@@ -79,12 +87,24 @@ class DataLoaderX(DataLoader):
     as ``DistributedSampler``'s default, so that all ranks agree), otherwise
     ``SequentialSampler``; so
     :meth:`state_dict` / :meth:`load_state_dict` can resume mid-epoch (docs/resume.md).
+
+    ``on_error``: what a sample whose read raises ``fastpipe.data.CorruptImageError`` (or its
+    subclass ``ImageTooLargeError``) does to the epoch. ``"raise"`` (the default): the error
+    reaches the loop, as above. ``"skip"`` (map-style datasets): the sample is left out and its
+    batch collated from the rest (a partial batch; a batch with nothing left is passed over, so
+    an epoch may yield fewer than ``len()`` batches); at the end of the epoch one RuntimeWarning
+    gives the count and names the first few, and :attr:`skipped` lists them all. Any other
+    exception still raises. The record is the training loop's, like the resume position: its
+    :meth:`state_dict` carries the skips of the batches received so far, so a resumed epoch
+    reports the whole epoch's list (docs/loading.md).
     """
 
     def __init__(
-        self, *args: Any, prefetch_depth: int = 2, worker_method: str = "process", **kwargs: Any
+        self, *args: Any, prefetch_depth: int = 2, worker_method: str = "process",
+        on_error: str = "raise", **kwargs: Any
     ) -> None:
         prefetch_depth = check.positive_int("prefetch_depth", prefetch_depth)
+        on_error = check_on_error(on_error)
         if worker_method not in ("process", "thread"):
             raise ValueError(
                 f"worker_method must be 'process' (DataLoader's worker processes) or 'thread' "
@@ -94,8 +114,17 @@ class DataLoaderX(DataLoader):
         super().__init__(*args, **kwargs)
         self.prefetch_depth = prefetch_depth
         self.worker_method = worker_method
+        self.on_error = on_error
         if worker_method == "thread" and self.num_workers > 0:
             _check_thread_workers(self)
+        if on_error == "skip" and isinstance(self.dataset, IterableDataset):
+            raise ValueError(
+                "on_error='skip' needs a map-style dataset (a corrupt sample is left out of the "
+                "batch of indices it belongs to); an IterableDataset should skip its own bad "
+                "samples, or use on_error='raise'"
+            )
+        self._skips = SkipRecord()
+        self._restored_skips: SkipRecord | None = None
         self._epoch: weakref.ref[BackgroundIterator] | None = None
         self._epoch_thread: threading.Thread | None = None
 
@@ -126,18 +155,25 @@ class DataLoaderX(DataLoader):
         if self.persistent_workers and self._epoch_thread is not None:
             self._epoch_thread.join()
         self._position = self._begin_position()
+        skipping = self.on_error == "skip"
+        # A restored state's skips belong to the epoch it resumes; a fresh epoch starts empty.
+        self._skips = self._restored_skips or SkipRecord()
+        self._restored_skips = None
         # The base iterator (and with it any worker processes) is created here in the caller's
         # thread; only next() runs in the background.
         if self.worker_method == "thread" and self.num_workers > 0:
             collate_fn, pin = _thread_collate(self.collate_fn, self.pin_memory)
+            dataset = self.dataset
+            if skipping:
+                dataset, collate_fn = SkippingDataset(dataset), SkippingCollate(collate_fn, True)
             base: Iterator[Any] = thread_batches(
-                self.dataset, self.batch_sampler, collate_fn, self.num_workers,
+                dataset, self.batch_sampler, collate_fn, self.num_workers,
                 in_flight=self.num_workers * (self.prefetch_factor or 2),
                 pin_memory=pin, name="fastpipe-DataLoaderX-worker",
             )
         else:
             # Ctrl-C is held back while the workers start (see deferred_interrupt), then raised.
-            with deferred_interrupt():
+            with deferred_interrupt(), self._skipping_fetch(skipping):
                 base = super().__iter__()
         epoch = BackgroundIterator(
             _batches(base, shut_down_workers=not self.persistent_workers),
@@ -149,7 +185,39 @@ class DataLoaderX(DataLoader):
         self._epoch_thread = epoch.thread
         # Counted even when the position cannot be saved, so that every epoch's iterator is alike.
         hand_off = self._position if self._position is not None else HandOff()
-        return hand_off.counted(epoch)
+        if not skipping:
+            return hand_off.counted(epoch)
+        record = self._skips
+
+        def end() -> None:
+            hand_off.ended()
+            record.report("DataLoaderX")
+
+        return Unpacked(epoch, record, hand_off.handed, end)
+
+    @property
+    def skipped(self) -> list[dict[str, Any]]:
+        """With ``on_error="skip"``: the samples skipped in the current (or, once it ended, the
+        last) epoch, as far as the training loop received its batches: ``{"index", "sample",
+        "reason"}`` dicts, ``sample`` being what the dataset calls it (``describe(index)``, else
+        ``path(index)``, else None). Empty with ``on_error="raise"``."""
+        return self._skips.state()
+
+    @contextlib.contextmanager
+    def _skipping_fetch(self, skipping: bool) -> Iterator[None]:
+        """DataLoader's iterator reads ``dataset`` and ``collate_fn`` once, when it is built,
+        and hands them to its fetcher (in each worker process, or in this process): while it is
+        built they are the skipping ones, and the loader's own are restored right after."""
+        if not skipping:
+            yield
+            return
+        own = self.__dict__["dataset"], self.__dict__["collate_fn"]
+        self.__dict__["dataset"] = SkippingDataset(own[0])
+        self.__dict__["collate_fn"] = SkippingCollate(own[1], self._auto_collation)
+        try:
+            yield
+        finally:
+            self.__dict__["dataset"], self.__dict__["collate_fn"] = own
 
     def close(self) -> None:
         """Stops the background thread of the current epoch, if one is running. (Persistent
@@ -199,7 +267,16 @@ class DataLoaderX(DataLoader):
         augmentation = augmentation_state(self.dataset)
         if augmentation is not None:
             state["augmentation"] = augmentation
+        if self.on_error == "skip":
+            state["skipped"] = self._skipped_state(position)
         return state
+
+    def _skipped_state(self, position: _Position | None) -> list[dict[str, Any]]:
+        """The skips of the epoch the state resumes: none once the loop saw its end (the state
+        is the next epoch's), a restored record before the first iter()."""
+        if position is None:
+            return self._restored_skips.state() if self._restored_skips is not None else []
+        return [] if position.end_seen else self._skips.state()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores a :meth:`state_dict`; the next ``iter()`` continues from it.
@@ -210,9 +287,15 @@ class DataLoaderX(DataLoader):
         sampler, _ = self._resumable_sampler("load_state_dict")
         check_loader_state(state, self.dataset, "DataLoaderX", entries=("sampler",))
         apply_seed = restore_augmentation(self.dataset, state.get("augmentation"), "DataLoaderX")
+        skipped = state.get("skipped") or []
+        if not isinstance(skipped, list):
+            raise TypeError(f"DataLoaderX.load_state_dict(): 'skipped' must be a list of dicts "
+                            f"from state_dict(), got {type(skipped).__name__}")
+        restored = SkipRecord.from_state(skipped)
         sampler.load_state_dict(state["sampler"])
         apply_seed()
         self._position = None
+        self._restored_skips = restored
 
     def _dataset_fingerprint(self) -> dict[str, Any]:
         # Once per dataset: a fingerprint may hash every path, and DataPrefetcher asks per batch.

@@ -117,6 +117,7 @@ def test_rejects_bad_prefetch_depth(bad):
         BackgroundIterator(iter([]), prefetch_depth=bad)
 
 
+@pytest.mark.slow
 def test_interpreter_exit_with_a_blocked_producer_is_prompt():
     script = textwrap.dedent(
         """
@@ -140,6 +141,7 @@ def test_interpreter_exit_with_a_blocked_producer_is_prompt():
     assert time.monotonic() - started < 20
 
 
+@pytest.mark.slow
 def test_workers_forked_after_an_earlier_loader_exit_cleanly(sample_root):
     """fastpipe bench runs loaders one after another in one process. DataLoader workers forked
     while an earlier DataLoaderX's iterator was still known to the parent stopped that copy at

@@ -23,6 +23,7 @@ def test_the_hook_before_thread_join_exists():
     )
 
 
+@pytest.mark.slow
 def test_register_before_thread_join_runs_before_threads_are_joined():
     # A non-daemon thread that only ends when the callback tells it to: if the callback ran
     # after the join (plain atexit), the interpreter would hang and the timeout would fire.

@@ -87,6 +87,7 @@ def _indices(batches) -> list[int]:
     [(torch.float32, False, True), (torch.float16, True, True), (torch.float32, True, False),
      (torch.uint8, False, False)],
 )
+@pytest.mark.slow
 def test_batches_have_the_same_format_on_every_backend(sample_root, backend, dtype,
                                                        channels_last, normalized,
                                                        no_thread_leak):
@@ -180,6 +181,7 @@ def test_drop_last_and_no_shuffle(indexed_root, backend, no_thread_leak):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("world_size, drop_last", [(2, False), (5, False), (5, True)])
+@pytest.mark.slow
 def test_ranks_share_an_epoch_like_distributed_sampler(indexed_root, backend, world_size,
                                                        drop_last, no_thread_leak):
     per_rank = []
@@ -226,6 +228,7 @@ def _torchvision_area_mean(scale, ratio, height=120, width=160, draws=4000) -> f
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.slow
 def test_crop_scale_statistics_match_random_resized_crop(gradient_root, backend,
                                                          no_thread_leak):
     loader = _loader(gradient_root, backend, batch_size=32, size=48, mean=None, std=None,
@@ -267,6 +270,7 @@ def test_hflip_is_a_probability_on_every_backend(gradient_root, backend, hflip, 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("crop_pct", [1.0, 0.5])
+@pytest.mark.slow
 def test_eval_centre_crop_keeps_crop_pct_of_the_shorter_side(gradient_root, backend, crop_pct,
                                                             no_thread_leak):
     loader = _loader(gradient_root, backend, train=False, batch_size=32, size=48, mean=None,
@@ -282,6 +286,7 @@ def test_eval_centre_crop_keeps_crop_pct_of_the_shorter_side(gradient_root, back
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("option", [{"interpolation": "bicubic"}, {"auto_augment": "ra"}])
+@pytest.mark.slow
 def test_augmentation_options_change_the_images(sample_root, backend, option, no_thread_leak):
     outputs = []
     # The option first: a build that refuses it fails before any worker starts.
@@ -309,6 +314,7 @@ def test_same_seed_same_batches(indexed_root, backend, no_thread_leak):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.slow
 def test_a_pack_file_gives_the_same_epochs_as_its_folder(sample_root, tmp_path, backend,
                                                           no_thread_leak):
     pytest.importorskip("h5py")
@@ -426,6 +432,7 @@ def test_image_loader_is_in_the_package_namespace():
     assert "image_loader" in fastpipe.__all__
 
 
+@pytest.mark.slow
 def test_fastpipe_bench_has_a_row_for_the_factory(sample_root, no_thread_leak):
     from fastpipe.bench import run_bench
 
@@ -490,3 +497,62 @@ def test_thread_workers_give_the_same_batches_and_dali_refuses_them(sample_root,
     with pytest.raises(ValueError, match="worker_method='thread' is the CPU backend's"):
         image_loader(sample_root, 8, train=True, backend="dali", device="cpu",
                      worker_method="thread")
+
+
+@pytest.fixture(scope="module")
+def root_with_corrupt_files(indexed_root, tmp_path_factory) -> Path:
+    """The indexed images, two of them damaged (one not an image, one truncated)."""
+    import shutil
+
+    root = tmp_path_factory.mktemp("corrupt") / "images"
+    shutil.copytree(indexed_root, root)
+    files = sorted(root.glob("*/*.jpg"))
+    files[3].write_bytes(b"not a JPEG at all")
+    files[17].write_bytes(files[17].read_bytes()[:200])
+    return root
+
+
+@pytest.mark.parametrize("num_workers, worker_method", [(0, None), (2, "thread"),
+                                                        (2, "process")])
+def test_on_error_skip_leaves_corrupt_images_out(root_with_corrupt_files, num_workers,
+                                                 worker_method):
+    loader = image_loader(root_with_corrupt_files, batch_size=8, train=False, size=32,
+                          device="cpu", backend="auto", num_workers=num_workers,
+                          worker_method=worker_method, on_error="skip")
+    try:
+        with pytest.warns(RuntimeWarning, match="skipped 2 corrupt samples this epoch"):
+            sizes = [len(labels) for _, labels in loader]
+        assert sizes == [7, 8, 7]
+        assert [s["index"] for s in loader.skipped] == [3, 17]
+        assert loader.skipped == loader.loader.skipped
+    finally:
+        loader.close()
+
+
+def test_on_error_raise_stops_at_the_corrupt_image(root_with_corrupt_files):
+    from fastpipe.data import CorruptImageError
+
+    loader = image_loader(root_with_corrupt_files, batch_size=8, train=False, size=32,
+                          device="cpu", num_workers=0)
+    try:
+        with pytest.raises(CorruptImageError):
+            list(loader)
+    finally:
+        loader.close()
+
+
+def test_on_error_skip_is_the_cpu_paths(monkeypatch, sample_root):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(factory_module, "_dali_installed", lambda: True)
+    monkeypatch.setattr(factory_module, "_dali_sees_a_gpu", lambda: True)
+    given = dict(source=sample_root, batch_size=8, recipe=Recipe(train=True), device=None,
+                 rank=None, world_size=None, seed=0, shuffle=None, drop_last=False,
+                 num_workers=2, worker_method=None, prefetch_depth=2)
+    assert factory_module._Options.check(backend="auto", **given).backend == "dali"
+    # DALI cannot leave a sample out of its batch: "auto" takes the CPU path, "dali" refuses.
+    assert factory_module._Options.check(backend="auto", on_error="skip",
+                                         **given).backend == "cpu"
+    with pytest.raises(ValueError, match="on_error='skip' is the CPU backend's"):
+        factory_module._Options.check(backend="dali", on_error="skip", **given)
+    with pytest.raises(ValueError, match="on_error must be"):
+        factory_module._Options.check(backend="auto", on_error="ignore", **given)

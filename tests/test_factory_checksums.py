@@ -113,6 +113,7 @@ def checksum_root(tmp_path_factory, stored) -> Path:
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.slow
 def test_cpu_batches_are_those_stored(checksum_root, stored, name, no_thread_leak):
     assert _checksums(checksum_root, CONFIGS[name]) == stored["batches"][name]
 

@@ -76,6 +76,7 @@ def _workers_gone(timeout: float = 10.0) -> bool:
     ],
     ids=["w0", "w2", "drop_last", "shuffle", "persistent", "collate_fn", "collate_fn_w2"],
 )
+@pytest.mark.slow
 def test_yields_the_same_batches_as_dataloader_over_three_epochs(kwargs, no_thread_leak):
     kwargs = {"batch_size": 6, **kwargs}
     plain_kwargs = dict(kwargs)
@@ -149,6 +150,7 @@ def test_collate_fn_exception_reaches_the_loop(no_thread_leak):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.slow
 def test_early_break_every_epoch_leaks_no_thread_or_worker(num_workers, no_thread_leak):
     loader = DataLoaderX(_dataset(200), batch_size=2, num_workers=num_workers, prefetch_depth=2)
     for _ in range(3):
@@ -197,6 +199,7 @@ def test_rejects_bad_prefetch_depth(bad):
         DataLoaderX(_dataset(), prefetch_depth=bad)
 
 
+@pytest.mark.slow
 def test_interpreter_exit_mid_epoch_with_workers_is_prompt():
     script = textwrap.dedent(
         """
@@ -226,6 +229,7 @@ class _Slow(Dataset):
         return torch.tensor([index])
 
 
+@pytest.mark.slow
 def test_new_epoch_waits_for_a_slow_batch_before_reusing_persistent_workers(monkeypatch,
                                                                             no_thread_leak):
     import fastpipe._background as background
@@ -244,6 +248,7 @@ def test_new_epoch_waits_for_a_slow_batch_before_reusing_persistent_workers(monk
 
 
 @pytest.mark.parametrize("state", ["fresh", "iterated", "mid_epoch", "closed"])
+@pytest.mark.slow
 def test_pickles_and_deep_copies_in_every_state_like_dataloader(state, no_thread_leak):
     # Lightning's ddp_spawn pickles the loaders, possibly after a peek at a batch (or
     # fastpipe.profile/tune) before fit: the running epoch's weakref and thread lock must not

@@ -121,6 +121,7 @@ _FIRST_IMAGE = textwrap.dedent("""
 
 
 @glibc
+@pytest.mark.slow
 def test_the_first_decoded_image_sets_the_thresholds(sample_root):
     """Decoding is what sets them, in every process that decodes (a spawned worker too), and
     importing fastpipe alone changes nothing."""

@@ -265,6 +265,7 @@ def _first_batch(root: Path, backend: str, **kwargs) -> tuple[torch.Tensor, torc
 
 @needs_dali
 @pytest.mark.parametrize("size", [(160, 224), (224, 160), 96])
+@pytest.mark.slow
 def test_eval_batches_agree_across_backends_on_portrait_and_landscape(oriented_root, size,
                                                                       no_thread_leak):
     cpu, cpu_labels = _first_batch(oriented_root, "cpu", train=False, size=size)

@@ -77,6 +77,7 @@ SHAPES = [((300, 300), (224, 224)), ((150, 170), (224, 224)), ((480, 500), (224,
 
 
 @pytest.mark.parametrize("in_size, out_size", SHAPES)
+@pytest.mark.slow
 def test_equals_the_exact_filter_rounded_half_up(module, in_size, out_size):
     """Rows are summed with 14-bit fixed-point weights (exactly) and kept with 6 fraction bits,
     columns summed with 14-bit weights (in float past an 8x shrink), and rounded once: every value
@@ -139,6 +140,7 @@ def _smooth(height: int, width: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("in_size, out_size", SHAPES)
+@pytest.mark.slow
 def test_bicubic_equals_the_exact_filter_clamped_and_rounded(module, in_size, out_size):
     """filter=1: PIL's bicubic taps; the float64 result clamped to 0-255 and rounded half up,
     except within 0.1 of a rounding boundary (negative weights quantize less evenly)."""
@@ -215,6 +217,7 @@ def test_black_and_white_pixels_resize_like_the_exact_filter(module, in_size, ou
     ((301, 333), (223, 225))])
 @pytest.mark.parametrize("filter_", [0, 1])
 @pytest.mark.parametrize("flip", [False, True])
+@pytest.mark.slow
 def test_the_avx2_form_writes_the_sse2_forms_bytes(module, in_size, out_size, filter_, flip):
     """The output must not depend on the CPU: AVX2 (chosen where the CPU has it) and SSE2 give
     the same bytes, odd widths, padded taps and both filters included."""
@@ -372,6 +375,7 @@ def test_reference_weights_are_pils(module):
     assert math.isclose(_weights(10, 3).sum(axis=1).min(), 1.0)
 
 
+@pytest.mark.slow
 def test_without_the_module_image_decoder_stays_within_a_grey_level(module, sample_root,
                                                                     monkeypatch):
     """Installed without extensions, ImageDecoder resizes with torch and decodes eval images

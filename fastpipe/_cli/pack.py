@@ -99,6 +99,12 @@ def run(args: argparse.Namespace) -> int:
     except PackError as exc:
         print(f"fastpipe pack: error: {in_cli_spelling(str(exc), SPELLING)}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt as exc:
+        # The library says what a rerun does with the finished shards; the command's own
+        # "interrupted" line follows.
+        if exc.args:
+            print(f"fastpipe pack: {in_cli_spelling(str(exc), SPELLING)}", file=sys.stderr)
+        raise
     print(json.dumps(report.to_json(), indent=2) if args.json else report.summary())
     return 0
 

@@ -13,3 +13,9 @@ class PackError(RuntimeError):
 
 class CorruptInputError(PackError):
     """An input could not be read or decoded while packing with ``strict=True``."""
+
+
+class SourceError(PackError, ValueError):
+    """The source cannot be packed as given (empty, not an ImageFolder tree, a list file without
+    samples): a mistake in the input, which the ``fastpipe pack`` command reports with exit code
+    2, as a bad argument."""

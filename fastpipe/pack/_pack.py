@@ -24,7 +24,7 @@ from fastpipe.data.fields import Field
 from fastpipe.data.h5 import h5py_module
 from fastpipe.data.lmdb import lmdb_module
 from fastpipe.pack import _records
-from fastpipe.pack._errors import PackError
+from fastpipe.pack._errors import PackError, SourceError
 from fastpipe.pack._files import (
     check_output,
     install,
@@ -140,9 +140,14 @@ def pack(
     if options.format == "lmdb":
         lmdb_module()
     check_output(output, options.overwrite)
-    listing = list_source(source)
+    try:
+        listing = list_source(source)
+    except SourceError:
+        raise
+    except PackError as exc:  # what the listing refuses is the input, not the packing
+        raise SourceError(str(exc)) from exc
     if listing.count == 0:
-        raise PackError(f"the source {listing.description} has no inputs")
+        raise SourceError(f"the source {listing.description} has no inputs")
     plan = _Plan.make(listing, output, options, fields)
     results, resumed = _pack_shards(plan)
     return _install_output(plan, results, resumed, started)
@@ -250,18 +255,39 @@ def _pack_shards(plan: _Plan) -> tuple[dict[int, ShardResult], int]:
                                       options.start_method)
         else:
             results = {}
-    except BaseException:
+    except BaseException as exc:
         if plan.replacing:  # a fresh folder that no rerun resumes from
             shutil.rmtree(plan.directory, ignore_errors=True)
         elif not any(plan.directory.iterdir()):
             plan.directory.rmdir()
         if not any(plan.root.iterdir()):
             plan.root.rmdir()
+        if isinstance(exc, KeyboardInterrupt) and not exc.args:
+            # Ctrl-C: say what a rerun will do with the shards this run finished.
+            raise KeyboardInterrupt(_interrupted(plan)) from None
         raise
     finally:
         bar.close()
     results.update({a: kept[(a, b)] for a, b in kept})
     return results, len(kept)
+
+
+def _interrupted(plan: _Plan) -> str:
+    """What a rerun of an interrupted pack will do: resume the shards finished so far, or not."""
+    total = len(plan.ranges)
+    written = ([p for p in plan.directory.iterdir()
+                if p.name.startswith("part-") and p.name.endswith(".h5")]
+               if plan.directory.is_dir() else [])
+    if plan.replacing:
+        return (f"the existing {plan.output} is unchanged; a rerun with overwrite=True packs "
+                f"all {total} shards again")
+    if not written:
+        return f"none of the {total} shards was finished; a rerun starts over"
+    how = plan.job.resume_hint
+    if not plan.resume and plan.listing.kind != "dataset":
+        how = "call pack again without resume=False to resume"
+    return (f"{len(written)} of {total} shards are written in {plan.directory}; "
+            f"{how} (the finished shards are kept, the others are packed again)")
 
 
 def _resume(directory: Path, ranges: list[tuple[int, int]], plan: str | None

@@ -3,6 +3,8 @@ step, the loaders it compares, its time budget."""
 
 from __future__ import annotations
 
+import pytest
+
 from fastpipe.bench.variants import VARIANTS
 
 
@@ -32,6 +34,7 @@ def test_cuda_suite_decodes_with_dali_on_the_gpu_and_keeps_the_factory_row():
     assert "factory" in keys
 
 
+@pytest.mark.slow
 def test_model_bench_skips_the_loaders_past_its_time_budget(sample_root):
     from fastpipe.bench.model_step import run_model_bench
 

@@ -23,6 +23,7 @@ def test_rounds_merge_to_medians_and_a_skip_wins():
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_ratio_is_the_ratio_of_the_printed_medians(sample_root, monkeypatch, no_thread_leak):
     def broken(config):
         raise Skip("not here")

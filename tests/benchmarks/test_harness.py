@@ -78,6 +78,7 @@ def test_a_child_that_imports_another_fastpipe_stops_the_run(tmp_path):
     assert not (tmp_path / "r.json").exists()
 
 
+@pytest.mark.slow
 def test_a_row_that_cannot_run_here_is_a_note_not_a_number(tmp_path):
     pytest.importorskip("h5py")
     from benchmarks import _harness

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_bench_quick_json_from_the_command_line(tmp_path):
     # The README's main job, through the real entry point, on a fresh cache: the sample dataset
     # is generated on first use, and stdout is nothing but JSON.
@@ -40,6 +41,7 @@ def test_bench_quick_json_from_the_command_line(tmp_path):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_bench_table_plot_and_markdown(capsys, sample_root, tmp_path, no_thread_leak):
     plot, table = tmp_path / "bench.png", tmp_path / "bench.md"
     code = main(["bench", "--quick", "--root", str(sample_root), "--variants",
@@ -73,6 +75,7 @@ def test_bench_bad_arguments_exit_2_with_one_line(argv, message, capsys):
     assert err.startswith("fastpipe bench: error: ") and message in err and err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_every_command_has_help(capsys):
     for argv in (["--help"], ["bench", "--help"], ["tune", "--help"], ["profile", "--help"]):
         with pytest.raises(SystemExit) as exit_info:
@@ -89,6 +92,7 @@ def test_every_command_has_help(capsys):
 # --- fastpipe bench --device: a real model step --------------------------------------------------
 
 @pytest.mark.timeout(300)
+@pytest.mark.slow
 def test_bench_device_cpu_tiny_model_table_and_json(capsys, sample_root, tmp_path,
                                                     no_thread_leak):
     saved = tmp_path / "bench-cpu.json"
@@ -113,6 +117,7 @@ def test_bench_device_cpu_tiny_model_table_and_json(capsys, sample_root, tmp_pat
         assert row["output"] == "float32 (8, 3, 64, 64) on cpu", row
 
 
+@pytest.mark.slow
 def test_bench_device_json_to_stdout(capsys, sample_root, tmp_path):
     saved = tmp_path / "b.json"
     assert main(["bench", "--device", "cpu", "--quick", "--root", str(sample_root), "--variants",
@@ -129,6 +134,7 @@ def test_bench_device_json_to_stdout(capsys, sample_root, tmp_path):
     (["--device", "cpu", "--variants", "turbo"], "unknown variant(s) ['turbo']"),
     (["--device", "cpu", "--save", "/no/such/dir/b.json"], "cannot write the JSON report"),
 ])
+@pytest.mark.slow
 def test_bench_device_bad_arguments_exit_2(argv, message, capsys, sample_root):
     assert main(["bench", "--root", str(sample_root), *argv]) == 2
     err = capsys.readouterr().err

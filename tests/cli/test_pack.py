@@ -133,3 +133,98 @@ def test_no_progress_is_the_flag_and_quiet_its_alias(command):
         assert parser.parse_args(["a", "b", flag] if command == "pack" else ["a", flag]
                                  ).no_progress is True
     assert "--no-progress" in parser.format_help()
+
+
+@pytest.mark.parametrize("make", ["empty folder", "class folders without images",
+                                  "empty list file"])
+def test_a_source_with_nothing_to_pack_is_an_input_error(make, tmp_path, capsys):
+    # Exit code 2, as for a bad argument or a missing path (docs/packing.md, "Exit codes").
+    source = tmp_path / "src"
+    if make == "empty list file":
+        source = tmp_path / "files.txt"
+        source.write_text("# nothing listed\n")
+    else:
+        source.mkdir()
+        if make == "class folders without images":
+            (source / "cats").mkdir()
+            (source / "cats" / "notes.txt").write_text("no image here")
+    err = error_of(["pack", str(source), str(tmp_path / "o.h5"), "--quiet"], capsys)
+    assert str(source) in err
+    assert not (tmp_path / "o.h5").exists() and not (tmp_path / "o.h5.shards").exists()
+
+
+@pytest.mark.parametrize("flags", [[], ["--max-side", "64"]])
+def test_skipped_inputs_name_the_file_not_a_buffer(flags, sample_root, tmp_path, capsys):
+    from tests.helpers.pack import make_corrupt_folder
+
+    make_corrupt_folder(sample_root, tmp_path / "src")
+    assert main(["pack", str(tmp_path / "src"), str(tmp_path / "o.h5"), "--quiet", "--workers",
+                 "1", *flags]) == 0
+    out = capsys.readouterr().out
+    line = next(line for line in out.splitlines() if "not_an_image.jpg:" in line)
+    assert "BytesIO" not in out and " at 0x" not in out, out
+    assert line.strip().startswith("class_01/not_an_image.jpg: corrupt image: cannot decode")
+    assert "class_01/not_an_image.jpg: not a format Pillow recognises" in line
+
+
+def test_ctrl_c_says_the_rerun_resumes_the_finished_shards(sample_root, tmp_path, capsys,
+                                                          monkeypatch):
+    from fastpipe.pack import _workers
+
+    load, calls = _workers._load, []
+
+    def interrupted_at_the_third_shard(job, task, index, local, name):
+        calls.append(index)
+        if index == 13:  # shards of 6 inputs: two are finished, the third is being packed
+            raise KeyboardInterrupt
+        return load(job, task, index, local, name)
+
+    monkeypatch.setattr(_workers, "_load", interrupted_at_the_third_shard)
+    argv = ["pack", str(sample_root), str(tmp_path / "o.h5"), "--workers", "1",
+            "--shard-size", "6", "--quiet"]
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert "fastpipe pack: 2 of 8 shards are written in " in err, err
+    assert "run the same command again to resume" in err and err.endswith("interrupted\n")
+    monkeypatch.setattr(_workers, "_load", load)
+    assert main(argv) == 0
+    assert "6 resumed" not in (out := capsys.readouterr().out) and "2 resumed" in out, out
+
+
+def test_ctrl_c_before_any_shard_is_finished_says_the_rerun_starts_over(tmp_path):
+    from fastpipe.pack import pack
+    from tests.helpers.pack import ArrayDataset
+
+    class Interrupted(ArrayDataset):
+        def __getitem__(self, index):
+            if index == 2:
+                raise KeyboardInterrupt
+            return super().__getitem__(index)
+
+    with pytest.raises(KeyboardInterrupt, match="none of the 3 shards was finished; a rerun "
+                                                "starts over"):
+        pack(Interrupted(n=18), tmp_path / "d.h5", storage="array", shard_size=6,
+             progress=False)
+
+
+def test_ctrl_c_of_a_dataset_pack_says_how_to_resume(tmp_path):
+    from fastpipe.pack import pack
+    from tests.helpers.pack import ArrayDataset
+
+    class Interrupted(ArrayDataset):
+        stop_at: int | None = 14
+
+        def __getitem__(self, index):
+            if index == self.stop_at:
+                raise KeyboardInterrupt
+            return super().__getitem__(index)
+
+    source = Interrupted(n=18)
+    with pytest.raises(KeyboardInterrupt, match=r"2 of 3 shards are written in .*; call pack "
+                                                r"again with resume=True \(and the same "
+                                                r"dataset\) to resume"):
+        pack(source, tmp_path / "d.h5", storage="array", shard_size=6, progress=False)
+    source.stop_at = None
+    report = pack(source, tmp_path / "d.h5", storage="array", shard_size=6, progress=False,
+                  resume=True)
+    assert report.resumed_shards == 2 and report.count == 18

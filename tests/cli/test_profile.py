@@ -11,6 +11,7 @@ from fastpipe._cli import main
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_profile_json_csv_and_plot_on_an_image_folder(capsys, sample_root, tmp_path,
                                                        no_thread_leak):
     timeline, plot = tmp_path / "steps.csv", tmp_path / "profile.png"
@@ -49,6 +50,7 @@ def test_profile_text_with_datalaoderx_and_prefetcher(capsys, no_thread_leak):
     (["profile", "tests.helpers.tune:tiny_sleepy_dataset", "--csv", "/no/such/dir/x.csv"],
      "cannot write the CSV"),
 ])
+@pytest.mark.slow
 def test_profile_bad_arguments_exit_2_with_one_line(argv, message, capsys, no_thread_leak):
     assert main(argv) == 2
     err = capsys.readouterr().err

@@ -10,6 +10,7 @@ from fastpipe._cli import main
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_tune_json_and_plot_on_a_factory_dataset(capsys, tmp_path, no_thread_leak):
     plot = tmp_path / "tune.png"
     code = main(["tune", "tests.helpers.tune:tiny_sleepy_dataset", "--batch-size", "8",

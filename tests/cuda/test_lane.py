@@ -35,6 +35,7 @@ def _run_probe(require: bool) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_cuda_tests_skip_without_a_gpu_and_fail_when_one_is_required():
     plain, required = _run_probe(False), _run_probe(True)
     if torch.cuda.is_available():
@@ -61,6 +62,7 @@ def _decoder_error() -> None:
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_a_crash_of_the_train_decode_fails_its_test_naming_nvimagecodec_55():
     from tests.cuda.test_dali import NVIMAGECODEC_55, run_isolated
 
@@ -105,6 +107,7 @@ def _loader_uses(path: Path) -> tuple[set[str], set[str]]:
     return keywords, attributes
 
 
+@pytest.mark.slow
 def test_the_lanes_dali_tests_use_the_current_dali_loader_names(sample_root):
     """The GPU tests cannot run here, but their arguments can be checked: every keyword they
     pass to DALILoader is one of its parameters, and every attribute they read exists on a

@@ -43,6 +43,7 @@ def run_epoch(loader) -> tuple[list[int], list[torch.Tensor]]:
     return labels, images
 
 
+@pytest.mark.slow
 def test_one_epoch_yields_every_sample_once_with_shapes_and_dtypes(index_list, no_thread_leak):
     with DALILoader(index_list, batch_size=10, size=SIZE, device="cpu", seed=0) as loader:
         assert loader.device == torch.device("cpu")
@@ -267,6 +268,7 @@ def test_encoded_dataset_source(sample_root):
         assert run_epoch(loader)[0] == list(range(20))
 
 
+@pytest.mark.slow
 def test_threads_end_after_close_break_and_garbage_collection(index_list, no_thread_leak):
     def loader():
         return DALILoader(index_list, batch_size=8, size=SIZE, device="cpu", num_workers=2)
@@ -306,6 +308,7 @@ def test_threads_end_after_close_break_and_garbage_collection(index_list, no_thr
     assert wait_native_threads(baseline) == baseline
 
 
+@pytest.mark.slow
 def test_many_loaders_do_not_accumulate_threads(index_list):
     counts = []
     for _ in range(4):
@@ -429,12 +432,14 @@ def _python(code: str) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+@pytest.mark.slow
 def test_import_fastpipe_does_not_import_dali():
     result = _python("import sys, fastpipe; print('nvidia.dali' in sys.modules)")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
 
 
+@pytest.mark.slow
 def test_import_fastpipe_dali_without_dali_names_the_extra():
     # sys.modules[name] = None makes the import fail as if the package were not installed.
     result = _python(
@@ -480,6 +485,7 @@ def test_loader_attributes_like_a_dataloader(index_list):
         assert "rank 1/2" in repr(loader.sampler)
 
 
+@pytest.mark.slow
 def test_lightning_sets_the_epoch_and_accelerate_leaves_the_loader_as_it_is(index_list):
     # Lightning calls set_epoch on loader.sampler before every epoch (its own helper here).
     from accelerate import Accelerator

@@ -31,6 +31,7 @@ def assert_same_batches(got, expected):
         assert torch.equal(images, want_images), f"batch {number}: other pixels"
 
 
+@pytest.mark.slow
 def test_resume_in_a_fresh_process_gives_the_uninterrupted_batches(index_list, tmp_path):
     steps = random.Random(0).sample(range(1, 6), 1)[0]  # a random step inside epoch 0
     states, batches = {}, []
@@ -174,6 +175,7 @@ def test_other_world_size_and_version_are_refused(index_list, saved_state):
     ],
     ids=["other num_workers", "other prefetch_depth", "auto_augment policy"],
 )
+@pytest.mark.slow
 def test_resume_with_other_threads_queue_depth_or_a_policy(index_list, saved, restored):
     base = {"batch_size": 8, "size": 32, "device": "cpu", "seed": 2, "cutout_holes": 1}
     with DALILoader(index_list, **base, **saved) as loader:

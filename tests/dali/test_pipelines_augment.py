@@ -44,6 +44,7 @@ def plain(index_list) -> dict[int, torch.Tensor]:
 
 
 @pytest.mark.parametrize("policy", ["ra", "ta_wide", "imagenet", "rand-m9-n2-inc1-p1"])
+@pytest.mark.slow
 def test_each_policy_changes_images_and_covers_every_sample_once(index_list, plain, policy):
     with DALILoader(index_list, batch_size=16, seed=3, dtype=torch.uint8, auto_augment=policy,
                     **FIXED) as loader:
@@ -58,6 +59,7 @@ def test_each_policy_changes_images_and_covers_every_sample_once(index_list, pla
     assert changed >= 36, f"{policy}: only {changed} of 48 images changed"
 
 
+@pytest.mark.slow
 def test_policy_with_normalized_float_output(index_list):
     with DALILoader(index_list, batch_size=24, seed=0, auto_augment="ta_wide",
                     mean=(0.5, 0.5, 0.5), std=(0.25, 0.25, 0.25), **FIXED) as loader:

@@ -24,6 +24,7 @@ SIZE = 48
 
 @pytest.mark.parametrize("policy", ["ra", "ta_wide", "augmix", "imagenet", "rand-m9-mstd0.5-inc1",
                                     "rand-m7-n3-p1.0", "rand-m10-mstd101-mmax10-inc0"])
+@pytest.mark.slow
 def test_each_policy_changes_images_with_a_fixed_crop(sample_root, policy):
     """A crop that is always the whole image (area 1, any aspect ratio), no flip: only the
     policy changes pixels."""
@@ -97,6 +98,7 @@ def test_magnitude_noise_is_drawn_per_op_and_clipped(monkeypatch):
 
 
 @pytest.mark.parametrize("factor", [0.0, 0.1, 0.5, 0.77, 1.0, 1.3, 1.9])
+@pytest.mark.slow
 def test_sharpness_equals_torchvisions_pixel_for_pixel(factor):
     from torchvision.transforms.v2 import functional as F
 
@@ -126,6 +128,7 @@ def test_solarize_equals_torchvisions_pixel_for_pixel(threshold):
     ("ta_wide", "v2.TrivialAugmentWide(interpolation=BILINEAR)"),
     ("augmix", "v2.AugMix(interpolation=BILINEAR)"),
     ("imagenet", "v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET, interpolation=BILINEAR)")])
+@pytest.mark.slow
 def test_torchvision_policies_give_torchvisions_pixels_for_the_same_draws(policy, reference):
     """The policies run torchvision's own classes (faster Sharpness and Solarize only): for the
     same global seed, the same output, pixel for pixel."""

@@ -113,6 +113,7 @@ def test_in_a_worker_the_batch_is_built_in_shared_memory(no_thread_leak):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_pinning_inside_a_worker_is_refused_with_the_fix(no_thread_leak):
     loader = DataLoader(_Images(), batch_size=4, num_workers=1, collate_fn=_pinned_collate)
     with pytest.raises(ValueError, match=r"DataLoader\(\.\.\., pin_memory=True"):

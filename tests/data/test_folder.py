@@ -96,6 +96,7 @@ def test_pickles_for_spawned_workers(tree):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_two_workers_see_every_sample_once_and_a_seed_reproduces_the_run(sample_root,
                                                                          no_thread_leak):
     dataset = ImageFolder(sample_root, size=64)
@@ -168,6 +169,7 @@ def test_truncated_and_non_image_files_raise_naming_the_file(broken_tree):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_corrupt_file_error_reaches_the_main_process_with_the_name(broken_tree, no_thread_leak):
     loader = DataLoader(ImageFolder(broken_tree, train=False), batch_size=3, num_workers=1,
                         collate_fn=fast_collate)
@@ -176,6 +178,7 @@ def test_corrupt_file_error_reaches_the_main_process_with_the_name(broken_tree, 
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_documented_pipeline_gives_normalized_float_batches(sample_root, no_thread_leak):
     """docs/cpu-path.md's usage: ImageFolder + fast_collate + DataPrefetcher(mean, std) on CPU."""
     from fastpipe import DataPrefetcher

@@ -56,6 +56,7 @@ def test_sample_seed_is_a_pure_function_that_separates_its_arguments():
 
 
 @pytest.mark.parametrize("auto_augment, transform", [(None, None), ("ra", _noise)])
+@pytest.mark.slow
 def test_same_batches_with_0_1_and_2_workers(sample_root, auto_augment, transform, no_thread_leak):
     """Crops, flips, the policy and the user transform's torch draws do not depend on the
     worker: torch.equal batches with num_workers 0, 1 and 2."""
@@ -109,6 +110,7 @@ def bytes_pack(sample_root, tmp_path_factory):
 
 
 @pytest.mark.hdf5
+@pytest.mark.slow
 def test_pack_dataset_same_batches_with_0_and_2_workers_and_matches_image_folder(
         bytes_pack, sample_root, no_thread_leak):
     """H5Dataset with an ImageDecoder draws what ImageFolder draws for the same sample."""

@@ -178,6 +178,7 @@ CONFIGS = {
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS) + ["folder_prefetcher_w2", "h5_w2_threads"])
+@pytest.mark.slow
 def test_restored_in_a_fresh_process_yields_the_uninterrupted_batches(name, tmp_path,
                                                                       sample_root):
     config = CONFIGS.get(name)
@@ -248,6 +249,7 @@ def test_a_loop_that_calls_set_epoch_and_saves_its_epoch_stays_in_step_after_a_r
         assert_same(uninterrupted[2], seen[2], f"saved at {saved_at}, epoch 2")
 
 
+@pytest.mark.slow
 def test_a_state_resumes_with_another_number_of_workers(tmp_path):
     saved_with = dict(num_workers=2, persistent_workers=True)
     reference = build(saved_with)
@@ -606,6 +608,7 @@ def _run_two_ranks(script: Path, phase: str, folder: Path, num_workers: int) -> 
                 process.wait()
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_resumed_mid_epoch_reproduce_both_streams(tmp_path):
     num_workers = 1  # worker processes inside each rank; other counts are covered above
     script = tmp_path / "ddp.py"

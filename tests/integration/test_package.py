@@ -24,6 +24,7 @@ def test_public_api_is_sorted_and_resolvable():
         assert hasattr(fastpipe, name), name
 
 
+@pytest.mark.slow
 def test_import_fastpipe_loads_no_optional_dependency():
     code = (
         "import sys, json; import fastpipe, fastpipe.data, fastpipe.ops; "
@@ -34,6 +35,7 @@ def test_import_fastpipe_loads_no_optional_dependency():
     assert json.loads(done.stdout) == []
 
 
+@pytest.mark.slow
 def test_subpackages_load_on_first_use_without_optional_dependencies():
     code = (
         "import sys, json; import fastpipe; "
@@ -46,6 +48,7 @@ def test_subpackages_load_on_first_use_without_optional_dependencies():
     assert json.loads(done.stdout) == []
 
 
+@pytest.mark.slow
 def test_dali_is_reachable_from_import_fastpipe_alone():
     pytest.importorskip("nvidia.dali")
     code = "import fastpipe; print(fastpipe.dali.DALILoader.__name__)"
@@ -85,6 +88,7 @@ def test_missing_optional_dependency_names_the_extra():
     assert isinstance(caught.value, ImportError)
 
 
+@pytest.mark.slow
 def test_cli_help_lists_every_subcommand():
     done = subprocess.run([sys.executable, "-m", "fastpipe", "--help"], capture_output=True,
                           text=True, timeout=120)
@@ -92,6 +96,7 @@ def test_cli_help_lists_every_subcommand():
     assert "bench" in done.stdout
 
 
+@pytest.mark.slow
 def test_cli_rejects_an_unknown_subcommand():
     done = subprocess.run([sys.executable, "-m", "fastpipe", "no-such-command"],
                           capture_output=True, text=True, timeout=120)

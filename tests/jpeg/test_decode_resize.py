@@ -138,6 +138,7 @@ def test_the_gil_is_released_while_decoding_and_resizing(jpeg):
     assert inside > 1000 * working, f"{inside} main-thread turns in {working:.3f} s of work"
 
 
+@pytest.mark.slow
 def test_a_large_region_after_small_ones_decodes_right(jpeg, resize):
     """The thread keeps its region buffer between calls (up to 16 MiB): a larger region after
     smaller ones grows it, and the one after that, larger than what is kept, gets its own."""

@@ -81,6 +81,7 @@ def _sources(jpeg) -> dict[str, bytes]:
 
 
 @pytest.mark.parametrize("options", DECODERS[:5], ids=range(5))
+@pytest.mark.slow
 def test_the_pixels_are_the_python_paths(jpeg, options):
     """Every layout the region decode takes (4:2:0, 4:2:2, 4:4:4, progressive, greyscale, restart
     markers, transcoded packs' files, an odd size), many seeds: the bytes of

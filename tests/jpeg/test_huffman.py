@@ -72,6 +72,7 @@ def test_every_layout_and_scale_gives_libjpegs_pixels(jpeg, kind, k, transcoded)
             assert used == (0 if kind.endswith("progressive") and not transcoded else 1)
 
 
+@pytest.mark.slow
 def test_photos_and_their_transcoded_packs_give_libjpegs_pixels(jpeg, sample_root):
     """Photo-like files, one large enough for every scale, whole and cropped, as files and
     transcoded."""

@@ -281,6 +281,7 @@ def _record_scales(region_path, monkeypatch) -> list[int]:
 
 
 @pytest.mark.parametrize("fast_upsample", [True, False])
+@pytest.mark.slow
 def test_train_outputs_equal_the_whole_image_path(region_path, sample_root, monkeypatch,
                                                   fast_upsample):
     """Same seed, same crops: the region path gives the whole-image path's train output, exactly
@@ -325,6 +326,7 @@ def test_train_and_eval_paths_use_the_region_decoder(region_path, sample_root, m
 
 
 @pytest.mark.parametrize("fast_upsample", [True, False])
+@pytest.mark.slow
 def test_eval_outputs_equal_the_whole_image_path(region_path, sample_root, monkeypatch,
                                                  fast_upsample):
     """Eval decodes only the pixels its centre crop reads, plus a margin of columns where smooth

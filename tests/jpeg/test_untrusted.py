@@ -75,6 +75,7 @@ def _peak_in_fresh_process(code: str) -> tuple[str, int]:
     return "\n".join(out[:-2]), int(out[-2])
 
 
+@pytest.mark.slow
 def test_a_bomb_is_refused_by_every_entry_point_before_it_allocates(jpeg):
     """65500x65500 declared in 629 bytes: refused from the frame header, with no allocation of
     its size (the peak RSS of the calls is measured in a process of their own)."""

@@ -50,6 +50,7 @@ def _assert_same(got, expected) -> None:
 
 
 @pytest.mark.parametrize("name", list(_calls()))
+@pytest.mark.slow
 def test_op_compiles_fullgraph_with_dynamic_shapes_across_changing_batch_sizes(name):
     torch._dynamo.reset()
     fn = _calls()[name]
@@ -63,6 +64,7 @@ def test_op_compiles_fullgraph_with_dynamic_shapes_across_changing_batch_sizes(n
 
 
 @pytest.mark.parametrize("name", ["cutout", "random_erasing", "mixup", "cutmix"])
+@pytest.mark.slow
 def test_op_with_a_generator_compiles_across_changing_batch_sizes(name):
     # Dynamo cannot put a torch.Generator argument in a graph (a graph break, so no fullgraph),
     # but the op must still run compiled, with the generator's draws.
@@ -76,6 +78,7 @@ def test_op_with_a_generator_compiles_across_changing_batch_sizes(name):
         _assert_same(got, _calls(torch.Generator().manual_seed(n))[name](images.clone()))
 
 
+@pytest.mark.slow
 def test_inductor_compiles_random_erasing_across_changing_batch_sizes():
     # The reproduction, with the default backend.
     torch._dynamo.reset()

@@ -43,6 +43,7 @@ def _tool(names: list[str], what: str) -> str:
 
 
 @pytest.mark.parametrize("source", sorted(p.name for p in (CSRC / "cuda").glob("*.cu")))
+@pytest.mark.slow
 def test_cuda_file_compiles_with_nvcc_for_sm80_and_sm90(source, tmp_path):
     cuda_home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
     nvcc = _tool(

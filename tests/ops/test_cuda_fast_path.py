@@ -218,6 +218,7 @@ def _ptx_entries(tmp_path) -> dict[str, str]:
     return entries
 
 
+@pytest.mark.slow
 def test_32_bit_kernels_do_no_64_bit_division_in_the_ptx(tmp_path):
     entries = _ptx_entries(tmp_path)
     for kernel in _KERNELS:

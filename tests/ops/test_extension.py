@@ -158,6 +158,7 @@ def test_edge_cases_equal_the_reference(case, dtype):
         _assert_in_place("mixup_", x, (lam,), expected)
 
 
+@pytest.mark.slow
 def test_inplace_mixes_split_across_threads_equal_the_reference():
     # 9 samples are 5 pairs: on two threads at::parallel_for splits them into two tasks, the
     # second starting in the middle of a sample (2.5 samples each, for both kernels and layouts),
@@ -367,6 +368,7 @@ def test_opcheck_erasing_boxes():
 @pytest.mark.parametrize(
     "name", ["normalize", "erase", "erase_", "mixup", "mixup_", "cutmix", "cutmix_"]
 )
+@pytest.mark.slow
 def test_opcheck(name):
     op = getattr(OPS, name).default
     for args in _sample_inputs(name.rstrip("_")):
@@ -411,6 +413,7 @@ def _public_calls():
 
 
 @pytest.mark.parametrize("name", list(_public_calls()))
+@pytest.mark.slow
 def test_every_op_runs_in_torch_compile_fullgraph(name):
     torch._dynamo.reset()
     fn = _public_calls()[name]
@@ -617,6 +620,7 @@ def test_kept_outputs_resize_share_and_free_like_any_tensor():
 
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last", "sliced"])
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.float32])
+@pytest.mark.slow
 def test_large_float_outputs_written_around_the_cache_equal_the_reference(layout, dtype):
     """float32 outputs of 16 MiB or more are written with non-temporal stores; odd row lengths
     (333 floats) start rows off 16-byte alignment, which the stores must step around."""

@@ -102,6 +102,7 @@ torch.save(results, sys.argv[1])
 
 
 @pytest.mark.timeout(150)
+@pytest.mark.slow
 def test_baseline_avx2_and_avx512_code_give_the_same_bits(tmp_path):
     outputs = {}
     for capability in ("baseline", "avx2", "avx512"):

@@ -42,6 +42,7 @@ def assert_same_pack(a: H5Dataset, b: H5Dataset) -> None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_bytes_round_trip_is_bit_exact(sample_root, tmp_path, no_thread_leak):
     report = pack(sample_root, tmp_path / "p.h5", progress=True)
     files = image_files(sample_root)
@@ -112,6 +113,7 @@ def test_array_storage_of_a_folder_resizes_to_shape(sample_root, tmp_path):
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.slow
 def test_virtual_and_copy_merges_read_identically(sample_root, tmp_path):
     pack(sample_root, tmp_path / "v.h5", num_workers=2, shard_size=10, progress=False)
     copy = pack(sample_root, tmp_path / "c.h5", num_workers=2, shard_size=10, merge="copy",
@@ -319,6 +321,7 @@ def test_strict_run_does_not_reuse_shards_that_skipped_inputs(sample_root, tmp_p
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_spawned_workers_need_a_picklable_source(tmp_path):
     images = ArrayDataset(n=8)
     pack(images, tmp_path / "s.h5", storage="array", num_workers=2, shard_size=4,
@@ -439,6 +442,7 @@ def test_bad_arguments_say_what_to_do(sample_root, tmp_path):
     assert pack(sample_root, out, overwrite=True, progress=False).count == 48
 
 
+@pytest.mark.slow
 def test_cli_pack_merge_and_verify(sample_root, tmp_path, capsys):
     out = tmp_path / "cli.h5"
     assert main(["pack", str(sample_root), str(out), "--workers", "2", "--shard-size", "20",

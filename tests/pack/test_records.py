@@ -72,6 +72,7 @@ def _same(a, b) -> bool:
 
 
 @pytest.mark.parametrize("merge", ["virtual", "copy"])
+@pytest.mark.slow
 def test_every_kind_and_dtype_round_trips_bit_exact(tmp_path, merge):
     source = EveryKind()
     out = tmp_path / "every.h5"
@@ -103,6 +104,7 @@ def test_every_kind_and_dtype_round_trips_bit_exact(tmp_path, merge):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.slow
 def test_speech_records_pack_with_workers_and_read_back_exactly(tmp_path, no_thread_leak):
     source = SpeechRecords(n=30)
     out = tmp_path / "speech.h5"
@@ -300,6 +302,7 @@ def test_a_list_file_of_npz_files_with_labels(tmp_path):
     assert _same(ds[2]["x"], np.full((2, 3), 2, np.int16)) and _same(ds[2]["y"], np.arange(3.0))
 
 
+@pytest.mark.slow
 def test_the_cli_packs_a_list_of_npy_files_and_exits_nonzero_when_nothing_packs(tmp_path):
     import subprocess
     import sys
@@ -346,6 +349,7 @@ def _jpegs(root, n=6):
     return files
 
 
+@pytest.mark.slow
 def test_a_hugging_face_dataset_packs_its_stored_bytes_and_class_names(tmp_path):
     datasets = pytest.importorskip("datasets", exc_type=ImportError)
     from fastpipe.data.h5 import H5RecordReader

@@ -86,6 +86,7 @@ def test_transcode_is_refused_where_it_cannot_apply(tmp_path, mixed_root):
         pack(mixed_root, tmp_path / "x.h5", storage="array", size=32, transcode=True)
 
 
+@pytest.mark.slow
 def test_cli_transcode(jpeg, mixed_root, tmp_path):
     out = tmp_path / "cli.h5"
     done = subprocess.run([sys.executable, "-m", "fastpipe", "pack", str(mixed_root), str(out),

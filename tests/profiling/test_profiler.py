@@ -49,6 +49,7 @@ def true_share(loads: list, works: list, warmup: int = 1) -> float:
     [(0.060, 0.040, "input-bound"), (0.015, 0.105, "partly input-bound"),
      (0.0, 0.050, "compute-bound")],
 )
+@pytest.mark.slow
 def test_wait_share_of_sleep_based_loop_is_within_a_few_percent(load, work, verdict):
     loads, works = [], []
     prof = profile(sleepy_batches(16, load, log=loads), report=False)
@@ -67,6 +68,7 @@ def test_wait_share_of_sleep_based_loop_is_within_a_few_percent(load, work, verd
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.slow
 def test_context_manager_forms_measure_the_same_wait():
     loads, works = {}, {}
     for form in ("wrapped", "fetched", "stopped"):
@@ -285,6 +287,7 @@ def test_cuda_sync_true_synchronizes_at_every_step_boundary(fake_cuda):
 
 # --- outputs -------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_csv_json_and_plot_hold_the_timeline(tmp_path, monkeypatch):
     clock = DrivenClock()
     monkeypatch.setattr(profile_module, "_now", clock)
@@ -496,6 +499,7 @@ def image_loader_waits():
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_advice_on_an_image_loader_names_only_what_image_loader_takes(sample_root):
     from fastpipe.factory import image_loader
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import multiprocessing
 import sys
-import time
 
 import pytest
 import torch
@@ -129,19 +128,56 @@ def test_one_round_says_the_noise_was_not_measured(monkeypatch):
     assert "the noise was not measured" in result.notes()[0] and result.noise() is None
 
 
-@pytest.mark.timeout(60)
-def test_tune_stays_within_its_budget_and_lists_what_it_skipped(no_thread_leak):
-    started = time.perf_counter()
-    result = tune(SleepyDataset(length=32, item_seconds=0.001, batch_seconds=0.001), batch_size=4,
-                  num_workers=(0, 1), batch_sizes=(2, 4, 8, 16), budget=1.5)
-    elapsed = time.perf_counter() - started
-    # A trial may start just inside the budget; stopping and starting workers adds a little.
-    assert elapsed < 1.5 + 3.0
+class FakeClock:
+    """The tuner's ``time``: a clock that moves only when a scripted run takes its time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def tune_on_the_clock(monkeypatch, budget, cost=0.25):
+    """tune() over scripted runs that each take the seconds asked plus ``cost`` (starting and
+    stopping a loader) on a fake clock; returns the result and each run's (start, end)."""
+    import fastpipe.profiling.tuner as tuner
+    from fastpipe.profiling._runner import settings_row
+
+    clock, runs = FakeClock(), []
+
+    def measure(source, settings, seconds, step_seconds=0.0, min_batches=3, stage=""):
+        start = clock.now
+        clock.now += seconds + cost
+        runs.append((start, clock.now))
+        row = settings_row(settings, stage)
+        row.per_round = [100.0 * settings.batch_size / (1 + settings.num_workers)]
+        row.batches, row.seconds = 10, seconds
+        return row
+
+    monkeypatch.setattr(tuner, "time", clock)
+    monkeypatch.setattr(tuner, "measure", measure)
+    result = tune(SleepyDataset(length=32), batch_size=4, num_workers=(0, 1),
+                  batch_sizes=(2, 4, 8, 16), budget=budget)
+    return result, runs
+
+
+def test_tune_stays_within_its_budget_and_lists_what_it_skipped(monkeypatch):
+    # What the budget is for, on a clock no load on the machine can move: every run ends within
+    # it, and what did not fit is listed as skipped, never measured in a hurry.
+    result, runs = tune_on_the_clock(monkeypatch, budget=6.0)
+    assert runs and runs[-1][1] <= 6.0
     skipped = [t for t in result.trials if t.skipped]
     assert skipped and all(t.skipped == "over the time budget" for t in skipped)
     assert all(t.samples_per_second is None for t in skipped)
     assert result.trials[-1] in skipped  # ranked after every measured trial
     assert "skipped: over the time budget" in result.table()
+    assert result.seconds == pytest.approx(runs[-1][1])
+    # The same search with room for everything skips nothing and runs more.
+    roomy, roomy_runs = tune_on_the_clock(monkeypatch, budget=1000.0)
+    assert not any(t.skipped for t in roomy.trials)
+    assert len(roomy_runs) > len(runs) and roomy_runs[-1][1] <= 1000.0
+    assert roomy.best.settings.batch_size == 16 and roomy.best.settings.num_workers == 0
 
 
 def run_pasted(code: str, dataset) -> object:
@@ -157,6 +193,7 @@ def run_pasted(code: str, dataset) -> object:
     LoaderSettings(num_workers=1, batch_size=3, wrapper="DataLoaderX+DataPrefetcher"),
 ])
 @pytest.mark.timeout(60)
+@pytest.mark.slow
 def test_recommended_code_runs_and_builds_the_measured_loader(settings, no_thread_leak):
     dataset = SleepyDataset(length=12, item_seconds=0, batch_seconds=0)
     source = DatasetSource(dataset, None, "sleepy", code="dataset")
