@@ -191,7 +191,7 @@ def _list_file(list_path: Path) -> Listing:
     if not given:
         labels = np.full(len(names), -1, np.int64)
     elif all(_is_int(lab) for lab in given):
-        labels = np.asarray([int(lab) for lab in given], np.int64)
+        labels = _checked_labels([int(lab) for lab in given], str(list_path))
     else:
         classes = sorted(set(given))
         index = {name: k for k, name in enumerate(classes)}
@@ -211,6 +211,17 @@ def _list_file(list_path: Path) -> Listing:
 
 
 COLUMNS_HEADER = "#fields:"
+NO_LABEL = -1
+LABEL_RANGE = "labels are class indices (0 and up), or -1 for a sample without one"
+
+
+def _checked_labels(labels: list[int], where: str) -> np.ndarray:
+    """Integer labels of a list file; one below -1 would be refused by every reader of the pack."""
+    array = np.asarray(labels, np.int64)
+    if (bad := np.flatnonzero(array < NO_LABEL)).size:
+        raise PackError(f"{where}: sample {int(bad[0])} has label {int(array[bad[0]])}; "
+                        f"{LABEL_RANGE}")
+    return array
 
 
 def _list_columns(list_path: Path, fields: list[str], lines: Any, header: int) -> Listing:
@@ -245,7 +256,7 @@ def _list_columns(list_path: Path, fields: list[str], lines: Any, header: int) -
     if "label" in fields:
         raw = [row[fields.index("label")] for row in rows]
         if all(_is_int(x) for x in raw):
-            labels = np.asarray([int(x) for x in raw], np.int64)
+            labels = _checked_labels([int(x) for x in raw], str(list_path))
         else:
             classes = sorted(set(raw))
             labels = np.asarray([classes.index(x) for x in raw], np.int64)
@@ -296,6 +307,8 @@ def load_input(listing: Listing, index: int, local: int | None = None,
         except (TypeError, ValueError) as exc:
             raise PackError(f"dataset[{index}] has label {label!r}; labels must be "
                             "integers") from exc
+        if label < NO_LABEL:
+            raise PackError(f"dataset[{index}] has label {label}; {LABEL_RANGE}")
         return value, label
     path = (files if files is not None else listing.files)[index if local is None else local]
     if listing.kind == "columns":

@@ -420,6 +420,27 @@ def test_list_file_source(sample_root, tmp_path):
     assert ds.targets.tolist() == [-1] * 6 and ds.classes == [] and ds.path(0) == str(files[0])
 
 
+def test_labels_below_minus_one_are_refused_when_packing(sample_root, tmp_path):
+    files = image_files(sample_root)[:3]
+    listed = tmp_path / "negative.txt"
+    listed.write_text("".join(f"{p}\t{label}\n" for p, label in zip(files, [0, -1, -5])))
+    with pytest.raises(PackError, match=r"sample 2 has label -5; labels are class indices"):
+        pack(listed, tmp_path / "l.h5", progress=False)
+    columns = tmp_path / "columns.txt"
+    columns.write_text("#fields: image label\n" + "".join(
+        f"{p}\t{label}\n" for p, label in zip(files, [-2, 0, 1])))
+    with pytest.raises(PackError, match=r"sample 0 has label -2"):
+        pack(columns, tmp_path / "c.h5", progress=False)
+
+    class Negative(ArrayDataset):
+        def __getitem__(self, index):
+            return self.array(index), -3 if index == 1 else 0
+
+    with pytest.raises(PackError, match=r"dataset\[1\] has label -3; labels are class"):
+        pack(Negative(n=4), tmp_path / "d.h5", progress=False)
+    assert not (tmp_path / "l.h5").exists() and not (tmp_path / "d.h5").exists()
+
+
 def test_bad_arguments_say_what_to_do(sample_root, tmp_path):
     out = tmp_path / "o.h5"
     with pytest.raises(ValueError, match="storage"):
