@@ -20,9 +20,9 @@ elsewhere point CFLAGS/LDFLAGS at them). Without it the CPU image path decodes w
 simplejpeg, about 20% more decode time for a train crop.
 
 fastpipe._png (fastpipe/csrc/png/png_decode.cpp, no torch headers) decodes PNGs to their stored
-pixels, or only a band of rows, with libpng 1.6; it is built when libpng's headers and library are
-found (Debian/Ubuntu: apt install libpng-dev; Fedora: libpng-devel). Without it PNGs decode with
-PIL (fastpipe/data/_png.py).
+pixels, or only a band of rows, with zlib and libpng 1.6; it is built when libpng's headers and
+library are found (Debian/Ubuntu: apt install libpng-dev; Fedora: libpng-devel). Without it PNGs
+decode with PIL (fastpipe/data/_png.py).
 
 Build against the installed torch:    pip install --no-build-isolation -e .
 In place, for development:            python setup.py build_ext --inplace
@@ -262,27 +262,29 @@ def _resize_extension():
 
 _LIBPNG_PROBE = """
 #include <png.h>
+#include <zlib.h>
 #if PNG_LIBPNG_VER < 10600
 #error "fastpipe._png needs libpng >= 1.6 (tested with 1.6.39)"
 #endif
 int main(void) {
     png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, 0, 0, 0);
     png_destroy_read_struct(&png, 0, 0);
-    return 0;
+    return (int)crc32(0L, 0, 0);
 }
 """
 
 
 def _libpng_found() -> bool:
-    """True when a program using libpng 1.6 compiles and links here (CC, CFLAGS and LDFLAGS
+    """True when a program using libpng 1.6 and zlib compiles and links here (CC, CFLAGS and LDFLAGS
     apply, as they do to the extension)."""
     compiler = os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc"
     with tempfile.TemporaryDirectory() as tmp:
         source = os.path.join(tmp, "probe.c")
         with open(source, "w") as file:
             file.write(_LIBPNG_PROBE)
-        command = (compiler.split() + os.environ.get("CFLAGS", "").split() + [source, "-o",
-                   os.path.join(tmp, "probe")] + os.environ.get("LDFLAGS", "").split() + ["-lpng"])
+        command = (compiler.split() + os.environ.get("CFLAGS", "").split()
+                   + [source, "-o", os.path.join(tmp, "probe")]
+                   + os.environ.get("LDFLAGS", "").split() + ["-lpng", "-lz"])
         try:
             return subprocess.run(command, capture_output=True, timeout=120).returncode == 0
         except (OSError, subprocess.SubprocessError):
@@ -304,7 +306,8 @@ def _png_extension():
     return Extension(
         "fastpipe._png",
         [os.path.join("fastpipe", "csrc", "png", "png_decode.cpp")],
-        libraries=["png"],
+        depends=[os.path.join("fastpipe", "csrc", "png", h) for h in ("rows.h", "unfilter.h")],
+        libraries=["png", "z"],
         extra_compile_args=["-O3", "-g0"],
     )
 

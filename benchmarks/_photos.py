@@ -95,10 +95,10 @@ def _field(rng: np.random.Generator, height: int, width: int, slope: float) -> n
     return (field / (field.std() + 1e-12)).astype(np.float32)
 
 
-def _photo(rng: np.random.Generator, kind: str):
+def texture(rng: np.random.Generator, width: int, height: int):
+    """A photo-like RGB PIL image of ``width`` x ``height``: the pixels of photo_set's files."""
     from PIL import Image
 
-    width, height = _size(rng, kind)
     # Luminance: a natural spectrum (slope ~1) plus hard edges from thresholded smooth fields,
     # as objects against a background; colour: smoother chroma fields, as in photographs.
     luma = 0.55 * _field(rng, height, width, 1.0)
@@ -108,7 +108,11 @@ def _photo(rng: np.random.Generator, kind: str):
     chroma = [14 * _field(rng, height, width, 1.6) for _ in range(2)]
     rgb = np.stack([luma + 1.4 * chroma[0], luma - 0.35 * chroma[1] - 0.7 * chroma[0],
                     luma + 1.8 * chroma[1]], axis=-1)
-    image = Image.fromarray(np.clip(rgb, 0, 255).astype(np.uint8), "RGB")
+    return Image.fromarray(np.clip(rgb, 0, 255).astype(np.uint8), "RGB")
+
+
+def _photo(rng: np.random.Generator, kind: str):
+    image = texture(rng, *_size(rng, kind))
     options: dict = {"quality": int(rng.integers(75, 96))}
     draw = rng.random()
     if draw < 0.02:

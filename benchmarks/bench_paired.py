@@ -1,5 +1,6 @@
 """Super-resolution patch pairs: fastpipe's joint crop (PairedFolders on PNG folders, H5Dataset
-on a pack of the same PNG bytes) against a hand-written BasicSR-style DataLoader + PIL pipeline.
+on a pack of the same PNG bytes, and on a pack of their seekable rewrites) against a hand-written
+BasicSR-style DataLoader + PIL pipeline.
 
 Every pipeline: HR PNGs of 512-1,024 px with photo-like texture, LR = the HR reduced 2x (PIL's
 box ``reduce``), one random 48 px LR patch and the 96 px HR patch at the matching position per
@@ -32,6 +33,11 @@ ROWS = {
     "fastpipe H5Dataset (PNG bytes pack) + DataLoaderX, 2 processes":
         "pack(PairedFolders(...).pack_source()) -> H5Dataset(pack, joint=the same JointCrop)",
     "fastpipe H5Dataset (PNG bytes pack) + DataLoaderX, 2 threads":
+        "the same, worker_method='thread'",
+    "fastpipe H5Dataset (seekable PNG pack) + DataLoaderX, 2 processes":
+        "pack(..., transcode=True): the same pixels, PNGs rewritten in segments of rows "
+        "that inflate on their own",
+    "fastpipe H5Dataset (seekable PNG pack) + DataLoaderX, 2 threads":
         "the same, worker_method='thread'",
 }
 BASE = "DataLoader + PIL (BasicSR-style), 2 processes"
@@ -126,7 +132,8 @@ def measure(name: str, cfg: Any) -> dict[str, Any]:
 
         crop = JointCrop(PATCH, hflip=0.5, vflip=0.5, rot90=True, factors={"hr": SCALE})
         if "H5Dataset" in name:
-            dataset = H5Dataset(cfg.pack, joint=crop, seed=0)
+            dataset = H5Dataset(cfg.seekable if "seekable" in name else cfg.pack, joint=crop,
+                                seed=0)
         else:
             dataset = PairedFolders({"lr": cfg.lr, "hr": cfg.hr}, joint=crop, seed=0,
                                     templates={"lr": TEMPLATE})
@@ -153,10 +160,11 @@ def main(argv: list[str] | None = None) -> int:
         from fastpipe.pack import pack
 
         lr, hr = write_pairs(Path(folder), args.images)
-        packed = Path(folder) / "pairs.h5"
-        pack(PairedFolders({"lr": lr, "hr": hr}, templates={"lr": TEMPLATE})
-             .pack_source(), packed, progress=False)
-        config = {"lr": str(lr), "hr": str(hr), "pack": str(packed),
+        packed, seekable = Path(folder) / "pairs.h5", Path(folder) / "seekable.h5"
+        source = PairedFolders({"lr": lr, "hr": hr}, templates={"lr": TEMPLATE}).pack_source()
+        pack(source, packed, progress=False)
+        pack(source, seekable, progress=False, transcode=True, num_workers=2)
+        config = {"lr": str(lr), "hr": str(hr), "pack": str(packed), "seekable": str(seekable),
                   "batch_size": args.batch_size, "epochs": args.epochs,
                   "warmup": 1 if args.quick else 3}
         runs = _harness.run_rounds("bench_paired", names, config, rounds,

@@ -9,8 +9,11 @@ decoder here runs on one thread, so the CPU milliseconds per image are the stead
 shared machine; the wall-clock ones move with whatever else runs:
 
 - ``pil``: ``np.asarray(PIL.Image.open(f))`` (16-bit colour reduced to 8 bits: less work);
-- ``fastpipe``: ``fastpipe.data._png.decode_png`` (libpng through fastpipe._png, else PIL);
+- ``fastpipe``: ``fastpipe.data._png.decode_png`` (fastpipe._png: zlib and fastpipe's filters
+  for 8/16-bit files that are not interlaced, libpng for the rest);
 - ``fastpipe-rows``: the same, rows ``[0, H/2)`` only (a crop in the top half);
+- ``fastpipe-seekable-band``: 96 rows from the middle of the file's seekable rewrite (what
+  ``pack(..., transcode=True)`` stores; fastpipe/pack/_transcode.py), rewritten before timing;
 - ``torchvision``: ``torchvision.io.decode_png`` (libpng; UNCHANGED mode);
 - ``pyspng``: pyspng-seunglab (libspng), ``cv2``: ``cv2.imdecode(..., IMREAD_UNCHANGED)``,
   ``imagecodecs``: ``imagecodecs.png_decode``; skipped when not installed (put them on
@@ -34,7 +37,9 @@ import numpy as np
 
 from benchmarks import _harness
 
-DECODERS = ("pil", "fastpipe", "fastpipe-rows", "torchvision", "pyspng", "cv2", "imagecodecs")
+DECODERS = ("pil", "fastpipe", "fastpipe-rows", "fastpipe-seekable-band", "torchvision",
+            "pyspng", "cv2", "imagecodecs")
+BAND = 96  # rows of a super-resolution HR patch
 # name: (sizes (height, width), mode), 4 files each.
 SETS = {
     "rgb8 512-2048": ([(512, 683), (1024, 768), (1365, 2048), (2048, 1536)], "RGB"),
@@ -101,14 +106,21 @@ def _decoder(name: str):
         from PIL import Image
 
         return lambda data: np.asarray(Image.open(io.BytesIO(data)))
-    if name in ("fastpipe", "fastpipe-rows"):
+    if name.startswith("fastpipe"):
         from fastpipe.data import _png
 
         if _png._native_decode is None:
             raise _harness.Skip("fastpipe._png is not built (libpng's headers missing)")
         if name == "fastpipe":
             return _png.decode_png
-        return lambda data: _png.decode_png(data, rows=(0, _png.png_size(data)[0] // 2))
+        if name == "fastpipe-rows":
+            return lambda data: _png.decode_png(data, rows=(0, _png.png_size(data)[0] // 2))
+
+        def band(data):
+            middle = _png.png_size(data)[0] // 2
+            return _png.decode_png(data, rows=(middle, middle + BAND))
+
+        return band
     try:
         if name == "torchvision":
             import torch
@@ -147,6 +159,10 @@ def measure(name: str, cfg) -> dict:
     torch.set_num_threads(1)
     files = [p.read_bytes()
              for p in sorted((Path(cfg.root) / set_name.replace(" ", "_")).glob("*.png"))]
+    if decoder_name == "fastpipe-seekable-band":
+        from fastpipe.pack._transcode import seekable_png
+
+        files = [seekable_png(data, "bench.png") for data in files]
     decode = _decoder(decoder_name)
     for data in files:
         decode(data)

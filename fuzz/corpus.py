@@ -1,4 +1,5 @@
-"""Writes the seed corpus: a JPEG of every layout the decoders accept, and the shared findings.
+"""Writes the seed corpus: a JPEG of every layout the decoders accept, a PNG of every kind
+(plain, interlaced, seekable), and the shared findings.
 
 4:2:0, 4:2:2, 4:4:4 (PIL), 4:4:0, 4:1:1, 4:1:0, 4:4:1 and 3x1 (tests/jpeg/sampling_encoder.c),
 greyscale, RGB-coded (Adobe), CMYK, progressive, arithmetic-coded and restart-marked (jpegtran),
@@ -116,6 +117,64 @@ def seeds(jpegtran: str | None) -> dict[str, bytes]:
     return out
 
 
+def png_seeds() -> dict[str, bytes]:
+    """A PNG of every colour type and bit depth, interlaced and not, at odd sizes, and the
+    seekable rewrite (``transcode``) of each 8/16-bit one: fastpipe._png's two decoders."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = struct.pack(">I", zlib.crc32(kind + body))
+        return struct.pack(">I", len(body)) + kind + body + crc
+
+    def write(rows: np.ndarray, width: int, depth: int, color_type: int, filters: bytes) -> bytes:
+        """Filter-type bytes from ``filters`` on raw rows (the values do not matter to a fuzzer:
+        every filter type gets undone), one stream split over two IDATs."""
+        height = rows.shape[0]
+        raw = b"".join(bytes([filters[y % len(filters)]]) + rows[y].tobytes()
+                       for y in range(height))
+        stream = zlib.compress(raw)
+        half = max(1, len(stream) // 2)
+        body = struct.pack(">IIBBBBB", width, height, depth, color_type, 0, 0, 0)
+        palette = chunk(b"PLTE", bytes(range(48))) if color_type == 3 else b""
+        return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", body) + palette
+                + chunk(b"IDAT", stream[:half]) + chunk(b"IDAT", stream[half:])
+                + chunk(b"IEND", b""))
+
+    out: dict[str, bytes] = {}
+    rng = np.random.default_rng(7)
+    channels = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+    kinds = [(0, 1), (0, 4), (0, 8), (0, 16), (2, 8), (2, 16), (3, 2), (3, 8), (4, 8), (4, 16),
+             (6, 8), (6, 16)]
+    for height, width in ((1, 1), (3, 17), (17, 5), (33, 40)):
+        for color_type, depth in kinds:
+            row_bytes = -(-width * channels[color_type] * depth // 8)
+            rows = rng.integers(0, 256, (height, row_bytes), dtype=np.uint8)
+            if color_type == 3 and depth == 8:
+                rows %= 16  # indices within the 16 colours of the palette
+            out[f"png-{color_type}-{depth}-{height}x{width}"] = write(
+                rows, width, depth, color_type, b"\x04\x01\x02\x03\x00")
+    for name, mode in (("rgb", "RGB"), ("grey", "L"), ("palette", "P")):
+        buffer = io.BytesIO()
+        _image(29, 37, 5).convert(mode).save(buffer, format="PNG", interlace=1)
+        out[f"png-adam7-{name}"] = buffer.getvalue()
+    try:
+        from fastpipe.pack._transcode import seekable_png
+    except ImportError:
+        return out
+    for name in [n for n in out if not n.startswith("png-adam7")]:
+        try:
+            rewritten = seekable_png(out[name], name)
+        except (ValueError, ImportError):
+            rewritten = None
+        if rewritten is not None:
+            out[f"seekable-{name}"] = rewritten
+    big = io.BytesIO()
+    _image(200, 64, 3).save(big, format="PNG")  # several segments
+    out["seekable-png-200x64"] = seekable_png(big.getvalue(), "big") or big.getvalue()
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
@@ -128,6 +187,9 @@ def main(argv: list[str] | None = None) -> None:
     written = 0
     for name, data in seeds(args.jpegtran).items():
         (args.out / f"{name}.jpg").write_bytes(data)
+        written += 1
+    for name, data in png_seeds().items():
+        (args.out / f"{name}.png").write_bytes(data)
         written += 1
     for folder in args.extra:
         for path in sorted(folder.glob("*")):

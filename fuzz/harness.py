@@ -14,7 +14,7 @@ data, an execution over ``--timeout`` seconds, or, in a sanitizer build, the san
 
 A target is a function ``(data, rng) -> None`` registered with ``@target("name")``: adding one
 (another decoder) is a function here. ``--targets`` takes names or the groups ``native`` (the
-default: fastpipe._jpeg and _resize, run under the sanitizers) and ``packs`` (the pack readers
+default: fastpipe._jpeg, _resize and _png, run under the sanitizers) and ``packs`` (the pack readers
 of fuzz/packs.py: damaged packs opened, read and verified; pure Python over h5py and lmdb, run
 without the sanitizer preload).
 """
@@ -38,37 +38,43 @@ import numpy as np
 FUZZ_MAX_PIXELS = 1 << 22
 
 TARGETS: dict[str, Callable[[bytes, np.random.Generator], None]] = {}
-jpeg = resize = None
+# The seeds a target is fed (by their first bytes); a target not named here takes any seed.
+SEED_PREFIX: dict[str, bytes] = {}
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+jpeg = resize = png = None
 
 
 class Finding(Exception):
     """A result no input may give (a mismatch between two decoders of the same data)."""
 
 
-def target(name: str):
+def target(name: str, seeds: bytes | None = None):
     def register(function):
         TARGETS[name] = function
+        if seeds is not None:
+            SEED_PREFIX[name] = seeds
         return function
     return register
 
 
 def load(lib: Path | None) -> None:
-    """fastpipe._jpeg and fastpipe._resize: from ``lib`` (a sanitizer build's folder holding
+    """fastpipe._jpeg, _resize and _png: from ``lib`` (a sanitizer build's folder holding
     fastpipe/_jpeg*.so), else the installed ones."""
-    global jpeg, resize
+    global jpeg, resize, png
     if lib is None:
         import fastpipe._jpeg as jpeg_module
+        import fastpipe._png as png_module
         import fastpipe._resize as resize_module
-        jpeg, resize = jpeg_module, resize_module
+        jpeg, resize, png = jpeg_module, resize_module, png_module
         return
     loaded = {}
-    for name in ("_jpeg", "_resize"):
+    for name in ("_jpeg", "_resize", "_png"):
         path = next((lib / "fastpipe").glob(f"{name}.*.so"))
         spec = importlib.util.spec_from_file_location(f"fastpipe.{name}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         loaded[name] = module
-    jpeg, resize = loaded["_jpeg"], loaded["_resize"]
+    jpeg, resize, png = loaded["_jpeg"], loaded["_resize"], loaded["_png"]
 
 
 def frame_size(data: bytes) -> tuple[int, int]:
@@ -237,7 +243,56 @@ def _resize(data: bytes, rng: np.random.Generator) -> None:
         pass
 
 
+# Channels of each PNG colour type (IHDR), as fastpipe/data/_png.py reads them.
+_PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+
+
+@target("png_decode", seeds=PNG_SIGNATURE)
+def _png_decode(data: bytes, rng: np.random.Generator) -> None:
+    """fastpipe._png on a band of rows (or all), with the output sized from the IHDR as
+    fastpipe.data._png sizes it: fastpipe's own decoder for 8/16-bit files that are not
+    interlaced (seekable ones from their segment), libpng for the rest."""
+    if len(data) < 33 or data[:8] != PNG_SIGNATURE:
+        return
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    depth, color_type = data[24], data[25]
+    if color_type not in _PNG_CHANNELS or height == 0 or width == 0:
+        return
+    if height * width > FUZZ_MAX_PIXELS:
+        try:  # the budget check itself, before any allocation
+            png.decode(data, bytearray(0), height, width, 1, 1, 0, 1, FUZZ_MAX_PIXELS)
+        except ValueError:
+            pass
+        return
+    channels, sample = _PNG_CHANNELS[color_type], 2 if depth == 16 else 1
+    top, rows = _span(rng, height)
+    top, rows = min(top, height - 1), max(1, min(rows, height - min(top, height - 1)))
+    if rng.integers(4) == 0:
+        top, rows = 0, height
+    out = bytearray(rows * width * channels * sample)
+    try:
+        png.decode(data, out, height, width, channels, sample, top, top + rows, FUZZ_MAX_PIXELS)
+    except ValueError:
+        pass
+
+
 # --- mutations -----------------------------------------------------------------------------
+
+def _fix_png_crcs(data: bytearray) -> bytearray:
+    """Every chunk's CRC recomputed, so that a mutation reaches the inflate and the filters
+    instead of stopping at a CRC check."""
+    import zlib
+
+    pos = 8
+    while pos + 12 <= len(data):
+        length = int.from_bytes(data[pos:pos + 4], "big")
+        end = pos + 8 + length
+        if end + 4 > len(data):
+            break
+        data[end:end + 4] = (zlib.crc32(bytes(data[pos + 4:end])) & 0xFFFFFFFF).to_bytes(4, "big")
+        pos = end + 4
+    return data
+
 
 def _markers(data: bytearray) -> list[int]:
     return [i for i in range(len(data) - 1) if data[i] == 0xFF and data[i + 1] not in (0, 0xFF)]
@@ -293,8 +348,10 @@ def mutate(data: bytes, corpus: list[bytes], rng: np.random.Generator) -> bytes:
             where = int(rng.integers(len(out) + 1))
             out[where:where] = chunk
         else:  # the end-of-image marker back, so that the region paths take the file
-            if out[-2:] != b"\xff\xd9":
+            if out[-2:] != b"\xff\xd9" and out[:8] != PNG_SIGNATURE:
                 out += b"\xff\xd9"
+    if out[:8] == PNG_SIGNATURE and rng.integers(3):
+        out = _fix_png_crcs(out)
     return bytes(out)
 
 
@@ -318,9 +375,11 @@ def run(corpus_dir: Path, seconds: float, findings: Path, seed: int, timeout: fl
     slowest: list[tuple[float, str]] = []
     found = 0
     start = time.monotonic()
+    fed = {name: [d for d in corpus if d.startswith(SEED_PREFIX.get(name, b""))] or corpus
+           for name in targets}
     while time.monotonic() - start < seconds:
         name = targets[int(rng.integers(len(targets)))]
-        base = corpus[int(rng.integers(len(corpus)))]
+        base = fed[name][int(rng.integers(len(fed[name])))]
         data = base if rng.integers(10) == 0 else mutate(base, corpus, rng)
         call_seed = int(rng.integers(1 << 62))
         current.write_bytes(data)

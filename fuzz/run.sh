@@ -22,8 +22,8 @@ t=$SECONDS
 FASTPIPE_SANITIZE=address,undefined FASTPIPE_NO_CUDA=1 FASTPIPE_LIBJPEG_PREFIX="$prefix" \
     "$python" setup.py -q build_ext --build-lib "$build/lib" --build-temp "$build/temp" \
     >"$build/extensions.log" 2>&1 \
-    || { tail -40 "$build/extensions.log"; echo "the sanitizer build of fastpipe._jpeg/_resize failed"; exit 1; }
-echo "sanitized fastpipe._jpeg and _resize built in $((SECONDS - t)) s"
+    || { tail -40 "$build/extensions.log"; echo "the sanitizer build of fastpipe._jpeg/_resize/_png failed"; exit 1; }
+echo "sanitized fastpipe._jpeg, _resize and _png built in $((SECONDS - t)) s"
 
 rm -rf "$build/corpus"
 "$python" -m fuzz.corpus "$build/corpus" --jpegtran "$prefix/bin/jpegtran" \

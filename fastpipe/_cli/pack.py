@@ -72,8 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quality", type=quality, default=90,
                         help="JPEG quality when re-encoding (default 90)")
     parser.add_argument("--transcode", action="store_true",
-                        help="bytes storage: rewrite JPEGs losslessly with a restart marker per "
-                             "MCU, so that crops decode only what they show (same pixels)")
+                        help="rewrite JPEGs (a restart marker per MCU) and PNGs (seekable "
+                             "segments of rows) losslessly, so that crops decode only what they "
+                             "show (same pixels)")
     parser.add_argument("--strict", action="store_true",
                         help="stop at the first unreadable or corrupt input")
     parser.add_argument("--no-check", action="store_true",

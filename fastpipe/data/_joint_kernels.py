@@ -1,8 +1,9 @@
 """Applying one :class:`~fastpipe.data.JointCrop` draw to a sample's fields: pixels and boxes.
 
 The image fields are read from their encoded bytes: the size from the header first (PNG's IHDR,
-a JPEG's frame header), so the draw is known before anything is decoded, and a PNG decodes only
-the rows of its crop (fastpipe.data._png). Then, per field: the crop (the reference box times the
+a JPEG's frame header), so the draw is known before anything is decoded; a PNG then decodes only
+the rows of its crop (fastpipe.data._png), a JPEG only the region around it
+(fastpipe._jpeg). Then, per field: the crop (the reference box times the
 field's factor, by slicing: exactly aligned), the resize of ``mode="resized"``, the flips, rot90,
 and a contiguous tensor out.
 """
@@ -15,8 +16,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastpipe import _geometry as geometry
 from fastpipe.data import _png
-from fastpipe.data._decode import _jpeg_size, decode_rgb
+from fastpipe.data._decode import _decode_jpeg_crop, _jpeg_size, decode_rgb
 from fastpipe.data.joint import JointCrop, JointParams
 
 try:
@@ -37,18 +39,35 @@ def _rgb8_png(data: Any) -> bool:
     return header is not None and header.color_type == 2 and header.depth == 8
 
 
-def decode_rows(data: Any, source: str, stored: bool, rows: tuple[int, int] | None
-                ) -> np.ndarray:
-    """Rows ``[top, bottom)`` (all with None) of an encoded image, ``(h, W)`` or ``(h, W, C)``.
+# Columns and rows decoded around a JPEG crop: smooth chroma upsampling reads the neighbours of
+# the crop's edge pixels, and with one 2x-subsampled iMCU on each side the crop is pixel for pixel
+# the crop of the whole decode (tests/data/test_joint.py). Wider subsampling is refused by the
+# region decode, and such files are decoded whole.
+_JPEG_MARGIN = 16
+
+
+def decode_region(data: Any, source: str, stored: bool, box: tuple[int, int, int, int] | None
+                  ) -> tuple[np.ndarray, int, int]:
+    """Pixels of an encoded image that cover ``box`` ``(top, left, height, width)`` (all with
+    None), and the image coordinates ``(top, left)`` of their first pixel.
 
     ``stored``: a PNG's stored pixels (channels, dtype and values as the file holds them: a
     mask's palette indices or 16-bit values); other formats decode to RGB. Otherwise uint8 RGB,
-    as fastpipe decodes images everywhere (fastpipe.data._decode.decode_rgb)."""
-    png = _png.png_size(data) is not None
-    if png and (stored or _rgb8_png(data)):
-        return _png.decode_png(data, source, rows)
-    pixels = decode_rgb(data, source)
-    return pixels if rows is None else pixels[rows[0]:rows[1]]
+    as fastpipe decodes images everywhere (fastpipe.data._decode.decode_rgb). A PNG decodes only
+    the rows of the box (fastpipe.data._png), a JPEG only the region around it."""
+    if _png.png_size(data) is not None and (stored or _rgb8_png(data)):
+        if box is None:
+            return _png.decode_png(data, source), 0, 0
+        return _png.decode_png(data, source, (box[0], box[0] + box[2])), box[0], 0
+    if box is not None and (size := _jpeg_size(data)) is not None:
+        top, left, h, w = box
+        region = geometry.Box(max(0, top - _JPEG_MARGIN), max(0, left - _JPEG_MARGIN), 0, 0)
+        region = region._replace(height=min(size[0], top + h + _JPEG_MARGIN) - region.top,
+                                 width=min(size[1], left + w + _JPEG_MARGIN) - region.left)
+        pixels = _decode_jpeg_crop(data, region, 1, False)
+        if pixels is not None:
+            return pixels, region.top, region.left
+    return decode_rgb(data, source), 0, 0
 
 
 def _resize(region: np.ndarray, out: tuple[int, int], interpolation: str) -> torch.Tensor:
@@ -96,11 +115,11 @@ def orient(tensor: torch.Tensor, params: JointParams) -> torch.Tensor:
 
 
 def crop_pixels(pixels: np.ndarray, params: JointParams, factor: int, interpolation: str,
-                row_offset: int = 0) -> torch.Tensor:
-    """The joint crop of one field: ``pixels`` ``(H, W[, C])`` are the field's rows from
-    ``row_offset`` on; the box is the reference box times ``factor``."""
+                origin: tuple[int, int] = (0, 0)) -> torch.Tensor:
+    """The joint crop of one field: ``pixels`` ``(h, w[, C])`` are the field's pixels from image
+    coordinates ``origin`` ``(top, left)`` on; the box is the reference box times ``factor``."""
     top, left, h, w = (v * factor for v in params.box)
-    top -= row_offset
+    top, left = top - origin[0], left - origin[1]
     region = pixels[top:top + h, left:left + w]
     out = (params.out[0] * factor, params.out[1] * factor)
     tensor = _chw(region) if out == (h, w) else _resize(region, out, interpolation)
@@ -149,22 +168,20 @@ def joint_record(crop: JointCrop, record: Mapping[str, Any], images: Sequence[st
     for name in images:
         size = header_size(record[name])
         if size is None:  # a format without a header read here: decode it whole first
-            decoded[name] = decode_rows(record[name], f"{where}[{name!r}]",
-                                        crop.filter_of(name) == "nearest", None)
+            decoded[name] = decode_region(record[name], f"{where}[{name!r}]",
+                                          crop.filter_of(name) == "nearest", None)[0]
             size = decoded[name].shape[:2]
         sizes[name] = tuple(size)
     params = crop.make_params(sizes, seed, where)
     out = dict(record)
     for name in images:
         factor = crop.factor_of(name)
-        rows = (params.box.top * factor, (params.box.top + params.box.height) * factor)
-        pixels = decoded.get(name)
-        offset = 0
+        pixels, origin = decoded.get(name), (0, 0)
         if pixels is None:
-            pixels = decode_rows(record[name], f"{where}[{name!r}]",
-                                 crop.filter_of(name) == "nearest", rows)
-            offset = rows[0]
-        out[name] = crop_pixels(pixels, params, factor, crop.filter_of(name), offset)
+            box = tuple(v * factor for v in params.box)
+            pixels, *origin = decode_region(record[name], f"{where}[{name!r}]",
+                                            crop.filter_of(name) == "nearest", box)
+        out[name] = crop_pixels(pixels, params, factor, crop.filter_of(name), tuple(origin))
     reference = next(sizes[n] for n in images if crop.factor_of(n) == 1)
     for box_name, per_box in crop.boxes.items():
         moved, keep = move_boxes(record[box_name], params, reference, f"{where}[{box_name!r}]")

@@ -68,11 +68,12 @@ class PackOptions:
         self._set("quality", int(self.quality))
         if self.transcode:
             if self.storage != "bytes":
-                raise ValueError("transcode applies to bytes storage (it rewrites JPEG files); "
-                                 "array storage keeps decoded pixels")
-            if importlib.util.find_spec("fastpipe._jpeg") is None:
-                raise ValueError("transcode needs fastpipe._jpeg, built when libjpeg-turbo's "
-                                 "headers are installed (Debian: apt install libjpeg62-turbo-dev; "
+                raise ValueError("transcode applies to bytes storage (it rewrites JPEG and PNG "
+                                 "files); array storage keeps decoded pixels")
+            if not any(importlib.util.find_spec(m) for m in ("fastpipe._jpeg", "fastpipe._png")):
+                raise ValueError("transcode needs fastpipe._jpeg (JPEGs) or fastpipe._png "
+                                 "(PNGs), built when libjpeg-turbo's or libpng's headers are "
+                                 "installed (Debian: apt install libjpeg62-turbo-dev libpng-dev; "
                                  "then reinstall fastpipe)")
         for flag in ("strict", "progress", "check", "overwrite", "transcode"):
             self._set(flag, bool(getattr(self, flag)))

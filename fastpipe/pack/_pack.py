@@ -103,12 +103,15 @@ def pack(
         progress: show a tqdm progress bar (files/s, ETA) on stderr.
         format: ``"hdf5"`` or ``"lmdb"``; default from the output suffix (``.lmdb`` means LMDB).
         quality: JPEG quality when re-encoding with ``max_side``.
-        transcode: bytes storage: rewrite each JPEG losslessly (its DCT coefficients, no
-            re-quantization) as a baseline JPEG with a restart marker after every MCU, so that
-            a train crop entropy-decodes only the part of the file around it (see
-            docs/packing.md). Still a plain JPEG every decoder reads as the same image;
-            progressive files become baseline. Needs ``fastpipe._jpeg``. A JPEG libjpeg-turbo
-            cannot rewrite keeps its original bytes; other formats are stored as they are.
+        transcode: bytes storage and image fields of records: rewrite each JPEG and PNG
+            losslessly so that a crop decodes only the part of the file around it (see
+            docs/packing.md). A JPEG becomes a baseline JPEG with a restart marker after every
+            MCU (its DCT coefficients copied, nothing re-quantized; needs ``fastpipe._jpeg``); a
+            PNG of 8 or 16 bits per sample becomes a seekable PNG, its rows compressed in
+            segments that inflate on their own (needs ``fastpipe._png``). Either is still a
+            plain file every decoder reads as the same pixels (checked for each file). A file
+            that cannot be rewritten keeps its original bytes; other formats are stored as
+            they are.
         check: bytes storage: decode every input to catch corrupt files (off: trust the inputs).
         shard_size: inputs per shard at most; smaller shards lose less work on interruption.
         overwrite: replace an existing output. A complete output that is replaced is never
@@ -204,7 +207,7 @@ class _Plan:
         replacing = output.exists()
         root = output.with_name(output.name + ".shards")
         directory = root / (f"{plan}-{secrets.token_hex(4)}" if replacing else plan)
-        processor = (_records.RecordProcessor(spec, options.check)
+        processor = (_records.RecordProcessor(spec, options.check, options.transcode)
                      if isinstance(spec, RecordSpec) else
                      Processor(spec, options.max_side, options.size, options.quality,
                                options.check, options.transcode))
@@ -320,7 +323,7 @@ def _resume(directory: Path, ranges: list[tuple[int, int]], plan: str | None
 def _check_record_options(options: PackOptions) -> None:
     """Refuses the image-pack options a records pack cannot honour."""
     image_only = {"storage": options.storage != "bytes", "max_side": options.max_side is not None,
-                  "size": options.size is not None, "transcode": options.transcode}
+                  "size": options.size is not None}
     if given := [name for name, set_ in image_only.items() if set_]:
         raise PackError(f"{', '.join(given)} apply to (image, label) packs; a records pack keeps "
                         "every field as the dataset returned it")

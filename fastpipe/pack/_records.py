@@ -117,6 +117,7 @@ class RecordProcessor:
 
     spec: RecordSpec
     check: bool = True  # decode every image field, as an image pack checks its inputs
+    transcode: bool = False  # image fields rewritten for crops (fastpipe.pack._transcode)
 
     def __call__(self, item: Any, source: str) -> dict[str, np.ndarray]:
         from fastpipe.pack._sources import SkipInput, _decode
@@ -133,13 +134,19 @@ class RecordProcessor:
                     for n in self.spec.order}
         except F.FieldError as exc:
             raise PackError(str(exc)) from exc
+        images = [n for n in self.spec.order if self.spec.fields[n].kind == "image"]
         if self.check:
-            for name in self.spec.order:
-                if self.spec.fields[name].kind == "image":
-                    try:
-                        _decode(rows[name].tobytes(), f"{source}[{name!r}]")
-                    except SkipInput as exc:
-                        raise SkipInput(f"field {name!r}: {exc}") from exc
+            for name in images:
+                try:
+                    _decode(rows[name].tobytes(), f"{source}[{name!r}]")
+                except SkipInput as exc:
+                    raise SkipInput(f"field {name!r}: {exc}") from exc
+        if self.transcode:
+            from fastpipe.pack._transcode import transcoded
+
+            for name in images:
+                data = transcoded(rows[name].tobytes(), f"{source}[{name!r}]")
+                rows[name] = np.frombuffer(data, np.uint8)
         return rows
 
 

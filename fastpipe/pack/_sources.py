@@ -414,11 +414,12 @@ class Processor:
         value = _as_array(value)
         if self.spec.storage == "bytes":
             if isinstance(value, bytes):
-                return np.frombuffer(self._rewritten(self._encoded(value, source)), np.uint8)
+                return np.frombuffer(self._rewritten(self._encoded(value, source), source),
+                                     np.uint8)
             array = np.asarray(value)
             if array.dtype == np.uint8 and array.ndim == 1:
                 data = self._encoded(array.tobytes(), source)
-                return np.frombuffer(self._rewritten(data), np.uint8)
+                return np.frombuffer(self._rewritten(data, source), np.uint8)
             if array.dtype == np.uint8 and (array.ndim == 2 or _is_image(array)):
                 return np.frombuffer(self._encode_array(array, source), np.uint8)
             raise PackError(
@@ -454,19 +455,14 @@ class Processor:
             )
         return np.ascontiguousarray(array)
 
-    def _rewritten(self, data: bytes) -> bytes:
-        """With ``transcode``, a JPEG with a restart marker per MCU (same pixels), for crops
-        that entropy-decode only what they show; anything else as it is."""
-        if not self.transcode or data[:2] != b"\xff\xd8":
+    def _rewritten(self, data: bytes, source: str) -> bytes:
+        """With ``transcode``, the image rewritten losslessly for crops (fastpipe.pack._transcode);
+        anything else as it is."""
+        if not self.transcode:
             return data
-        from fastpipe._jpeg import transcode
+        from fastpipe.pack._transcode import transcoded
 
-        try:
-            return transcode(data)
-        except ValueError:
-            # What libjpeg-turbo warns about (the input check decoded it) is kept as it is:
-            # the same pixels, through the whole-image path.
-            return data
+        return transcoded(data, source)
 
     def _encoded(self, data: bytes, source: str) -> bytes:
         if self.max_side is None:

@@ -162,6 +162,26 @@ def test_paired_png_records_stay_aligned_through_every_draw(s):
     assert seen == set(ORIENTATIONS)
 
 
+@pytest.mark.parametrize("mode", ["random", "center", "resized"])
+def test_jpeg_fields_crop_the_pixels_of_the_whole_decode(mode):
+    """A JPEG field decodes only the region around its crop (fastpipe._jpeg), with a margin that
+    makes it pixel for pixel the crop of the whole decode, for every chroma layout."""
+    pytest.importorskip("fastpipe._jpeg", exc_type=ImportError)
+    from fastpipe.data._decode import decode_rgb
+    from tests.jpeg.test_region import JPEG_KINDS
+
+    crop = JointCrop(9, mode=mode, hflip=0.5, vflip=0.5, rot90=True)
+    for kind, make in sorted(JPEG_KINDS.items()):
+        data = make()
+        whole = decode_rgb(data)
+        for index in range(12):
+            seed = sample_seed(3, 0, index, JOINT_STREAM)
+            got = joint_record(crop, {"image": data}, ["image"], seed, kind)["image"]
+            params = crop.make_params({"image": whole.shape[:2]}, seed)
+            expected = crop_pixels(whole, params, 1, "bilinear")
+            assert torch.equal(got, expected), (kind, index)
+
+
 def test_palette_and_16_bit_masks_keep_their_values_and_stay_aligned():
     rng = np.random.default_rng(0)
     labels8 = np.array([0, 3, 7, 255], np.uint8)

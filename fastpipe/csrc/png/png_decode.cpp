@@ -1,4 +1,10 @@
-/* fastpipe._png: decode a PNG's stored pixels, or only a band of its rows, with the system's libpng.
+/* fastpipe._png: decode a PNG's stored pixels, or only a band of its rows.
+ *
+ * Files of 8 or 16 bits per sample that are not interlaced (most datasets' PNGs) decode through
+ * rows.h: zlib and fastpipe's own filters (SIMD for 3- and 4-byte pixels, where libpng's plain-C
+ * Paeth filter took half of a decode), and seekable files (`fastpipe pack --transcode`) inflate
+ * only the segments of their band. Every other file, and every file whose chunk structure rows.h
+ * does not take, decodes with the system's libpng, which also decides what is damage there.
  *
  * PNG rows are filtered against the row above and deflated as one stream, so rows can only be
  * read in order; but a non-interlaced file need not be inflated past the last row wanted, and the
@@ -16,6 +22,10 @@
 #include <Python.h>
 
 #include <png.h>
+
+#include <string>
+
+#include "rows.h"
 
 #include <csetjmp>
 #include <cstdint>
@@ -148,6 +158,36 @@ int decode(State *state, const Expected &want, unsigned char *out) {
     return 0;
 }
 
+constexpr int kNotMine = 1;
+
+/* Rows [top, bottom) through rows.h: 0, -1 with `message` set, or kNotMine for a file libpng
+ * decodes. */
+int decode_own(const uint8_t *data, size_t size, const Expected &want, uint8_t *out,
+               std::string *message) {
+    fastpipe::png::Layout layout;
+    if (!fastpipe::png::read_layout(data, size, &layout) || layout.width != want.width
+            || layout.height != want.height
+            || layout.pixel_bytes != size_t(want.channels) * want.bytes_per_sample
+            || layout.depth != 8 * want.bytes_per_sample) {
+        return kNotMine;  // libpng decodes it, or says how it differs from the caller's reading
+    }
+    if ((unsigned long long)layout.width * layout.height > want.max_pixels) {
+        *message = "the image declares more pixels than the pixel budget";
+        return -1;
+    }
+    using fastpipe::png::Outcome;
+    if (layout.segment_rows > 0 && want.top >= layout.segment_rows) {
+        const Outcome seek = fastpipe::png::decode_band(data, layout, want.top, want.bottom, true,
+                                                        out, message);
+        if (seek == Outcome::kDone) {
+            return 0;
+        }
+    }
+    const Outcome outcome = fastpipe::png::decode_band(data, layout, want.top, want.bottom, false,
+                                                       out, message);
+    return outcome == Outcome::kDone ? 0 : -1;
+}
+
 }  // namespace
 
 PyDoc_STRVAR(decode_doc,
@@ -184,8 +224,15 @@ static PyObject *py_decode(PyObject *, PyObject *args) {
     State state{};
     state.source = Source{static_cast<const unsigned char *>(data.buf), (size_t)data.len, 0};
     int status;
+    std::string own_error;
     Py_BEGIN_ALLOW_THREADS
-    status = decode(&state, want, static_cast<unsigned char *>(out.buf));
+    status = decode_own(static_cast<const uint8_t *>(data.buf), (size_t)data.len, want,
+                        static_cast<uint8_t *>(out.buf), &own_error);
+    if (status == kNotMine) {
+        status = decode(&state, want, static_cast<unsigned char *>(out.buf));
+    } else if (status != 0) {
+        std::snprintf(state.message, sizeof(state.message), "%s", own_error.c_str());
+    }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&data);
     PyBuffer_Release(&out);

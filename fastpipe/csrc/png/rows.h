@@ -1,0 +1,362 @@
+/* fastpipe's own decode of a band of PNG rows, with zlib and the filters of unfilter.h, for the
+ * files most datasets hold: not interlaced, 8 or 16 bits per sample (palette files of 8 bits give
+ * their indices). Everything else goes to libpng (png_decode.cpp).
+ *
+ * Two ways in:
+ * - Any such PNG: the IDAT stream is inflated from its start, a row at a time, and inflating stops
+ *   after the last row wanted (the rows above the band are inflated into scratch rows).
+ * - A seekable PNG, as `fastpipe pack --transcode` writes them: a private ancillary chunk `fpIX`
+ *   before the IDATs (version 1; R, the rows per segment; then the CRC-32 of each segment's
+ *   inflated bytes; big-endian) says that each IDAT chunk holds R rows (the last one the rest),
+ *   compressed after a zlib full flush (no back-reference into the chunks before it), and that
+ *   the first row of each uses filter None or Sub (nothing from the row above). A band then
+ *   inflates from the IDAT of its first segment; that segment is inflated whole and checked
+ *   against its CRC, so a start that is not a real segment start is caught (after it, the
+ *   stream is read in order as usual). A file that breaks the promise (a tool rewrote the pixels
+ *   and kept the chunk, or damage) is read from the start instead: the chunk is checked on use,
+ *   never trusted.
+ *
+ * Every IDAT chunk read is checked against its CRC; damage below the band goes unnoticed, as with
+ * any band decode. Decoding the last row also reads the stream to its end.
+ */
+#pragma once
+
+#include <zlib.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "unfilter.h"
+
+namespace fastpipe::png {
+
+constexpr uint32_t chunk_type(const char (&name)[5]) {
+    return (uint32_t(uint8_t(name[0])) << 24) | (uint32_t(uint8_t(name[1])) << 16)
+           | (uint32_t(uint8_t(name[2])) << 8) | uint32_t(uint8_t(name[3]));
+}
+
+constexpr uint32_t kIHDR = chunk_type("IHDR"), kPLTE = chunk_type("PLTE"),
+                   kIDAT = chunk_type("IDAT"), kIEND = chunk_type("IEND"),
+                   kSeekIndex = chunk_type("fpIX");
+constexpr uint8_t kSeekVersion = 1;
+constexpr uint32_t kMaxChunk = 0x7fffffffU;  // the specification's limit on a chunk's length
+
+inline uint32_t be32(const uint8_t *p) {
+    return (uint32_t(p[0]) << 24) | (uint32_t(p[1]) << 16) | (uint32_t(p[2]) << 8) | p[3];
+}
+
+struct Span {
+    size_t offset;  // of the chunk's data
+    uint32_t length;
+};
+
+struct Layout {
+    uint32_t width = 0, height = 0;
+    int depth = 0, color_type = 0, interlace = 0;
+    std::vector<Span> idat;
+    uint32_t segment_rows = 0;  // 0: not seekable
+    size_t segment_crcs = 0;    // offset of the segments' CRC-32s in the file
+    size_t row_bytes = 0, pixel_bytes = 0;
+};
+
+inline bool crc_matches(const uint8_t *data, size_t offset, uint32_t length) {
+    // The CRC covers the chunk type (the 4 bytes before the data) and the data.
+    uLong crc = crc32(0L, data + offset - 4, length + 4);
+    return uint32_t(crc) == be32(data + offset + length);
+}
+
+/* The layout of a PNG this decoder reads, or false: a file it does not take (interlaced, sub-byte
+ * depth) and a file whose chunk structure is damaged both go to libpng, which decodes or reports
+ * them. */
+inline bool read_layout(const uint8_t *data, size_t size, Layout *out) {
+    static const uint8_t signature[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    if (size < 8 + 25 || std::memcmp(data, signature, 8) != 0) {
+        return false;
+    }
+    Layout layout;
+    bool seen_plte = false, idat_done = false;
+    size_t seek_segments = 0;
+    size_t pos = 8;
+    for (int index = 0;; ++index) {
+        if (size - pos < 12) {
+            return false;
+        }
+        const uint32_t length = be32(data + pos), type = be32(data + pos + 4);
+        if (length > kMaxChunk || size - pos - 12 < length) {
+            return false;
+        }
+        const size_t body = pos + 8;
+        for (int k = 4; k < 8; ++k) {
+            const uint8_t c = data[pos + k];
+            if (!((c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z'))) {
+                return false;
+            }
+        }
+        if (index == 0) {
+            if (type != kIHDR || length != 13 || !crc_matches(data, body, length)) {
+                return false;
+            }
+            const uint8_t *h = data + body;
+            layout.width = be32(h);
+            layout.height = be32(h + 4);
+            layout.depth = h[8];
+            layout.color_type = h[9];
+            layout.interlace = h[12];
+            if (h[10] != 0 || h[11] != 0 || layout.interlace != 0 || layout.width == 0
+                    || layout.height == 0 || layout.width > kMaxChunk || layout.height > kMaxChunk) {
+                return false;
+            }
+            int channels;
+            switch (layout.color_type) {
+            case 0: channels = 1; break;
+            case 2: channels = 3; break;
+            case 3: channels = 1; break;
+            case 4: channels = 2; break;
+            case 6: channels = 4; break;
+            default: return false;
+            }
+            if (!(layout.depth == 8 || (layout.depth == 16 && layout.color_type != 3))) {
+                return false;
+            }
+            layout.pixel_bytes = size_t(channels) * (layout.depth / 8);
+            layout.row_bytes = layout.pixel_bytes * layout.width;
+        } else if (type == kIHDR) {
+            return false;
+        } else if (type == kPLTE) {
+            if (!layout.idat.empty() || !crc_matches(data, body, length)) {
+                return false;
+            }
+            seen_plte = true;
+        } else if (type == kSeekIndex) {
+            if (length >= 9 && (length - 5) % 4 == 0 && layout.idat.empty()
+                    && data[body] == kSeekVersion && crc_matches(data, body, length)) {
+                layout.segment_rows = be32(data + body + 1);
+                layout.segment_crcs = body + 5;
+                seek_segments = (length - 5) / 4;
+            }
+        } else if (type == kIDAT) {
+            if (idat_done || length == 0) {
+                return false;  // IDATs apart, or empty ones: libpng decides
+            }
+            layout.idat.push_back(Span{body, length});
+        } else if (type == kIEND) {
+            break;
+        } else if ((type & 0x20000000U) == 0) {
+            return false;  // a critical chunk the specification does not define
+        } else if (!layout.idat.empty()) {
+            idat_done = true;
+        }
+        pos = body + length + 4;
+    }
+    if (layout.idat.empty() || (layout.color_type == 3 && !seen_plte)) {
+        return false;
+    }
+    const uint32_t rows = layout.segment_rows;
+    if (rows == 0 || uint64_t(layout.idat.size()) != (uint64_t(layout.height) + rows - 1) / rows
+            || seek_segments != layout.idat.size()) {
+        layout.segment_rows = 0;
+    }
+    *out = std::move(layout);
+    return true;
+}
+
+// Inflates the rows of a run of IDAT chunks, one filtered row (type byte + bytes) at a time.
+class RowInflater {
+public:
+    RowInflater(const uint8_t *data, const Layout &layout) : data_(data), layout_(layout) {
+        std::memset(&stream_, 0, sizeof(stream_));
+    }
+    ~RowInflater() {
+        if (open_) {
+            inflateEnd(&stream_);
+        }
+    }
+    RowInflater(const RowInflater &) = delete;
+    RowInflater &operator=(const RowInflater &) = delete;
+
+    // Starts at IDAT chunk `chunk`: the zlib stream's start for chunk 0, a raw deflate stream
+    // after a full flush for the others.
+    bool start(size_t chunk) {
+        if (open_) {
+            inflateEnd(&stream_);
+            open_ = false;
+        }
+        std::memset(&stream_, 0, sizeof(stream_));
+        next_chunk_ = chunk;
+        if (!next_input()) {
+            return false;
+        }
+        if (chunk > 0) {
+            if (inflateInit2(&stream_, -15) != Z_OK) {
+                return fail("out of memory");
+            }
+        } else if (inflateInit(&stream_) != Z_OK) {
+            return fail("out of memory");
+        }
+        open_ = true;
+        return true;
+    }
+
+    // The next `n` bytes of the stream into `out`, or false with message() set.
+    bool read(uint8_t *out, size_t n) {
+        stream_.next_out = out;
+        stream_.avail_out = static_cast<uInt>(n);
+        while (stream_.avail_out > 0) {
+            if (stream_.avail_in == 0 && !next_input()) {
+                return false;
+            }
+            const int status = inflate(&stream_, Z_NO_FLUSH);
+            if (status == Z_STREAM_END) {
+                if (stream_.avail_out > 0) {
+                    return fail("not enough image data: the compressed stream ends before the "
+                                "last row");
+                }
+                ended_ = true;
+                break;
+            }
+            if (status != Z_OK && !(status == Z_BUF_ERROR && stream_.avail_in == 0)) {
+                return fail(stream_.msg != nullptr ? stream_.msg : "damaged compressed data");
+            }
+        }
+        return true;
+    }
+
+    // After the last row: the stream must end in the IDATs (extra data before its end is ignored,
+    // as libpng's benign error has it).
+    bool finish() {
+        uint8_t sink[64];
+        while (!ended_) {
+            stream_.next_out = sink;
+            stream_.avail_out = sizeof(sink);
+            if (stream_.avail_in == 0 && !next_input()) {
+                return fail("not enough image data: the compressed stream has no end");
+            }
+            const int status = inflate(&stream_, Z_NO_FLUSH);
+            if (status == Z_STREAM_END) {
+                ended_ = true;
+            } else if (status != Z_OK && !(status == Z_BUF_ERROR && stream_.avail_in == 0)) {
+                return fail(stream_.msg != nullptr ? stream_.msg : "damaged compressed data");
+            }
+        }
+        return true;
+    }
+
+    const std::string &message() const { return message_; }
+    size_t chunks_left() const { return layout_.idat.size() - next_chunk_; }
+
+private:
+    bool next_input() {
+        if (next_chunk_ >= layout_.idat.size()) {
+            return fail("not enough image data: the IDAT chunks end before the last row");
+        }
+        const Span span = layout_.idat[next_chunk_++];
+        if (!crc_matches(data_, span.offset, span.length)) {
+            return fail("IDAT: CRC error");
+        }
+        stream_.next_in = const_cast<Bytef *>(data_ + span.offset);
+        stream_.avail_in = span.length;
+        return true;
+    }
+
+    bool fail(const char *message) {
+        message_ = message;
+        return false;
+    }
+
+    const uint8_t *data_;
+    const Layout &layout_;
+    z_stream stream_;
+    size_t next_chunk_ = 0;
+    bool open_ = false, ended_ = false;
+    std::string message_;
+};
+
+// The bytes of a reconstructed row as the caller wants them: 16-bit samples in machine order.
+inline void emit_row(const uint8_t *row, uint8_t *out, size_t n, int depth) {
+    if (depth != 16) {
+        std::memcpy(out, row, n);
+        return;
+    }
+    const uint16_t probe = 1;
+    uint8_t first;
+    std::memcpy(&first, &probe, 1);
+    if (first == 0) {
+        std::memcpy(out, row, n);  // big-endian machine: PNG's order already
+        return;
+    }
+    for (size_t i = 0; i + 1 < n; i += 2) {
+        out[i] = row[i + 1];
+        out[i + 1] = row[i];
+    }
+}
+
+enum class Outcome { kDone, kError, kNotSeekable };
+
+/* Rows [top, bottom) into `out`, either from the segment holding `top` (seekable files) or from
+ * the first row. kNotSeekable: the file's segments do not hold what its index chunk promises (the
+ * caller reads it from the start). */
+inline Outcome decode_band(const uint8_t *data, const Layout &layout, uint32_t top,
+                           uint32_t bottom, bool from_segment, uint8_t *out,
+                           std::string *message) {
+    const size_t n = layout.row_bytes, bpp = layout.pixel_bytes;
+    // Two raw rows (a filter byte, then the bytes), alternating as current and previous.
+    std::vector<uint8_t> rows(2 * (n + 1), 0);
+    uint8_t *cur = rows.data(), *prev = rows.data() + n + 1;
+    uint32_t first = 0, checked_until = 0;
+    size_t chunk = 0;
+    uLong segment_crc = crc32(0L, Z_NULL, 0);
+    if (from_segment) {
+        chunk = top / layout.segment_rows;
+        first = static_cast<uint32_t>(chunk * layout.segment_rows);
+        const uint64_t end = uint64_t(first) + layout.segment_rows;
+        checked_until = static_cast<uint32_t>(end < layout.height ? end : layout.height);
+    }
+    const Outcome failed = from_segment ? Outcome::kNotSeekable : Outcome::kError;
+    RowInflater inflater(data, layout);
+    if (!inflater.start(chunk)) {
+        *message = inflater.message();
+        return failed;
+    }
+    const uint32_t last = bottom > checked_until ? bottom : checked_until;
+    for (uint32_t y = first; y < last; ++y) {
+        if (!inflater.read(cur, n + 1)) {
+            *message = inflater.message();
+            return failed;
+        }
+        const uint8_t type = cur[0];
+        if (y < checked_until) {
+            segment_crc = crc32(segment_crc, cur, static_cast<uInt>(n + 1));
+            if (y == first && y > 0 && type != kNone && type != kSub) {
+                return Outcome::kNotSeekable;  // the segment's first row reads the row above
+            }
+            if (y + 1 == checked_until
+                    && uint32_t(segment_crc) != be32(data + layout.segment_crcs + 4 * chunk)) {
+                return Outcome::kNotSeekable;  // not the start of the segment the index names
+            }
+        }
+        if (y >= bottom) {
+            continue;  // the rest of the first segment, inflated for its check only
+        }
+        if (!unfilter(type, cur + 1, prev + 1, n, bpp)) {
+            *message = "bad adaptive filter value";
+            return failed;
+        }
+        if (y >= top) {
+            emit_row(cur + 1, out + size_t(y - top) * n, n, layout.depth);
+        }
+        uint8_t *swap = cur;
+        cur = prev;
+        prev = swap;
+    }
+    if (bottom == layout.height && !from_segment && !inflater.finish()) {
+        *message = inflater.message();
+        return Outcome::kError;
+    }
+    return Outcome::kDone;
+}
+
+}  // namespace fastpipe::png
