@@ -358,6 +358,32 @@ def rows(names: Sequence[str], runs: Runs, labels: Callable[[str], str] = lambda
     return out
 
 
+def median_rate(runs: Runs, name: str) -> float | None:
+    """The median rate of ``name``'s measured rounds (this checkout), None if none measured."""
+    rates = [r["rate"] for r in runs.current.get(name, []) if "rate" in r]
+    return statistics.median(rates) if rates else None
+
+
+def rate_table(names: Sequence[str], runs: Runs, how: dict[str, str], *, unit: str, per: str,
+               versus: str, base: float | None) -> list[str]:
+    """Markdown: a row per pipeline with its median rate (min-max of the rounds), median CPU ms
+    per ``per``, its ratio to the ``base`` rate (the ``versus`` pipeline's median) and ``how``."""
+    lines = [f"| pipeline | {unit} (min-max) | CPU ms/{per} | vs {versus} | how |",
+             "| --- | ---: | ---: | ---: | --- |"]
+    for name in names:
+        measured = [r for r in runs.current.get(name, []) if "rate" in r]
+        if not measured:
+            lines.append(f"| {name} | {runs.note(name) or 'not run'} | | | {how[name]} |")
+            continue
+        rates = [r["rate"] for r in measured]
+        rate = statistics.median(rates)
+        ratio = f"{rate / base:.2f}x" if base else "-"
+        cpu = statistics.median(r["cpu_ms"] for r in measured)
+        lines.append(f"| {name} | {rate:.0f} ({min(rates):.0f}-{max(rates):.0f}) | {cpu:.2f} | "
+                     f"{ratio} | {how[name]} |")
+    return lines
+
+
 def before_after(names: Sequence[str], runs: Runs, labels: Callable[[str], str] = lambda n: n,
                  unit: str = "images/s") -> list[str]:
     """Markdown: each row's median with this checkout and with the baseline, their ratio (of the

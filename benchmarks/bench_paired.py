@@ -14,7 +14,6 @@ PIL row's median.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -169,24 +168,12 @@ def main(argv: list[str] | None = None) -> int:
                   "warmup": 1 if args.quick else 3}
         runs = _harness.run_rounds("bench_paired", names, config, rounds,
                                    baseline=args.baseline, unit="pairs/s")
-    base = [r["rate"] for r in runs.current.get(BASE, []) if "rate" in r]
     lines = [f"{args.images} HR PNGs of 512-1,024 px (photo-like texture) + LR x{SCALE}, "
              f"patches LR {PATCH} px / HR {PATCH * SCALE} px with hflip, vflip, rot90, batch "
              f"{args.batch_size}, {rounds} interleaved rounds (median, min-max), each row in its "
              f"own process; files in the page cache. Machine: {_harness.machine()}.", "",
-             "| pipeline | pairs/s (min-max) | CPU ms/pair | vs DataLoader + PIL | how |",
-             "| --- | ---: | ---: | ---: | --- |"]
-    for name in names:
-        measured = [r for r in runs.current.get(name, []) if "rate" in r]
-        if not measured:
-            lines.append(f"| {name} | {runs.note(name) or 'not run'} | | | {ROWS[name]} |")
-            continue
-        rates = [r["rate"] for r in measured]
-        rate = statistics.median(rates)
-        ratio = f"{rate / statistics.median(base):.2f}x" if base else "-"
-        cpu = statistics.median(r["cpu_ms"] for r in measured)
-        lines.append(f"| {name} | {rate:.0f} ({min(rates):.0f}-{max(rates):.0f}) | {cpu:.2f} | "
-                     f"{ratio} | {ROWS[name]} |")
+             *_harness.rate_table(names, runs, ROWS, unit="pairs/s", per="pair",
+                                  versus="DataLoader + PIL", base=_harness.median_rate(runs, BASE))]
     if args.baseline is not None:
         lines += ["", *_harness.before_after(names, runs)]
     _harness.finish("\n".join(lines), args, runs)

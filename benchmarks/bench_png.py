@@ -118,7 +118,7 @@ def _decoder(name: str):
 
         def band(data):
             middle = _png.png_size(data)[0] // 2
-            return _png.decode_png(data, rows=(middle, middle + BAND))
+            return _png.decode_png(data, rows=(middle, middle + BAND), seekable=True)
 
         return band
     try:

@@ -136,7 +136,10 @@ def measure(name: str, cfg) -> dict[str, float]:
     regime, loader_name = name.split("/")
     step = cfg.step_seconds.get(regime, 0.0)
     loader = _regime_loader(loader_name, cfg)
-    return _harness.time_batches(_epochs(loader, cfg.epochs, step), warmup=2)
+    # A whole epoch of warm-up, then whole epochs timed: the two loaders draw different orders
+    # (DataLoaderX's sampler is seeded per epoch), and photos differ in cost, so a timed window
+    # that starts mid-epoch would time different images for each.
+    return _harness.time_batches(_epochs(loader, cfg.epochs + 1, step), warmup=len(loader))
 
 
 def _epochs(loader, epochs: int, step: float):
@@ -174,7 +177,7 @@ def run_regimes(args: argparse.Namespace) -> str:
     lines = [
         f"DataLoaderX vs DataLoader: fastpipe ImageFolder (train, 224 px) + fast_collate, batch "
         f"32, {args.workers} worker process(es){' (persistent)' if args.workers else ''}, "
-        f"{args.images} JPEGs, {args.epochs} epoch(s) per measurement after 2 warm-up batches. "
+        f"{args.images} JPEGs, {args.epochs} epoch(s) per measurement after a warm-up epoch. "
         "The simulated step (a sleep: the host side of a GPU step) is 0, 1 and 3 times the time "
         "to load one batch, taken in each round from that round's loader-bound DataLoader row. "
         f"Each measurement in its own process, {rounds} rounds (the two loaders' order "

@@ -16,7 +16,6 @@ faster torchvision row's median.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -192,28 +191,16 @@ def main(argv: list[str] | None = None) -> int:
         runs = _harness.run_rounds("bench_segmentation", names, config, rounds,
                                    baseline=args.baseline, unit="samples/s",
                                    twin=lambda name: name.startswith("fastpipe"))
-    medians = {name: statistics.median(r["rate"] for r in runs.current[name] if "rate" in r)
-               for name in names if any("rate" in r for r in runs.current.get(name, []))}
-    best = max((medians[n] for n in (TORCHVISION_PIL, TORCHVISION_IO) if n in medians),
-               default=None)
+    peers = [_harness.median_rate(runs, n) for n in (TORCHVISION_PIL, TORCHVISION_IO)]
+    best = max((rate for rate in peers if rate), default=None)
     lines = [f"{args.images} VOC/ADE20K-like pairs: JPEG photos of 375-683 px sides (photo-like, "
              f"quality 90, 4:2:0, {kb[0]:.0f} kB on average) + 8-bit palette PNG masks "
              f"({CLASSES} classes as smooth blobs, {VOID} boundary bands, {kb[1]:.1f} kB), random "
              f"{CROP}x{CROP} crop + hflip on both, uint8 out, batch {args.batch_size}, 2 workers, "
              f"{args.epochs} epochs, {rounds} interleaved rounds (median, min-max), each row in "
              f"its own process; files in the page cache. Machine: {_harness.machine()}.", "",
-             "| pipeline | samples/s (min-max) | CPU ms/sample | vs best torchvision | how |",
-             "| --- | ---: | ---: | ---: | --- |"]
-    for name in names:
-        measured = [r for r in runs.current.get(name, []) if "rate" in r]
-        if not measured:
-            lines.append(f"| {name} | {runs.note(name) or 'not run'} | | | {ROWS[name]} |")
-            continue
-        rates = [r["rate"] for r in measured]
-        ratio = f"{medians[name] / best:.2f}x" if best else "-"
-        cpu = statistics.median(r["cpu_ms"] for r in measured)
-        lines.append(f"| {name} | {medians[name]:.0f} ({min(rates):.0f}-{max(rates):.0f}) | "
-                     f"{cpu:.2f} | {ratio} | {ROWS[name]} |")
+             *_harness.rate_table(names, runs, ROWS, unit="samples/s", per="sample",
+                                  versus="best torchvision", base=best)]
     if args.baseline is not None:
         lines += ["", *_harness.before_after(names, runs, unit="samples/s")]
     _harness.finish("\n".join(lines), args, runs)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import io
-import statistics
 import sys
 import tarfile
 import tempfile
@@ -164,23 +163,11 @@ def main(argv: list[str] | None = None) -> int:
                   "warmup": 1 if args.quick else 3}
         runs = _harness.run_rounds("bench_webdataset", names, config, rounds,
                                    baseline=args.baseline)
-    base = [r["rate"] for r in runs.current.get(BASE, []) if "rate" in r]
     lines = [f"{args.images} ImageNet-like photos in {len(shards)} WebDataset shards, train crop "
              f"to 224 + flip, batch {args.batch_size}, {rounds} interleaved rounds (median, "
              f"min-max), each row in its own process. Machine: {_harness.machine()}.", "",
-             "| pipeline | images/s (min-max) | CPU ms/image | vs DALI CPU | how |",
-             "| --- | ---: | ---: | ---: | --- |"]
-    for name in names:
-        measured = [r for r in runs.current.get(name, []) if "rate" in r]
-        if not measured:
-            lines.append(f"| {name} | {runs.note(name) or 'not run'} | | | {ROWS[name]} |")
-            continue
-        rates = [r["rate"] for r in measured]
-        rate = statistics.median(rates)
-        ratio = f"{rate / statistics.median(base):.2f}x" if base else "-"
-        cpu = statistics.median(r["cpu_ms"] for r in measured)
-        lines.append(f"| {name} | {rate:.0f} ({min(rates):.0f}-{max(rates):.0f}) | {cpu:.2f} | "
-                     f"{ratio} | {ROWS[name]} |")
+             *_harness.rate_table(names, runs, ROWS, unit="images/s", per="image",
+                                  versus="DALI CPU", base=_harness.median_rate(runs, BASE))]
     if args.baseline is not None:
         lines += ["", *_harness.before_after(names, runs)]
     _harness.finish("\n".join(lines), args, runs)

@@ -271,7 +271,8 @@ def _png_decode(data: bytes, rng: np.random.Generator) -> None:
         top, rows = 0, height
     out = bytearray(rows * width * channels * sample)
     try:
-        png.decode(data, out, height, width, channels, sample, top, top + rows, FUZZ_MAX_PIXELS)
+        png.decode(data, out, height, width, channels, sample, top, top + rows, FUZZ_MAX_PIXELS,
+                   bool(rng.integers(2)))  # a seekable file's index followed, or not
     except ValueError:
         pass
 

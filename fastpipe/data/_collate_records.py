@@ -9,12 +9,20 @@ stay lists.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 Allocate = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
+
+
+class Memory(NamedTuple):
+    """Where a batch's tensors go: ``empty`` allocates one, ``holds`` says whether a tensor
+    already lies in such memory (a block a dataset read its rows into, see :func:`rows_block`)."""
+
+    empty: Allocate
+    holds: Callable[[torch.Tensor], bool]
 
 # Dtypes numpy holds bit for bit; others (bfloat16, float8, ...) are stacked by torch.
 _NUMPY_DTYPES = frozenset({
@@ -38,7 +46,8 @@ def is_record_batch(batch: Sequence[Any]) -> bool:
     return isinstance(label, (torch.Tensor, np.ndarray)) and label.ndim > 0
 
 
-def collate_records(batch: Sequence[Any], pad: bool | Collection[str], allocate: Allocate) -> Any:
+def collate_records(batch: Sequence[Any], pad: bool | Collection[str], memory: Memory) -> Any:
+    blocks = getattr(batch, "blocks", {})
     first = batch[0]
     if isinstance(first, Mapping):
         keys = list(first)
@@ -51,7 +60,7 @@ def collate_records(batch: Sequence[Any], pad: bool | Collection[str], allocate:
         for key in keys:
             values = [sample[key] for sample in batch]
             padded = pad is True or (not isinstance(pad, bool) and key in pad)
-            collated = _collate_field(key, values, padded, allocate)
+            collated = _collate_field(key, values, padded, memory, blocks.get(key))
             if isinstance(collated, _Padded):
                 out[key], out[key + LENGTHS_SUFFIX] = collated.values, collated.lengths
             else:
@@ -64,7 +73,8 @@ def collate_records(batch: Sequence[Any], pad: bool | Collection[str], allocate:
     fields = []
     for position in range(width):
         padded = pad is True or (not isinstance(pad, bool) and position in pad)
-        collated = _collate_field(str(position), [s[position] for s in batch], padded, allocate)
+        collated = _collate_field(str(position), [s[position] for s in batch], padded, memory,
+                                  blocks.get(position))
         fields.append((collated.values, collated.lengths) if isinstance(collated, _Padded)
                       else collated)
     return tuple(fields)
@@ -91,7 +101,34 @@ def stack_into(values: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tenso
     return out
 
 
-def _collate_field(name: str, values: list[Any], pad: bool, allocate: Allocate) -> Any:
+class Rows(list):
+    """The samples a dataset's ``__getitems__`` returns when it read some fields' rows straight
+    into one batch block each: ``blocks`` maps a field (a dict key, a tuple position; 0 for the
+    image of ``(image, label)``) to its ``(N, ...)`` block, whose row ``k`` sample ``k`` holds.
+    :func:`~fastpipe.data.fast_collate` then returns the block instead of stacking a copy."""
+
+    def __init__(self, samples: Sequence[Any], blocks: Mapping[Any, torch.Tensor]) -> None:
+        super().__init__(samples)
+        self.blocks = dict(blocks)
+
+
+def rows_block(values: Sequence[Any], block: torch.Tensor | None) -> torch.Tensor | None:
+    """``block`` when ``values`` are exactly its rows, in order (a wrapper may have dropped or
+    replaced samples since), else None."""
+    if block is None or len(values) != block.shape[0] or block.device.type != "cpu":
+        return None
+    row = block[0].numel() * block.element_size() if len(values) else 0
+    base = block.data_ptr()
+    for k, value in enumerate(values):
+        if (not isinstance(value, torch.Tensor) or value.dtype != block.dtype
+                or value.shape != block.shape[1:] or value.data_ptr() != base + k * row
+                or not value.is_contiguous() or value.requires_grad):
+            return None
+    return block
+
+
+def _collate_field(name: str, values: list[Any], pad: bool, memory: Memory,
+                   block: torch.Tensor | None = None) -> Any:
     first = values[0]
     if isinstance(first, (str, bytes)):
         return list(values)
@@ -106,7 +143,9 @@ def _collate_field(name: str, values: list[Any], pad: bool, allocate: Allocate) 
                              f"{_what(v)}, sample 0's is {_what(first)}")
     shapes = {tuple(v.shape) for v in values}
     if len(shapes) == 1:
-        return stack_into(values, allocate((len(values), *first.shape), first.dtype))
+        if (held := rows_block(values, block)) is not None and memory.holds(held):
+            return held
+        return stack_into(values, memory.empty((len(values), *first.shape), first.dtype))
     trailing = {s[1:] for s in shapes}
     if len(trailing) != 1 or first.dim() == 0:
         raise ValueError(f"fast_collate: field {name!r} has shapes {sorted(shapes)[:4]} in one "
@@ -117,7 +156,7 @@ def _collate_field(name: str, values: list[Any], pad: bool, allocate: Allocate) 
                          f"collate_fn=functools.partial(fast_collate, pad=True) to pad it with "
                          f"zeros to the longest and get its lengths as {name + LENGTHS_SUFFIX!r}")
     lengths = torch.tensor([v.shape[0] for v in values], dtype=torch.int64)
-    out = allocate((len(values), int(lengths.max()), *first.shape[1:]), first.dtype)
+    out = memory.empty((len(values), int(lengths.max()), *first.shape[1:]), first.dtype)
     out.zero_()
     for k, v in enumerate(values):
         out[k, :v.shape[0]] = v

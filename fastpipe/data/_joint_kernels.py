@@ -46,19 +46,21 @@ def _rgb8_png(data: Any) -> bool:
 _JPEG_MARGIN = 16
 
 
-def decode_region(data: Any, source: str, stored: bool, box: tuple[int, int, int, int] | None
-                  ) -> tuple[np.ndarray, int, int]:
+def decode_region(data: Any, source: str, stored: bool, box: tuple[int, int, int, int] | None,
+                  seekable: bool = False) -> tuple[np.ndarray, int, int]:
     """Pixels of an encoded image that cover ``box`` ``(top, left, height, width)`` (all with
     None), and the image coordinates ``(top, left)`` of their first pixel.
 
     ``stored``: a PNG's stored pixels (channels, dtype and values as the file holds them: a
     mask's palette indices or 16-bit values); other formats decode to RGB. Otherwise uint8 RGB,
     as fastpipe decodes images everywhere (fastpipe.data._decode.decode_rgb). A PNG decodes only
-    the rows of the box (fastpipe.data._png), a JPEG only the region around it."""
+    the rows of the box (fastpipe.data._png; from the segment holding them with ``seekable``,
+    for a pack fastpipe wrote with ``transcode``), a JPEG only the region around it."""
     if _png.png_size(data) is not None and (stored or _rgb8_png(data)):
         if box is None:
             return _png.decode_png(data, source), 0, 0
-        return _png.decode_png(data, source, (box[0], box[0] + box[2])), box[0], 0
+        rows = (box[0], box[0] + box[2])
+        return _png.decode_png(data, source, rows, seekable=seekable), box[0], 0
     if box is not None and (size := _jpeg_size(data)) is not None:
         top, left, h, w = box
         region = geometry.Box(max(0, top - _JPEG_MARGIN), max(0, left - _JPEG_MARGIN), 0, 0)
@@ -160,9 +162,10 @@ def move_boxes(boxes: torch.Tensor, params: JointParams, canvas: tuple[int, int]
 
 
 def joint_record(crop: JointCrop, record: Mapping[str, Any], images: Sequence[str],
-                 seed: int | None, where: str) -> dict[str, Any]:
+                 seed: int | None, where: str, seekable: bool = False) -> dict[str, Any]:
     """``record`` with its image fields (encoded bytes in ``record``) decoded and cropped by one
-    draw of ``crop`` seeded ``seed``, and its box fields moved; other fields as they are."""
+    draw of ``crop`` seeded ``seed``, and its box fields moved; other fields as they are.
+    ``seekable``: the record comes from a pack fastpipe wrote with ``transcode``."""
     sizes: dict[str, tuple[int, int]] = {}
     decoded: dict[str, np.ndarray] = {}
     for name in images:
@@ -180,7 +183,7 @@ def joint_record(crop: JointCrop, record: Mapping[str, Any], images: Sequence[st
         if pixels is None:
             box = tuple(v * factor for v in params.box)
             pixels, *origin = decode_region(record[name], f"{where}[{name!r}]",
-                                            crop.filter_of(name) == "nearest", box)
+                                            crop.filter_of(name) == "nearest", box, seekable)
         out[name] = crop_pixels(pixels, params, factor, crop.filter_of(name), tuple(origin))
     reference = next(sizes[n] for n in images if crop.factor_of(n) == 1)
     for box_name, per_box in crop.boxes.items():

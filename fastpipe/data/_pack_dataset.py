@@ -15,9 +15,11 @@ from torch.utils.data import Dataset
 from fastpipe._constants import DEFAULT_INTERPOLATION
 from fastpipe.data import _format as fmt
 from fastpipe.data._augment import PerSample
+from fastpipe.data._collate_records import Rows
 from fastpipe.data._decode import CorruptImageError, ImageDecoder, decode_rgb
 from fastpipe.data._joint_kernels import joint_record
 from fastpipe.data._random import forked_default_generator, sample_seed
+from fastpipe.data.collate import batch_empty
 from fastpipe.data.joint import JOINT_STREAM, JointCrop
 from fastpipe.recipe import Recipe
 
@@ -125,6 +127,21 @@ class PackDataset(PerSample, Dataset):
         self._names = list(names)
         self._as_tuple = self._fields_arg is not None or reader.meta.get("record") == "tuple"
         self.storage, self.layout, self.sample_shape = "fields", None, None
+        # Written with transcode=True: its PNGs are fastpipe's seekable rewrites, whose index
+        # a crop may follow (fastpipe/pack/_transcode.py); never for a file of unknown origin.
+        options = reader.meta.get("options")
+        self._seekable = isinstance(options, dict) and options.get("transcode") is True
+        # Fixed-shape numeric arrays a batch reads straight into one block (__getitems__).
+        self._block_fields = {}
+        if hasattr(reader, "read_into"):
+            for name in self._names:
+                field = self.fields[name]
+                if field.kind == "array" and not field.variable and field.stored_dtype.isnative:
+                    try:
+                        dtype = torch.from_numpy(np.empty(0, field.stored_dtype)).dtype
+                    except TypeError:  # a dtype torch lacks: read per sample, as ever
+                        continue
+                    self._block_fields[name] = dtype
         label = reader.fields.get("label")
         self.targets = (np.asarray(reader.read_block("label", 0, reader.count), np.int64)
                         if label is not None and label.kind == "int" else None)
@@ -193,21 +210,26 @@ class PackDataset(PerSample, Dataset):
         """Batched read: samples are read in storage order, returned in the order asked."""
         reader = self._get_reader()
         checked = [reader._check_index(i) for i in indices]
-        if self.fields is not None:
-            epochs = [self._epoch_of(i) for i in indices]
-            out: list[Any] = [None] * len(checked)
-            for k in np.argsort(checked, kind="stable"):
-                out[k] = self._record(reader, checked[k], epochs[k])
-            return out
         epochs = [self._epoch_of(i) for i in indices]
         order = np.argsort(checked, kind="stable")
+        if self.fields is not None:
+            blocks = self._read_blocks(reader, checked, order)
+            out: list[Any] = [None] * len(checked)
+            for k in order:
+                out[k] = self._record(reader, checked[k], epochs[k],
+                                      {name: block[k] for name, block in blocks.items()})
+            if not blocks:
+                return out
+            return Rows(out, {self._names.index(n) if self._as_tuple else n: block
+                              for n, block in blocks.items()})
         if self.storage == "array":
-            batch = np.empty((len(checked), *reader.spec.sample_shape), reader.spec.dtype)
+            dtype = torch.from_numpy(np.empty(0, reader.spec.dtype)).dtype
+            rows = batch_empty((len(checked), *reader.spec.sample_shape), dtype)
+            batch = rows.numpy()
             for k in order:
                 reader.read(checked[k], batch[k])
-            rows = torch.from_numpy(batch)
-            return [self._finish(reader, i, epochs[k], None, rows[k])
-                    for k, i in enumerate(checked)]
+            return Rows([self._finish(reader, i, epochs[k], None, rows[k])
+                         for k, i in enumerate(checked)], {0: rows})
         data: list[np.ndarray | None] = [None] * len(checked)
         for k in order:
             data[k] = reader.read(checked[k])
@@ -225,13 +247,31 @@ class PackDataset(PerSample, Dataset):
             image = self._augmented(self._decoded(reader, index, epoch, data, tensor))
         return image, int(self.targets[index])
 
-    def _record(self, reader: Any, index: int, epoch: int) -> Any:
+    def _read_blocks(self, reader: Any, indices: Sequence[int],
+                     order: Sequence[int]) -> dict[str, torch.Tensor]:
+        """The fixed-shape array fields of ``indices`` read straight into one batch block each
+        (:func:`~fastpipe.data.collate.batch_empty`: fast_collate then returns the block instead
+        of stacking a copy), in storage order; fields the reader cannot read so are left out."""
+        blocks = {}
+        for name, dtype in self._block_fields.items():
+            block = batch_empty((len(indices), *self.fields[name].row_shape), dtype)
+            array = block.numpy()
+            if all(reader.read_into(indices[k], name, array[k]) for k in order):
+                blocks[name] = block
+        return blocks
+
+    def _record(self, reader: Any, index: int, epoch: int,
+                read: dict[str, torch.Tensor] | None = None) -> Any:
         """Sample ``index`` as a dict of its fields (a tuple with ``fields=`` or for a pack of
         tuples): images through the decoder, the rest as :mod:`fastpipe.data.fields` returns
-        them. auto_augment applies to the image field, transform to the whole record."""
+        them (``read``: fields already read, as tensors). auto_augment applies to the image
+        field, transform to the whole record."""
         values = {}
         for name in self._names:
             field = self.fields[name]
+            if read and name in read:
+                values[name] = read[name]
+                continue
             stored = reader.read(index, name)
             if self.joint is not None and field.kind == "image":
                 values[name] = stored  # decoded by the joint crop, below
@@ -243,7 +283,7 @@ class PackDataset(PerSample, Dataset):
             values = joint_record(self.joint, values, self._images,
                                   sample_seed(self.seed, epoch, index, JOINT_STREAM),
                                   f"sample {index} of {self.file} (packed from "
-                                  f"{reader.source(index)})")
+                                  f"{reader.source(index)})", self._seekable)
         if not self._needs_fork():
             return tuple(values.values()) if self._as_tuple else values
         with forked_default_generator(sample_seed(self.seed, epoch, index, 1)):

@@ -60,7 +60,8 @@ def png_size(data) -> tuple[int, int] | None:
     return None if header is None else (header.height, header.width)
 
 
-def decode_png(data, source: str = "<bytes>", rows: tuple[int, int] | None = None) -> np.ndarray:
+def decode_png(data, source: str = "<bytes>", rows: tuple[int, int] | None = None, *,
+               seekable: bool = False) -> np.ndarray:
     """The pixels a PNG stores, not converted.
 
     Shape and dtype by the PNG's colour type and bit depth:
@@ -82,7 +83,10 @@ def decode_png(data, source: str = "<bytes>", rows: tuple[int, int] | None = Non
 
     ``rows=(top, bottom)`` returns only rows ``[top, bottom)`` (``0 <= top < bottom <= H``); a
     non-interlaced file is not inflated past row ``bottom`` by decoders that can stop early
-    (interlaced files are decoded whole, then sliced).
+    (interlaced files are decoded whole, then sliced). ``seekable=True`` lets a seekable PNG
+    (what ``fastpipe pack --transcode`` stores) start at the segment holding ``top``: pass it only
+    for files fastpipe wrote, since a crafted file's index could show other pixels than the file
+    holds for every other decoder.
 
     The pixel budget ``fastpipe.data._decode.MAX_IMAGE_PIXELS`` is checked from the header before
     anything is allocated (:class:`~fastpipe.data._decode.ImageTooLargeError`); damaged,
@@ -112,7 +116,7 @@ def decode_png(data, source: str = "<bytes>", rows: tuple[int, int] | None = Non
                 f"0 <= top < bottom <= {header.height} (its height)")
         rows = (top, bottom)
     try:
-        pixels = _decode_native(data, header, rows)
+        pixels = _decode_native(data, header, rows, seekable)
     except ValueError as exc:
         if header.depth == 16 and header.channels > 1:
             raise _corrupt(source, exc) from exc  # PIL would reduce it to 8 bits
@@ -124,7 +128,8 @@ def decode_png(data, source: str = "<bytes>", rows: tuple[int, int] | None = Non
     return pixels
 
 
-def _decode_native(data, header: _Header, rows: tuple[int, int] | None) -> np.ndarray | None:
+def _decode_native(data, header: _Header, rows: tuple[int, int] | None,
+                   seekable: bool = False) -> np.ndarray | None:
     """``rows`` (or all) of the image through fastpipe._png (libpng), or None when it is not
     built; raises ValueError with libpng's message when libpng refuses the data. Interlaced
     files, and files that do not end with the IEND chunk (truncated, or with bytes appended), are
@@ -141,7 +146,7 @@ def _decode_native(data, header: _Header, rows: tuple[int, int] | None) -> np.nd
     shape = (last - first, header.width) + ((header.channels,) if header.channels > 1 else ())
     out = np.empty(shape, dtype=sample)
     _native_decode(data, out, header.height, header.width, header.channels, sample.itemsize,
-                   first, last, MAX_IMAGE_PIXELS)
+                   first, last, MAX_IMAGE_PIXELS, seekable)
     if (first, last) != (top, bottom):
         out = out[top:bottom].copy()
     return out

@@ -13,7 +13,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastpipe.data._collate_records import collate_records, is_record_batch, stack_into
+from fastpipe.data._collate_records import (
+    Memory,
+    collate_records,
+    is_record_batch,
+    rows_block,
+    stack_into,
+)
 
 
 def _empty_pinned(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -138,7 +144,7 @@ def fast_collate(
     if len(batch) == 0:
         raise ValueError("fast_collate got an empty batch")
     if is_record_batch(batch):
-        return collate_records(batch, pad, _allocator(pin_memory))
+        return collate_records(batch, pad, _memory(pin_memory))
     try:
         images = [sample[0] for sample in batch]
         labels = [sample[1] for sample in batch]
@@ -160,11 +166,29 @@ def fast_collate(
                 f"{tuple(first.shape)} {first.dtype}, sample {i} is {what}; "
                 "give the dataset a fixed output size"
             )
-    out = _allocator(pin_memory)((len(images), *first.shape), first.dtype)
+    memory = _memory(pin_memory)
+    block = rows_block(images, getattr(batch, "blocks", {}).get(0))
+    if block is not None and memory.holds(block):
+        return block, _labels_tensor(labels)
+    out = memory.empty((len(images), *first.shape), first.dtype)
     return stack_into(images, out), _labels_tensor(labels)
 
 
-def _allocator(pin_memory: bool):
+def batch_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A tensor in the memory :func:`fast_collate` (without ``pin_memory``) puts a batch in here:
+    shared memory in a DataLoader worker, else memory kept from earlier batches. A dataset's
+    ``__getitems__`` that reads its samples' rows into one such block, and returns them in a
+    :class:`~fastpipe.data._collate_records.Rows` naming the block, has them collated without a
+    copy."""
+    return _memory(False).empty(shape, dtype)
+
+
+_PINNED = Memory(lambda shape, dtype: _empty_pinned(shape, dtype), torch.Tensor.is_pinned)
+_SHARED = Memory(lambda shape, dtype: _empty_shared(shape, dtype), torch.Tensor.is_shared)
+_KEPT = Memory(lambda shape, dtype: _kept.empty(shape, dtype), lambda tensor: True)
+
+
+def _memory(pin_memory: bool) -> Memory:
     """Where a batch's tensors go: pinned memory (asked for, in the main process), shared memory
     (in a DataLoader worker), or memory kept from earlier batches (in this process)."""
     in_worker = torch.utils.data.get_worker_info() is not None
@@ -181,10 +205,10 @@ def _allocator(pin_memory: bool):
         )
         pin_memory = False
     if pin_memory:
-        return _empty_pinned
+        return _PINNED
     if in_worker:
-        return _empty_shared
-    return _kept.empty
+        return _SHARED
+    return _KEPT
 
 
 def _labels_tensor(labels: list[Any]) -> torch.Tensor:

@@ -609,6 +609,11 @@ class _Column:
         if not self.direct:
             self.ds.read_direct(out, np.s_[a:b])
             return out
+        return self.read_into(a, b, out)
+
+    def read_into(self, a: int, b: int, out: np.ndarray) -> np.ndarray:
+        """Rows ``[a, b)`` into ``out`` (C-contiguous, of their dtype and shape); direct reads
+        only (:attr:`direct`)."""
         fd = self._fd_of()
         flat = out.reshape(-1).view(np.uint8)
         if self._chunks is None:
@@ -657,6 +662,7 @@ class H5RecordReader:
         self._file = f
         self._fd: int | None = None
         self._path_offsets: np.ndarray | None = None  # loaded on first sources()
+        self._path_column: _Column | None = None
         try:
             self._open(f, where, plain, names)
         except PackFormatError:
@@ -780,6 +786,15 @@ class H5RecordReader:
             raise h5_damaged(str(self.path), exc, f"read field {name!r} of sample {index}"
                              ) from exc
 
+    def read_into(self, index: int, name: str, out: np.ndarray) -> bool:
+        """Field ``name`` of sample ``index`` into ``out`` (its row's shape and dtype), for fixed
+        numeric fields read directly; False, with nothing read, for the others."""
+        column = self._columns[name]
+        if name in self._offsets or column is None or not column.direct:
+            return False
+        column.read_into(index, index + 1, out.reshape(1, *column.row_shape))
+        return True
+
     def read_block(self, name: str, start: int, stop: int) -> np.ndarray:
         """The stored rows of samples ``[start, stop)`` of one field, concatenated."""
         try:
@@ -820,10 +835,13 @@ class H5RecordReader:
                 offsets = _read_index(self._file, R_PATH_OFFSETS, where, (self.count + 1,),
                                       np.int64)
                 check_offsets(offsets, data.shape[0], where, f"'{R_PATH_OFFSETS}'")
+                # Read like a field (os.preadv): error messages name each sample's source, and
+                # an h5py slice per sample cost more than reading the sample itself.
+                self._path_column = _Column(data, self._descriptor)
                 self._path_offsets = offsets
             offsets = self._path_offsets[start:stop + 1]
-            blob = (bytes(self._file[R_PATH_DATA][offsets[0]:offsets[-1]]) if len(offsets)
-                    else b"")
+            blob = (self._path_column.rows(int(offsets[0]), int(offsets[-1])).tobytes()
+                    if len(offsets) else b"")
         except PackFormatError:
             raise
         except H5_ERRORS as exc:

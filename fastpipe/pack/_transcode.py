@@ -29,7 +29,8 @@ SEEK_VERSION = 1
 # while a band reads on average half a segment more than it needs.
 SEGMENT_BYTES = 32 * 1024
 COMPRESS_LEVEL = 6
-# Rows filtered per numpy pass, bounding the temporary arrays to a few MB.
+# Rows filtered per numpy pass (at least a segment), bounding the temporary arrays to a few MB
+# for rows narrower than this.
 _BLOCK_BYTES = 1 << 20
 
 
@@ -91,10 +92,10 @@ def segment_rows(row_bytes: int) -> int:
 
 
 def seekable_png(data: bytes, source: str) -> bytes | None:
-    """A seekable PNG of the same pixels as ``data``, or None for a PNG this does not rewrite
-    (below 8 bits per sample, or not decodable by fastpipe._png)."""
+    """A seekable PNG of the same pixels as ``data``, or None for a PNG below 8 bits per sample
+    (which this does not rewrite). Needs fastpipe._png."""
     header = _png._read_header(data)
-    if header is None or header.depth < 8 or _png._native_decode is None:
+    if header is None or header.depth < 8:
         return None
     pixels = _png.decode_png(data, source)
     sample = ">u2" if header.depth == 16 else "u1"
@@ -117,8 +118,14 @@ def seekable_png(data: bytes, source: str) -> bytes | None:
     out += [_chunk(b"IDAT", segment) for segment in segments]
     out += [*after, _chunk(b"IEND", b"")]
     rewritten = b"".join(out)
-    if not np.array_equal(_png.decode_png(rewritten, source), pixels):
-        return None  # never store other pixels than the input's
+    # Never store other pixels than the input's, whether read whole or through the index.
+    same = np.array_equal(_png.decode_png(rewritten, source), pixels)
+    if same and header.height > rows:
+        band = _png.decode_png(rewritten, source, (rows, header.height), seekable=True)
+        same = np.array_equal(band, pixels[rows:])
+    if not same:
+        raise PackError(f"transcode: the seekable rewrite of {source} does not decode to its "
+                        "pixels (a fastpipe bug: please report it); pack without transcode")
     return rewritten
 
 
@@ -157,7 +164,7 @@ def filter_rows(raw: np.ndarray, above: np.ndarray, bpp: int,
     paeth = np.where((pa <= pb) & (pa <= pc), a, np.where(pb <= pc, b, c))
     candidates = np.stack([x, x - a, x - b, x - (a + b) // 2, x - paeth]).astype(np.uint8)
     cost = np.abs(candidates.view(np.int8).astype(np.int32)).sum(axis=2)
-    cost[2:, first_of_segment] = np.iinfo(np.int32).max
+    cost[2:, first_of_segment] = np.iinfo(cost.dtype).max
     choice = cost.argmin(axis=0)
     out = np.empty((x.shape[0], x.shape[1] + 1), np.uint8)
     out[:, 0] = choice

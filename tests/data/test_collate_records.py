@@ -80,3 +80,103 @@ def test_stack_into_equals_torch_stack_for_every_dtype_and_layout(dtype):
     assert stack_into(values, out) is out
     assert torch.equal(out, torch.stack(values))
 
+
+
+# --- batches read straight into one block (PackDataset.__getitems__) -------------------------
+
+h5py = pytest.importorskip("h5py", exc_type=ImportError)
+
+
+@pytest.fixture(scope="module")
+def speech_pack(tmp_path_factory):
+    from fastpipe.data import ArrayField
+    from fastpipe.pack import pack
+
+    rng = np.random.default_rng(0)
+    records = [{"mix": rng.standard_normal((4, 160), dtype=np.float32),
+                "zone0": rng.integers(0, 9, 160).astype(np.int64),
+                "frames": rng.standard_normal((3 + i % 4, 5), dtype=np.float32), "id": i}
+               for i in range(40)]
+    path = tmp_path_factory.mktemp("blocks") / "speech.h5"
+    pack(records, path, progress=False, fields={"frames": ArrayField("float32", (None, 5))})
+    return path, records
+
+
+@pytest.mark.parametrize("fields", [None, ["zone0", "id", "mix"]], ids=["dict", "tuple"])
+def test_fixed_arrays_are_read_into_the_batch_itself(speech_pack, fields):
+    """The fixed-shape arrays of a batch are read into one block each, which fast_collate returns
+    as the batch (no second copy), in the order asked; other fields are collated as ever."""
+    from fastpipe.data import H5Dataset
+    from fastpipe.data._collate_records import Rows
+
+    path, records = speech_pack
+    dataset = H5Dataset(path, fields=fields)
+    indices = [17, 3, 30, 3, 0]
+    samples = dataset.__getitems__(indices)
+    assert isinstance(samples, Rows)
+    batch = functools.partial(fast_collate, pad=True)(samples)
+    expected = functools.partial(fast_collate, pad=True)([dataset[i] for i in indices])
+    names = fields or list(records[0])
+    for position, name in enumerate(names):
+        key = position if fields else name
+        got, want = batch[key], expected[key]
+        if isinstance(want, tuple):
+            got, want = got[0], want[0]
+        assert torch.equal(got, want), name
+    blocks = samples.blocks
+    assert sorted(map(str, blocks)) == sorted(map(str, [0, 2] if fields else ["mix", "zone0"]))
+    for key, block in blocks.items():
+        assert batch[key].data_ptr() == block.data_ptr()  # the block is the batch
+    assert torch.equal(batch[2 if fields else "mix"][0], torch.from_numpy(records[17]["mix"]))
+
+
+def test_a_block_whose_rows_were_replaced_is_copied(speech_pack, monkeypatch):
+    from fastpipe.data import H5Dataset
+    from fastpipe.data import collate as collate_module
+
+    path, records = speech_pack
+    collate = functools.partial(fast_collate, pad=True)
+    samples = H5Dataset(path).__getitems__([1, 2, 3])
+    samples[1] = dict(samples[1], mix=samples[1]["mix"] + 1)  # a wrapper replaced a row
+    batch = collate(samples)
+    assert batch["mix"].data_ptr() != samples.blocks["mix"].data_ptr()
+    assert torch.equal(batch["mix"][1], torch.from_numpy(records[2]["mix"]) + 1)
+    assert batch["zone0"].data_ptr() == samples.blocks["zone0"].data_ptr()
+    # Pinned memory asked for: the block (kept memory) is copied into it.
+    pinned = []
+    monkeypatch.setattr(collate_module, "_PINNED", collate_module.Memory(
+        lambda shape, dtype: pinned.append(shape) or torch.empty(shape, dtype=dtype),
+        lambda tensor: False))
+    monkeypatch.setattr(collate_module.torch.cuda, "is_available", lambda: True)
+    batch = collate(H5Dataset(path).__getitems__([4, 5]), pin_memory=True)
+    assert (2, 4, 160) in pinned
+    assert torch.equal(batch["mix"][0], torch.from_numpy(records[4]["mix"]))
+
+
+def test_rows_of_a_users_array_are_always_copied():
+    """Only a dataset's own block (named in Rows) is returned uncopied: consecutive rows of a
+    user's tensor are stacked into a new batch, so the batch never aliases the user's data."""
+    data = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    batch = fast_collate([{"x": data[k]} for k in range(4)])
+    assert torch.equal(batch["x"], data) and batch["x"].data_ptr() != data.data_ptr()
+    images = torch.zeros(2, 3, 4, 4, dtype=torch.uint8)
+    stacked, _ = fast_collate([(images[0], 0), (images[1], 1)])
+    assert stacked.data_ptr() != images.data_ptr()
+
+
+def test_blocks_under_worker_processes_and_threads(speech_pack):
+    from fastpipe import DataLoaderX
+    from fastpipe.data import H5Dataset
+
+    path, records = speech_pack
+    dataset = H5Dataset(path, fields=["mix", "zone0"])
+    for method in ("process", "thread"):
+        loader = DataLoaderX(dataset, batch_size=8, shuffle=True, num_workers=2,
+                             collate_fn=fast_collate, worker_method=method, generator=None)
+        seen = 0
+        for mix, zone0 in loader:
+            for k in range(len(mix)):
+                match = [i for i, r in enumerate(records) if np.array_equal(r["mix"], mix[k])]
+                assert len(match) == 1 and np.array_equal(records[match[0]]["zone0"], zone0[k])
+            seen += len(mix)
+        assert seen == 40

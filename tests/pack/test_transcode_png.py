@@ -92,23 +92,27 @@ def test_the_same_pixels_for_every_decoder_and_every_band(depth, color_type, cha
     for top in range(0, 150, 7):
         for height in (1, rows, 2 * rows + 3):
             band = (top, min(150, top + height))
-            np.testing.assert_array_equal(decode_png(seekable, "s.png", band),
-                                          samples[band[0]:band[1]])
+            for seek in (True, False):
+                np.testing.assert_array_equal(decode_png(seekable, "s.png", band, seekable=seek),
+                                              samples[band[0]:band[1]])
 
 
 def test_a_band_reads_only_its_segments():
-    """Damage above a band goes unread: the band still decodes, while the whole file does not,
-    and in an ordinary PNG the same damage breaks every band."""
+    """Damage above a band goes unread with seekable=True: the band still decodes, while the
+    whole file does not, nor the band read from the first row (seekable=False, the default), and
+    in an ordinary PNG the same damage breaks every band."""
     samples = _smooth(np.random.default_rng(1), 400, 200, 3)
     original = write_png(samples, 8, RGB, filters=(4,), idat_size=4096)
     seekable = bytearray(seekable_png(original, "s.png"))
     first = seekable.index(b"IDAT") + 4
     seekable[first + 20] ^= 0xFF  # inside the first segment; its CRC no longer matches
     rows = segment_rows(600)
-    np.testing.assert_array_equal(decode_png(bytes(seekable), "s.png", (rows, 400)),
-                                  samples[rows:])
+    np.testing.assert_array_equal(decode_png(bytes(seekable), "s.png", (rows, 400),
+                                             seekable=True), samples[rows:])
     with pytest.raises(ValueError, match="s.png"):
-        decode_png(bytes(seekable), "s.png")
+        decode_png(bytes(seekable), "s.png", (rows, 400))
+    with pytest.raises(ValueError, match="s.png"):
+        decode_png(bytes(seekable), "s.png", seekable=True)
     plain = bytearray(original)
     plain[plain.index(b"IDAT") + 24] ^= 0xFF
     with pytest.raises(ValueError, match="p.png"):
@@ -135,8 +139,39 @@ def test_a_file_that_breaks_the_promise_is_read_from_the_start():
                 + _chunk(SEEK_CHUNK, index) + b"".join(_chunk(b"IDAT", p) for p in parts)
                 + _chunk(b"IEND", b""))
         for band in ((8, 16), (30, 64), (63, 64), (5, 40)):
-            np.testing.assert_array_equal(decode_png(data, "x.png", band),
+            np.testing.assert_array_equal(decode_png(data, "x.png", band, seekable=True),
                                           samples[band[0]:band[1]])
+
+
+def _forged() -> tuple[bytes, np.ndarray]:
+    """A file whose index is internally consistent (each IDAT a full-flushed segment matching
+    its CRC) but whose segments do not start at its rows: 8-bit grey, 2x3, one row per
+    segment, the rows' bytes split across the chunks one byte off."""
+    stream = b"\x00\x10\x20" + b"\x00\x01\x50" + b"\x00\x60\x70"
+    pieces = [stream[0:4], stream[4:7], stream[7:]]
+    compressor = zlib.compressobj(6, zlib.DEFLATED, 15)
+    chunks = [compressor.compress(pieces[0]) + compressor.flush(zlib.Z_FULL_FLUSH),
+              compressor.compress(pieces[1]) + compressor.flush(zlib.Z_FULL_FLUSH),
+              compressor.compress(pieces[2]) + compressor.flush(zlib.Z_FINISH)]
+    index = struct.pack(">BI3I", 1, 1, *(zlib.crc32(p) for p in pieces))
+    data = (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", 2, 3, 8, 0, 0, 0, 0))
+            + _chunk(SEEK_CHUNK, index) + b"".join(_chunk(b"IDAT", c) for c in chunks)
+            + _chunk(b"IEND", b""))
+    with Image.open(io.BytesIO(data)) as image:
+        return data, np.asarray(image)
+
+
+def test_a_forged_index_is_never_followed_by_default():
+    """The index is only followed for files fastpipe wrote (seekable=True, which the readers
+    pass for packs written with transcode): a crafted file cannot show fastpipe other pixels
+    than every other decoder."""
+    data, pixels = _forged()
+    np.testing.assert_array_equal(pixels, [[0x10, 0x20], [0x01, 0x50], [0x60, 0x70]])
+    for band in ((1, 2), (1, 3), (2, 3), (0, 3)):
+        np.testing.assert_array_equal(decode_png(data, "f.png", band), pixels[band[0]:band[1]])
+    # With the index followed, the forged segment decodes to what it claims (this is why it is
+    # not followed for files of unknown origin).
+    assert not np.array_equal(decode_png(data, "f.png", (1, 2), seekable=True), pixels[1:2])
 
 
 def test_what_is_not_rewritten_keeps_its_bytes():
@@ -172,6 +207,7 @@ def test_a_records_pack_of_paired_pngs_gives_the_same_crops(tmp_path):
     crop = JointCrop(24, hflip=0.5, vflip=0.5, rot90=True, factors={"hr": 2})
     a = H5Dataset(tmp_path / "plain.h5", joint=crop, seed=5)
     b = H5Dataset(tmp_path / "seek.h5", joint=crop, seed=5)
+    assert (a._seekable, b._seekable) == (False, True)  # the index followed for b only
     for epoch in range(3):
         a.set_epoch(epoch)
         b.set_epoch(epoch)

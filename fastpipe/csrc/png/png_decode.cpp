@@ -69,6 +69,7 @@ struct Expected {
     int channels, bytes_per_sample;
     uint32_t top, bottom;
     unsigned long long max_pixels;
+    bool seekable;  // the caller trusts a seekable file's index (fastpipe wrote the file)
 };
 
 /* Decodes rows [top, bottom) into `out` (bottom - top rows of width * channels * bytes_per_sample
@@ -160,23 +161,43 @@ int decode(State *state, const Expected &want, unsigned char *out) {
 
 constexpr int kNotMine = 1;
 
+int decode_layout(const uint8_t *data, const fastpipe::png::Layout &layout, const Expected &want,
+                  uint8_t *out, std::string *message);
+
 /* Rows [top, bottom) through rows.h: 0, -1 with `message` set, or kNotMine for a file libpng
  * decodes. */
 int decode_own(const uint8_t *data, size_t size, const Expected &want, uint8_t *out,
-               std::string *message) {
-    fastpipe::png::Layout layout;
-    if (!fastpipe::png::read_layout(data, size, &layout) || layout.width != want.width
-            || layout.height != want.height
-            || layout.pixel_bytes != size_t(want.channels) * want.bytes_per_sample
-            || layout.depth != 8 * want.bytes_per_sample) {
-        return kNotMine;  // libpng decodes it, or says how it differs from the caller's reading
-    }
-    if ((unsigned long long)layout.width * layout.height > want.max_pixels) {
-        *message = "the image declares more pixels than the pixel budget";
+               std::string *message) noexcept {
+    try {
+        fastpipe::png::Layout layout;
+        if (!fastpipe::png::read_layout(data, size, &layout) || layout.width != want.width
+                || layout.height != want.height
+                || layout.pixel_bytes != size_t(want.channels) * want.bytes_per_sample
+                || layout.depth != 8 * want.bytes_per_sample
+                || layout.row_bytes + 1 > 0xffffffffULL) {
+            // libpng decodes it (rows past 4 GiB too, which zlib's 32-bit counts do not
+            // take in one call), or says how it differs from the caller's reading.
+            return kNotMine;
+        }
+        if ((unsigned long long)layout.width * layout.height > want.max_pixels) {
+            *message = "the image declares more pixels than the pixel budget";
+            return -1;
+        }
+        return decode_layout(data, layout, want, out, message);
+    } catch (const std::bad_alloc &) {
+        *message = "out of memory";
         return -1;
     }
+}
+
+int decode_layout(const uint8_t *data, const fastpipe::png::Layout &layout, const Expected &want,
+                  uint8_t *out, std::string *message) {
     using fastpipe::png::Outcome;
-    if (layout.segment_rows > 0 && want.top >= layout.segment_rows) {
+    // The index of a seekable file is only followed where the caller says fastpipe wrote the
+    // file: its CRCs prove that a segment inflates on its own to the bytes recorded beside it,
+    // not that those are the bytes a decode from the first row gives, so a crafted file could
+    // show fastpipe other pixels than every other decoder.
+    if (want.seekable && layout.segment_rows > 0 && want.top >= layout.segment_rows) {
         const Outcome seek = fastpipe::png::decode_band(data, layout, want.top, want.bottom, true,
                                                         out, message);
         if (seek == Outcome::kDone) {
@@ -191,29 +212,36 @@ int decode_own(const uint8_t *data, size_t size, const Expected &want, uint8_t *
 }  // namespace
 
 PyDoc_STRVAR(decode_doc,
-"decode(data, out, height, width, channels, bytes_per_sample, top, bottom, max_pixels) -> None\n"
+"decode(data, out, height, width, channels, bytes_per_sample, top, bottom, max_pixels,\n"
+"       seekable=False) -> None\n"
 "\n"
 "Writes rows [top, bottom) of the PNG ``data``'s stored pixels into the writable buffer ``out``\n"
 "((bottom - top) * width * channels * bytes_per_sample bytes), with the GIL released. The\n"
-"arguments are the caller's reading of the IHDR; libpng's must agree. A non-interlaced file is\n"
-"not inflated past row ``bottom`` (and the rest is checked when ``bottom`` is the height); an\n"
-"interlaced one must be asked whole. Raises ValueError for what libpng rejects.");
+"arguments are the caller's reading of the IHDR; the file's must agree. A non-interlaced file\n"
+"is not inflated past row ``bottom`` (and the rest is checked when ``bottom`` is the height);\n"
+"an interlaced one must be asked whole. ``seekable``: follow the index of a seekable PNG (pass\n"
+"it only for files fastpipe wrote: a transcoded pack). Raises ValueError for damaged data.");
 
 static PyObject *py_decode(PyObject *, PyObject *args) {
     Py_buffer data, out;
     unsigned int height, width, top, bottom;
     int channels, bytes_per_sample;
     unsigned long long max_pixels;
-    if (!PyArg_ParseTuple(args, "y*w*IIiiIIK:decode", &data, &out, &height, &width, &channels,
-                          &bytes_per_sample, &top, &bottom, &max_pixels)) {
+    int seekable = 0;
+    if (!PyArg_ParseTuple(args, "y*w*IIiiIIK|p:decode", &data, &out, &height, &width, &channels,
+                          &bytes_per_sample, &top, &bottom, &max_pixels, &seekable)) {
         return nullptr;
     }
-    const Expected want{height, width, channels, bytes_per_sample, top, bottom, max_pixels};
-    const unsigned long long need = (unsigned long long)(bottom > top ? bottom - top : 0) * width
-                                    * (unsigned)channels * (unsigned)bytes_per_sample;
-    if (top >= bottom || bottom > height || channels < 1 || channels > 4
-            || (bytes_per_sample != 1 && bytes_per_sample != 2)
-            || (unsigned long long)out.len != need || out.readonly) {
+    const Expected want{height, width, channels, bytes_per_sample, top, bottom, max_pixels,
+                        seekable != 0};
+    unsigned long long need = 0;
+    const bool sized = top < bottom && channels >= 1 && channels <= 4
+                       && (bytes_per_sample == 1 || bytes_per_sample == 2)
+                       && !__builtin_mul_overflow((unsigned long long)(bottom - top), width, &need)
+                       && !__builtin_mul_overflow(need, (unsigned long long)channels, &need)
+                       && !__builtin_mul_overflow(need, (unsigned long long)bytes_per_sample,
+                                                  &need);
+    if (!sized || bottom > height || (unsigned long long)out.len != need || out.readonly) {
         PyBuffer_Release(&data);
         PyBuffer_Release(&out);
         return PyErr_Format(PyExc_ValueError,
@@ -224,11 +252,13 @@ static PyObject *py_decode(PyObject *, PyObject *args) {
     State state{};
     state.source = Source{static_cast<const unsigned char *>(data.buf), (size_t)data.len, 0};
     int status;
+    bool own;
     std::string own_error;
     Py_BEGIN_ALLOW_THREADS
     status = decode_own(static_cast<const uint8_t *>(data.buf), (size_t)data.len, want,
                         static_cast<uint8_t *>(out.buf), &own_error);
-    if (status == kNotMine) {
+    own = status != kNotMine;
+    if (!own) {
         status = decode(&state, want, static_cast<unsigned char *>(out.buf));
     } else if (status != 0) {
         std::snprintf(state.message, sizeof(state.message), "%s", own_error.c_str());
@@ -237,7 +267,7 @@ static PyObject *py_decode(PyObject *, PyObject *args) {
     PyBuffer_Release(&data);
     PyBuffer_Release(&out);
     if (status != 0) {
-        return PyErr_Format(PyExc_ValueError, "libpng: %s", state.message);
+        return PyErr_Format(PyExc_ValueError, "%s: %s", own ? "PNG" : "libpng", state.message);
     }
     Py_RETURN_NONE;
 }

@@ -131,8 +131,8 @@ inline bool read_layout(const uint8_t *data, size_t size, Layout *out) {
                 return false;
             }
             seen_plte = true;
-        } else if (type == kSeekIndex) {
-            if (length >= 9 && (length - 5) % 4 == 0 && layout.idat.empty()
+        } else if (type == kSeekIndex && layout.idat.empty()) {
+            if (length >= 9 && (length - 5) % 4 == 0
                     && data[body] == kSeekVersion && crc_matches(data, body, length)) {
                 layout.segment_rows = be32(data + body + 1);
                 layout.segment_crcs = body + 5;
@@ -225,10 +225,10 @@ public:
         return true;
     }
 
-    // After the last row: the stream must end in the IDATs (extra data before its end is ignored,
-    // as libpng's benign error has it).
+    // After the last row: the stream must end in the IDATs. Data past the last row ends the
+    // check at its first byte (libpng's benign "too much image data"), so it costs nothing.
     bool finish() {
-        uint8_t sink[64];
+        uint8_t sink[1];
         while (!ended_) {
             stream_.next_out = sink;
             stream_.avail_out = sizeof(sink);
@@ -236,7 +236,7 @@ public:
                 return fail("not enough image data: the compressed stream has no end");
             }
             const int status = inflate(&stream_, Z_NO_FLUSH);
-            if (status == Z_STREAM_END) {
+            if (status == Z_STREAM_END || stream_.avail_out == 0) {
                 ended_ = true;
             } else if (status != Z_OK && !(status == Z_BUF_ERROR && stream_.avail_in == 0)) {
                 return fail(stream_.msg != nullptr ? stream_.msg : "damaged compressed data");
@@ -352,9 +352,9 @@ inline Outcome decode_band(const uint8_t *data, const Layout &layout, uint32_t t
         cur = prev;
         prev = swap;
     }
-    if (bottom == layout.height && !from_segment && !inflater.finish()) {
+    if (bottom == layout.height && !inflater.finish()) {
         *message = inflater.message();
-        return Outcome::kError;
+        return failed;
     }
     return Outcome::kDone;
 }
