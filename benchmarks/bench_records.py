@@ -6,7 +6,8 @@ Rows, each in its own process, in interleaved rounds (``_harness.run_rounds``):
 - the hand-written baseline users have: a Dataset opening ``h5py.File`` lazily and reading
   ``f["mix"][i]``, ``f["zone0"][i]``, through ``torch.utils.data.DataLoader`` (2 processes);
 - fastpipe's ``H5Dataset`` on the same plain file and on a records pack (``pack`` with
-  ``merge="copy"``), through ``DataLoaderX`` with 2 worker processes and with 2 threads;
+  ``merge="copy"``), through ``DataLoaderX`` with ``fast_collate`` and 2 worker processes or 2
+  threads; and on a pack written by 2 packing workers (the default virtual merge of its shards);
 - random access in one process (no loader) for each reader;
 - FFCV (``--ffcv-python``, an interpreter of its own, see ``_ffcv.py``; h5py installed there
   too): a ``.beton`` of two ``NDArrayField`` s written from the plain file, read by FFCV's
@@ -41,6 +42,7 @@ ROWS = {
     "H5Dataset pack + DataLoaderX, 2 processes": "",
     "H5Dataset plain file + DataLoaderX, 2 threads": "",
     "H5Dataset pack + DataLoaderX, 2 threads": "",
+    "H5Dataset virtual pack + DataLoaderX, 2 threads": "",
     "FFCV, 2 NDArrayFields, 2 threads": "",
 }
 FFCV_ROW = "FFCV, 2 NDArrayFields, 2 threads"
@@ -152,6 +154,7 @@ def prepare(folder: Path, samples: int, ffcv_python: Path | None = None) -> None
 
     with h5py.File(folder / "plain.h5", "r") as source:
         pack(Records(), folder / "pack.h5", merge="copy", progress=False)
+        pack(Records(), folder / "virtual.h5", num_workers=2, progress=False)
     if ffcv_python is not None:
         import subprocess
 
@@ -174,7 +177,9 @@ def measure(name: str, cfg: Any) -> dict[str, Any]:
     if name.startswith("h5py"):
         dataset: Any = HandWritten(plain)
     else:
-        dataset = H5Dataset(plain if "plain" in name else packed, fields=["mix", "zone0"])
+        path = plain if "plain" in name else str(folder / "virtual.h5") if "virtual" in name \
+            else packed
+        dataset = H5Dataset(path, fields=["mix", "zone0"])
     n = len(dataset)
     if "random access" in name:
         order = np.random.default_rng(1).permutation(n)
@@ -189,7 +194,9 @@ def measure(name: str, cfg: Any) -> dict[str, Any]:
     if name.startswith("h5py"):
         loader: Any = torch.utils.data.DataLoader(dataset, **kwargs)
     else:
-        loader = DataLoaderX(dataset, **kwargs,
+        from fastpipe.data import fast_collate
+
+        loader = DataLoaderX(dataset, **kwargs, collate_fn=fast_collate,
                              worker_method="thread" if "threads" in name else "process")
 
     def epochs():

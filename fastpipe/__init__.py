@@ -6,9 +6,11 @@ fastest path this machine has), :class:`Recipe` (what happens to each image, on 
 the ImageNet statistics :data:`IMAGENET_MEAN` / :data:`IMAGENET_STD`, and the subpackages
 ``fastpipe.data`` (datasets, samplers, collation, the sample set), ``fastpipe.pack`` (packing a
 folder into HDF5 or LMDB), ``fastpipe.ops`` (batch ops) and ``fastpipe.dali`` (needs the ``dali``
-extra). The subpackages load on first use
-(``fastpipe.data.ImageFolder`` works after ``import fastpipe``), so importing fastpipe imports
-torch and numpy only. Names follow docs/vocabulary.md.
+extra). Everything loads on first use (``fastpipe.DataLoaderX`` and ``fastpipe.data.ImageFolder``
+work after ``import fastpipe``): importing fastpipe imports neither torch nor any optional
+dependency, so the ``fastpipe`` command holds Ctrl-C during torch's import (numpy's compiled
+start-up clears an interrupt raised inside it, and the command ran on). Names follow
+docs/vocabulary.md.
 """
 
 from __future__ import annotations
@@ -18,10 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 from fastpipe._constants import IMAGENET_MEAN, IMAGENET_STD
 from fastpipe._version import __version__
-from fastpipe.loader import DataLoaderX
-from fastpipe.prefetch import DataPrefetcher
-from fastpipe.profiling import profile
-from fastpipe.recipe import Recipe
 
 if TYPE_CHECKING:
     from fastpipe import dali as dali
@@ -29,6 +27,10 @@ if TYPE_CHECKING:
     from fastpipe import ops as ops
     from fastpipe import pack as pack
     from fastpipe.factory import image_loader
+    from fastpipe.loader import DataLoaderX
+    from fastpipe.prefetch import DataPrefetcher
+    from fastpipe.profiling import profile
+    from fastpipe.recipe import Recipe
 
 __all__ = [
     "DataLoaderX",
@@ -41,10 +43,12 @@ __all__ = [
     "profile",
 ]
 
-# Loaded on first attribute access (PEP 562): optional dependencies (h5py, lmdb, DALI) stay
-# unimported until the part that needs them is used.
+# Loaded on first attribute access (PEP 562): torch and the optional dependencies (h5py, lmdb,
+# DALI) stay unimported until the part that needs them is used.
 _SUBPACKAGES = ("bench", "dali", "data", "ops", "pack", "profiling")
-_LAZY = {"image_loader": "fastpipe.factory"}
+_LAZY = {"DataLoaderX": "fastpipe.loader", "DataPrefetcher": "fastpipe.prefetch",
+         "Recipe": "fastpipe.recipe", "image_loader": "fastpipe.factory",
+         "profile": "fastpipe.profiling"}
 
 
 def __getattr__(name: str) -> Any:

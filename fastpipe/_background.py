@@ -279,15 +279,17 @@ class BackgroundIterator(Generic[T]):
 
 @contextlib.contextmanager
 def deferred_interrupt() -> Iterator[None]:
-    """Holds back Ctrl-C (SIGINT) in its block, then handles it at the block's end.
+    """Holds back Ctrl-C (SIGINT) once worker processes start being forked in its block.
 
-    For starting worker processes: a KeyboardInterrupt raised inside ``os.fork``'s hooks
-    (logging's ``_releaseLock``) is printed as "Exception ignored" and lost, leaving the program
-    running with its workers killed by the same Ctrl-C, and possibly with logging's lock held.
-    The Python handler in place (Python's KeyboardInterrupt, or a program's own) is called at the
-    end of the block with the signal. Only the main thread receives SIGINT and may change the
-    handler: elsewhere, or when SIGINT is ignored or not handled in Python, this changes nothing.
-    A process forked inside the block gets the handler back.
+    A KeyboardInterrupt raised inside ``os.fork``'s hooks (logging's ``_releaseLock``, or any
+    module's) is printed as "Exception ignored" and lost, leaving the program running with its
+    workers killed by the same Ctrl-C, and possibly with logging's lock held. In the block, a
+    SIGINT that arrives after the first fork began is held, and given to the Python handler in
+    place (Python's KeyboardInterrupt, or a program's own) at the block's end; before any fork,
+    it is handled at once, so a block that only waits (for persistent workers to resume, say)
+    stays interruptible. Only the main thread receives SIGINT and may change the handler:
+    elsewhere, or when SIGINT is ignored or not handled in Python, this changes nothing. A
+    process forked inside the block (a DataLoader worker) ends quietly, with status 0, on SIGINT.
     """
     previous = signal.getsignal(signal.SIGINT)
     if threading.current_thread() is not threading.main_thread() or not callable(previous):
@@ -295,31 +297,61 @@ def deferred_interrupt() -> Iterator[None]:
         return
     owner = os.getpid()
     received: list[Any] = []
+    outer = _fork_state.forked
 
     def hold(signum: int, frame: Any) -> None:
-        if os.getpid() != owner:  # a child forked in the block, before its handler is reset
+        if os.getpid() != owner:  # a worker forked in the block, before its handler is reset
+            _exit_quietly(signum, frame)
+        if not _fork_state.forked:
             previous(signum, frame)
+            return
         received.append(frame)
 
     hold.fastpipe_previous = previous  # type: ignore[attr-defined]
+    _fork_state.forked = False
     signal.signal(signal.SIGINT, hold)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        _fork_state.forked = outer or _fork_state.forked
         if received and not interrupted():
             previous(signal.SIGINT, received[0])
 
 
+class _ForkState:
+    """Whether a fork began in the innermost deferred_interrupt() block."""
+
+    forked = False
+
+
+_fork_state = _ForkState()
+
+
+def _before_fork() -> None:
+    _fork_state.forked = True
+
+
+def _exit_quietly(signum: int, frame: Any) -> None:
+    os._exit(0)
+
+
 def _handler_back_in_child() -> None:
-    # A worker forked inside deferred_interrupt() inherits `hold`: it must stop on Ctrl-C.
+    # A DataLoader worker forked inside deferred_interrupt() inherits `hold`: it must stop on
+    # Ctrl-C, which a terminal sends to the worker too. It ends at once with status 0, as torch's
+    # worker loop does on a KeyboardInterrupt: a KeyboardInterrupt raised before that loop (while
+    # multiprocessing bootstraps the worker) would end it with status 1 and a traceback, and
+    # torch's SIGCHLD handler in the training process would then raise "DataLoader worker exited
+    # unexpectedly" in place of the user's KeyboardInterrupt.
+    _fork_state.forked = False
     try:
-        previous = getattr(signal.getsignal(signal.SIGINT), "fastpipe_previous", None)
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        if getattr(signal.getsignal(signal.SIGINT), "fastpipe_previous", None) is not None:
+            signal.signal(signal.SIGINT, _exit_quietly)
     except ValueError:  # forked from a thread other than the main one: not this module's fork
         pass
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_handler_back_in_child)
+    # "before" hooks run in reverse order of registration: this one runs before logging's
+    # (torch imports logging first), so the hold covers every fork hook.
+    os.register_at_fork(before=_before_fork, after_in_child=_handler_back_in_child)

@@ -192,3 +192,85 @@ def test_garbage_collection_does_not_wait_out_the_item_being_fetched():
         dropper.join(30)
     thread.join(5)
     assert not thread.is_alive()
+
+
+def test_a_worker_forked_while_ctrl_c_is_held_ends_quietly_on_ctrl_c():
+    """A terminal's Ctrl-C reaches the DataLoader workers too. One that gets it before torch's
+    worker loop (while multiprocessing bootstraps it) must end with status 0, as the loop would:
+    with a KeyboardInterrupt it ended with status 1 and a traceback, and torch's SIGCHLD handler
+    then raised "DataLoader worker exited unexpectedly" in the training process in place of the
+    user's KeyboardInterrupt."""
+    import multiprocessing
+    import os
+    import signal
+
+    from fastpipe._background import deferred_interrupt
+
+    context = multiprocessing.get_context("fork")
+    with deferred_interrupt():
+        worker = context.Process(target=time.sleep, args=(30,))
+        worker.start()
+    try:
+        time.sleep(0.3)  # the worker is in its target, as it would be in its bootstrap
+        os.kill(worker.pid, signal.SIGINT)
+        worker.join(5)
+        assert worker.exitcode == 0
+    finally:
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # this process's own
+
+
+def test_ctrl_c_in_the_block_is_raised_at_once_before_any_fork_and_held_after_one():
+    """deferred_interrupt() holds Ctrl-C only once a fork began (a KeyboardInterrupt inside a
+    fork hook would be lost): a block that only waits, for persistent workers to resume say,
+    stays interruptible."""
+    import os
+    import signal
+
+    from fastpipe._background import deferred_interrupt
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with deferred_interrupt():
+            signal.raise_signal(signal.SIGINT)
+            reached.append("after the signal")
+    assert reached == []
+    with pytest.raises(KeyboardInterrupt):
+        with deferred_interrupt():
+            pid = os.fork()
+            if pid == 0:
+                os._exit(0)
+            os.waitpid(pid, 0)
+            signal.raise_signal(signal.SIGINT)
+            reached.append("after the signal")
+    assert reached == ["after the signal"]  # held to the block's end, then raised
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_the_command_holds_ctrl_c_during_its_imports():
+    """A KeyboardInterrupt raised inside numpy's compiled start-up is cleared there (the command
+    then ran on): the `fastpipe` command holds Ctrl-C while it imports, raises it after, and
+    `import fastpipe` itself imports no torch."""
+    import signal
+
+    from fastpipe._cli import _Interrupts
+
+    interrupts = _Interrupts(active=True)
+    sigchld = signal.getsignal(signal.SIGCHLD)  # the handler resets it, as the command exits
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with interrupts.held():
+                interrupts.handler(signal.SIGINT, None)
+                held = True
+    finally:
+        signal.signal(signal.SIGCHLD, sigchld)
+    assert held and interrupts.received.is_set()
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import sys, fastpipe, fastpipe._cli
+        assert "torch" not in sys.modules and "numpy" not in sys.modules, "imported at once"
+        print(fastpipe.DataLoaderX.__module__, "torch" in sys.modules)
+        """)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["fastpipe.loader", "True"]

@@ -50,16 +50,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    command = "fastpipe"
     try:
-        with _interrupt_until_stopped():
+        with _interrupt_until_stopped() as interrupts:
+            with interrupts.held():  # the imports (torch's among them)
+                parser = build_parser()
+            args = parser.parse_args(argv)
+            command = f"fastpipe {args.command}"
             return int(args._run(args) or 0)
     except CommandError as error:
-        print(f"fastpipe {args.command}: error: {error}", file=sys.stderr)
+        print(f"{command}: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"fastpipe {args.command}: interrupted", file=sys.stderr)
+        print(f"{command}: interrupted", file=sys.stderr)
         if argv is None:  # the program itself (the `fastpipe` command), not a call from Python
             _exit_at_once(130)
         return 130
@@ -87,33 +90,64 @@ def _exit_at_once(code: int) -> None:
 _REPEAT_SECONDS = 0.75
 
 
-@contextlib.contextmanager
-def _interrupt_until_stopped() -> Iterator[None]:
-    """Makes one Ctrl-C stop the command even when its KeyboardInterrupt is lost: raised inside
-    a finalizer or a fork hook, Python prints "Exception ignored" and carries on. After a SIGINT
-    the main thread is interrupted again every _REPEAT_SECONDS until the block has ended."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        yield
-        return
-    received, stopped = threading.Event(), threading.Event()
+class _Interrupts:
+    """The command's Ctrl-C: a KeyboardInterrupt in the main thread, held while ``held()``
+    runs and raised at its end, and raised again every _REPEAT_SECONDS until the command has
+    stopped (an interrupt raised inside a finalizer or a fork hook is printed as "Exception
+    ignored" and lost; one raised inside numpy's compiled start-up is cleared)."""
 
-    def interrupt(signum: int, frame: object) -> None:
-        received.set()
+    def __init__(self, active: bool) -> None:
+        self.active = active
+        self.received, self.stopped = threading.Event(), threading.Event()
+        self.holding = self.pending = False
+
+    def handler(self, signum: int, frame: object) -> None:
+        self.received.set()
+        # The same Ctrl-C ends the DataLoader workers: torch's SIGCHLD handler must not turn
+        # their exits into a "worker exited unexpectedly" error while the command unwinds.
+        if hasattr(signal, "SIGCHLD"):
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        if self.holding:
+            self.pending = True
+            return
         raise KeyboardInterrupt
 
-    def repeat() -> None:
-        received.wait()
-        while not stopped.wait(_REPEAT_SECONDS):
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Holds Ctrl-C while imports run: one raised inside a compiled module's start-up can
+        be lost, or end the process in C++ (pybind11's terminate)."""
+        self.holding = self.active
+        try:
+            yield
+        finally:
+            self.holding = False
+        if self.pending:
+            raise KeyboardInterrupt
+
+    def repeat(self) -> None:
+        self.received.wait()
+        while not self.stopped.wait(_REPEAT_SECONDS):
             _thread.interrupt_main()
 
-    watchdog = threading.Thread(target=repeat, name="fastpipe-cli-interrupt", daemon=True)
-    signal.signal(signal.SIGINT, interrupt)
+
+@contextlib.contextmanager
+def _interrupt_until_stopped() -> Iterator[_Interrupts]:
+    """Makes one Ctrl-C stop the command even when its KeyboardInterrupt is lost (see
+    :class:`_Interrupts`). Only in the main thread, and only where Python's own handler is in
+    place (not under a caller's handler)."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield _Interrupts(active=False)
+        return
+    interrupts = _Interrupts(active=True)
+    watchdog = threading.Thread(target=interrupts.repeat, name="fastpipe-cli-interrupt",
+                                daemon=True)
+    signal.signal(signal.SIGINT, interrupts.handler)
     watchdog.start()
     try:
-        yield
+        yield interrupts
     finally:
-        stopped.set()
-        received.set()
+        interrupts.stopped.set()
+        interrupts.received.set()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         watchdog.join()

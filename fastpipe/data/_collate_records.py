@@ -102,10 +102,12 @@ def stack_into(values: Sequence[torch.Tensor], out: torch.Tensor) -> torch.Tenso
 
 
 class Rows(list):
-    """The samples a dataset's ``__getitems__`` returns when it read some fields' rows straight
-    into one batch block each: ``blocks`` maps a field (a dict key, a tuple position; 0 for the
-    image of ``(image, label)``) to its ``(N, ...)`` block, whose row ``k`` sample ``k`` holds.
-    :func:`~fastpipe.data.fast_collate` then returns the block instead of stacking a copy."""
+    """The samples fastpipe's readers' ``__getitems__`` return when they read some fields' rows
+    straight into one batch block each: ``blocks`` maps a field (a dict key, a tuple position; 0
+    for the image of ``(image, label)``) to its ``(N, ...)`` block, whose row ``k`` sample ``k``
+    holds. :func:`~fastpipe.data.fast_collate` then returns the block instead of stacking a copy:
+    the batch shares its memory with the samples (which nothing else holds), as a block must be
+    memory no one else writes."""
 
     def __init__(self, samples: Sequence[Any], blocks: Mapping[Any, torch.Tensor]) -> None:
         super().__init__(samples)
@@ -115,14 +117,18 @@ class Rows(list):
 def rows_block(values: Sequence[Any], block: torch.Tensor | None) -> torch.Tensor | None:
     """``block`` when ``values`` are exactly its rows, in order (a wrapper may have dropped or
     replaced samples since), else None."""
-    if block is None or len(values) != block.shape[0] or block.device.type != "cpu":
+    if (block is None or len(values) != block.shape[0] or block.device.type != "cpu"
+            or not block.is_contiguous() or len(values) == 0):
         return None
-    row = block[0].numel() * block.element_size() if len(values) else 0
+    row = block[0].numel() * block.element_size()
     base = block.data_ptr()
     for k, value in enumerate(values):
-        if (not isinstance(value, torch.Tensor) or value.dtype != block.dtype
-                or value.shape != block.shape[1:] or value.data_ptr() != base + k * row
-                or not value.is_contiguous() or value.requires_grad):
+        # A view with a lazy conjugation or negation shares the block's memory, not its values.
+        if (not isinstance(value, torch.Tensor) or value.layout != torch.strided
+                or value.device.type != "cpu" or value.dtype != block.dtype
+                or value.shape != block.shape[1:] or not value.is_contiguous()
+                or value.requires_grad or value.is_conj() or value.is_neg()
+                or value.data_ptr() != base + k * row):
             return None
     return block
 

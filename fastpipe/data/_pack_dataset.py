@@ -133,7 +133,7 @@ class PackDataset(PerSample, Dataset):
         self._seekable = isinstance(options, dict) and options.get("transcode") is True
         # Fixed-shape numeric arrays a batch reads straight into one block (__getitems__).
         self._block_fields = {}
-        if hasattr(reader, "read_into"):
+        if hasattr(reader, "reads_into"):
             for name in self._names:
                 field = self.fields[name]
                 if field.kind == "array" and not field.variable and field.stored_dtype.isnative:
@@ -253,11 +253,14 @@ class PackDataset(PerSample, Dataset):
         (:func:`~fastpipe.data.collate.batch_empty`: fast_collate then returns the block instead
         of stacking a copy), in storage order; fields the reader cannot read so are left out."""
         blocks = {}
-        for name, dtype in self._block_fields.items():
+        for name, dtype in getattr(self, "_block_fields", {}).items():
+            if not reader.reads_into(name):
+                continue
             block = batch_empty((len(indices), *self.fields[name].row_shape), dtype)
             array = block.numpy()
-            if all(reader.read_into(indices[k], name, array[k]) for k in order):
-                blocks[name] = block
+            for k in order:
+                reader.read_into(indices[k], name, array[k])
+            blocks[name] = block
         return blocks
 
     def _record(self, reader: Any, index: int, epoch: int,

@@ -98,7 +98,10 @@ class SkippingDataset:
         getitems = getattr(self.dataset, "__getitems__", None)
         if callable(getitems):
             try:
-                return list(getitems(list(indices)))
+                samples = getitems(list(indices))
+                # A list is passed on as it is: a Rows list names the batch blocks its samples
+                # were read into, which fast_collate then returns without a copy.
+                return samples if isinstance(samples, list) else list(samples)
             except CorruptImageError:
                 # The batched read does not say which sample failed: read them one by one (the
                 # per-sample randomness is a function of (seed, epoch, index), so the good ones

@@ -176,10 +176,10 @@ def fast_collate(
 
 def batch_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """A tensor in the memory :func:`fast_collate` (without ``pin_memory``) puts a batch in here:
-    shared memory in a DataLoader worker, else memory kept from earlier batches. A dataset's
-    ``__getitems__`` that reads its samples' rows into one such block, and returns them in a
-    :class:`~fastpipe.data._collate_records.Rows` naming the block, has them collated without a
-    copy."""
+    shared memory in a DataLoader worker, else memory kept from earlier batches. fastpipe's
+    readers read a batch's rows into such a block and return the samples in a
+    :class:`~fastpipe.data._collate_records.Rows` naming it, which fast_collate returns as the
+    batch without a copy."""
     return _memory(False).empty(shape, dtype)
 
 

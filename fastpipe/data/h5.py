@@ -9,7 +9,9 @@ this module.
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -577,6 +579,7 @@ class _Column:
 
     def __init__(self, ds, fd_of: Any) -> None:
         self.ds = ds
+        self.filename = ds.file.filename
         self.row_shape = tuple(ds.shape[1:])
         self.dtype = ds.dtype
         self._fd_of = fd_of  # opens the file's descriptor on first direct read
@@ -617,7 +620,7 @@ class _Column:
         fd = self._fd_of()
         flat = out.reshape(-1).view(np.uint8)
         if self._chunks is None:
-            _pread(fd, flat, self._offset + a * self._row_bytes, self.ds.file.filename)
+            _pread(fd, flat, self._offset + a * self._row_bytes, self.filename)
             return out
         done, row = 0, a
         while row < b:  # the rows may span chunks: read the piece in each
@@ -625,9 +628,36 @@ class _Column:
             n = min(b - row, self._chunk_len - within)
             size = n * self._row_bytes
             _pread(fd, flat[done:done + size], int(self._chunks[chunk]) + within * self._row_bytes,
-                   self.ds.file.filename)
+                   self.filename)
             done += size
             row += n
+        return out
+
+
+class _PartColumns:
+    """A field of fastpipe's own virtual merge, read from its part files directly: the parts'
+    rows one after the other (as the merge's virtual layout maps them), each part a
+    :class:`_Column` with a descriptor of its own. Used only when every part reads directly."""
+
+    direct = True
+
+    def __init__(self, parts: list[_Column], lengths: list[int]) -> None:
+        self.parts = parts
+        self.starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+        self.row_shape, self.dtype = parts[0].row_shape, parts[0].dtype
+
+    def rows(self, a: int, b: int) -> np.ndarray:
+        return self.read_into(a, b, np.empty((max(b - a, 0), *self.row_shape), self.dtype))
+
+    def read_into(self, a: int, b: int, out: np.ndarray) -> np.ndarray:
+        k = int(np.searchsorted(self.starts, a, side="right")) - 1
+        row = a
+        while row < b:
+            start, stop = int(self.starts[k]), min(b, int(self.starts[k + 1]))
+            if stop > row:
+                self.parts[k].read_into(row - start, stop - start, out[row - a:stop - a])
+                row = stop
+            k += 1
         return out
 
 
@@ -661,6 +691,8 @@ class H5RecordReader:
             raise PackFormatError(f"cannot open {where} as HDF5 ({exc})") from exc
         self._file = f
         self._fd: int | None = None
+        self._fd_lock = threading.Lock()
+        self._part_fds: dict[Path, int] = {}  # a virtual merge's part files, read directly
         self._path_offsets: np.ndarray | None = None  # loaded on first sources()
         self._path_column: _Column | None = None
         try:
@@ -727,6 +759,8 @@ class H5RecordReader:
         merged = {name: _read_index(f, f"{R_CRC32}/{name}", where, (self.count,), np.uint32)
                   for name in self.order}
         base = 0
+        columns: dict[str, list[_Column]] = {n: [] for n in self.order if self._columns[n]}
+        lengths: dict[str, list[int]] = {n: [] for n in columns}
         for k, part in enumerate(parts):
             n = part.get("count")
             if not (isinstance(part.get("file"), str) and isinstance(n, int)
@@ -752,6 +786,10 @@ class H5RecordReader:
                                 f"checksums of field {name!r} differ): part files were swapped "
                                 "or replaced after the merge; restore them or pack the output "
                                 "again")
+                    for name in columns:
+                        ds = g[name]
+                        columns[name].append(_Column(ds, functools.partial(self._part_fd, file)))
+                        lengths[name].append(ds.shape[0])
             except PackFormatError:
                 raise
             except H5_ERRORS as exc:
@@ -759,10 +797,29 @@ class H5RecordReader:
             base += n
         if base != self.count:
             raise damaged(where, "parts", f"maps {base} samples, but the pack holds {self.count}")
+        # The merged datasets are virtual, which h5py reads a row at a time holding the GIL: read
+        # the parts directly where every part allows it.
+        for name, parts_of in columns.items():
+            total = self._columns[name].ds.shape[0]
+            if parts_of and all(c.direct for c in parts_of) and sum(lengths[name]) == total:
+                for column in parts_of:
+                    column.ds = None  # its file is closed; direct reads need only the descriptor
+                self._columns[name] = _PartColumns(parts_of, lengths[name])
+
+    def _part_fd(self, file: Path) -> int:
+        fd = self._part_fds.get(file)
+        if fd is None:  # loader threads may race here: one descriptor is kept, the other closed
+            opened = os.open(file, os.O_RDONLY)
+            fd = self._part_fds.setdefault(file, opened)
+            if fd != opened:
+                os.close(opened)
+        return fd
 
     def _descriptor(self) -> int:
         if self._fd is None:
-            self._fd = os.open(self.path, os.O_RDONLY)
+            with self._fd_lock:  # loader threads read from the first batch on
+                if self._fd is None:
+                    self._fd = os.open(self.path, os.O_RDONLY)
         return self._fd
 
     def _check_index(self, index: int) -> int:
@@ -786,14 +843,21 @@ class H5RecordReader:
             raise h5_damaged(str(self.path), exc, f"read field {name!r} of sample {index}"
                              ) from exc
 
-    def read_into(self, index: int, name: str, out: np.ndarray) -> bool:
-        """Field ``name`` of sample ``index`` into ``out`` (its row's shape and dtype), for fixed
-        numeric fields read directly; False, with nothing read, for the others."""
+    def reads_into(self, name: str) -> bool:
+        """Whether :meth:`read_into` takes field ``name``: fixed numeric fields read directly
+        (not compressed, not through a virtual dataset fastpipe did not write)."""
+        column = self._columns.get(name)
+        return name not in self._offsets and column is not None and column.direct
+
+    def read_into(self, index: int, name: str, out: np.ndarray) -> None:
+        """Field ``name`` of sample ``index`` into ``out`` (its row's shape and dtype), for the
+        fields :meth:`reads_into` takes."""
         column = self._columns[name]
-        if name in self._offsets or column is None or not column.direct:
-            return False
-        column.read_into(index, index + 1, out.reshape(1, *column.row_shape))
-        return True
+        try:
+            column.read_into(index, index + 1, out.reshape(1, *column.row_shape))
+        except OSError as exc:
+            raise h5_damaged(str(self.path), exc, f"read field {name!r} of sample {index}"
+                             ) from exc
 
     def read_block(self, name: str, start: int, stop: int) -> np.ndarray:
         """The stored rows of samples ``[start, stop)`` of one field, concatenated."""
@@ -853,6 +917,9 @@ class H5RecordReader:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+        for fd in getattr(self, "_part_fds", {}).values():
+            os.close(fd)
+        self._part_fds = {}
         f = getattr(self, "_file", None)
         if f is not None:
             try:

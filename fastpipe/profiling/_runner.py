@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from fastpipe._background import deferred_interrupt
+from fastpipe._compat import shutdown_dataloader_workers
 from fastpipe.profiling._datasets import DatasetSource
 from fastpipe.profiling._settings import LoaderSettings
 from fastpipe.profiling._table import Row
@@ -131,9 +132,20 @@ def epochs(loader: Any) -> Iterator[Any]:
         # Ctrl-C is held back while a DataLoader starts its workers (see deferred_interrupt).
         with deferred_interrupt():
             batches = iter(loader)
-        for batch in batches:
-            empty = False
-            yield batch
-        del batches
+        try:
+            for batch in batches:
+                empty = False
+                yield batch
+        finally:
+            # The epoch's workers are stopped here, not when the iterator is collected: a Ctrl-C
+            # that lands in a finalizer (DataLoader's __del__ joining its workers) is printed as
+            # "Exception ignored" and lost, where here it is raised. Persistent workers stay.
+            if not getattr(loader, "persistent_workers", False):
+                close = getattr(batches, "close", None)
+                if callable(close):
+                    close()
+                else:
+                    shutdown_dataloader_workers(batches)
+            del batches
         if empty:
             return
