@@ -267,6 +267,14 @@ def test_the_command_holds_ctrl_c_during_its_imports():
     finally:
         signal.signal(signal.SIGCHLD, sigchld)
     assert held and interrupts.received.is_set()
+    # Inside an import (importlib's frames on the stack) it is held too, for the next repeat.
+    later = _Interrupts(active=True)
+    inside = compile("handler(2, sys._getframe())", "<frozen importlib._bootstrap>", "eval")
+    try:
+        eval(inside, {"handler": later.handler, "sys": sys})
+    finally:
+        signal.signal(signal.SIGCHLD, sigchld)
+    assert later.pending
     done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
         import sys, fastpipe, fastpipe._cli
         assert "torch" not in sys.modules and "numpy" not in sys.modules, "imported at once"

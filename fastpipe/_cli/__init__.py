@@ -13,11 +13,13 @@ import _thread
 import argparse
 import contextlib
 import importlib
+import os
 import pkgutil
 import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 
 class CommandError(Exception):
@@ -90,25 +92,36 @@ def _exit_at_once(code: int) -> None:
 _REPEAT_SECONDS = 0.75
 
 
+def _importing(frame: Any) -> bool:
+    """Whether ``frame`` runs inside an import (a lazy one: torchvision's, say), where a
+    KeyboardInterrupt can land in importlib's own callbacks and be printed as "Exception
+    ignored" and lost."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 class _Interrupts:
     """The command's Ctrl-C: a KeyboardInterrupt in the main thread, held while ``held()``
-    runs and raised at its end, and raised again every _REPEAT_SECONDS until the command has
-    stopped (an interrupt raised inside a finalizer or a fork hook is printed as "Exception
-    ignored" and lost; one raised inside numpy's compiled start-up is cleared)."""
+    runs (raised at its end) and while an import runs (raised by the next repeat), and raised
+    again every _REPEAT_SECONDS until the command has stopped (an interrupt raised inside a
+    finalizer or a fork hook is printed as "Exception ignored" and lost; one raised inside
+    numpy's compiled start-up is cleared)."""
 
     def __init__(self, active: bool) -> None:
         self.active = active
         self.received, self.stopped = threading.Event(), threading.Event()
         self.holding = self.pending = False
+        self.pid = os.getpid()
 
     def handler(self, signum: int, frame: object) -> None:
         self.received.set()
-        # The same Ctrl-C ends the DataLoader workers: torch's SIGCHLD handler must not turn
-        # their exits into a "worker exited unexpectedly" error while the command unwinds.
-        if hasattr(signal, "SIGCHLD"):
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        if self.holding:
-            self.pending = True
+        # Held only in the command's own process: a forked child (a worker started outside
+        # deferred_interrupt) has no thread to raise it again later.
+        if os.getpid() == self.pid and (self.holding or _importing(frame)):
+            self.pending = True  # raised at the end of held(), or by the next repeat
             return
         raise KeyboardInterrupt
 

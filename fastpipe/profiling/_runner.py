@@ -137,15 +137,20 @@ def epochs(loader: Any) -> Iterator[Any]:
                 empty = False
                 yield batch
         finally:
-            # The epoch's workers are stopped here, not when the iterator is collected: a Ctrl-C
-            # that lands in a finalizer (DataLoader's __del__ joining its workers) is printed as
-            # "Exception ignored" and lost, where here it is raised. Persistent workers stay.
-            if not getattr(loader, "persistent_workers", False):
-                close = getattr(batches, "close", None)
-                if callable(close):
-                    close()
-                else:
-                    shutdown_dataloader_workers(batches)
+            end_epoch(loader, batches)
             del batches
         if empty:
             return
+
+
+def end_epoch(loader: Any, batches: Any) -> None:
+    """Stops the workers of an epoch's iterator now, not when it is collected: a Ctrl-C that
+    lands in a finalizer (DataLoader's ``__del__`` joining its workers) is printed as
+    "Exception ignored" and lost, where here it is raised. Persistent workers stay."""
+    if getattr(loader, "persistent_workers", False):
+        return
+    close = getattr(batches, "close", None)
+    if callable(close):
+        close()
+    else:
+        shutdown_dataloader_workers(batches)
