@@ -312,6 +312,12 @@ def _png_extension():
     )
 
 
+# Extensions whose failed build leaves fastpipe working, and what it does without each.
+_OPTIONAL_EXTENSIONS = {
+    "fastpipe._jpeg": "whole JPEGs decode with simplejpeg",
+    "fastpipe._png": "PNGs decode with PIL",
+}
+
 # Extensions on the full C API of one Python version, named with its ABI tag.
 _VERSIONED_EXTENSIONS = ("_jpeg", "_resize", "_png")
 
@@ -325,6 +331,20 @@ def _build_extension_class():
     class BuildExtension(cpp_extension.BuildExtension):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, no_python_abi_suffix=True, **kwargs)
+
+        def build_extension(self, ext):
+            # The library-backed decoders are optional: a probe that compiled and linked a
+            # program can still meet a library that a shared module cannot link (a static,
+            # non-PIC libz, say). fastpipe then installs without that module, as when the probe
+            # fails, instead of failing the whole install.
+            if ext.name not in _OPTIONAL_EXTENSIONS:
+                return super().build_extension(ext)
+            try:
+                return super().build_extension(ext)
+            except Exception as error:  # noqa: BLE001 - any build failure of an optional module
+                print(f"fastpipe: building without {ext.name}: its build failed ({error}); "
+                      f"fastpipe works without it ({_OPTIONAL_EXTENSIONS[ext.name]})")
+                return None
 
         def get_ext_filename(self, ext_name):
             # distutils passes the last part only

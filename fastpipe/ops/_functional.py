@@ -266,9 +266,14 @@ def _statistics_on(vector: torch.Tensor, device: torch.device) -> torch.Tensor:
     if cached is None:
         if len(_STATISTICS) >= _MAX_STATISTICS:
             return _to_device(vector, device)
-        # A blocking copy, once: the values are on the GPU before any stream can read them, so
-        # every stream may use the cached tensor without waiting for the copy.
-        cached = _STATISTICS.setdefault(key, vector.to(torch.device("cuda", index)))
+        # Copied once, finished before any stream can read it, so every stream may use the
+        # cached tensor without waiting. The copy runs on a stream of its own: a pageable copy
+        # waits for its stream to drain, and the current one may hold a step's queued work.
+        stream = torch.cuda.Stream(device=index)
+        with torch.cuda.stream(stream):
+            copy = vector.to(torch.device("cuda", index))
+        stream.synchronize()
+        cached = _STATISTICS.setdefault(key, copy)
     return cached
 
 

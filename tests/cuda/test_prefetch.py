@@ -93,11 +93,12 @@ def _run(prefetcher, kind: str, busy_step: float, pressure: bool) -> tuple[list,
 
 
 def _check(batches, sums, labels, normalize: bool) -> list[int]:
-    """Indices of the batches whose checksum is wrong (asserts the labels too)."""
+    """Indices of the batches whose images or labels are wrong (a batch read from memory
+    another batch reused shows in either)."""
     expected = _expected(batches, normalize)
-    assert len(sums) == len(batches)
-    assert labels == [i * batches[i].shape[0] for i in range(len(batches))]
-    return [i for i, (got, want) in enumerate(zip(sums, expected)) if got != want]
+    assert len(sums) == len(labels) == len(batches)
+    return [i for i, (got, want, label) in enumerate(zip(sums, expected, labels))
+            if got != want or label != i * batches[i].shape[0]]
 
 
 def _prefetcher(batches, kind, depth, normalize, on_gpu=False):
@@ -153,10 +154,37 @@ def _without_waits(monkeypatch):
         monkeypatch.setattr(cls, name, lambda *args, **kwargs: None)
 
 
+def _slow_host_copies(monkeypatch, main: torch.cuda.Stream, seconds: float = 0.05) -> None:
+    """Every copy of a host tensor queued on a stream other than ``main`` starts after
+    ``seconds`` of busy work on that stream: the copy then ends well after the step's read is
+    queued. (On an H100 a batch's copy takes about a millisecond and ended before the unordered
+    read began, so without this the control could not fail.)"""
+    gpu_sleep(0.001)  # measures the clock once, before Tensor.to is patched
+    real_to = torch.Tensor.to
+
+    def to(self, *args, **kwargs):
+        if self.device.type == "cpu" and torch.cuda.current_stream() != main:
+            gpu_sleep(seconds)
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+
+
+def test_copies_that_end_late_are_still_waited_for(monkeypatch):
+    """The control below, with the waits in place: the same late copies are read intact."""
+    batches = random_batches(COUNT, BIG, seed=30, pin=True)
+    _expected(batches, True)
+    _slow_host_copies(monkeypatch, torch.cuda.current_stream())
+    sums, labels = _run(_prefetcher(batches, "tuple", 1, True), "tuple", 0.0, pressure=False)
+    monkeypatch.undo()
+    assert _check(batches, sums, labels, True) == []
+
+
 def test_control_without_the_waits_the_immediate_read_sees_partial_copies(monkeypatch):
     batches = random_batches(COUNT, BIG, seed=30, pin=True)
     _expected(batches, True)  # warm the kernels up outside the patched region
     _without_waits(monkeypatch)
+    _slow_host_copies(monkeypatch, torch.cuda.current_stream())
     sums, labels = _run(_prefetcher(batches, "tuple", 1, True), "tuple", 0.0, pressure=False)
     monkeypatch.undo()
     assert _check(batches, sums, labels, True), "no batch was wrong without any wait"

@@ -223,3 +223,24 @@ def test_the_installed_torch_is_asked_and_its_environment_left_alone(setup_py, m
         assert accepted == set(_cuda_archs.WANTED_ARCHS)
     elif release < (2, 7):
         assert "10.0" not in accepted and "9.0" in accepted
+
+
+@pytest.mark.parametrize("name", ("fastpipe._png", "fastpipe._jpeg"))
+def test_a_failed_build_of_an_optional_decoder_leaves_the_install_going(setup_py, monkeypatch,
+                                                                        capsys, name):
+    """A GPU machine's bundle once had a static, non-PIC libz: the probe linked a program, the
+    shared fastpipe._png did not, and the whole install failed with it."""
+    from setuptools import Distribution, Extension
+    from setuptools.errors import LinkError
+    from torch.utils import cpp_extension
+
+    def fails(self, ext):
+        raise LinkError("relocation R_X86_64_PC32 against symbol `z_errmsg'")
+
+    monkeypatch.setattr(cpp_extension.BuildExtension, "build_extension", fails)
+    command = setup_py["_build_extension_class"]()(Distribution())
+    command.build_extension(Extension(name, ["x.cpp"]))
+    out = capsys.readouterr().out
+    assert f"building without {name}: its build failed" in out and "z_errmsg" in out
+    with pytest.raises(LinkError):  # the ops' extension is not optional
+        command.build_extension(Extension("fastpipe._C", ["x.cpp"]))

@@ -6,6 +6,8 @@ these tests check which calls the real code makes.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -14,8 +16,36 @@ from fastpipe.ops import _functional
 CUDA = torch.device("cuda")
 
 
+class _Stream:
+    """Stands in for torch.cuda.Stream: records its synchronizations."""
+
+    def __init__(self, device=None):
+        self.device = device
+        self.synchronized = 0
+
+    def synchronize(self):
+        self.synchronized += 1
+
+
 @pytest.fixture
-def copies(monkeypatch):
+def streams(monkeypatch) -> list:
+    """torch.cuda.Stream and torch.cuda.stream stand-ins; the list's last item is the current
+    stream (a string for the step's own)."""
+    current: list = ["the step's stream"]
+
+    @contextlib.contextmanager
+    def stream(s):
+        current.append(s)
+        yield
+        current.pop()
+
+    monkeypatch.setattr(torch.cuda, "Stream", _Stream)
+    monkeypatch.setattr(torch.cuda, "stream", stream)
+    return current
+
+
+@pytest.fixture
+def copies(monkeypatch, streams):
     """Records pin_memory and .to calls; tensors stay where they are."""
     log: list[tuple] = []
 
@@ -203,3 +233,23 @@ def test_normalize_statistics_past_the_cache_size_are_copied_per_call(copies, mo
     _functional._statistics_on(torch.tensor([0.2]), CUDA)
     assert copies == [("pin", "cpu"), ("to", "cpu", "cuda", True)] * 2  # nothing evicted
     assert list(_functional._STATISTICS) == [(0, (0.10000000149011612,))]
+
+
+def test_normalize_statistics_are_copied_on_a_stream_of_their_own(streams, monkeypatch):
+    """On an H100, the first normalize with host statistics, called on a stream with 200 ms of
+    queued work, blocked until that stream drained: the one blocking copy was queued behind it."""
+    monkeypatch.setattr(_functional, "_STATISTICS", {})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    log = []
+
+    def to(self, device, non_blocking=False):
+        synchronized = getattr(streams[-1], "synchronized", 0)
+        log.append((streams[-1], str(device), non_blocking, synchronized))
+        return self
+
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    _functional._statistics_on(torch.tensor([0.5, 0.4, 0.3]), CUDA)
+    [(copied_on, device, non_blocking, synchronized_before)] = log
+    assert isinstance(copied_on, _Stream) and copied_on.device == 0 and device == "cuda:0"
+    assert not non_blocking and synchronized_before == 0 and copied_on.synchronized == 1
