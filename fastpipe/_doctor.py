@@ -157,6 +157,15 @@ def _module_state(name: str) -> dict[str, Any]:
     return {"built": True, "problem": None}
 
 
+def _png_state() -> dict[str, Any]:
+    """fastpipe._png's state, and what inflates its own rows ("isa-l" or "zlib")."""
+    state = _module_state("fastpipe._png")
+    state["inflate"] = None
+    if state["built"]:
+        state["inflate"] = getattr(importlib.import_module("fastpipe._png"), "INFLATE", "zlib")
+    return state
+
+
 def _dali() -> dict[str, Any]:
     version = _version("nvidia-dali-cuda130") or _version("nvidia-dali-cuda120")
     info: dict[str, Any] = {"version": version, "package": None, "gpus_seen": None,
@@ -212,8 +221,16 @@ def _picks(torch: Any, report: dict[str, Any]) -> dict[str, str]:
         dali_pick = "CPU mode"
     decode = ("crop-only JPEG decoding (libjpeg-turbo region decode)" if report["jpeg_region"]
               ["built"] else "whole-image JPEG decoding (simplejpeg; fastpipe._jpeg is not built)")
+    png = report["png"]
+    if not png["built"]:
+        png_pick = "PIL (fastpipe._png is not built: install libpng-dev and rebuild)"
+    elif png["inflate"] == "isa-l":
+        png_pick = "fastpipe's own rows, inflated by ISA-L"
+    else:
+        png_pick = ("fastpipe's own rows, inflated by zlib (install libisal-dev and rebuild: "
+                    "about twice the inflate speed)")
     return {"ops": ops, "DataPrefetcher": prefetcher, "DALILoader": dali_pick,
-            "CPU image path": decode}
+            "CPU image path": decode, "PNG decoding": png_pick}
 
 
 def environment_report() -> dict[str, Any]:
@@ -239,6 +256,7 @@ def environment_report() -> dict[str, Any]:
         "extension": ext,
         "jpeg_region": _module_state("fastpipe._jpeg"),
         "resize": _module_state("fastpipe._resize"),
+        "png": _png_state(),
         "dali": _dali(),
         "pynvml": importlib.util.find_spec("pynvml") is not None,
         "cores": usable_cores(),
@@ -293,6 +311,9 @@ def format_report(report: dict[str, Any]) -> str:
         f"{'built' if report['jpeg_region']['built'] else report['jpeg_region']['problem']}",
         f"fastpipe._resize: "
         f"{'built' if report['resize']['built'] else report['resize']['problem']}",
+        "fastpipe._png (PNG rows; libpng): " + (
+            f"built, inflate: {report['png']['inflate']}" if report["png"]["built"]
+            else report["png"]["problem"]),
     ]
     if dali["version"] is None:
         lines.append(f"DALI: {dali['problem']}")

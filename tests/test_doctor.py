@@ -21,6 +21,7 @@ def test_doctor_reports_this_machine(capsys):
     assert f"torch {torch.__version__}" in out
     assert f"cores: {len(os.sched_getaffinity(0))} usable" in out
     assert "fastpipe will use:" in out and "  ops: " in out and "  DALILoader: " in out
+    assert "  PNG decoding: " in out and "fastpipe._png (PNG rows; libpng): " in out
     if not torch.cuda.is_available():
         assert "GPUs: none visible to torch" in out
         assert "DataPrefetcher: CPU: a background thread" in out
@@ -38,6 +39,12 @@ def test_doctor_json_holds_the_same_findings(capsys):
     jpeg_built = importlib.util.find_spec("fastpipe._jpeg") is not None
     assert report["jpeg_region"]["built"] == jpeg_built
     assert ("crop-only" in report["picks"]["CPU image path"]) == jpeg_built
+    png = importlib.util.find_spec("fastpipe._png")
+    assert report["png"]["built"] == (png is not None)
+    if png is not None:
+        inflate = importlib.import_module("fastpipe._png").INFLATE
+        assert report["png"]["inflate"] == inflate
+        assert inflate in report["picks"]["PNG decoding"].lower()
     assert report["cores"] == len(os.sched_getaffinity(0))
     dali = importlib.util.find_spec("nvidia.dali") is not None
     assert (report["dali"]["version"] is not None) == dali

@@ -173,8 +173,11 @@ PIXEL_SIZES = [(8, GREY), (8, PALETTE), (8, GREY_ALPHA), (16, GREY), (8, RGB), (
                (16, GREY_ALPHA), (16, RGB), (16, RGBA), (4, GREY), (2, PALETTE)]
 
 
-@pytest.mark.parametrize("filters", [(0,), (1,), (2,), (3,), (4,), (4, 1, 3, 2, 0, 4)],
-                         ids=["none", "sub", "up", "average", "paeth", "mixed"])
+# "paeth runs": two Paeth rows are undone together (unfilter.h's paeth2), so runs of every
+# parity, broken by other filters, meet every band's start and end.
+@pytest.mark.parametrize("filters", [(0,), (1,), (2,), (3,), (4,), (4, 1, 3, 2, 0, 4),
+                                     (4, 4, 2, 4, 4, 4, 1, 4, 3)],
+                         ids=["none", "sub", "up", "average", "paeth", "mixed", "paeth runs"])
 @pytest.mark.parametrize("depth,color_type", PIXEL_SIZES,
                          ids=[_kind_id((d, c, {})) for d, c in PIXEL_SIZES])
 def test_every_filter_on_every_pixel_size(depth, color_type, filters):
@@ -193,8 +196,9 @@ def test_every_filter_on_every_pixel_size(depth, color_type, filters):
         np.testing.assert_array_equal(out, expected)
         if depth == 8 and color_type != PALETTE:
             np.testing.assert_array_equal(out, _pil_pixels(data))
-        for rows in ((0, 1), (height - 1, height), (height // 2, height)):
-            if rows[0] < rows[1]:
+        for rows in ((0, 1), (height - 1, height), (height // 2, height), (1, height - 1),
+                     (2, height), (3, 6)):
+            if rows[0] < rows[1] <= height:
                 np.testing.assert_array_equal(decode_png(data, "f.png", rows), out[rows[0]:rows[1]])
 
 

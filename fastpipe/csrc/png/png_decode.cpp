@@ -288,7 +288,14 @@ extern "C" PyMODINIT_FUNC PyInit__png(void) {
     if (m == nullptr) {
         return nullptr;
     }
-    if (PyModule_AddStringConstant(m, "LIBPNG_VERSION", PNG_LIBPNG_VER_STRING) < 0) {
+#if defined(FASTPIPE_PNG_ISAL)
+    const char *inflater = "isa-l";
+#else
+    const char *inflater = "zlib";
+#endif
+    // INFLATE: what inflates fastpipe's own rows (libpng's always use zlib).
+    if (PyModule_AddStringConstant(m, "LIBPNG_VERSION", PNG_LIBPNG_VER_STRING) < 0
+            || PyModule_AddStringConstant(m, "INFLATE", inflater) < 0) {
         Py_DECREF(m);
         return nullptr;
     }

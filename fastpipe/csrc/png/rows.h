@@ -22,11 +22,15 @@
 #pragma once
 
 #include <zlib.h>
+#if defined(FASTPIPE_PNG_ISAL)
+#include <isa-l/igzip_lib.h>
+#endif
 
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -63,10 +67,20 @@ struct Layout {
     size_t row_bytes = 0, pixel_bytes = 0;
 };
 
+// PNG's CRC-32 (zlib's) of `length` bytes, continuing from `crc` (0 to start).
+inline uint32_t crc32_of(uint32_t crc, const uint8_t *bytes, size_t length) {
+    while (length > 0) {
+        const uInt part = length > (1u << 30) ? (1u << 30) : static_cast<uInt>(length);
+        crc = static_cast<uint32_t>(crc32(crc, bytes, part));
+        bytes += part;
+        length -= part;
+    }
+    return crc;
+}
+
 inline bool crc_matches(const uint8_t *data, size_t offset, uint32_t length) {
     // The CRC covers the chunk type (the 4 bytes before the data) and the data.
-    uLong crc = crc32(0L, data + offset - 4, length + 4);
-    return uint32_t(crc) == be32(data + offset + length);
+    return crc32_of(0, data + offset - 4, size_t(length) + 4) == be32(data + offset + length);
 }
 
 /* The layout of a PNG this decoder reads, or false: a file it does not take (interlaced, sub-byte
@@ -164,6 +178,7 @@ inline bool read_layout(const uint8_t *data, size_t size, Layout *out) {
     return true;
 }
 
+#if !defined(FASTPIPE_PNG_ISAL)
 // Inflates the rows of a run of IDAT chunks, one filtered row (type byte + bytes) at a time.
 class RowInflater {
 public:
@@ -247,6 +262,7 @@ public:
 
     const std::string &message() const { return message_; }
     size_t chunks_left() const { return layout_.idat.size() - next_chunk_; }
+    void expect(uint64_t) {}  // reads are row by row already
 
 private:
     bool next_input() {
@@ -274,6 +290,136 @@ private:
     bool open_ = false, ended_ = false;
     std::string message_;
 };
+#else
+// The same with ISA-L's inflate (igzip), which inflates photos' PNGs about twice as fast as zlib.
+// It is fastest given large outputs, so it inflates kPiece bytes at a time into a buffer that the
+// rows are copied from: a band then inflates at most kPiece bytes past its last row.
+class RowInflater {
+public:
+    RowInflater(const uint8_t *data, const Layout &layout)
+        : data_(data), layout_(layout), state_(new inflate_state), buffer_(kPiece) {}
+    RowInflater(const RowInflater &) = delete;
+    RowInflater &operator=(const RowInflater &) = delete;
+
+    // Starts at IDAT chunk `chunk`: the zlib stream's start for chunk 0 (header parsed, Adler-32
+    // checked at the end), a raw deflate stream after a full flush for the others.
+    bool start(size_t chunk) {
+        isal_inflate_init(state_.get());
+        state_->crc_flag = chunk == 0 ? ISAL_ZLIB : IGZIP_DEFLATE;
+        next_chunk_ = chunk;
+        used_ = have_ = 0;
+        expected_ = produced_ = 0;
+        return next_input();
+    }
+
+    // The next `n` bytes of the stream into `out`, or false with message() set.
+    bool read(uint8_t *out, size_t n) {
+        while (n > 0) {
+            if (used_ == have_ && !inflate_more()) {
+                if (message_.empty()) {
+                    message_ = "not enough image data: the compressed stream ends before the "
+                               "last row";
+                }
+                return false;
+            }
+            const size_t take = n < have_ - used_ ? n : have_ - used_;
+            std::memcpy(out, buffer_.data() + used_, take);
+            out += take;
+            n -= take;
+            used_ += take;
+        }
+        return true;
+    }
+
+    // After the last row: the stream must end in the IDATs. Data past the last row ends the
+    // check (libpng's benign "too much image data").
+    bool finish() {
+        if (used_ < have_ || inflate_more()) {
+            return true;  // bytes past the last row
+        }
+        if (message_.empty()) {
+            return true;  // the stream ended
+        }
+        if (message_ == kInputsEnd) {
+            message_ = "not enough image data: the compressed stream has no end";
+        }
+        return false;
+    }
+
+    const std::string &message() const { return message_; }
+    size_t chunks_left() const { return layout_.idat.size() - next_chunk_; }
+    // The bytes the rows wanted take: no piece inflates past them (finish() may go on).
+    void expect(uint64_t bytes) { expected_ = bytes; }
+
+private:
+    static constexpr uint32_t kPiece = 64 * 1024;
+    static constexpr const char *kInputsEnd =
+        "not enough image data: the IDAT chunks end before the last row";
+
+    // Refills the buffer. False when the stream ended (message() empty) or on an error (message()
+    // set).
+    bool inflate_more() {
+        used_ = have_ = 0;
+        for (;;) {
+            if (state_->block_state == ISAL_BLOCK_FINISH) {
+                return false;
+            }
+            if (state_->avail_in == 0 && !next_input()) {
+                return false;
+            }
+            const uint32_t before = state_->avail_in;
+            const uint64_t left = expected_ > produced_ ? expected_ - produced_ : kPiece;
+            const uint32_t room = left < kPiece ? static_cast<uint32_t>(left) : kPiece;
+            state_->next_out = buffer_.data();
+            state_->avail_out = room;
+            const int status = isal_inflate(state_.get());
+            have_ = room - state_->avail_out;
+            produced_ += have_;
+            if (status < 0 || status == ISAL_NEED_DICT) {
+                return fail(status == ISAL_INCORRECT_CHECKSUM ? "incorrect data check"
+                            : status == ISAL_INVALID_WRAPPER || status == ISAL_UNSUPPORTED_METHOD
+                                ? "incorrect header check"
+                            : status == ISAL_NEED_DICT ? "need dictionary"
+                                                       : "damaged compressed data");
+            }
+            if (have_ > 0) {
+                return true;
+            }
+            if (state_->avail_in == before && state_->avail_in > 0
+                    && state_->block_state != ISAL_BLOCK_FINISH) {
+                return fail("damaged compressed data");  // no progress: never loop on it
+            }
+        }
+    }
+
+    bool next_input() {
+        if (next_chunk_ >= layout_.idat.size()) {
+            return fail(kInputsEnd);
+        }
+        const Span span = layout_.idat[next_chunk_++];
+        if (!crc_matches(data_, span.offset, span.length)) {
+            return fail("IDAT: CRC error");
+        }
+        state_->next_in = const_cast<uint8_t *>(data_ + span.offset);
+        state_->avail_in = span.length;
+        return true;
+    }
+
+    bool fail(const char *message) {
+        message_ = message;
+        return false;
+    }
+
+    const uint8_t *data_;
+    const Layout &layout_;
+    std::unique_ptr<inflate_state> state_;
+    std::vector<uint8_t> buffer_;
+    size_t next_chunk_ = 0;
+    uint32_t used_ = 0, have_ = 0;
+    uint64_t expected_ = 0, produced_ = 0;
+    std::string message_;
+};
+#endif
 
 // The bytes of a reconstructed row as the caller wants them: 16-bit samples in machine order.
 inline void emit_row(const uint8_t *row, uint8_t *out, size_t n, int depth) {
@@ -303,12 +449,13 @@ inline Outcome decode_band(const uint8_t *data, const Layout &layout, uint32_t t
                            uint32_t bottom, bool from_segment, uint8_t *out,
                            std::string *message) {
     const size_t n = layout.row_bytes, bpp = layout.pixel_bytes;
-    // Two raw rows (a filter byte, then the bytes), alternating as current and previous.
-    std::vector<uint8_t> rows(2 * (n + 1), 0);
-    uint8_t *cur = rows.data(), *prev = rows.data() + n + 1;
+    // Three raw rows (a filter byte, then the bytes), rotating as previous, current and next,
+    // and the readable byte after the last that unfilter.h asks for.
+    std::vector<uint8_t> rows(3 * (n + 1) + 1, 0);
+    uint8_t *prev = rows.data(), *cur = prev + n + 1, *next = cur + n + 1;
     uint32_t first = 0, checked_until = 0;
     size_t chunk = 0;
-    uLong segment_crc = crc32(0L, Z_NULL, 0);
+    uint32_t segment_crc = 0;
     if (from_segment) {
         chunk = top / layout.segment_rows;
         first = static_cast<uint32_t>(chunk * layout.segment_rows);
@@ -321,33 +468,69 @@ inline Outcome decode_band(const uint8_t *data, const Layout &layout, uint32_t t
         *message = inflater.message();
         return failed;
     }
-    const uint32_t last = bottom > checked_until ? bottom : checked_until;
-    for (uint32_t y = first; y < last; ++y) {
-        if (!inflater.read(cur, n + 1)) {
+    // Row y's raw bytes into `row`, checked against the first segment's index entry.
+    auto take = [&](uint8_t *row, uint32_t y) -> Outcome {
+        if (!inflater.read(row, n + 1)) {
             *message = inflater.message();
             return failed;
         }
-        const uint8_t type = cur[0];
         if (y < checked_until) {
-            segment_crc = crc32(segment_crc, cur, static_cast<uInt>(n + 1));
-            if (y == first && y > 0 && type != kNone && type != kSub) {
+            segment_crc = crc32_of(segment_crc, row, n + 1);
+            if (y == first && y > 0 && row[0] != kNone && row[0] != kSub) {
                 return Outcome::kNotSeekable;  // the segment's first row reads the row above
             }
             if (y + 1 == checked_until
-                    && uint32_t(segment_crc) != be32(data + layout.segment_crcs + 4 * chunk)) {
+                    && segment_crc != be32(data + layout.segment_crcs + 4 * chunk)) {
                 return Outcome::kNotSeekable;  // not the start of the segment the index names
             }
+        }
+        return Outcome::kDone;
+    };
+    auto emit = [&](const uint8_t *row, uint32_t y) {
+        if (y >= top) {
+            emit_row(row + 1, out + size_t(y - top) * n, n, layout.depth);
+        }
+    };
+    const bool pairs = paeth_pairs(bpp);
+    const uint32_t last = bottom > checked_until ? bottom : checked_until;
+    inflater.expect(uint64_t(last - first) * (n + 1));
+    for (uint32_t y = first; y < last; ++y) {
+        Outcome outcome = take(cur, y);
+        if (outcome != Outcome::kDone) {
+            return outcome;
         }
         if (y >= bottom) {
             continue;  // the rest of the first segment, inflated for its check only
         }
-        if (!unfilter(type, cur + 1, prev + 1, n, bpp)) {
+        if (pairs && cur[0] == kPaeth && y + 1 < bottom) {
+            // Photos' PNGs are mostly Paeth rows: two of them in a row are undone together.
+            outcome = take(next, y + 1);
+            if (outcome != Outcome::kDone) {
+                return outcome;
+            }
+            if (next[0] == kPaeth) {
+                unfilter_paeth2(cur + 1, next + 1, prev + 1, n, bpp);
+            } else {
+                unfilter(kPaeth, cur + 1, prev + 1, n, bpp);
+                if (!unfilter(next[0], next + 1, cur + 1, n, bpp)) {
+                    *message = "bad adaptive filter value";
+                    return failed;
+                }
+            }
+            emit(cur, y);
+            emit(next, y + 1);
+            uint8_t *free_row = prev;
+            prev = next;
+            next = cur;
+            cur = free_row;
+            ++y;
+            continue;
+        }
+        if (!unfilter(cur[0], cur + 1, prev + 1, n, bpp)) {
             *message = "bad adaptive filter value";
             return failed;
         }
-        if (y >= top) {
-            emit_row(cur + 1, out + size_t(y - top) * n, n, layout.depth);
-        }
+        emit(cur, y);
         uint8_t *swap = cur;
         cur = prev;
         prev = swap;
