@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gc
 import os
+import signal
 import threading
 import time
 from pathlib import Path
@@ -61,6 +62,22 @@ def no_thread_leak():
     yield baseline
     leftovers = wait_for_threads(baseline)
     assert not leftovers, f"threads left running after the test: {leftovers}"
+
+
+@pytest.fixture
+def sigint_default():
+    """SIGINT with Python's default handler for the test. A test run started in the background
+    (CI under nohup, `pytest &`) inherits SIGINT ignored: a Ctrl-C sent by a test would then be
+    lost, as would one in every process the test forks or starts until it sets a handler, which a
+    terminal's Ctrl-C never is."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @pytest.fixture(scope="session")

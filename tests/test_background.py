@@ -194,6 +194,7 @@ def test_garbage_collection_does_not_wait_out_the_item_being_fetched():
     assert not thread.is_alive()
 
 
+@pytest.mark.usefixtures("sigint_default")
 def test_a_worker_forked_while_ctrl_c_is_held_ends_quietly_on_ctrl_c():
     """A terminal's Ctrl-C reaches the DataLoader workers too. One that gets it before torch's
     worker loop (while multiprocessing bootstraps it) must end with status 0, as the loop would:
@@ -222,6 +223,7 @@ def test_a_worker_forked_while_ctrl_c_is_held_ends_quietly_on_ctrl_c():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # this process's own
 
 
+@pytest.mark.usefixtures("sigint_default")
 def test_ctrl_c_in_the_block_is_raised_at_once_before_any_fork_and_held_after_one():
     """deferred_interrupt() holds Ctrl-C only once a fork began (a KeyboardInterrupt inside a
     fork hook would be lost): a block that only waits, for persistent workers to resume say,

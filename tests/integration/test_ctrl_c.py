@@ -101,19 +101,10 @@ def _wait_for_workers(process: subprocess.Popen, limit: float) -> bool:
 
 
 @pytest.fixture(autouse=True)
-def _sigint_not_ignored():
-    """A test run started in the background (CI, `pytest &`) inherits SIGINT ignored, and so
-    would each command it starts until the command sets a handler: a Ctrl-C early in its
-    start-up would then be lost, which a terminal's Ctrl-C never is. The commands start with the
-    default disposition instead (a handler of this process is reset to it across exec)."""
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
-        yield
-        return
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _sigint_not_ignored(sigint_default):
+    """The commands start with SIGINT's default disposition, as from a terminal (a handler of
+    this process is reset to it across exec): see the fixture."""
+    yield
 
 
 def interrupt_once(command: list[str], rng: random.Random, early: bool) -> dict:
