@@ -178,11 +178,48 @@ inline bool read_layout(const uint8_t *data, size_t size, Layout *out) {
     return true;
 }
 
+// The IDAT chunks of a file handed out in order, each checked against its CRC, and the message
+// of the first error: what both inflaters below read from.
+class IdatChunks {
+public:
+    const std::string &message() const { return message_; }
+
+protected:
+    static constexpr const char *kInputsEnd =
+        "not enough image data: the IDAT chunks end before the last row";
+
+    IdatChunks(const uint8_t *data, const Layout &layout) : data_(data), layout_(layout) {}
+
+    // The next chunk's data and length, or false with message() set.
+    bool next_chunk(const uint8_t **bytes, uint32_t *length) {
+        if (next_chunk_ >= layout_.idat.size()) {
+            return fail(kInputsEnd);
+        }
+        const Span span = layout_.idat[next_chunk_++];
+        if (!crc_matches(data_, span.offset, span.length)) {
+            return fail("IDAT: CRC error");
+        }
+        *bytes = data_ + span.offset;
+        *length = span.length;
+        return true;
+    }
+
+    bool fail(const char *message) {
+        message_ = message;
+        return false;
+    }
+
+    const uint8_t *data_;
+    const Layout &layout_;
+    size_t next_chunk_ = 0;
+    std::string message_;
+};
+
 #if !defined(FASTPIPE_PNG_ISAL)
 // Inflates the rows of a run of IDAT chunks, one filtered row (type byte + bytes) at a time.
-class RowInflater {
+class RowInflater : public IdatChunks {
 public:
-    RowInflater(const uint8_t *data, const Layout &layout) : data_(data), layout_(layout) {
+    RowInflater(const uint8_t *data, const Layout &layout) : IdatChunks(data, layout) {
         std::memset(&stream_, 0, sizeof(stream_));
     }
     ~RowInflater() {
@@ -260,44 +297,31 @@ public:
         return true;
     }
 
-    const std::string &message() const { return message_; }
-    size_t chunks_left() const { return layout_.idat.size() - next_chunk_; }
     void expect(uint64_t) {}  // reads are row by row already
 
 private:
     bool next_input() {
-        if (next_chunk_ >= layout_.idat.size()) {
-            return fail("not enough image data: the IDAT chunks end before the last row");
+        const uint8_t *bytes;
+        uint32_t length;
+        if (!next_chunk(&bytes, &length)) {
+            return false;
         }
-        const Span span = layout_.idat[next_chunk_++];
-        if (!crc_matches(data_, span.offset, span.length)) {
-            return fail("IDAT: CRC error");
-        }
-        stream_.next_in = const_cast<Bytef *>(data_ + span.offset);
-        stream_.avail_in = span.length;
+        stream_.next_in = const_cast<Bytef *>(bytes);
+        stream_.avail_in = length;
         return true;
     }
 
-    bool fail(const char *message) {
-        message_ = message;
-        return false;
-    }
-
-    const uint8_t *data_;
-    const Layout &layout_;
     z_stream stream_;
-    size_t next_chunk_ = 0;
     bool open_ = false, ended_ = false;
-    std::string message_;
 };
 #else
 // The same with ISA-L's inflate (igzip), which inflates photos' PNGs about twice as fast as zlib.
 // It is fastest given large outputs, so it inflates kPiece bytes at a time into a buffer that the
 // rows are copied from: a band then inflates at most kPiece bytes past its last row.
-class RowInflater {
+class RowInflater : public IdatChunks {
 public:
     RowInflater(const uint8_t *data, const Layout &layout)
-        : data_(data), layout_(layout), state_(new inflate_state), buffer_(kPiece) {}
+        : IdatChunks(data, layout), state_(new inflate_state), buffer_(kPiece) {}
     RowInflater(const RowInflater &) = delete;
     RowInflater &operator=(const RowInflater &) = delete;
 
@@ -346,15 +370,11 @@ public:
         return false;
     }
 
-    const std::string &message() const { return message_; }
-    size_t chunks_left() const { return layout_.idat.size() - next_chunk_; }
     // The bytes the rows wanted take: no piece inflates past them (finish() may go on).
     void expect(uint64_t bytes) { expected_ = bytes; }
 
 private:
     static constexpr uint32_t kPiece = 64 * 1024;
-    static constexpr const char *kInputsEnd =
-        "not enough image data: the IDAT chunks end before the last row";
 
     // Refills the buffer. False when the stream ended (message() empty) or on an error (message()
     // set).
@@ -393,31 +413,20 @@ private:
     }
 
     bool next_input() {
-        if (next_chunk_ >= layout_.idat.size()) {
-            return fail(kInputsEnd);
+        const uint8_t *bytes;
+        uint32_t length;
+        if (!next_chunk(&bytes, &length)) {
+            return false;
         }
-        const Span span = layout_.idat[next_chunk_++];
-        if (!crc_matches(data_, span.offset, span.length)) {
-            return fail("IDAT: CRC error");
-        }
-        state_->next_in = const_cast<uint8_t *>(data_ + span.offset);
-        state_->avail_in = span.length;
+        state_->next_in = const_cast<uint8_t *>(bytes);
+        state_->avail_in = length;
         return true;
     }
 
-    bool fail(const char *message) {
-        message_ = message;
-        return false;
-    }
-
-    const uint8_t *data_;
-    const Layout &layout_;
     std::unique_ptr<inflate_state> state_;
     std::vector<uint8_t> buffer_;
-    size_t next_chunk_ = 0;
     uint32_t used_ = 0, have_ = 0;
     uint64_t expected_ = 0, produced_ = 0;
-    std::string message_;
 };
 #endif
 
