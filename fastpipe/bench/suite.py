@@ -12,14 +12,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fastpipe._background import deferred_interrupt
 from fastpipe._constants import DEFAULT_SIZE
 from fastpipe._hardware import usable_cores
 from fastpipe.bench.machine import describe_machine
 from fastpipe.bench.report import BenchReport, loader_table, noise_notes, workers
 from fastpipe.bench.variants import VARIANTS, BenchConfig, Skip, Variant
 from fastpipe.data.samples import default_cache_dir, sample_images
-from fastpipe.profiling._runner import close_loader, end_epoch, measured_row, run_loader
+from fastpipe.profiling._runner import close_loader, epoch_batches, measured_row, run_loader
 from fastpipe.profiling._table import Row
 
 
@@ -39,15 +38,11 @@ class _Peek:
         self.output: str | None = None
 
     def __iter__(self):
-        with deferred_interrupt():  # the loader's workers are forked here (see epochs())
-            batches = iter(self.loader)
-        try:
+        with epoch_batches(self.loader) as batches:
             for batch in batches:
                 if self.output is None:
                     self.output = _describe_output(batch)
                 yield batch
-        finally:
-            end_epoch(self.loader, batches)
 
 
 def run_variant(variant: Variant, config: BenchConfig, seconds: float, step_seconds: float,

@@ -4,6 +4,7 @@ becomes a :class:`~fastpipe.profiling._table.Row` of the command's table."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import time
@@ -129,18 +130,25 @@ def epochs(loader: Any) -> Iterator[Any]:
     """The loader's batches, epoch after epoch, until an epoch yields none."""
     while True:
         empty = True
-        # Ctrl-C is held back while a DataLoader starts its workers (see deferred_interrupt).
-        with deferred_interrupt():
-            batches = iter(loader)
-        try:
+        with epoch_batches(loader) as batches:
             for batch in batches:
                 empty = False
                 yield batch
-        finally:
-            end_epoch(loader, batches)
-            del batches
+        del batches
         if empty:
             return
+
+
+@contextlib.contextmanager
+def epoch_batches(loader: Any) -> Iterator[Any]:
+    """One epoch's iterator over ``loader``: its workers started with Ctrl-C held back (see
+    deferred_interrupt), and stopped when the block ends (see end_epoch)."""
+    with deferred_interrupt():
+        batches = iter(loader)
+    try:
+        yield batches
+    finally:
+        end_epoch(loader, batches)
 
 
 def end_epoch(loader: Any, batches: Any) -> None:
