@@ -78,7 +78,7 @@ def image_loader(
     prefetch_depth: int = 2,
     crop_pct: float = DEFAULT_CROP_PCT,
     recipe: Recipe | None = None,
-    crop_decode: bool = True,
+    crop_decode: bool | None = None,
     on_error: str = "raise",
 ) -> Any:
     """Image classification batches from ``source``, built on the fastest path available.
@@ -125,11 +125,11 @@ def image_loader(
             ``scale``, ``ratio``, ``hflip``, ``auto_augment``, ``interpolation``, ``crop_pct``,
             ``mean``, ``std``, ``dtype``, ``channels_last``) instead of those keywords, which
             build the same object; a keyword that contradicts it is an error.
-        crop_decode: DALI backend, train: decode only the random crop window (DALI's fused
-            decode, the default); ``False`` decodes whole images and crops them on the GPU, the
-            workaround when the fused GPU decode fails (NVIDIA/nvImageCodec#55; see
-            :class:`fastpipe.dali.DALILoader`). The CPU backend has its own decoder: ``False``
-            there is ignored, with a warning.
+        crop_decode: DALI backend, train: ``True`` decodes only the random crop window (DALI's
+            fused decode); ``None`` (the default) and ``False`` decode whole images and crop
+            them on the device, because the fused GPU decode may fail (NVIDIA/nvImageCodec#55;
+            see :class:`fastpipe.dali.DALILoader`). The CPU backend has its own decoder: a value
+            given there is ignored, with a warning.
         on_error: what a corrupt image (``fastpipe.data.CorruptImageError``) does: ``"raise"``
             stops the epoch with it; ``"skip"`` leaves it out of its batch (a partial batch),
             counts it and reports it at the end of the epoch (a RuntimeWarning;
@@ -193,15 +193,18 @@ class _Options:
         o.on_error = check_on_error(given.get("on_error", "raise"))
         o.device = resolve_device(given["device"], where="image_loader")
         o.backend = _choose_backend(check.choice("backend", given["backend"], BACKENDS), o)
-        o.crop_decode = given.get("crop_decode", True)
-        if not isinstance(o.crop_decode, bool):
+        o.crop_decode = given.get("crop_decode")
+        if o.crop_decode is not None and not isinstance(o.crop_decode, bool):
             raise TypeError(f"crop_decode must be True or False, got {o.crop_decode!r}")
-        if not o.crop_decode and o.backend != "dali":
+        if o.crop_decode is not None and o.backend != "dali":
             warnings.warn(
-                "image_loader: crop_decode=False applies to the DALI backend (the workaround of "
-                "NVIDIA/nvImageCodec#55); the CPU backend decodes with its own decoder and "
-                "ignores it", RuntimeWarning, stacklevel=3,
+                f"image_loader: crop_decode={o.crop_decode} applies to the DALI backend; the "
+                "CPU backend decodes with its own decoder and ignores it", RuntimeWarning,
+                stacklevel=3,
             )
+        # Unless asked for, no fused random-crop decode: it may fail on the GPU
+        # (NVIDIA/nvImageCodec#55).
+        o.crop_decode = bool(o.crop_decode)
         o.order_seed = order_seed(o.seed, o.world_size)
         o.augment_seed = draw_seed() if o.seed is None else o.seed
         return o

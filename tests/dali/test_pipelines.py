@@ -236,6 +236,34 @@ def test_crop_decode_off_runs_on_the_cpu_through_every_entry_point(sample_root):
                      crop_decode=False)
 
 
+def test_image_loader_defaults_to_the_whole_image_decode_on_dali(sample_root, recwarn):
+    """image_loader's DALI backend decodes whole images unless crop_decode=True is asked for:
+    the fused random-crop decode may fail on the GPU (NVIDIA/nvImageCodec#55)."""
+    from fastpipe.factory import image_loader
+
+    loader = image_loader(sample_root, 8, train=True, size=32, backend="dali", device="cpu")
+    try:
+        assert loader.crop_decode is False
+        names = {name for name, _ in graph_ops(loader._new_pipeline(lambda: None))}
+        assert "ImageRandomCrop" not in names and "RandomResizedCrop" in names
+    finally:
+        loader.close()
+    asked = image_loader(sample_root, 8, train=True, size=32, backend="dali", device="cpu",
+                         crop_decode=True)
+    try:
+        assert asked.crop_decode is True
+        assert "ImageRandomCrop" in {name for name, _ in graph_ops(
+            asked._new_pipeline(lambda: None))}
+    finally:
+        asked.close()
+    # The CPU backend's default says nothing; asking it for either is a warning.
+    image_loader(sample_root, 8, train=True, size=32, backend="cpu", device="cpu").close()
+    assert not [w for w in recwarn if "crop_decode" in str(w.message)]
+    with pytest.warns(RuntimeWarning, match="crop_decode=True applies to the DALI backend"):
+        image_loader(sample_root, 8, train=True, size=32, backend="cpu", device="cpu",
+                     crop_decode=True).close()
+
+
 def test_cpu_graph_has_no_gpu_operator(sample_root):
     pipe = build_pipeline(
         sample_root, recipe=Recipe(train=True, cutout_holes=1), batch_size=8,
