@@ -4,6 +4,10 @@
 // checks keep the operators total when they are called directly through torch.ops.fastpipe.
 #pragma once
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 #include <ATen/MemoryOverlap.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
@@ -73,11 +77,37 @@ inline void check_erase_args(const at::Tensor& images, const at::Tensor& boxes,
   }
 }
 
-// In-place ops write through the strides: every element must have its own memory.
+// Whether every element of t has its own memory: with the dimensions sorted by stride, each
+// stride passes the farthest element the smaller ones reach (a sufficient test; the Python
+// wrappers apply the same one, fastpipe/ops/_functional.py).
+inline bool elements_apart(const at::Tensor& t) {
+  std::vector<std::pair<int64_t, int64_t>> dims;  // (stride, size)
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) > 1) {
+      dims.emplace_back(t.stride(d), t.size(d));
+    }
+  }
+  std::sort(dims.begin(), dims.end());
+  int64_t reach = 0;
+  for (const auto& [stride, size] : dims) {
+    if (stride <= reach) {
+      return false;
+    }
+    reach += stride * (size - 1);
+  }
+  return true;
+}
+
+// In-place ops write through the strides: every element must have its own memory. torch's
+// has_internal_overlap answers TooHard for every layout that is not dense (a sliced batch), so
+// those are accepted only when elements_apart proves it.
 inline void check_writable(const at::Tensor& images, const char* op) {
-  TORCH_CHECK(at::has_internal_overlap(images) != at::MemOverlap::Yes, "fastpipe::", op,
-              ": the images share memory between elements (an expanded tensor?); pass a tensor "
-              "that owns its elements, e.g. images.clone()");
+  const at::MemOverlap overlap = at::has_internal_overlap(images);
+  TORCH_CHECK(overlap == at::MemOverlap::No ||
+                  (overlap == at::MemOverlap::TooHard && elements_apart(images)),
+              "fastpipe::", op, ": the images share memory between elements (an expanded or "
+              "overlapping view, strides ", images.strides(), "); pass a tensor that owns its "
+              "elements, e.g. images.clone()");
 }
 
 inline void check_mixup_args(const at::Tensor& images, const at::Tensor& lam) {

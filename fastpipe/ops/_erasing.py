@@ -8,6 +8,7 @@ import torch
 
 from fastpipe import _validate as check
 from fastpipe.ops import _functional
+from fastpipe.ops._params import CPU
 
 _MODES = {"const": 0, "": 0, "rand": "rand", "pixel": "pixel"}
 _STATE_VERSION = 1
@@ -75,7 +76,8 @@ class RandomErasing:
         self.num_splits = check.non_negative_int("num_splits", num_splits, where=op)
         _functional._check_generator(op, generator)
         if generator is None:
-            generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, ())))
+            seed = int(torch.randint(0, 2**62, (), device=CPU))
+            generator = torch.Generator().manual_seed(seed)
         self.generator = generator
         self.inplace = bool(inplace)
         check.probability("probability", probability, where=op)
@@ -87,7 +89,7 @@ class RandomErasing:
             )
         # The other arguments are checked once, now, on a dummy batch (the draws are undone).
         state = self.generator.get_state()
-        self.make_params(torch.zeros(1, 1, 1, 1))
+        self.make_params(torch.zeros(1, 1, 1, 1, device=CPU))
         self.generator.set_state(state)
 
     def __repr__(self) -> str:

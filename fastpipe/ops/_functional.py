@@ -17,6 +17,7 @@ from fastpipe import _validate as check
 from fastpipe.ops import _extension, _params, _reference
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_CPU = _params.CPU
 _IMAGE_DTYPES = (torch.uint8, *_FLOAT_DTYPES)
 
 Fill = float | Sequence[float]
@@ -45,8 +46,27 @@ def _apply(op: str, kernel: str, images: torch.Tensor, *args, inplace: bool) -> 
             f"{op}(inplace=True) does not support autograd (the images require grad); "
             "use inplace=False, which is differentiable"
         )
+    if _eager() and not _elements_apart(images):
+        raise ValueError(
+            f"{op}(inplace=True): the images' strides {tuple(images.stride())} let elements "
+            "share memory (an expanded or overlapping view), so writing one would change "
+            "another; pass images.clone() (or .contiguous()), or use inplace=False"
+        )
     _run(f"{kernel}_", images, *args)
     return images
+
+
+def _elements_apart(images: torch.Tensor) -> bool:
+    """Whether every element has its own memory: with the dimensions sorted by stride, each
+    stride passes the farthest element the smaller ones reach. (A sufficient test; the one the
+    kernels apply too, fastpipe/csrc/common.h.)"""
+    reach = 0
+    for stride, size in sorted(zip(images.stride(), images.shape)):
+        if size > 1:
+            if stride <= reach:
+                return False
+            reach += stride * (size - 1)
+    return True
 
 
 def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -201,7 +221,7 @@ def _fill_values(op: str, name: str, value: object, images: torch.Tensor) -> tor
                 f"{op}: {name} {values} is outside 0-255, the range of uint8 images; pass pixel "
                 "values in 0-255 (or normalize the images first and pass normalized values)"
             )
-    return _to_device(torch.tensor(values, dtype=images.dtype), images.device)
+    return _to_device(torch.tensor(values, dtype=images.dtype, device=_CPU), images.device)
 
 
 def normalize(
@@ -230,7 +250,10 @@ def normalize(
     channels = images.shape[1]
     vectors = []
     for name, values in (("mean", mean), ("std", std)):
-        vector = torch.as_tensor(values, dtype=torch.float32).flatten()
+        if isinstance(values, torch.Tensor):
+            vector = values.to(torch.float32).flatten()
+        else:  # numbers: a host tensor, whatever torch's default device
+            vector = torch.tensor(values, dtype=torch.float32, device=_CPU).flatten()
         if vector.numel() != channels:
             raise ValueError(
                 f"{name} has {vector.numel()} values but the images have {channels} channels; "
@@ -412,13 +435,13 @@ def erasing_params(
     if mode in _PIXEL_NOISE:
         fill_t = _fill_values(op, "value", 0, images)
         draw = _params.generator_kwargs(generator)
-        seeds = _to_device(torch.randint(0, 2**32, (n,), **draw), images.device)
+        seeds = _to_device(torch.randint(0, 2**32, (n,), device=_CPU, **draw), images.device)
     elif mode == _BOX_COLOUR:
         draw = _params.generator_kwargs(generator)
         if images.dtype == torch.uint8:
-            colours = torch.randint(0, 256, (n, max_count, c), **draw)
+            colours = torch.randint(0, 256, (n, max_count, c), device=_CPU, **draw)
         else:
-            colours = torch.randn(n, max_count, c, **draw)
+            colours = torch.randn(n, max_count, c, device=_CPU, **draw)
         fill_t = _to_device(colours.to(images.dtype), images.device)
     else:
         fill_t = _fill_values(op, "value", value, images)

@@ -14,6 +14,7 @@ import torch
 
 from fastpipe import _validate as check
 from fastpipe.ops import _functional
+from fastpipe.ops._params import CPU
 
 _MODES = ("batch", "pair", "elem")
 _STATE_VERSION = 1
@@ -23,16 +24,16 @@ def _beta(alpha: float, size: int, generator: torch.Generator) -> torch.Tensor:
     """``size`` draws of Beta(alpha, alpha) as float64, by the log-space method of
     ``_params.beta`` (never 0 / 0, for any alpha > 0)."""
     gammas = torch._standard_gamma(
-        torch.full((2, size), alpha + 1.0, dtype=torch.float64), generator=generator
+        torch.full((2, size), alpha + 1.0, dtype=torch.float64, device=CPU), generator=generator
     )
-    uniforms = 1.0 - torch.rand(2, size, dtype=torch.float64, generator=generator)  # (0, 1]
+    uniforms = 1.0 - torch.rand(2, size, dtype=torch.float64, device=CPU, generator=generator)
     log_draws = gammas.log() + uniforms.log() / alpha
     return torch.sigmoid(log_draws[0] - log_draws[1])
 
 
 def _below(bounds: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One uniform integer in ``0..bound - 1`` per entry of the int64 ``bounds`` (all >= 1)."""
-    u = torch.rand(bounds.shape, dtype=torch.float64, generator=generator)
+    u = torch.rand(bounds.shape, dtype=torch.float64, device=CPU, generator=generator)
     return torch.minimum((u * bounds).to(torch.int64), bounds - 1)
 
 
@@ -132,7 +133,7 @@ class Mixup:
         self.num_classes = check.positive_int("num_classes", num_classes, where="Mixup")
         _functional._check_generator("Mixup", generator)
         if generator is None:
-            seed = int(torch.randint(0, 2**62, ()))
+            seed = int(torch.randint(0, 2**62, (), device=CPU))
             generator = torch.Generator().manual_seed(seed)
         self.generator = generator
         self.inplace = bool(inplace)
@@ -165,13 +166,13 @@ class Mixup:
         n, _, h, w = images.shape
         rows = {"batch": 1, "pair": n // 2, "elem": n}[self.mode]
         g = self.generator
-        u = torch.rand(rows, 2, dtype=torch.float64, generator=g)
+        u = torch.rand(rows, 2, dtype=torch.float64, device=CPU, generator=g)
         applied = (u[:, 0] < self.prob) & self.mixup_enabled
         if self.mixup_alpha > 0 and self.cutmix_alpha > 0:
             use_cutmix = u[:, 1] < self.switch_prob
         else:
-            use_cutmix = torch.full((rows,), self.cutmix_alpha > 0)
-        lam = torch.ones(rows, dtype=torch.float64)
+            use_cutmix = torch.full((rows,), self.cutmix_alpha > 0, device=CPU)
+        lam = torch.ones(rows, dtype=torch.float64, device=CPU)
         if self.mixup_alpha > 0:
             lam = torch.where(use_cutmix, lam, _beta(self.mixup_alpha, rows, g))
         if self.cutmix_alpha > 0:
@@ -205,33 +206,36 @@ class Mixup:
             # timm's rand_bbox_minmax: sides uniform in int(H * min)..int(H * max) - 1, the
             # top-left corner uniform where the box fits.
             lo, hi = self.cutmix_minmax
-            low = torch.tensor([int(h * lo), int(w * lo)])
-            high = torch.tensor([int(h * hi), int(w * hi)])
+            low = torch.tensor([int(h * lo), int(w * lo)], device=CPU)
+            high = torch.tensor([int(h * hi), int(w * hi)], device=CPU)
             if bool((high <= low).any()):
                 raise ValueError(
                     f"Mixup: cutmix_minmax={self.cutmix_minmax} gives no box side for "
                     f"{h}x{w} images (int(side * min) must be < int(side * max)); widen it"
                 )
             sides = low + _below((high - low).expand(rows, 2), g)
-            corner = _below(torch.tensor([h, w]) - sides + 1, g)
-            return torch.zeros(rows, 2, dtype=torch.int64), torch.cat((corner, corner + sides), 1)
+            corner = _below(torch.tensor([h, w], device=CPU) - sides + 1, g)
+            centres = torch.zeros(rows, 2, dtype=torch.int64, device=CPU)
+            return centres, torch.cat((corner, corner + sides), 1)
         # timm's rand_bbox: cut = int(side * sqrt(1 - lam)), from c - cut // 2 to
         # c + (cut + 1) // 2 around a centre uniform over the pixels, clipped. Per-sample lam
         # is float32 in timm, and so is that product.
         if self.mode == "batch":
             ratio = torch.sqrt(1.0 - lam)
-            cut = (torch.tensor([h, w], dtype=torch.float64) * ratio.view(-1, 1)).to(torch.int64)
+            side = torch.tensor([h, w], dtype=torch.float64, device=CPU)
+            cut = (side * ratio.view(-1, 1)).to(torch.int64)
         else:
             ratio = torch.sqrt(1.0 - lam.to(torch.float32))
-            cut = (torch.tensor([h, w], dtype=torch.float32) * ratio.view(-1, 1)).to(torch.int64)
+            side = torch.tensor([h, w], dtype=torch.float32, device=CPU)
+            cut = (side * ratio.view(-1, 1)).to(torch.int64)
         centres = torch.stack(
             (
-                torch.randint(0, h, (rows,), generator=g),
-                torch.randint(0, w, (rows,), generator=g),
+                torch.randint(0, h, (rows,), device=CPU, generator=g),
+                torch.randint(0, w, (rows,), device=CPU, generator=g),
             ),
             dim=1,
         )
-        limit = torch.tensor([h, w])
+        limit = torch.tensor([h, w], device=CPU)
         start = torch.clamp(centres - cut // 2, min=0)
         stop = torch.minimum(centres + (cut + 1) // 2, limit)
         return centres, torch.cat((start, stop), 1)
@@ -263,14 +267,14 @@ class Mixup:
         if self.mode == "pair":
             # Pair (n, N - 1 - n) shares its draw; the middle sample of an odd batch is unmixed.
             middle = n - 2 * lam.shape[0]
-            lam = torch.cat((lam, torch.ones(middle, dtype=lam.dtype), lam.flip(0)))
-            target_lam = torch.cat(
-                (target_lam, torch.ones(middle, dtype=lam.dtype), target_lam.flip(0))
-            )
+            ones = torch.ones(middle, dtype=lam.dtype, device=CPU)
+            lam = torch.cat((lam, ones, lam.flip(0)))
+            target_lam = torch.cat((target_lam, ones, target_lam.flip(0)))
             use_cutmix = torch.cat(
-                (use_cutmix, torch.zeros(middle, dtype=torch.bool), use_cutmix.flip(0))
+                (use_cutmix, torch.zeros(middle, dtype=torch.bool, device=CPU), use_cutmix.flip(0))
             )
-            boxes = torch.cat((boxes, torch.zeros(middle, 4, dtype=boxes.dtype), boxes.flip(0)))
+            unboxed = torch.zeros(middle, 4, dtype=boxes.dtype, device=CPU)
+            boxes = torch.cat((boxes, unboxed, boxes.flip(0)))
         mixed = self._mix_per_sample(images, lam, use_cutmix, boxes)
         return mixed, self._per_sample_targets(targets, target_lam.to(torch.float32))
 

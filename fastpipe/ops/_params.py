@@ -1,9 +1,10 @@
 """Random parameters of the batch ops, drawn with torch's CPU generator into small tensors.
 
-Drawing on the CPU, whatever the images' device, is what makes a seed give the same result on CPU
-and CUDA: the kernels are deterministic functions of the images and these tensors. Every draw is
-vectorized over the batch (no Python loop per sample), and nothing here reads a tensor's value
-back into Python, so the wrappers stay traceable by torch.compile.
+Drawing on the CPU, whatever the images' device and torch's default device (every tensor made
+here names ``device=CPU``), is what makes a seed give the same result on CPU and CUDA: the kernels
+are deterministic functions of the images and these tensors. Every draw is vectorized over the
+batch (no Python loop per sample), and nothing here reads a tensor's value back into Python, so
+the wrappers stay traceable by torch.compile.
 
 Boxes are int64 rows of (top, left, bottom, right), bottom and right exclusive; an empty box
 (bottom <= top) erases nothing.
@@ -22,7 +23,9 @@ from fastpipe.ops import _extension
 # torchvision's RandomErasing and timm's make ten attempts at a box that fits, then give up.
 ERASING_ATTEMPTS = 10
 
-_CPU = torch.device("cpu")
+# Every tensor the ops make on the host names this device: torch's default device (for example
+# torch.set_default_device("cuda")) must not move a parameter draw or a fill off the CPU.
+CPU = torch.device("cpu")
 
 
 def generator_kwargs(generator: torch.Generator | None) -> dict:
@@ -44,8 +47,9 @@ def cutout_boxes(
 ) -> torch.Tensor:
     """``(batch, num_holes, 4)`` boxes of ``size`` x ``size`` whose centres are uniform over the
     pixels, clipped at the border (Cutout, DeVries & Taylor 2017)."""
-    cy = torch.randint(0, height, (batch, num_holes), **generator_kwargs(generator))
-    cx = torch.randint(0, width, (batch, num_holes), **generator_kwargs(generator))
+    draw = generator_kwargs(generator)
+    cy = torch.randint(0, height, (batch, num_holes), device=CPU, **draw)
+    cx = torch.randint(0, width, (batch, num_holes), device=CPU, **draw)
     if not torch.compiler.is_compiling():
         # The same integer arithmetic in NumPy, with less overhead per op (see erasing_boxes).
         boxes = np.empty((batch, num_holes, 4), dtype=np.int64)
@@ -94,10 +98,11 @@ def erasing_boxes(
     # torch.compile, and a build without the extension, run the torch version.
     k, a = max_count, ERASING_ATTEMPTS
     u = torch.rand(
-        batch, 2 + k * (2 * a + 2), dtype=torch.float64, **generator_kwargs(generator)
+        batch, 2 + k * (2 * a + 2), dtype=torch.float64, device=CPU,
+        **generator_kwargs(generator),
     )
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
-    if not torch.compiler.is_compiling() and _extension.has_kernel("erasing_boxes", _CPU):
+    if not torch.compiler.is_compiling() and _extension.has_kernel("erasing_boxes", CPU):
         return torch.ops.fastpipe.erasing_boxes(
             u, height, width, max_count, p, scale[0], scale[1], log_lo, log_hi, min_count
         )
@@ -113,15 +118,14 @@ def erasing_boxes(
     hw = torch.round(
         torch.sqrt(area.unsqueeze(-1) * torch.exp(torch.stack((log_ratio, -log_ratio), -1)))
     )
-    limit = torch.tensor([height, width], dtype=torch.float64)
+    limit = torch.tensor([height, width], dtype=torch.float64, device=CPU)
     fits = (hw < limit).all(-1)
     first = fits.to(torch.int8).argmax(dim=-1)  # the first attempt that fits
     hw = hw.gather(2, first.view(batch, k, 1, 1).expand(batch, k, 1, 2)).squeeze(2)
     # The top-left corner is uniform over the (H - h + 1) x (W - w + 1) positions that fit.
     corner = torch.minimum(torch.floor(boxes_u[..., 2 * a :] * (limit - hw + 1)), limit - hw)
-    active = (
-        apply.view(-1, 1) & fits.any(dim=-1) & (torch.arange(k).view(1, -1) < count.view(-1, 1))
-    )
+    box_index = torch.arange(k, device=CPU).view(1, -1)
+    active = apply.view(-1, 1) & fits.any(dim=-1) & (box_index < count.view(-1, 1))
     boxes = torch.cat((corner, corner + hw), dim=-1).to(torch.int64)
     return boxes * active.unsqueeze(-1)
 
@@ -136,9 +140,13 @@ def beta(alpha: float, generator: torch.Generator | None = None) -> torch.Tensor
     weight is taken as ``sigmoid(log X - log Y)`` instead: the same distribution, for any alpha.
     """
     alpha = float(alpha)
-    gammas = standard_gamma(torch.full((2,), alpha + 1.0, dtype=torch.float64), generator=generator)
+    gammas = standard_gamma(
+        torch.full((2,), alpha + 1.0, dtype=torch.float64, device=CPU), generator=generator
+    )
     # (0, 1]: log is finite
-    uniforms = 1.0 - torch.rand(2, dtype=torch.float64, **generator_kwargs(generator))
+    uniforms = 1.0 - torch.rand(
+        2, dtype=torch.float64, device=CPU, **generator_kwargs(generator)
+    )
     log_draws = gammas.log() + uniforms.log() / alpha
     return torch.sigmoid(log_draws[0] - log_draws[1])
 
@@ -158,20 +166,20 @@ def cutmix_box(
         # torch ops below is most of a small batch's cutmix (docs/ops.md, "Less Python per call").
         cut = math.sqrt(1.0 - float(lam))
         cut_h, cut_w = int(height * cut), int(width * cut)
-        cy = int(torch.randint(0, height, (), generator=generator))
-        cx = int(torch.randint(0, width, (), generator=generator))
+        cy = int(torch.randint(0, height, (), device=CPU, generator=generator))
+        cx = int(torch.randint(0, width, (), device=CPU, generator=generator))
         top, bottom = min(max(cy - cut_h // 2, 0), height), min(cy + (cut_h + 1) // 2, height)
         left, right = min(max(cx - cut_w // 2, 0), width), min(cx + (cut_w + 1) // 2, width)
         corrected = 1.0 - ((bottom - top) * (right - left)) / (height * width)
         return (
-            torch.tensor((top, left, bottom, right), dtype=torch.int64),
-            torch.tensor(corrected, dtype=torch.float64),
+            torch.tensor((top, left, bottom, right), dtype=torch.int64, device=CPU),
+            torch.tensor(corrected, dtype=torch.float64, device=CPU),
         )
     cut = torch.sqrt(1.0 - lam)
     cut_h = (height * cut).to(torch.int64)
     cut_w = (width * cut).to(torch.int64)
-    cy = torch.randint(0, height, (), **generator_kwargs(generator))
-    cx = torch.randint(0, width, (), **generator_kwargs(generator))
+    cy = torch.randint(0, height, (), device=CPU, **generator_kwargs(generator))
+    cx = torch.randint(0, width, (), device=CPU, **generator_kwargs(generator))
     top, bottom = (cy - cut_h // 2).clamp(0, height), (cy + (cut_h + 1) // 2).clamp(0, height)
     left, right = (cx - cut_w // 2).clamp(0, width), (cx + (cut_w + 1) // 2).clamp(0, width)
     box = torch.stack((top, left, bottom, right))

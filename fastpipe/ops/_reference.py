@@ -13,6 +13,8 @@ import torch
 
 _MASK32 = 0xFFFFFFFF
 _GOLDEN32 = 0x9E3779B9
+# Elements of erase's noise made at once (int64 temporaries of 32 MiB each).
+_NOISE_ELEMENTS = 1 << 22
 
 
 def output_format(images: torch.Tensor) -> torch.memory_format:
@@ -106,17 +108,18 @@ def erase(
     if seeds is None:
         out = torch.where(inside, fill.view(1, c, 1, 1), images)
         return out.contiguous(memory_format=memory_format)
-    # Noise only where it lands: its cost is proportional to the erased area.
-    bi, ci, yi, xi = inside.expand(n, c, h, w).nonzero(as_tuple=True)
-    counter = (ci * h + yi) * w + xi
-    seed = seeds[bi]
-    if images.dtype == torch.uint8:
-        values = noise_byte(seed, counter)
-    else:
-        values = noise_normal(seed, counter).to(images.dtype)
-    out = images.clone(memory_format=memory_format)
-    out[bi, ci, yi, xi] = values
-    return out
+    # Noise for every element, kept where a box lands: selecting only the erased elements
+    # (nonzero) would give a shape that depends on the data, for which the host waits for the
+    # GPU. A few samples at a time, so that the int64 temporaries stay small.
+    noise = noise_byte if images.dtype == torch.uint8 else noise_normal
+    counter = torch.arange(c * h * w, device=images.device).view(1, c, h, w)
+    step = max(1, _NOISE_ELEMENTS // max(1, c * h * w))
+    parts = []
+    for start in range(0, n, step):
+        rows = slice(start, start + step)
+        values = noise(seeds[rows].view(-1, 1, 1, 1), counter).to(images.dtype)
+        parts.append(torch.where(inside[rows], values, images[rows]))
+    return torch.cat(parts).contiguous(memory_format=memory_format)
 
 
 def erase_(

@@ -258,6 +258,34 @@ def test_inplace_ops_refuse_overlapping_memory():
             call()
 
 
+def _overlapping() -> torch.Tensor:
+    """Rows of 4 elements 3 apart: neighbouring rows share one element. Not an expanded tensor
+    (no stride 0), so at::has_internal_overlap answers TooHard, not Yes."""
+    return torch.zeros(200).as_strided((2, 3, 4, 4), (48, 16, 3, 1))
+
+
+def test_inplace_ops_refuse_strides_under_which_elements_may_share_memory():
+    images = _overlapping()
+    boxes = torch.tensor([[0, 0, 4, 4]] * 2)
+    for call in (
+        lambda: OPS.erase_(images, boxes.unsqueeze(1), torch.ones(3), None),
+        lambda: OPS.erase_(images, boxes.unsqueeze(1), torch.ones(3), torch.tensor([1, 2])),
+        lambda: OPS.mixup_(images, torch.tensor([0.25, 0.5])),
+        lambda: OPS.cutmix_(images, boxes),
+    ):
+        with pytest.raises(RuntimeError, match="share memory"):
+            call()
+    assert not bool(images.any()), "a refused call wrote into the images"
+
+
+def test_inplace_ops_accept_strided_views_whose_elements_are_apart():
+    # Not dense either (TooHard for at::has_internal_overlap), but every element is its own.
+    base = torch.zeros(2, 3, 9, 20)
+    view = base[:, :, 1:, ::2]
+    OPS.erase_(view, torch.tensor([[[0, 0, 8, 10]]] * 2), torch.ones(3), None)
+    assert bool((view == 1).all()) and int(base.sum()) == view.numel()
+
+
 def test_public_inplace_variants_write_into_the_batch():
     images = torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8)
     for call in (

@@ -72,6 +72,44 @@ def test_reference_noise_is_keyed_by_seed_and_position_only():
     assert bool((part[:, :, :2] == 0).all())
 
 
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32, torch.bfloat16])
+def test_the_reference_has_no_data_dependent_shape_so_no_synchronization(dtype):
+    # On a GPU an op whose output shape depends on the data (nonzero, boolean indexing) makes
+    # the host wait for the GPU. meta tensors hold no data, so such an op cannot run on them:
+    # every reference op, the noise of erase included, must.
+    meta = torch.device("meta")
+    images = torch.empty(4, 3, 16, 12, dtype=dtype, device=meta)
+    boxes = torch.empty(4, 2, 4, dtype=torch.int64, device=meta)
+    fill = torch.empty(3, dtype=dtype, device=meta)
+    seeds = torch.empty(4, dtype=torch.int64, device=meta)
+    per_box = torch.empty(4, 2, 3, dtype=dtype, device=meta)
+    lam = torch.empty(4, dtype=torch.float32, device=meta)
+    for out in (
+        _reference.erase(images, boxes, fill, seeds),
+        _reference.erase(images, boxes, fill),
+        _reference.erase(images, boxes, per_box),
+        _reference.mixup(images, lam),
+        _reference.cutmix(images, boxes[:, 0]),
+        _reference.normalize(images, fill.float(), fill.float()),
+    ):
+        assert out.device == meta and out.shape == images.shape
+    _reference.erase_(images, boxes, fill, seeds)
+    _reference.mixup_(images, lam)
+    _reference.cutmix_(images, boxes[:, 0])
+
+
+def test_reference_noise_in_a_large_batch_equals_the_noise_of_each_sample():
+    # The noise is made a few samples at a time; the result must not depend on the grouping.
+    images = torch.zeros(9, 3, 300, 301)
+    boxes = torch.tensor([[[5, 7, 290, 280]]] * 9)
+    seeds = torch.arange(100, 109)
+    whole = _reference.erase(images, boxes, torch.zeros(3), seeds)
+    for i in range(9):
+        rows = slice(i, i + 1)
+        one = _reference.erase(images[rows], boxes[rows], torch.zeros(3), seeds[rows])
+        assert torch.equal(whole[rows], one)
+
+
 def test_reference_normal_noise_moments():
     counter = torch.arange(200_000)
     z = _reference.noise_normal(torch.full_like(counter, 12345), counter).double()
@@ -438,6 +476,27 @@ def test_inplace_gives_the_functional_result_in_the_batch_itself(name, n, dtype,
     assert got is batch
     assert torch.equal(batch, expected)
     assert n == 1 or not torch.equal(batch, images)
+
+
+@pytest.mark.parametrize("name", ["cutout", "random_erasing", "mixup", "cutmix", "Mixup",
+                                  "RandomErasing"])
+def test_inplace_refuses_images_whose_elements_may_share_memory(name, backend):
+    # Rows of 4 elements 3 apart (not an expanded tensor): writing one element changes another.
+    images = torch.zeros(200).as_strided((2, 3, 4, 4), (48, 16, 3, 1))
+    targets = torch.tensor([0, 1])
+    g = torch.Generator().manual_seed(0)
+    call = {
+        "cutout": lambda: ops.cutout(images, 1, 3, fill=1, generator=g, inplace=True),
+        "random_erasing": lambda: ops.random_erasing(images, p=1.0, value=1, generator=g,
+                                                     inplace=True),
+        "mixup": lambda: ops.mixup(images, targets, 1.0, 2, generator=g, inplace=True),
+        "cutmix": lambda: ops.cutmix(images, targets, 1.0, 2, generator=g, inplace=True),
+        "Mixup": lambda: ops.Mixup(num_classes=2, generator=g, inplace=True)(images, targets),
+        "RandomErasing": lambda: ops.RandomErasing(1.0, mode="pixel", generator=g,
+                                                   inplace=True)(images),
+    }[name]
+    with pytest.raises(ValueError, match=r"inplace=True.*share memory.*clone\(\)"):
+        call()
 
 
 def test_empty_batch_and_zero_holes(backend):
