@@ -2,7 +2,7 @@
 
 The order of the calls is what keeps the data intact: the side stream waits for the stream that
 wrote tensors already on the GPU before reading them; the current stream waits for the event
-after a batch's copy (that batch's only) before the step reads it; and every tensor is
+after a batch's copy (that batch's only) before the step reads it; and every GPU tensor is
 ``record_stream``-ed on each stream that uses it, so the caching allocator does not hand its
 memory out while that stream may still read it. The CUDA calls themselves are the methods of
 :class:`CudaStreams`, in one place so that tests can record them with a stand-in.
@@ -103,8 +103,11 @@ def copy_on_side(
 
 def hand_to_current(streams: CudaStreams, device: torch.device, batch: Any, copied: Any) -> None:
     """Makes the current stream wait for ``copied`` (the event after this batch's copy only, not
-    the copies queued behind it), and records every tensor of ``batch`` on it."""
+    the copies queued behind it), and records every GPU tensor of ``batch`` on it."""
     current = streams.current_stream(device)
     streams.wait_event(current, copied)
     for tensor in tensors(batch):
-        streams.record_stream(tensor, current)
+        # Host memory has no stream to be recorded on (record_stream refuses it): a host tensor
+        # in the batch, such as a weight or a target a batch_transform returns, is left as is.
+        if streams.on_device(tensor):
+            streams.record_stream(tensor, current)

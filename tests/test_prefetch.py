@@ -306,6 +306,42 @@ def test_every_handed_over_tensor_is_recorded_on_the_consumer_stream(recording):
     assert len([e for e in recording.log if e[0] == "record"]) == 4
 
 
+def test_host_tensors_a_batch_transform_returns_are_handed_over_without_record_stream(
+        recording):
+    # A mixing weight made on the host (a CPU tensor in the batch): record_stream refuses host
+    # memory, so recording it crashed the hand-over ('aten::record_stream' ... 'CPU' backend).
+    weights = []
+
+    def transform(images, targets):
+        weight = torch.tensor(0.25)
+        weights.append(weight)
+        return images * 2, (targets, weight)
+
+    out = list(DataPrefetcher(_numbered(2), device="cpu", mean=MEAN, std=STD,
+                              batch_transform=transform))
+    assert [batch[1][1] for batch in out] == weights
+    recorded = {id(tensor) for tensor, _ in recording.recorded}
+    assert not recorded & {id(weight) for weight in weights}
+    # The GPU tensors are recorded on the consumer's stream: images and labels of each batch.
+    handed = [t for images, (labels, _) in out for t in (images, labels)]
+    on_consumer = {id(t) for t, stream in recording.recorded if stream == "default"}
+    assert all(id(t) in on_consumer for t in handed) and len(on_consumer) == 4
+
+
+def test_the_real_hand_over_calls_record_stream_only_on_gpu_tensors():
+    # fastpipe's own CudaStreams with streams that exist without a GPU: record_stream is
+    # torch's, which raises NotImplementedError for host memory.
+    class HostStreams(streams_module.CudaStreams):
+        def current_stream(self, device):
+            return torch.Stream("cpu")
+
+        def wait_event(self, waiter, event):
+            pass
+
+    batch = (torch.zeros(2, 3), {"lam": torch.tensor(0.5)})
+    streams_module.hand_to_current(HostStreams(), torch.device("cuda", 0), batch, None)
+
+
 def test_depth_keeps_that_many_batches_copied_ahead(recording):
     prefetcher = DataPrefetcher(_numbered(5), device="cpu", prefetch_depth=3)
     iterator = iter(prefetcher)

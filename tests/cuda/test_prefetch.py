@@ -327,6 +327,22 @@ def test_batch_transform_runs_on_the_side_stream_and_its_output_is_handed_over()
     assert sums == expected
 
 
+def test_a_batch_transform_may_hand_over_host_tensors():
+    # A weight made on the host travels with the batch: record_stream refuses host memory, so
+    # only the GPU tensors are recorded on the step's stream.
+    batches = random_batches(3, (8, 3, 32, 32), seed=51, pin=True)
+
+    def transform(images, targets):
+        return images.float(), (targets, torch.tensor(0.5))
+
+    out = list(DataPrefetcher(iter([(b, torch.arange(8)) for b in batches]), device="cuda",
+                              batch_transform=transform))
+    assert len(out) == 3
+    for (images, (labels, weight)), batch in zip(out, batches):
+        assert images.is_cuda and labels.is_cuda and weight.device.type == "cpu"
+        assert torch.equal(images.cpu(), batch.float())
+
+
 @pytest.fixture
 def second_gpu():
     if torch.cuda.device_count() < 2:

@@ -13,6 +13,8 @@ import os
 
 import pytest
 import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_leaves
 
 REQUIRE_CUDA = "FASTPIPE_REQUIRE_CUDA"
 
@@ -65,6 +67,11 @@ class RecordingStreams:
 
     Patched in as ``fastpipe.prefetch.streams_for`` by the CPU lane's tests of the stream path
     (tests/test_prefetch.py, tests/data/test_resume.py); ``log`` lists the calls in order.
+
+    Which tensors stand for GPU tensors (``on_device``) follows CUDA's rules: those a test marks
+    in ``on_gpu`` (batches already on the GPU), the copies ``to_device`` makes, and what torch
+    computes from either on a stream (``use``); a tensor made from host values alone (a weight a
+    batch_transform returns) stays a host tensor.
     """
 
     def __init__(self) -> None:
@@ -72,9 +79,14 @@ class RecordingStreams:
         self.created = 0
         self.active = "default"
         self.current_device = 0  # what torch.cuda.set_device would change
-        self.on_gpu: set[int] = set()  # ids of tensors that stand for tensors already on the GPU
+        self.on_gpu: set[int] = set()  # ids of tensors that stand for tensors on the GPU
+        self._device_tensors: list[torch.Tensor] = []  # kept alive, so their ids stay theirs
         self.copied: list[torch.Tensor] = []  # every tensor to_device copied, in order
         self.recorded: list[tuple[torch.Tensor, object]] = []  # (tensor, stream) of record_stream
+
+    def mark_on_gpu(self, tensor: torch.Tensor) -> None:
+        self.on_gpu.add(id(tensor))
+        self._device_tensors.append(tensor)
 
     def concrete_device(self, device):
         return torch.device("cuda", self.current_device) if device.index is None else device
@@ -95,7 +107,8 @@ class RecordingStreams:
     def use(self, stream):
         previous, self.active = self.active, stream
         try:
-            yield
+            with _DeviceResults(self):
+                yield
         finally:
             self.active = previous
 
@@ -116,7 +129,28 @@ class RecordingStreams:
             return tensor  # .to() leaves a tensor already on the device as it is
         self.copied.append(tensor)
         self.log.append(("copy", _first(tensor), self.active, non_blocking))
-        return tensor.clone()
+        copy = tensor.clone()
+        self.mark_on_gpu(copy)
+        return copy
+
+
+class _DeviceResults(TorchFunctionMode):
+    """Marks what torch computes from tensors standing for GPU tensors as GPU tensors too."""
+
+    def __init__(self, streams: RecordingStreams) -> None:
+        super().__init__()
+        self.streams = streams
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        on_gpu = self.streams.on_gpu
+        inputs = tree_leaves((args, kwargs))
+        if any(isinstance(t, torch.Tensor) and id(t) in on_gpu for t in inputs):
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and id(t) not in on_gpu:
+                    self.streams.mark_on_gpu(t)
+        return out
 
 
 def _first(tensor: torch.Tensor) -> int | None:
