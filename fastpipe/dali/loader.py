@@ -184,6 +184,8 @@ class _Runtime:
         self.feeder = feeder
         self.device = device
         self.dynamic = bool(getattr(pipe, "exec_dynamic", False))
+        # The legacy executor's copies run on a stream of their own (see _copied_apart).
+        self.copy_stream: Any = None
         self.started = False
         # (epoch, batch) that comes out next, when the stream is at an epoch start.
         self.aligned: tuple[int, int] | None = None
@@ -225,7 +227,9 @@ class _Runtime:
             outputs = self._share_outputs(stream)
             tag = self.feeder.in_flight.popleft()
             fresh = tag.generation == self.feeder.generation
-            if fresh:
+            if fresh and cuda and not self.dynamic:
+                images, labels = self._copied_apart(outputs, stream)
+            elif fresh:
                 images = _to_torch(outputs[0], self.device, self.dynamic, stream)
                 labels = _to_torch(outputs[1], self.device, self.dynamic, stream).view(-1)
             del outputs
@@ -233,6 +237,25 @@ class _Runtime:
             self._dali(self.pipe.schedule_run)
             if fresh:
                 return tag, images, labels
+
+    def _copied_apart(self, outputs: Any, current: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """The legacy executor's GPU outputs, copied before DALI gets its buffers back.
+
+        Its outputs are bound to no stream: release_outputs lets DALI write into them again at
+        once, so the copies must have run by then. A copy queued on the current stream would run
+        only after the step's work queued there; on a stream of the loader's own, the host waits
+        for the copies alone. They are allocated on that stream and recorded on the current one,
+        which reads them, so the allocator hands their memory out again only after that read.
+        """
+        if self.copy_stream is None:
+            self.copy_stream = torch.cuda.Stream(device=self.device)
+        with torch.cuda.stream(self.copy_stream):
+            images = _to_torch(outputs[0], self.device, False, self.copy_stream)
+            labels = _to_torch(outputs[1], self.device, False, self.copy_stream).view(-1)
+        self.copy_stream.synchronize()
+        for tensor in (images, labels):
+            tensor.record_stream(current)
+        return images, labels
 
     def checkpoint(self) -> bytes | None:
         """DALI's state after the last output taken out (None before the first build)."""

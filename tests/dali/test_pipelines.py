@@ -468,3 +468,84 @@ def test_gpu_outputs_are_copied_on_torchs_current_stream_without_a_host_sync(mon
     assert log.index(("release_outputs",)) > log.index(copies[-1])
     assert images.shape == (2, 3, 4, 4) and labels.shape == (2,)
     runtime.pipe = None  # nothing to shut down
+
+
+class LegacyRecordingPipe(RecordingPipe):
+    """The same calls of a pipeline on DALI's legacy (non-dynamic) executor."""
+
+    exec_dynamic = False
+
+
+def test_legacy_executor_outputs_are_copied_before_dali_gets_its_buffers_back(monkeypatch):
+    """Without the dynamic executor the outputs are not bound to a stream: release_outputs hands
+    DALI its buffers back at once, so the copies must have run by then. They run on a stream of
+    the loader's own, which is waited for (the copies only, not the step's work queued on the
+    current stream), and the copies are recorded on the current stream, which reads them. The
+    old code queued them, non-blocking, on the busy current stream and released at once."""
+    import collections
+    import contextlib
+
+    from fastpipe.dali.loader import _Runtime, _Tag
+
+    log: list = []
+
+    class Stream:
+        made = 0
+
+        def __init__(self, device=None, handle=None):
+            if handle is None:
+                Stream.made += 1
+                handle = 2000 + Stream.made
+            self.cuda_stream, self.device = handle, device
+
+        def synchronize(self):
+            log.append(("sync", self.cuda_stream))
+
+    current = Stream(handle=1000)
+    active = [current]
+
+    @contextlib.contextmanager
+    def use(stream):
+        active.append(stream)
+        try:
+            yield
+        finally:
+            active.pop()
+
+    real_empty = torch.empty
+
+    def empty(*shape, dtype=None, device=None):
+        out = real_empty(*shape, dtype=dtype)  # CPU memory standing in for the GPU's
+        log.append(("allocate", out.data_ptr(), active[-1].cuda_stream))
+        return out
+
+    def record_stream(tensor, stream):
+        log.append(("record", tensor.data_ptr(), stream.cuda_stream))
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: active[-1])
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "stream", use)
+    monkeypatch.setattr(torch.Tensor, "record_stream", record_stream)
+    monkeypatch.setattr(torch, "empty", empty)
+
+    class Feeder:
+        generation = 1
+        in_flight = collections.deque([_Tag(1, 0, 0, np.arange(2)), _Tag(1, 1, 0, np.arange(2))])
+
+    runtime = _Runtime(LegacyRecordingPipe(log), Feeder(), torch.device("cuda", 0))
+    batches = [runtime.next_batch() for _ in range(2)]
+    monkeypatch.undo()
+    assert Stream.made == 1, "one copy stream per loader, not one per batch"
+    side = 2001
+    released = [i for i, entry in enumerate(log) if entry == ("release_outputs",)]
+    for batch, release in zip(batches, released):
+        _, images, labels = batch
+        ptrs = {images.data_ptr(), labels.data_ptr()}
+        copies = [i for i, e in enumerate(log[:release]) if e[0] == "copy" and e[1] in ptrs]
+        assert [log[i][2] for i in copies] == [side, side], "copied on the loader's stream"
+        assert {e[2] for e in log if e[0] == "allocate" and e[1] in ptrs} == {side}
+        syncs = [i for i, e in enumerate(log[:release]) if e == ("sync", side)]
+        assert syncs and max(copies) < syncs[-1], "the copies waited for before the release"
+        assert {(e[1], e[2]) for e in log if e[0] == "record"} >= {(p, 1000) for p in ptrs}
+    assert ("sync", 1000) not in log, "the step's stream is never waited for"
+    runtime.pipe = None  # nothing to shut down
