@@ -115,14 +115,15 @@ def decode_png(data, source: str = "<bytes>", rows: tuple[int, int] | None = Non
                 f"rows={rows!r} of image {source}: expected (top, bottom) with "
                 f"0 <= top < bottom <= {header.height} (its height)")
         rows = (top, bottom)
+    refused = None  # libpng's reason, which names the damage better than PIL's
     try:
         pixels = _decode_native(data, header, rows, seekable)
     except ValueError as exc:
         if header.depth == 16 and header.channels > 1:
             raise _corrupt(source, exc) from exc  # PIL would reduce it to 8 bits
-        pixels = None  # PIL decodes what it accepts, or raises naming the source
+        pixels, refused = None, exc  # PIL decodes what it accepts, or raises naming the source
     if pixels is None:
-        pixels = _decode_pil(data, source, header)
+        pixels = _decode_pil(data, source, header, refused)
         if rows is not None:
             pixels = pixels[rows[0]:rows[1]]
     return pixels
@@ -152,7 +153,7 @@ def _decode_native(data, header: _Header, rows: tuple[int, int] | None,
     return out
 
 
-def _decode_pil(data, source: str, header: _Header) -> np.ndarray:
+def _decode_pil(data, source: str, header: _Header, refused: Exception | None = None) -> np.ndarray:
     """The whole image through PIL, for every kind but 16-bit colour, which PIL reduces to 8
     bits."""
     from PIL import Image
@@ -177,8 +178,10 @@ def _decode_pil(data, source: str, header: _Header) -> np.ndarray:
     except Image.DecompressionBombError as exc:
         raise _decode.ImageTooLargeError(
             f"image {source}: {exc} (Pillow's own limit, PIL.Image.MAX_IMAGE_PIXELS)") from exc
+    except Image.UnidentifiedImageError as exc:  # it names the buffer, not the damage
+        raise _corrupt(source, refused or "Pillow does not recognise it as an image") from exc
     except Exception as exc:  # noqa: BLE001 - PIL raises many types for bad data
-        raise _corrupt(source, exc) from exc
+        raise _corrupt(source, refused or exc) from exc
     expected = (header.height, header.width) + ((header.channels,) if header.channels > 1 else ())
     dtype = np.uint16 if header.depth == 16 else np.uint8
     if array.shape != expected or array.dtype != dtype:
@@ -188,7 +191,7 @@ def _decode_pil(data, source: str, header: _Header) -> np.ndarray:
     return array
 
 
-def _corrupt(source: str, exc: BaseException):
+def _corrupt(source: str, exc: BaseException | str):
     from fastpipe.data._decode import CorruptImageError
 
     return CorruptImageError(
