@@ -192,6 +192,81 @@ def _dali() -> dict[str, Any]:
     return info
 
 
+# Where nvImageCodec's nvJPEG extension looks for libnvjpeg, relative to the nvimgcodec package
+# (its RUNPATH: the nvidia-nvjpeg wheel's folder), then as the system's loader finds it.
+_NVJPEG_WHEEL_DIRS = ("cu{major}/lib", "nvjpeg/lib")
+_NVJPEG_SYSTEM_DIRS = ("/usr/local/cuda/lib64",)
+
+
+def _nvjpeg_candidates(major: int, package_dir: str | None) -> list[str]:
+    """The libnvjpeg files nvImageCodec would try, in order; a bare name last (the system's)."""
+    name = f"libnvjpeg.so.{major}"
+    dirs = [os.path.join(package_dir, "..", d.format(major=major))
+            for d in _NVJPEG_WHEEL_DIRS] if package_dir else []
+    dirs += [d for d in os.environ.get("LD_LIBRARY_PATH", "").split(":") if d]
+    dirs += list(_NVJPEG_SYSTEM_DIRS)
+    found = [os.path.normpath(os.path.join(d, name)) for d in dirs]
+    return [path for path in found if os.path.exists(path)] + [name]
+
+
+def _nvjpeg_version(path: str) -> str:
+    """Loads libnvjpeg (it needs no GPU) and asks its version, as nvImageCodec does; raises
+    OSError when either fails."""
+    import ctypes
+
+    library = ctypes.CDLL(path)
+    parts = []
+    for prop in (0, 1, 2):  # MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+        value = ctypes.c_int(-1)
+        status = library.nvjpegGetProperty(prop, ctypes.byref(value))
+        if status != 0:
+            raise OSError(f"nvjpegGetProperty returned status {status}")
+        parts.append(str(value.value))
+    return ".".join(parts)
+
+
+def nvjpeg_state() -> dict[str, Any]:
+    """Whether nvImageCodec, DALI's decoder library, can load nvJPEG, its GPU JPEG decoder.
+
+    Without it nvImageCodec registers no GPU decoder ("[nvjpeg-ext] Failed to load nvJPEG") and
+    DALI's "mixed" decode runs on the CPU without saying so. Looked up where nvImageCodec looks,
+    loaded and asked its version (no GPU needed), without importing nvImageCodec.
+    """
+    info: dict[str, Any] = {"nvimgcodec": None, "loads": None, "library": None,
+                            "version": None, "problem": None}
+    for major in (13, 12):
+        version = _version(f"nvidia-nvimgcodec-cu{major}")
+        if version is not None:
+            break
+    if version is None:
+        info["problem"] = "nvImageCodec (DALI's decoder library) is not installed"
+        return info
+    info["nvimgcodec"] = version
+    try:
+        spec = importlib.util.find_spec("nvidia.nvimgcodec")
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    failures = []
+    for path in _nvjpeg_candidates(major, locations[0] if locations else None):
+        try:
+            info["version"] = _nvjpeg_version(path)
+        except (OSError, AttributeError) as exc:
+            if os.path.sep in path:  # a file that is there but does not load
+                failures.append(f"{path}: {exc}")
+            continue
+        info.update(loads=True, library=path)
+        return info
+    wheel = "nvidia-nvjpeg" if major == 13 else f"nvidia-nvjpeg-cu{major}"
+    info["loads"] = False
+    info["problem"] = (
+        f"nvImageCodec {version} finds no loadable libnvjpeg.so.{major}"
+        + (f" ({'; '.join(failures)})" if failures else "")
+        + f", so it registers no GPU JPEG decoder and DALI's mixed decode runs on the CPU: "
+        f"pip install {wheel} (torch's CUDA wheels do not ship it)")
+    return info
+
+
 def _picks(torch: Any, report: dict[str, Any]) -> dict[str, str]:
     """What fastpipe will use by default here."""
     ext, gpus, dali = report["extension"], report["gpus"], report["dali"]
@@ -213,6 +288,9 @@ def _picks(torch: Any, report: dict[str, Any]) -> dict[str, str]:
         prefetcher = "CPU: a background thread prepares the next batch"
     if dali["version"] is None:
         dali_pick = "not installed"
+    elif cuda and dali["gpus_seen"] and report["nvjpeg"]["loads"] is False:
+        dali_pick = ("GPU, but the mixed decode runs on the CPU (nvImageCodec cannot load "
+                     "nvJPEG; see the nvJPEG line)")
     elif cuda and dali["gpus_seen"]:
         dali_pick = "GPU: mixed decode (nvJPEG)"
     elif cuda:
@@ -258,6 +336,7 @@ def environment_report() -> dict[str, Any]:
         "resize": _module_state("fastpipe._resize"),
         "png": _png_state(),
         "dali": _dali(),
+        "nvjpeg": nvjpeg_state(),
         "pynvml": importlib.util.find_spec("pynvml") is not None,
         "cores": usable_cores(),
         "logical_cpus": os.cpu_count(),
@@ -323,6 +402,13 @@ def format_report(report: dict[str, Any]) -> str:
                      f"{'?' if seen is None else seen} GPU(s); nvImageCodec "
                      f"{dali['nvimgcodec'] or 'unknown'}"
                      + (f"; {dali['problem']}" if dali["problem"] else ""))
+    nvjpeg = report["nvjpeg"]
+    if nvjpeg["loads"]:
+        lines.append(f"nvJPEG for nvImageCodec {nvjpeg['nvimgcodec']}: libnvjpeg "
+                     f"{nvjpeg['version']} loads ({nvjpeg['library']}): the mixed decode can "
+                     "decode on the GPU")
+    elif nvjpeg["nvimgcodec"] is not None:
+        lines.append(f"nvJPEG: NOT LOADED: {nvjpeg['problem']}")
     lines += ["", "fastpipe will use:"]
     lines += [f"  {part}: {choice}" for part, choice in report["picks"].items()]
     return "\n".join(lines)

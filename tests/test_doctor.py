@@ -14,6 +14,8 @@ from fastpipe import _doctor
 from fastpipe._cli import main
 from fastpipe.ops import _extension
 
+REAL_NVJPEG = _doctor.nvjpeg_state
+
 
 def test_doctor_reports_this_machine(capsys):
     assert main(["doctor"]) == 0
@@ -71,6 +73,9 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(_doctor, "_dali", lambda: {
         "version": "2.4.0", "package": "nvidia-dali-cuda130", "gpus_seen": 1,
         "nvimgcodec": "0.9.0", "problem": None})
+    monkeypatch.setattr(_doctor, "nvjpeg_state", lambda: {
+        "nvimgcodec": "0.9.0.20", "loads": True, "version": "13.3.2", "problem": None,
+        "library": "/site-packages/nvidia/cu13/lib/libnvjpeg.so.13"})
     return gpu
 
 
@@ -191,3 +196,77 @@ def test_doctor_without_a_driver_says_so(monkeypatch):
     report = _doctor.environment_report()
     assert report["driver"]["version"] is None and report["driver"]["ok"] is None
     assert "NVIDIA driver: none found" in _doctor.format_report(report)
+
+
+# --- nvJPEG, without which DALI's mixed decode runs on the CPU ---------------------------------
+
+
+def _wheel_nvjpeg() -> str | None:
+    """The libnvjpeg of the nvidia-nvjpeg wheel beside nvImageCodec, if both are here."""
+    spec = importlib.util.find_spec("nvidia.nvimgcodec") if importlib.util.find_spec(
+        "nvidia") else None
+    if spec is None:
+        return None
+    package = list(spec.submodule_search_locations)[0]
+    path = os.path.normpath(os.path.join(package, "..", "cu13", "lib", "libnvjpeg.so.13"))
+    return path if os.path.exists(path) else None
+
+
+def test_doctor_says_whether_nvimagecodec_can_load_nvjpeg(capsys):
+    report = _doctor.environment_report()
+    nvjpeg = report["nvjpeg"]
+    installed = _doctor._version("nvidia-nvimgcodec-cu13") or _doctor._version(
+        "nvidia-nvimgcodec-cu12")
+    assert nvjpeg["nvimgcodec"] == installed
+    wheel = _wheel_nvjpeg()
+    if wheel is not None:  # this venv: nvidia-nvjpeg beside nvidia-nvimgcodec-cu13
+        assert nvjpeg["loads"] is True and nvjpeg["library"] == wheel
+        assert nvjpeg["version"].startswith("13.")
+        assert f"loads ({wheel})" in _doctor.format_report(report)
+    assert main(["doctor", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["nvjpeg"]["loads"] == nvjpeg["loads"]
+
+
+@pytest.fixture
+def no_nvjpeg(monkeypatch, tmp_path):
+    """nvImageCodec is installed (version 0.9.0.20) and nvJPEG is not where it looks (after
+    fake_gpu, which stands in for the whole check)."""
+    monkeypatch.setattr(_doctor, "nvjpeg_state", REAL_NVJPEG)
+    monkeypatch.setattr(_doctor, "_version", lambda d: "0.9.0.20" if "nvimgcodec-cu13" in d
+                        else ("2.4.0" if "dali-cuda130" in d else None))
+    monkeypatch.setattr(_doctor, "_nvjpeg_candidates",
+                        lambda major, package: [str(tmp_path / "nothing" / "libnvjpeg.so.13"),
+                                                "libnvjpeg-not-a-library.so.13"])
+    return tmp_path
+
+
+def test_without_nvjpeg_the_doctor_says_the_mixed_decode_runs_on_the_cpu(fake_gpu,
+                                                                          no_nvjpeg):
+    report = _doctor.environment_report()
+    assert report["nvjpeg"]["loads"] is False
+    assert "pip install nvidia-nvjpeg" in report["nvjpeg"]["problem"]
+    assert "mixed decode runs on the CPU" in report["picks"]["DALILoader"]
+    text = _doctor.format_report(report)
+    assert "nvJPEG: NOT LOADED: nvImageCodec 0.9.0.20 finds no loadable libnvjpeg.so.13" in text
+
+
+def test_a_libnvjpeg_that_does_not_load_is_named(monkeypatch, no_nvjpeg):
+    broken = no_nvjpeg / "libnvjpeg.so.13"
+    broken.write_bytes(b"not an ELF file")
+    monkeypatch.setattr(_doctor, "_nvjpeg_candidates",
+                        lambda major, package: [str(broken), "libnvjpeg-not-a-library.so.13"])
+    nvjpeg = _doctor.nvjpeg_state()
+    assert nvjpeg["loads"] is False and str(broken) in nvjpeg["problem"]
+
+
+def test_the_candidates_follow_nvimagecodecs_search_order(monkeypatch, tmp_path):
+    package = tmp_path / "nvidia" / "nvimgcodec"
+    wheel = tmp_path / "nvidia" / "cu13" / "lib"
+    extra = tmp_path / "extra"
+    for folder in (package, wheel, extra):
+        folder.mkdir(parents=True)
+    for folder in (wheel, extra):
+        (folder / "libnvjpeg.so.13").write_bytes(b"")
+    monkeypatch.setenv("LD_LIBRARY_PATH", f"{tmp_path / 'missing'}:{extra}")
+    assert _doctor._nvjpeg_candidates(13, str(package)) == [
+        str(wheel / "libnvjpeg.so.13"), str(extra / "libnvjpeg.so.13"), "libnvjpeg.so.13"]

@@ -34,6 +34,25 @@ def test_cuda_suite_decodes_with_dali_on_the_gpu_and_keeps_the_factory_row():
     assert "factory" in keys
 
 
+def test_the_dali_gpu_row_is_skipped_when_its_decode_would_run_on_the_cpu(monkeypatch, tmp_path):
+    # Without nvJPEG, DALI's "mixed" decode runs on the CPU: the row would time libjpeg-turbo
+    # under the GPU decode's name.
+    import torch
+
+    from fastpipe import _doctor
+    from fastpipe.bench.model_step import model_variants
+    from fastpipe.bench.variants import BenchConfig, Skip
+
+    problem = "nvImageCodec 0.9.0.20 finds no loadable libnvjpeg.so.13, ..."
+    monkeypatch.setattr(_doctor, "nvjpeg_state", lambda: {"loads": False, "problem": problem})
+    (dali,) = [v for v in model_variants(torch.device("cuda")) if v.key == "dali"]
+    config = BenchConfig(root=tmp_path, batch_size=8, num_workers=1, size=32,
+                         pack_dir=tmp_path, device="cuda")
+    with pytest.raises(Skip, match="no loadable libnvjpeg"):
+        dali.build(config)
+    assert "crop_decode=False" in dali.description  # not the decode of nvImageCodec#55
+
+
 @pytest.mark.slow
 def test_model_bench_skips_the_loaders_past_its_time_budget(sample_root):
     from fastpipe.bench.model_step import run_model_bench

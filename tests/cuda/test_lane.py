@@ -74,6 +74,22 @@ def test_a_crash_of_the_train_decode_fails_its_test_naming_nvimagecodec_55():
     run_isolated(int, (), "nothing", NVIMAGECODEC_55)  # a clean run passes
 
 
+def test_the_mixed_decode_check_fails_when_the_gpu_gave_the_cpus_pixels():
+    """A "mixed" decode without a GPU decoder (nvImageCodec without nvJPEG) runs on the CPU and
+    gives libjpeg-turbo's exact pixels: the lane's check must fail then, and pass for a GPU
+    decode's small differences."""
+    from tests.cuda.test_dali import compare_decodes
+
+    g = torch.Generator().manual_seed(0)
+    cpu = torch.randint(0, 256, (6, 3, 16, 16), dtype=torch.uint8, generator=g)
+    with pytest.raises(AssertionError, match="ran on the CPU"):
+        compare_decodes(cpu.clone(), cpu)
+    gpu = (cpu.int() + torch.randint(-2, 3, cpu.shape, generator=g)).clamp(0, 255).to(torch.uint8)
+    assert "images differing at all: 6 of 6" in compare_decodes(gpu, cpu)
+    with pytest.raises(AssertionError, match="mean"):
+        compare_decodes((cpu.int() + 40).clamp(0, 255).to(torch.uint8), cpu)
+
+
 def _loader_uses(path: Path) -> tuple[set[str], set[str]]:
     """The keywords passed to DALILoader(...) in a lane file (with those of the dicts it unpacks
     into the call, ``**common``) and the attributes read on the names ``with DALILoader(...) as``
