@@ -22,6 +22,9 @@ import torch
 from fastpipe import ops
 from fastpipe.ops import _extension
 from tests.helpers.cuda import gpu_sleep, require_cuda_part
+from tests.ops.test_default_device import CALLS as DEFAULT_DEVICE_CALLS
+from tests.ops.test_default_device import _images as default_device_images
+from tests.ops.test_default_device import _targets as default_device_targets
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(600)]
 
@@ -221,6 +224,62 @@ def test_ops_under_torch_compile_equal_eager_in_one_graph_without_a_sync(dtype):
             torch.cuda.set_sync_debug_mode("default")
     for a, b in zip(got, expected):
         same(a, b.cpu())
+
+
+def test_ops_under_torch_compile_with_inductors_own_rng_one_graph_no_sync_a_seed_reproduces():
+    # What users run: Inductor's default RNG (fallback_random=False). Its draws differ from
+    # eager's, so no comparison with eager: one graph, no synchronization, and a seed (torch's
+    # global generator, which Inductor seeds its draws from at each call) reproduces the result.
+    from torch._dynamo.utils import counters
+
+    from tests.ops.test_compile import _augment
+
+    assert not torch._inductor.config.fallback_random
+    x = batch(torch.uint8, "channels_last").cuda()
+    targets = torch.arange(x.shape[0], device="cuda") % 10
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(_augment, fullgraph=True)
+    torch.manual_seed(0)
+    compiled(x, targets)  # compiles
+    torch.cuda.synchronize()
+    runs = []
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for seed in (1, 2, 1):
+            torch.manual_seed(seed)
+            runs.append(compiled(x, targets))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert not counters["graph_break"]
+    first, other, again = runs
+    for a, b in zip(first, again):
+        assert torch.equal(a, b), "the same seed gave another result"
+    assert not torch.equal(first[0], other[0]), "another seed gave the same draws"
+    assert bool(first[0].isfinite().all())
+    torch.testing.assert_close(first[1].sum(1), torch.ones(x.shape[0], device="cuda"))
+
+
+@pytest.mark.parametrize("dtype", (torch.uint8, torch.float32))
+@pytest.mark.parametrize("name", list(DEFAULT_DEVICE_CALLS))
+def test_ops_under_a_cuda_default_device_equal_the_cpu_result(name, dtype):
+    # torch.set_default_device("cuda"): the draws stay on the CPU (tests/ops/test_default_device
+    # checks every op on the CPU with meta); the GPU result equals the CPU kernel's, bit for bit.
+    call = DEFAULT_DEVICE_CALLS[name]
+    x, t = default_device_images(dtype), default_device_targets()
+    torch.manual_seed(7)
+    expected = call(x.clone(), t, torch.Generator().manual_seed(3))
+    x_gpu, t_gpu = x.cuda(), t.cuda()
+    torch.manual_seed(7)
+    torch.set_default_device("cuda")
+    try:
+        got = call(x_gpu, t_gpu, torch.Generator().manual_seed(3))
+    finally:
+        torch.set_default_device(None)
+    got = got if isinstance(got, tuple) else (got,)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    for a, b in zip(got, expected, strict=True):
+        same(a, b)
 
 
 def test_eager_ops_and_batch_transforms_do_not_synchronize():

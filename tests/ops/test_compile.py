@@ -85,3 +85,40 @@ def test_inductor_compiles_random_erasing_across_changing_batch_sizes():
     compiled = torch.compile(lambda x: ops.random_erasing(x, p=0.5), fullgraph=True, dynamic=True)
     for n in BATCH_SIZES:
         assert compiled(torch.rand(n, 3, 12, 10)).shape == (n, 3, 12, 10)
+
+
+def _augment(x, targets):
+    """The step of the cuda lane's compile tests: every random op, draws from torch's global
+    generator (no generator is built inside a compiled function: Dynamo breaks the graph)."""
+    y = ops.cutout(x, num_holes=2, size=5)
+    y = ops.normalize(y, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
+    y, soft = ops.mixup(y, targets, 0.4, 10)
+    return ops.random_erasing(y, p=1.0) * 2, soft
+
+
+@pytest.mark.slow
+def test_inductors_own_rng_compiles_in_one_graph_and_a_seed_reproduces():
+    # What users run: Inductor's default RNG (fallback_random=False), which draws its own
+    # numbers (they differ from eager's), seeded from torch's global generator at each call.
+    from torch._dynamo.utils import counters
+
+    assert not torch._inductor.config.fallback_random
+    x = torch.randint(0, 256, (6, 3, 19, 23), dtype=torch.uint8).contiguous(
+        memory_format=torch.channels_last)
+    targets = torch.arange(6) % 10
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(_augment, fullgraph=True)
+    runs = {}
+    for seed in (1, 2, 1):
+        torch.manual_seed(seed)
+        runs.setdefault(seed, []).append(compiled(x, targets))
+    assert not counters["graph_break"]
+    (first, again), (other,) = runs[1], runs[2]
+    for a, b in zip(first, again):
+        assert torch.equal(a, b), "the same seed gave another result"
+    assert not torch.equal(first[0], other[0]), "another seed gave the same draws"
+    images, soft = first
+    assert images.shape == x.shape and images.dtype == torch.float32
+    assert bool(images.isfinite().all())
+    torch.testing.assert_close(soft.sum(1), torch.ones(6))
