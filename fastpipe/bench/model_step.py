@@ -280,11 +280,11 @@ def run_model_bench(
     batch_size: int = 256,
     num_workers: int | None = None,
     size: int = DEFAULT_SIZE,
-    seconds: float = 30.0,
+    seconds: float = 15.0,
     warmup: int = 5,
     amp: bool = True,
     variants: Sequence[str] | None = None,
-    budget_seconds: float = 540.0,
+    budget_seconds: float = 240.0,
     command: str = "fastpipe bench --device cuda",
 ) -> BenchReport:
     """Runs every loader for ``seconds`` feeding ``model``'s training step on ``device``.
@@ -344,7 +344,7 @@ def run_model_bench(
     settings = {"root": str(root), "num_images": num_images, "batch_size": batch_size,
                 "num_workers": num_workers, "size": size, "seconds": seconds, "warmup": warmup,
                 "device": str(device), "model": model, "amp": amp, "channels_last": True,
-                "command": command}
+                "budget_seconds": budget_seconds, "command": command}
     rows = []
     try:
         for key in chosen:

@@ -3,6 +3,8 @@ step, the loaders it compares, its time budget."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from fastpipe.bench.variants import VARIANTS
@@ -51,6 +53,63 @@ def test_the_dali_gpu_row_is_skipped_when_its_decode_would_run_on_the_cpu(monkey
     with pytest.raises(Skip, match="no loadable libnvjpeg"):
         dali.build(config)
     assert "crop_decode=False" in dali.description  # not the decode of nvImageCodec#55
+
+
+def test_the_cuda_bench_defaults_are_the_lent_machines_shape(monkeypatch, tmp_path, capsys):
+    # The lent GPU machine: 16 cores, one 10-minute command for the GPU kit's checks and the
+    # bench. Every core a worker for every loader (16 against 16), batch 256, ResNet-50 with
+    # AMP, and a budget that leaves the kit its time.
+    from fastpipe._cli import main
+    from fastpipe._cli.bench import MODEL_DEFAULTS
+
+    calls = []
+
+    class Report:
+        def to_json(self, path=None):
+            return "{}"
+
+        def __str__(self):
+            return "table"
+
+    def run_model_bench(root, **kwargs):
+        calls.append(kwargs)
+        return Report()
+
+    monkeypatch.setattr("fastpipe.bench.model_step.run_model_bench", run_model_bench)
+    save = str(tmp_path / "bench.json")
+    assert main(["bench", "--device", "cuda", "--save", save]) == 0
+    (got,) = calls
+    assert got["num_workers"] is None  # run_model_bench: the usable cores, for every loader
+    assert (got["batch_size"], got["model"], got["amp"]) == (256, "resnet50", True)
+    assert got["num_images"] is None  # 3 x batch x workers: 12,288 images for 16 workers
+    seconds, budget = got["seconds"], got["budget_seconds"]
+    assert (seconds, budget) == (15.0, 240.0) == (MODEL_DEFAULTS["cuda"]["seconds"],
+                                                  MODEL_DEFAULTS["cuda"]["budget"])
+    # The last loader starts by the budget and runs its seconds, with room for its start and
+    # for the kit's build, doctor and lane in one 10-minute command.
+    assert budget + seconds + 60 <= 330
+    assert main(["bench", "--device", "cuda", "--save", save, "--budget", "100"]) == 0
+    assert calls[-1]["budget_seconds"] == 100.0
+    capsys.readouterr()
+    assert main(["bench", "--budget", "100"]) == 2
+    assert "--budget applies to the model-step bench" in capsys.readouterr().err
+
+
+def test_the_budget_counts_the_sample_sets_generation(monkeypatch, tmp_path):
+    # A budget used up by the generation skips every loader rather than starting one late.
+    from fastpipe.bench import model_step
+
+    def slow_samples(num_images):
+        time.sleep(0.3)
+        (tmp_path / "c0").mkdir(exist_ok=True)
+        return tmp_path
+
+    monkeypatch.setattr("fastpipe.data.samples.sample_images", slow_samples)
+    report = model_step.run_model_bench(device="cpu", model="tiny", batch_size=8, size=32,
+                                        num_workers=1, seconds=0.1,
+                                        variants=("dataloader",), budget_seconds=0.2)
+    assert report.rows[0].skipped == "time budget of 0.2 s used up"
+    assert report.settings["budget_seconds"] == 0.2
 
 
 @pytest.mark.slow
