@@ -17,10 +17,11 @@ from fastpipe.data import _format as fmt
 from fastpipe.data._augment import PerSample
 from fastpipe.data._collate_records import Rows
 from fastpipe.data._decode import CorruptImageError, ImageDecoder, decode_rgb
-from fastpipe.data._joint_kernels import joint_record
+from fastpipe.data._joint_kernels import check_fields, decode_stored, joint_record, moved_fields
 from fastpipe.data._random import forked_default_generator, sample_seed
 from fastpipe.data.collate import batch_empty
 from fastpipe.data.joint import JOINT_STREAM, JointCrop
+from fastpipe.data.roles import Image, Mask
 from fastpipe.recipe import Recipe
 
 
@@ -133,10 +134,12 @@ class PackDataset(PerSample, Dataset):
         self._seekable = isinstance(options, dict) and options.get("transcode") is True
         # Fixed-shape numeric arrays a batch reads straight into one block (__getitems__).
         self._block_fields = {}
+        moved = moved_fields(self.joint, self.fields) if self.joint is not None else set()
         if hasattr(reader, "reads_into"):
             for name in self._names:
                 field = self.fields[name]
-                if field.kind == "array" and not field.variable and field.stored_dtype.isnative:
+                if field.kind == "array" and not field.variable and field.stored_dtype.isnative \
+                        and name not in moved:
                     try:
                         dtype = torch.from_numpy(np.empty(0, field.stored_dtype)).dtype
                     except TypeError:  # a dtype torch lacks: read per sample, as ever
@@ -146,11 +149,17 @@ class PackDataset(PerSample, Dataset):
         self.targets = (np.asarray(reader.read_block("label", 0, reader.count), np.int64)
                         if label is not None and label.kind == "int" else None)
         self.classes = list(reader.classes.get("label", []))
-        images = [n for n in names if self.fields[n].kind == "image"]
         if self.joint is not None:
-            self.joint.check_fields(images, [n for n in names if n not in images],
-                                    type(self).__name__)
-        self._images = images
+            check_fields(self.joint, self.fields, type(self).__name__)
+        images = [n for n in names if self.fields[n].kind == "image"
+                  and isinstance(self.fields[n].role, (Image, Mask))]
+        masks = [n for n in images if isinstance(self.fields[n].role, Mask)]
+        if masks and self.decoder is not None:
+            raise ValueError(
+                f"{type(self).__name__}: {masks} are Mask fields, decoded as stored and never "
+                "resized; decoder= and recipe= resize and crop the image fields alone, which "
+                "would misalign them: crop them together with joint=JointCrop(...), or leave "
+                "the masks out with fields=[...]")
         if self._policy is not None and len(images) != 1:
             raise ValueError(f"auto_augment applies to one image field; {self.file} returns "
                              f"{len(images)} ({images}): pick the fields with fields=[...]")
@@ -278,12 +287,12 @@ class PackDataset(PerSample, Dataset):
             stored = reader.read(index, name)
             if self.joint is not None and field.kind == "image":
                 values[name] = stored  # decoded by the joint crop, below
-            elif field.kind == "image":
+            elif field.kind == "image" and isinstance(field.role, (Image, Mask)):
                 values[name] = self._decoded(reader, index, epoch, stored, None, name)
             else:
                 values[name] = field.value(stored)
         if self.joint is not None:
-            values = joint_record(self.joint, values, self._images,
+            values = joint_record(self.joint, values, self.fields,
                                   sample_seed(self.seed, epoch, index, JOINT_STREAM),
                                   f"sample {index} of {self.file} (packed from "
                                   f"{reader.source(index)})", self._seekable)
@@ -302,6 +311,8 @@ class PackDataset(PerSample, Dataset):
             return tensor if tensor is not None else torch.from_numpy(data)
         source = f"{self.file}[{index}]" + (f"[{field!r}]" if field is not None else "")
         try:
+            if field is not None and isinstance(self.fields[field].role, Mask):
+                return decode_stored(data, source)  # a mask: as stored, never resampled
             if isinstance(self.decoder, ImageDecoder):
                 return self.decoder._from_seed(data, source, sample_seed(self.seed, epoch, index))
             return (self.decoder or decode_chw)(data, source)

@@ -9,16 +9,22 @@ a cast: the pack returns exactly what the dataset gave.
 Stored form, the same in every format: fixed-shape fields (arrays of one shape, scalars) as rows
 of a ``(N, *shape)`` array; variable fields (images, bytes, strings, arrays with a variable first
 axis) as one flat array of all samples' rows plus offsets.
+
+Each field also has a role (:mod:`fastpipe.data.roles`): what its values are (an image, a mask,
+boxes, a label), checked against the kind once when the field is made and stored with it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+
+from fastpipe.data.roles import Array, Bytes, Image, Role, Text
 
 __all__ = ["ArrayField", "BytesField", "Field", "FloatField", "ImageField", "IntField", "StrField",
            "field_from_json", "infer_field"]
@@ -32,12 +38,38 @@ class FieldError(ValueError):
     wrong."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Field:
     """Base of the field kinds; use :class:`ImageField`, :class:`ArrayField`, :class:`IntField`,
-    :class:`FloatField`, :class:`BytesField` or :class:`StrField`."""
+    :class:`FloatField`, :class:`BytesField` or :class:`StrField`.
 
+    ``role`` (keyword only): what the values are, a :class:`~fastpipe.data.Role` instance
+    (``ImageField(role=Mask())``, ``ArrayField("float32", (None, 4),
+    role=BoundingBoxes("xywh"))``); ``None`` gives the kind's default (``default_role``: Image for
+    an image field, Array for array, int and float fields, Bytes, Text). A role that does not fit
+    the kind is a :class:`FieldError` here, when the field is made."""
+
+    role: Role | None = dataclasses.field(default=None, kw_only=True)
     kind: ClassVar[str] = ""
+    default_role: ClassVar[type[Role]] = Array
+
+    def __post_init__(self) -> None:
+        role = self.role
+        if role is None:
+            object.__setattr__(self, "role", self.default_role())
+            return
+        if isinstance(role, type) and issubclass(role, Role):
+            raise FieldError(f"{type(self).__name__}: role is a role instance; pass "
+                             f"{role.__name__}(), not the class")
+        if not isinstance(role, Role):
+            raise FieldError(f"{type(self).__name__}: role must be a fastpipe.data Role "
+                             "(Image(), Mask(), BoundingBoxes(...), Label(), Array(), Bytes(), "
+                             f"Text() or a registered one), got {role!r}")
+        try:
+            role.check(self)
+        except ValueError as exc:
+            raise FieldError(f"{type(self).__name__} cannot have the role {role!r}: {exc}") \
+                from exc
 
     @property
     def variable(self) -> bool:
@@ -63,15 +95,34 @@ class Field:
         return stored
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind}
+        """``{"kind": ..., <the kind's settings>, "role": ...}``; the role only when it is not
+        the kind's default, so that a field without one reads back as it was written (and packs
+        written before roles read as they were)."""
+        data = {"kind": self.kind, **self._settings()}
+        if self.role != self.default_role():
+            data["role"] = self.role.to_json()
+        return data
+
+    def _settings(self) -> dict[str, Any]:
+        return {}
+
+    def __repr__(self) -> str:
+        # The kind's settings first, the role only when it is not the kind's default.
+        parts = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                 if f.name != "role"]
+        if self.role != self.default_role():
+            parts.append(f"role={self.role!r}")
+        return f"{type(self).__name__}({', '.join(parts)})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ImageField(Field):
     """An encoded image (JPEG, PNG, ...), stored as its bytes; readers decode it (fastpipe's fast
-    path for JPEG)."""
+    path for JPEG). Its role is :class:`~fastpipe.data.Image` (decoded to uint8 RGB) or
+    :class:`~fastpipe.data.Mask` (decoded as stored: ``ImageField(role=Mask())``)."""
 
     kind: ClassVar[str] = "image"
+    default_role: ClassVar[type[Role]] = Image
 
     def encode(self, value: Any, where: str) -> np.ndarray:
         data = _as_bytes(value)
@@ -83,11 +134,12 @@ class ImageField(Field):
         return np.frombuffer(data, np.uint8)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class BytesField(Field):
     """Any bytes (e.g. JSON metadata, an audio file), stored and returned as they are."""
 
     kind: ClassVar[str] = "bytes"
+    default_role: ClassVar[type[Role]] = Bytes
 
     def encode(self, value: Any, where: str) -> np.ndarray:
         data = _as_bytes(value)
@@ -99,11 +151,12 @@ class BytesField(Field):
         return stored.tobytes() if isinstance(stored, (np.ndarray, np.void)) else bytes(stored)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class StrField(Field):
     """A string, stored as UTF-8."""
 
     kind: ClassVar[str] = "str"
+    default_role: ClassVar[type[Role]] = Text
 
     def encode(self, value: Any, where: str) -> np.ndarray:
         if not isinstance(value, str):
@@ -117,7 +170,7 @@ class StrField(Field):
         return raw.decode("utf-8", "surrogatepass")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class ArrayField(Field):
     """An array of one dtype; ``shape`` fixed, or with ``None`` as its first axis for a length
     that varies per sample (e.g. ``ArrayField("float32", (None, 40))`` for T frames of 40
@@ -142,6 +195,7 @@ class ArrayField(Field):
             raise FieldError(f"ArrayField shape must be non-negative ints, with None allowed only "
                              f"as the first axis; got {shape}")
         object.__setattr__(self, "shape", tuple(None if s is None else int(s) for s in shape))
+        super().__post_init__()
 
     @property
     def variable(self) -> bool:
@@ -186,11 +240,11 @@ class ArrayField(Field):
             array = array.copy()
         return torch.from_numpy(array)
 
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "dtype": self.dtype, "shape": list(self.shape)}
+    def _settings(self) -> dict[str, Any]:
+        return {"dtype": self.dtype, "shape": list(self.shape)}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class _ScalarField(Field):
     dtype: str = ""
 
@@ -202,6 +256,7 @@ class _ScalarField(Field):
         if dtype.kind not in self._kinds:
             raise FieldError(f"{type(self).__name__} cannot hold {dtype}")
         object.__setattr__(self, "dtype", dtype.name)
+        super().__post_init__()
 
     _default: ClassVar[str] = ""
     _kinds: ClassVar[str] = ""
@@ -219,11 +274,11 @@ class _ScalarField(Field):
         scalar = np.asarray(stored).astype(np.dtype(self.dtype)).reshape(())[()]
         return scalar.item() if self.dtype in ("int64", "float64", "bool") else scalar
 
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "dtype": self.dtype}
+    def _settings(self) -> dict[str, Any]:
+        return {"dtype": self.dtype}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class IntField(_ScalarField):
     """An integer (or boolean) scalar, e.g. a class label; ``dtype`` defaults to int64."""
 
@@ -248,7 +303,7 @@ class IntField(_ScalarField):
         return np.asarray(array, self.stored_dtype, order="C")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class FloatField(_ScalarField):
     """A floating-point scalar; ``dtype`` defaults to float64 (what a Python float is)."""
 
@@ -279,15 +334,22 @@ _KINDS: dict[str, type[Field]] = {cls.kind: cls for cls in
 
 
 def field_from_json(data: dict[str, Any]) -> Field:
-    """The field :meth:`Field.to_json` described."""
+    """The field :meth:`Field.to_json` described; without a ``"role"``, the kind's default. A
+    role name no imported module registered is a :class:`FieldError` naming it."""
     cls = _KINDS.get(data.get("kind", ""))
     if cls is None:
         raise FieldError(f"unknown field kind {data.get('kind')!r}")
+    role = None
+    if data.get("role") is not None:
+        try:
+            role = Role.from_json(data["role"])
+        except ValueError as exc:
+            raise FieldError(str(exc)) from exc
     if cls is ArrayField:
-        return ArrayField(data["dtype"], tuple(data["shape"]))
+        return ArrayField(data["dtype"], tuple(data["shape"]), role=role)
     if issubclass(cls, _ScalarField):
-        return cls(data["dtype"])
-    return cls()
+        return cls(data["dtype"], role=role)
+    return cls(role=role)
 
 
 def infer_field(value: Any, where: str) -> Field:

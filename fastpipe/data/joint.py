@@ -1,11 +1,12 @@
 """Joint geometry: one draw of crop, flips and rot90 applied to several fields of a sample.
 
 torchvision.transforms.v2 is the model: a transform's randomness is drawn once
-(:meth:`JointCrop.make_params`) apart from the kernels that apply it to each field
-(fastpipe.data._joint_kernels), so an image, its mask, its boxes, or a low- and a high-resolution
-image of one scene all move together. The draw for sample ``i`` of epoch ``e`` comes from a
-generator seeded by ``(seed, e, i)`` (fastpipe.data._random), as every per-sample draw of
-fastpipe: the same crops on any number of process or thread workers and after a resume.
+(:meth:`JointCrop.make_params`) apart from the kernels that apply it to each field, found by the
+field's role (fastpipe.data._joint_kernels: ``register_joint_kernel``), so an image, its mask,
+its boxes, or a low- and a high-resolution image of one scene all move together. The draw for
+sample ``i`` of epoch ``e`` comes from a generator seeded by ``(seed, e, i)``
+(fastpipe.data._random), as every per-sample draw of fastpipe: the same crops on any number of
+process or thread workers and after a resume.
 """
 
 from __future__ import annotations
@@ -50,7 +51,14 @@ class JointParams(NamedTuple):
 
 @dataclass(frozen=True)
 class JointCrop:
-    """The same random crop, flips and rot90 on every image field of a sample (and its boxes).
+    """The same random crop, flips and rot90 on every field of a sample that has a place on the
+    image: its image and mask fields, its boxes, and any role with a registered kernel.
+
+    Fields are recognised by their role (:mod:`fastpipe.data.roles`), never by their name:
+    :class:`~fastpipe.data.Image` and :class:`~fastpipe.data.Mask` fields are pixels (their sizes,
+    read from the encoded headers, set the draw), :class:`~fastpipe.data.BoundingBoxes` fields
+    move with them, and a role registered from outside fastpipe moves with its own kernel
+    (:func:`~fastpipe.data.register_joint_kernel`). Fields of other roles come back as they are.
 
     Args:
         size: the output size on the reference grid, an int (square) or ``(height, width)``.
@@ -73,17 +81,23 @@ class JointCrop:
             patch at ``(top*s, left*s, h*s, w*s)``.
         interpolation: the resize filter of image fields (``"bilinear"``, ``"bicubic"``), or a
             dict of filters per field (``{"mask": "nearest"}``), others ``"bilinear"``. A
-            ``"nearest"`` field (a mask) keeps its stored channels, dtype and values (a palette
-            PNG's indices, 16-bit values): ``"resized"`` picks source pixel
-            ``floor(i * in / out)``, as torch's ``"nearest"``. Other image fields are decoded to
+            :class:`~fastpipe.data.Mask` field is always resized by nearest neighbour, whatever
+            this says, and keeps its stored channels, dtype and values (a palette PNG's indices,
+            16-bit values): ``"resized"`` picks source pixel ``floor(i * in / out)``, as torch's
+            ``"nearest"``; an :class:`~fastpipe.data.Image` field given ``"nearest"`` is kept as
+            stored the same way (a mask packed before roles). Other image fields are decoded to
             uint8 RGB ``(3, H, W)``, as everywhere in fastpipe.
-        boxes: box fields and the per-box fields that go with them
-            (``{"boxes": ("labels",)}``): a box field holds float ``(N, 4)`` boxes
-            ``(x1, y1, x2, y2)`` in pixels of the reference grid. Boxes move with the pixels
-            (crop: shifted and clipped; resize: scaled; flips; rot90) and a box left with
-            a side or an area below 1 pixel is dropped with its rows of the per-box fields, as
-            torchvision v2's ``SanitizeBoundingBoxes(min_size=1)`` drops it. Every mode supports
-            boxes.
+        boxes: the box fields and the per-box fields that go with them
+            (``{"boxes": ("labels",)}``). Every :class:`~fastpipe.data.BoundingBoxes` field of the
+            record is named here (``{"boxes": ()}`` when nothing goes with it), so that no
+            per-box field is left misaligned; a plain float ``(N, 4)`` array field named here is
+            taken as ``BoundingBoxes("xyxy")`` on the reference grid. Boxes move with the pixels
+            (crop: shifted and clipped; resize: scaled; flips; rot90) in their own format and on
+            their canvas, and a box left with a side or an area below 1 pixel is dropped with
+            its rows of the per-box fields, as torchvision v2's
+            ``SanitizeBoundingBoxes(min_size=1)`` drops it. Every mode supports boxes. A
+            registered role whose kernel drops rows (returns ``KeptRows``) takes its per-row
+            fields here too.
 
     Randomness comes from :meth:`make_params`, a function of a seed; datasets
     (``H5Dataset(joint=...)``, :class:`~fastpipe.data.PairedFolders`) seed it per sample. The
@@ -149,29 +163,6 @@ class JointCrop:
     def factor_of(self, name: str) -> int:
         """Field ``name``'s size relative to the reference grid."""
         return self.factors.get(name, 1)
-
-    def check_fields(self, images: Sequence[str], others: Sequence[str], where: str) -> None:
-        """Refuses names of this crop that are not among a dataset's ``images`` (image fields)
-        or ``others`` (its other fields), at construction rather than at the first sample."""
-        images, others = list(images), list(others)
-        for name in list(self.factors) + list(self._filters):
-            if name not in images:
-                kind = "a field that is not an image" if name in others else "no such field"
-                raise ValueError(f"{where}: JointCrop names {name!r} (factors/interpolation), "
-                                 f"{kind}; the image fields are {images}")
-        for box, per_box in self.boxes.items():
-            for name in (box, *per_box):
-                if name not in others:
-                    kind = "an image field" if name in images else "no such field"
-                    raise ValueError(f"{where}: JointCrop boxes names {name!r}, {kind}; the "
-                                     f"other fields are {others}")
-        if not images:
-            raise ValueError(f"{where}: a JointCrop needs an image field; this dataset returns "
-                             f"none (fields: {others})")
-        if all(self.factor_of(n) != 1 for n in images):
-            raise ValueError(f"{where}: every image field has a factor above 1 in "
-                             f"factors={self.factors}; the fields of factor 1 are the reference "
-                             "grid, so leave at least one out")
 
     def make_params(self, sizes: Mapping[str, tuple[int, int]], seed: int | None = None,
                     where: str = "the sample") -> JointParams:

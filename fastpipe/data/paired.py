@@ -16,11 +16,13 @@ import torch
 from fastpipe import _validate as check
 from fastpipe.data._augment import PerSample
 from fastpipe.data._decode import CorruptImageError, decode_rgb
-from fastpipe.data._joint_kernels import joint_record
+from fastpipe.data._joint_kernels import check_fields, decode_stored, joint_record
 from fastpipe.data._listing import IMG_EXTENSIONS
 from fastpipe.data._random import forked_default_generator, sample_seed
+from fastpipe.data.fields import FieldError, ImageField
 from fastpipe.data.folder import _read_file
 from fastpipe.data.joint import JOINT_STREAM, JointCrop
+from fastpipe.data.roles import Mask, Role
 
 __all__ = ["PairedFolders"]
 
@@ -39,16 +41,21 @@ class PairedFolders(PerSample, torch.utils.data.Dataset):
     every other folder is an error giving their count and the first names;
     ``on_unmatched="skip"`` leaves them out, with a warning, and lists them in ``unmatched``.
 
+    ``roles`` gives a folder's files a role (:mod:`fastpipe.data.roles`):
+    ``{"mask": Mask()}`` for segmentation masks, kept as stored (channels, dtype, palette
+    indices, 16-bit values) and never interpolated; the others are :class:`~fastpipe.data.Image`.
+    ``fields`` holds each folder's field with its role.
+
     ``joint`` (a :class:`~fastpipe.data.JointCrop`) crops, flips and turns every field together,
     one draw per sample from ``(seed, epoch, index)``: the same crops on any number of process or
     thread workers (``DataLoaderX``) and after a mid-epoch resume. PNG fields decode only the rows
-    of their crop. Fields come back as uint8 ``(3, H, W)`` tensors (a ``"nearest"`` field of the
-    crop keeps its stored channels, dtype and values: masks); without ``joint``, every field is
-    decoded whole to uint8 RGB. ``transform`` then runs on the dict, under the per-sample seed.
+    of their crop. Image fields come back as uint8 ``(3, H, W)`` tensors, mask fields (and a
+    ``"nearest"`` field of the crop) as stored ``(C, H, W)``; without ``joint``, every field is
+    decoded whole the same way. ``transform`` then runs on the dict, under the per-sample seed.
 
     Picklable (spawn workers); :meth:`pack_source` hands the stored bytes to
     ``fastpipe.pack.pack``, which packs them unchanged as image fields for
-    ``H5Dataset(pack, joint=...)``.
+    ``H5Dataset(pack, joint=...)`` (``pack(..., fields=folders.fields)`` stores the roles).
     """
 
     def __init__(
@@ -59,6 +66,7 @@ class PairedFolders(PerSample, torch.utils.data.Dataset):
         seed: int | None = None,
         *,
         templates: Mapping[str, str] | None = None,
+        roles: Mapping[str, Role] | None = None,
         on_unmatched: str = "raise",
         extensions: Iterable[str] = IMG_EXTENSIONS,
     ) -> None:
@@ -80,9 +88,10 @@ class PairedFolders(PerSample, torch.utils.data.Dataset):
                 raise ValueError(f"{where}: templates[{name!r}] must hold '{{}}' once, where the "
                                  f"shared name goes (e.g. '{{}}x2'), got {template!r}")
         self.templates = templates
+        self.fields = _fields(self.roots, roles, where)
         self.joint = joint
         if joint is not None:
-            joint.check_fields(list(self.roots), [], where)
+            check_fields(joint, self.fields, where)
         self._init_per_sample(transform, None, seed)
         extensions = tuple(e.lower() if e.startswith(".") else "." + e.lower() for e in extensions)
         listed = {name: _list(root, templates.get(name), extensions, name)
@@ -156,12 +165,15 @@ class PairedFolders(PerSample, torch.utils.data.Dataset):
         data = {name: _read_file(self._path(name, i)) for name in self.roots}
         where = f"sample {i} of PairedFolders ({self.describe(i)})"
         if self.joint is not None:
-            record = joint_record(self.joint, data, list(self.roots),
+            record = joint_record(self.joint, data, self.fields,
                                   sample_seed(self.seed, epoch, i, JOINT_STREAM), where)
         else:
             record = {}
             for name, value in data.items():
                 try:
+                    if isinstance(self.fields[name].role, Mask):
+                        record[name] = decode_stored(value, self._path(name, i))
+                        continue
                     pixels = decode_rgb(value, self._path(name, i))
                 except CorruptImageError as exc:
                     raise CorruptImageError(f"{where}: {exc}") from exc
@@ -200,6 +212,27 @@ class PairedBytes(torch.utils.data.Dataset):
 
     def describe(self, index: int) -> str:
         return self.folders.describe(index)
+
+
+def _fields(roots: Mapping[str, Path], roles: Mapping[str, Role] | None,
+            where: str) -> dict[str, ImageField]:
+    """Each folder's image field, with the role ``roles`` gives it (Image otherwise)."""
+    if roles is None:
+        roles = {}
+    if not isinstance(roles, Mapping):
+        raise TypeError(f"{where}: roles must be a dict of field name -> role (e.g. "
+                        f"{{'mask': Mask()}}), got {roles!r}")
+    for name in roles:
+        if name not in roots:
+            raise ValueError(f"{where}: roles names {name!r}, which is not in roots "
+                             f"({list(roots)})")
+    fields = {}
+    for name in roots:
+        try:
+            fields[name] = ImageField(role=roles.get(name))
+        except FieldError as exc:
+            raise ValueError(f"{where}: roles[{name!r}]: {exc}") from exc
+    return fields
 
 
 def _list(root: Path, template: str | None, extensions: tuple[str, ...],

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from fastpipe._geometry import Box
-from fastpipe.data import JointCrop, JointParams
+from fastpipe.data import ImageField, JointCrop, JointParams
 from fastpipe.data._joint_kernels import crop_pixels, joint_record, move_boxes
 from fastpipe.data._random import sample_seed
 from fastpipe.data.joint import JOINT_STREAM
@@ -33,6 +33,11 @@ def png(array: np.ndarray, mode: str | None = None, palette: bool = False) -> by
     out = io.BytesIO()
     image.save(out, format="PNG")
     return out.getvalue()
+
+
+def images(*names: str) -> dict[str, ImageField]:
+    """The fields of a record of encoded images (role Image), as joint_record takes them."""
+    return {name: ImageField() for name in names}
 
 
 def area_down(chw: torch.Tensor, s: int) -> torch.Tensor:
@@ -153,7 +158,7 @@ def test_paired_png_records_stay_aligned_through_every_draw(s):
     for index in range(60):
         record = records[index % 3]
         seed = sample_seed(5, 0, index, JOINT_STREAM)
-        out = joint_record(crop, record, ["lr", "hr"], seed, f"sample {index}")
+        out = joint_record(crop, record, images("lr", "hr"), seed, f"sample {index}")
         params = crop.make_params({"lr": (11, 9), "hr": (11 * s, 9 * s)},
                                   seed)
         seen.add((params.hflip, params.vflip, params.k))
@@ -176,7 +181,7 @@ def test_jpeg_fields_crop_the_pixels_of_the_whole_decode(mode):
         whole = decode_rgb(data)
         for index in range(12):
             seed = sample_seed(3, 0, index, JOINT_STREAM)
-            got = joint_record(crop, {"image": data}, ["image"], seed, kind)["image"]
+            got = joint_record(crop, {"image": data}, images("image"), seed, kind)["image"]
             params = crop.make_params({"image": whole.shape[:2]}, seed)
             expected = crop_pixels(whole, params, 1, "bilinear")
             assert torch.equal(got, expected), (kind, index)
@@ -202,8 +207,7 @@ def test_palette_and_16_bit_masks_keep_their_values_and_stay_aligned():
     crop = JointCrop(24, mode="resized", scale=(0.2, 1.0), hflip=0.5, vflip=0.5, rot90=True,
                      interpolation={"image": "nearest", "mask": "nearest", "depth": "nearest"})
     for seed in range(20):
-        got = joint_record(crop, record, ["image", "mask", "depth"],
-                           seed, "sample")
+        got = joint_record(crop, record, images("image", "mask", "depth"), seed, "sample")
         assert got["mask"].dtype == torch.uint8 and got["mask"].shape == (1, 24, 24)
         assert got["depth"].dtype == torch.uint16 and got["depth"].shape == (1, 24, 24)
         which = got["image"][0].long()
