@@ -5,6 +5,7 @@ roles; refusals at construction."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import itertools
 from dataclasses import dataclass
@@ -493,6 +494,15 @@ def test_paired_folders_give_a_folder_a_role(tmp_path):
         a, b = by_role[i], by_filter[i]
         assert torch.equal(a["mask"], b["mask"]) and torch.equal(a["image"], b["image"])
         assert set(a["mask"].unique().tolist()) <= set(LABELS.tolist())
+    if importlib.util.find_spec("h5py") is not None:  # packed with its fields, roles kept
+        from fastpipe.data import H5Dataset
+        from fastpipe.pack import pack
+
+        pack(by_role.pack_source(), tmp_path / "seg.h5", progress=False, fields=by_role.fields)
+        packed = H5Dataset(tmp_path / "seg.h5", joint=crop, seed=4)
+        assert packed.fields == by_role.fields
+        for i in range(3):
+            assert torch.equal(packed[i]["mask"], by_role[i]["mask"])
     with pytest.raises(ValueError, match="roles names 'depth', which is not in roots"):
         PairedFolders(roots, roles={"depth": Mask()})
     with pytest.raises(ValueError, match=r"roles\['mask'\].*float \(N, 4\) boxes"):
