@@ -24,10 +24,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from fastpipe.data.roles import Array, Bytes, Image, Role, Text
+from fastpipe.data.roles import Array, Bytes, Image, Role, Text, find_role
 
 __all__ = ["ArrayField", "BytesField", "Field", "FloatField", "ImageField", "IntField", "StrField",
-           "field_from_json", "infer_field"]
+           "UnknownRoleError", "field_from_json", "infer_field"]
 
 # Encoded image signatures: bytes starting with one of these are an image field, kept as they are.
 _IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"II*\x00", b"MM\x00*")
@@ -36,6 +36,11 @@ _IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"I
 class FieldError(ValueError):
     """A sample's value does not fit its field (kind, dtype or shape), or a field is declared
     wrong."""
+
+
+class UnknownRoleError(FieldError):
+    """A stored field names a role that no imported module registered: the data is sound, the
+    module that registers the role was not imported (not a damaged file)."""
 
 
 @dataclass(frozen=True, repr=False)
@@ -340,11 +345,12 @@ def field_from_json(data: dict[str, Any]) -> Field:
     if cls is None:
         raise FieldError(f"unknown field kind {data.get('kind')!r}")
     role = None
-    if data.get("role") is not None:
+    if (stored := data.get("role")) is not None:
         try:
-            role = Role.from_json(data["role"])
+            role = Role.from_json(stored)
         except ValueError as exc:
-            raise FieldError(str(exc)) from exc
+            unknown = isinstance(stored, dict) and find_role(stored.get("name")) is None
+            raise (UnknownRoleError if unknown else FieldError)(str(exc)) from exc
     if cls is ArrayField:
         return ArrayField(data["dtype"], tuple(data["shape"]), role=role)
     if issubclass(cls, _ScalarField):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 __all__ = ["Array", "BoundingBoxes", "Bytes", "Image", "Label", "Mask", "Role", "Text",
-           "register_role"]
+           "find_role", "register_role"]
 
 BOX_FORMATS = ("xyxy", "xywh", "cxcywh")
 
@@ -59,7 +59,7 @@ class Role:
         if not isinstance(data, Mapping):
             raise ValueError(f"a role is stored as an object with a 'name', got {data!r}")
         name = data.get("name")
-        role = _ROLES.get(name) if cls is Role else cls
+        role = find_role(name) if cls is Role else cls
         if role is None:
             raise ValueError(
                 f"unknown field role {name!r}: a role of that name is registered by code outside "
@@ -75,6 +75,11 @@ class Role:
 
 
 _ROLES: dict[str, type[Role]] = {}
+
+
+def find_role(name: Any) -> type[Role] | None:
+    """The role class registered under ``name``, or None."""
+    return _ROLES.get(name) if isinstance(name, str) else None
 
 
 def register_role(role: type[Role]) -> type[Role]:

@@ -113,14 +113,15 @@ def test_a_schema_written_before_roles_reads_with_the_kinds_defaults(data, field
 
 
 def test_an_unknown_role_names_itself_and_says_to_import_its_module():
-    with pytest.raises(F.FieldError, match=r"unknown field role 'keypoints3d'.*import the module "
-                                           r"that defines and registers it"):
+    with pytest.raises(F.UnknownRoleError, match=r"unknown field role 'keypoints3d'.*import the "
+                                                 r"module that defines and registers it"):
         F.field_from_json({"kind": "array", "dtype": "float32", "shape": [None, 3],
                            "role": {"name": "keypoints3d"}})
     with pytest.raises(F.FieldError, match=r"role .*'polygon'.* cannot be read: BoundingBoxes: "
-                                           "format must be"):
+                                           "format must be") as caught:
         F.field_from_json({"kind": "array", "dtype": "float32", "shape": [None, 4],
                            "role": {"name": "boxes", "format": "polygon"}})
+    assert not isinstance(caught.value, F.UnknownRoleError)  # a known role, damaged settings
     with pytest.raises(F.FieldError, match="cannot be read: BoundingBoxes.*'angle'"):
         F.field_from_json({"kind": "array", "dtype": "float32", "shape": [None, 4],
                            "role": {"name": "boxes", "angle": 3}})
