@@ -8,23 +8,28 @@
 # is there (.gpu/whl/*.whl, .gpu/deb/*.deb: the small wheels such machines lack, libjpeg-turbo's
 # headers), it is installed into /tmp/fp-site and /tmp/fp-jpeg first, without network.
 #
-# Steps, each run even when an earlier one failed, each writing into RESULTS_DIR (default
-# gpu-results):
+# RESULTS_DIR (default gpu-results) receives two files, rewritten after every step, so that a run
+# cut short still returns what it did: summary.txt (one line per step: ok, failed (exit code),
+# timed out, skipped, or "no GPU") and gpu-results.tgz, every log in a folder gpu-results/:
 #   env.txt          date, nvidia-smi, nvcc --version, Python, torch, the relevant packages
+#   bundle.log       the offline bundle's installation (when there is one)
 #   build.log        pip install -e . for THIS machine's GPU architectures only (fast)
 #   doctor.json/.txt fastpipe doctor --json, and the screen version
 #   cuda-lane.log/.xml  FASTPIPE_REQUIRE_CUDA=1 pytest -m cuda tests/cuda (the whole lane: every
 #                    test marked cuda lives there, tests/cuda/test_lane_collection.py holds it;
 #                    so a test module elsewhere that needs a package this machine lacks cannot
 #                    stop the lane's collection)
+#   bench.log/.json  fastpipe bench --device cuda: every core a worker, batch 256, ResNet-50 AMP,
+#                    with --budget set to the time left (KIT_BENCH_ARGS adds options)
 #   cpu-checks.log   the CUDA code's checks that need no GPU but nvcc (tests/ops/test_cuda_*.py)
-#   bench.log/.json  fastpipe bench --device cuda --batch-size 128 --workers min(cores, 8)
-#                    (KIT_BENCH_ARGS replaces those two options)
-#   summary.txt      one line per step: ok, failed (exit code), skipped, or "no GPU"
-# --quick skips the CPU checks and the benchmark; --no-build uses the installed fastpipe.
-# Without a GPU the CUDA steps (build, lane, bench) report "no GPU" and the kit still runs to
-# the end (exit 0): that is what the CPU test of the kit checks (tests/cuda/test_gpu_kit.py).
-# The exit code is the first failed step's.
+#   summary.txt      the same summary
+# Every step has its own time limit, and the whole kit a deadline of KIT_SECONDS (default 570,
+# for a machine lent 10 minutes per command): a step gets at most the time left, the bench the
+# time left after the steps before it, the CPU checks (last) what remains. --quick runs the lane
+# only (no bench, no CPU checks); --no-build uses the installed fastpipe. Without a GPU the CUDA
+# steps (build, lane, bench) report "no GPU" and the kit still runs to the end (exit 0): that is
+# what the CPU test of the kit checks (tests/cuda/test_gpu_kit.py). The exit code is the first
+# failed step's.
 set -uo pipefail
 
 out=gpu-results; quick=0; build=1
@@ -38,35 +43,68 @@ for arg in "$@"; do
 done
 mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2
 py=${PYTHON:-python3}
-summary="$out/summary.txt"
+deadline=$((SECONDS + ${KIT_SECONDS:-570}))
+work=$(mktemp -d "${TMPDIR:-/tmp}/fastpipe-kit.XXXXXX") || exit 2
+logs=$work/gpu-results
+mkdir -p "$logs"
+summary=$logs/summary.txt
 : > "$summary"
 rc=0
 
-# step NAME COMMAND...: runs it, logs the outcome in summary.txt, keeps the first failure's code.
+# The two result files, rewritten whole after each step (the archive written beside, then moved).
+pack() {
+  cp "$summary" "$out/summary.txt"
+  tar czf "$out/.gpu-results.tgz" -C "$work" gpu-results && mv "$out/.gpu-results.tgz" "$out/gpu-results.tgz"
+}
+trap 'pack; rm -rf "$work"' EXIT
+trap 'exit 143' TERM INT
+
+left() { echo $((deadline - SECONDS)); }
+note() { echo "$*" | tee -a "$summary"; }
+
+# step NAME LIMIT LOG COMMAND...: runs it under `timeout LIMIT` (at most the time left), its
+# output into LOG (a file of the results; - for none), logs the outcome in the summary, keeps the
+# first failure's code, and packs the results.
 step() {
-  local name=$1; shift
-  echo "== $name"
+  local name=$1 limit=$2 log=$3; shift 3
+  local available; available=$(left)
+  (( limit > available )) && limit=$available
+  if (( limit < 10 )); then
+    note "$name: skipped (the kit's ${KIT_SECONDS:-570} s are used up)"
+    pack
+    return 0
+  fi
+  echo "== $name (at most $limit s)"
   local started=$SECONDS
-  "$@"
+  if [[ $log == - ]]; then
+    timeout --kill-after=10 "$limit" "$@"
+  else
+    timeout --kill-after=10 "$limit" "$@" > "$logs/$log" 2>&1
+  fi
   local r=$?
   local took=$((SECONDS - started))
   if [[ $r -eq 0 ]]; then
-    echo "$name: ok (${took} s)" >> "$summary"
+    note "$name: ok (${took} s)"
+  elif [[ $r -eq 124 || $r -eq 137 ]]; then
+    note "$name: timed out after ${took} s (limit $limit s)"
   else
-    echo "$name: failed, exit $r (${took} s)" >> "$summary"
-    [[ $rc -eq 0 ]] && rc=$r
+    note "$name: failed, exit $r (${took} s)"
   fi
-  echo "== $name: exit $r"
+  if [[ $r -ne 0 && $rc -eq 0 ]]; then rc=$r; fi
+  pack
   return 0
 }
-no_gpu() { echo "$1: no GPU (torch sees no CUDA device): not run" | tee -a "$summary"; }
-skipped() { echo "$1: skipped ($2)" | tee -a "$summary"; }
+no_gpu() { note "$1: no GPU (torch sees no CUDA device): not run"; pack; }
+skipped() { note "$1: skipped ($2)"; pack; }
 
 # The offline bundle, when prepare.sh made one.
 if ls .gpu/whl/*.whl > /dev/null 2>&1; then
   mkdir -p /tmp/fp-site
-  $py -m pip install -q --no-index --no-deps --no-compile --target /tmp/fp-site .gpu/whl/*.whl
+  step bundle 120 bundle.log "$py" -m pip install -q --no-index --no-deps --no-compile \
+    --target /tmp/fp-site .gpu/whl/*.whl
   export PYTHONPATH=/tmp/fp-site${PYTHONPATH:+:$PYTHONPATH}
+else
+  skipped bundle "no offline bundle (.gpu/whl) here"
 fi
 if ls .gpu/deb/*.deb > /dev/null 2>&1; then
   mkdir -p /tmp/fp-jpeg
@@ -80,7 +118,7 @@ fi
 export PYTHONUNBUFFERED=1
 
 # This machine's GPU architectures ("9.0", or "8.0;9.0" with mixed GPUs); empty without a GPU.
-archs=$($py - 2>/dev/null <<'EOF'
+archs=$(timeout 60 "$py" - 2>/dev/null <<'EOF'
 import torch
 if torch.cuda.is_available():
     caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
@@ -90,12 +128,13 @@ EOF
 
 {
   date -u
-  nvidia-smi 2>&1 || echo "nvidia-smi: not available"
-  nvcc --version 2>&1 || echo "nvcc: not found"
-  $py -c "import sys, torch; print(sys.version); print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'GPUs', torch.cuda.device_count())"
+  timeout 30 nvidia-smi 2>&1 || echo "nvidia-smi: not available"
+  timeout 30 nvcc --version 2>&1 || echo "nvcc: not found"
+  timeout 60 "$py" -c "import sys, torch; print(sys.version); print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'GPUs', torch.cuda.device_count())"
   echo "GPU architectures: ${archs:-none}"
-  $py -m pip list 2>/dev/null | grep -Ei 'torch|dali|nvimgcodec|timm|lightning|accelerate|h5py|numpy|simplejpeg|pytest|nvidia-ml'
-} > "$out/env.txt" 2>&1
+  timeout 60 "$py" -m pip list 2>/dev/null | grep -Ei 'torch|dali|nvimgcodec|nvjpeg|timm|lightning|accelerate|h5py|numpy|simplejpeg|pytest|nvidia-ml'
+} > "$logs/env.txt" 2>&1
+pack
 
 if [[ -z $archs ]]; then
   no_gpu build
@@ -103,26 +142,19 @@ elif [[ $build == 0 ]]; then
   skipped build "--no-build: the installed fastpipe is used"
 else
   # One architecture per GPU model present: minutes less than the default list of eight.
-  step build env TORCH_CUDA_ARCH_LIST="$archs" MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
-    $py -m pip install --no-build-isolation --no-deps --no-index -e . > "$out/build.log" 2>&1
+  step build 300 build.log env TORCH_CUDA_ARCH_LIST="$archs" MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
+    "$py" -m pip install --no-build-isolation --no-deps --no-index -e .
 fi
 
-step doctor bash -c "$py -m fastpipe doctor --json > '$out/doctor.json' 2>&1 && \
-  $py -m fastpipe doctor > '$out/doctor.txt' 2>&1"
+step doctor 60 - bash -c "'$py' -m fastpipe doctor --json > '$logs/doctor.json' 2>&1 && \
+  '$py' -m fastpipe doctor > '$logs/doctor.txt' 2>&1"
 
 if [[ -z $archs ]]; then
   no_gpu cuda-lane
 else
-  step cuda-lane env FASTPIPE_REQUIRE_CUDA=1 FASTPIPE_REQUIRE_EXTENSION=1 \
-    $py -m pytest -m cuda -p no:cacheprovider -rA -v --junitxml="$out/cuda-lane.xml" tests/cuda \
-    > "$out/cuda-lane.log" 2>&1
-fi
-
-if [[ $quick == 1 ]]; then
-  skipped cpu-checks "--quick"
-else
-  step cpu-checks $py -m pytest -p no:cacheprovider -q -ra tests/ops/test_cuda_build.py \
-    tests/ops/test_cuda_fast_path.py tests/ops/test_cuda_archs.py > "$out/cpu-checks.log" 2>&1
+  step cuda-lane 240 cuda-lane.log env FASTPIPE_REQUIRE_CUDA=1 FASTPIPE_REQUIRE_EXTENSION=1 \
+    "$py" -m pytest -m cuda -p no:cacheprovider -rA -v --junitxml="$logs/cuda-lane.xml" \
+    tests/cuda
 fi
 
 if [[ $quick == 1 ]]; then
@@ -130,17 +162,29 @@ if [[ $quick == 1 ]]; then
 elif [[ -z $archs ]]; then
   no_gpu bench
 else
-  # The bench's sample images are generated once (single-threaded, cached) and must number at
-  # least 3 x batch x workers: batch 128 and at most 8 workers keep that to 3,072 images, so the
-  # generation leaves the bench's 9-minute budget to the loaders. KIT_BENCH_ARGS replaces them.
-  bench_args=${KIT_BENCH_ARGS:-"--batch-size 128 --workers $(( $(nproc) < 8 ? $(nproc) : 8 ))"}
-  # shellcheck disable=SC2086 # bench_args holds several options
-  step bench $py -m fastpipe bench --device cuda --no-progress --save "$out/bench.json" \
-    $bench_args > "$out/bench.log" 2>&1
+  # The bench's own budget ends its last loader's start in time: 15 s of timing, its start-up
+  # and warm-up, and the report after it fit the minute and a half kept back.
+  limit=330
+  (( limit > $(left) - 30 )) && limit=$(( $(left) - 30 ))
+  if (( limit < 120 )); then
+    skipped bench "$(left) s left of the kit's ${KIT_SECONDS:-570} s; the bench needs 150"
+  else
+    # shellcheck disable=SC2086 # KIT_BENCH_ARGS holds several options
+    step bench "$limit" bench.log "$py" -m fastpipe bench --device cuda --no-progress \
+      --save "$logs/bench.json" --budget $((limit - 90)) ${KIT_BENCH_ARGS:-}
+  fi
+fi
+
+if [[ $quick == 1 ]]; then
+  skipped cpu-checks "--quick"
+else
+  step cpu-checks "${KIT_CPU_CHECKS_SECONDS:-300}" cpu-checks.log "$py" -m pytest \
+    -p no:cacheprovider -q -ra tests/ops/test_cuda_build.py tests/ops/test_cuda_fast_path.py \
+    tests/ops/test_cuda_archs.py
 fi
 
 echo
 cat "$summary"
-[[ -f $out/cuda-lane.log ]] && tail -n 3 "$out/cuda-lane.log"
-echo "results: $out (send the whole folder back: docs/gpu.md)"
+[[ -f $logs/cuda-lane.log ]] && tail -n 3 "$logs/cuda-lane.log"
+echo "results: $out/summary.txt and $out/gpu-results.tgz (send both back: docs/gpu.md)"
 exit $rc
