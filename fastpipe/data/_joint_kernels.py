@@ -134,6 +134,9 @@ def _kernel_of(role: Role) -> _Kernel | None:
     return None
 
 
+_PLAIN_BOXES = BoundingBoxes()
+
+
 class _Target(NamedTuple):
     name: str
     field: Field
@@ -148,7 +151,7 @@ def _targets(crop: JointCrop, fields: Mapping[str, Field]) -> list[_Target]:
     for name, field in fields.items():
         role = field.role
         if name in crop.boxes and type(role) is Array:
-            role = BoundingBoxes()  # boxes= names a plain float (N, 4) field: xyxy, reference grid
+            role = _PLAIN_BOXES  # boxes= names a plain float (N, 4) field: xyxy, reference grid
         kernel = _kernel_of(role)
         if kernel is not None:
             out.append(_Target(name, field, role, kernel))
@@ -480,9 +483,8 @@ register_joint_kernel(BoundingBoxes, move_box_field)
 def move_boxes(boxes: torch.Tensor, params: JointParams, canvas: tuple[int, int],
                where: str) -> tuple[torch.Tensor, torch.Tensor]:
     """Boxes ``(N, 4)`` xyxy on a grid (of size ``canvas``) moved as its pixels are by ``params``
-    (on that grid),
-    and the mask of those kept (a side and an area of at least 1 pixel, inside the output):
-    torchvision v2's crop, resize, flips and ``SanitizeBoundingBoxes(min_size=1)``."""
+    (on that grid), and the mask of those kept (a side and an area of at least 1 pixel, inside
+    the output): torchvision v2's crop, resize, flips and ``SanitizeBoundingBoxes(min_size=1)``."""
     boxes = _box_tensor(boxes, "xyxy", where)
     top, left, h, w = params.box
     b = boxes - torch.tensor([left, top, left, top], dtype=boxes.dtype)
