@@ -40,7 +40,9 @@ class JointParams(NamedTuple):
     """One draw of a :class:`JointCrop` for one sample, on the reference grid (the fields of
     factor 1): the crop ``box``, the size ``out`` the crop has after the resize of ``"resized"``
     (the box's own size otherwise), the flips, and ``k``, the number of ``torch.rot90`` turns
-    (counter-clockwise, dims ``(H, W)``) applied after the flips."""
+    (counter-clockwise, dims ``(H, W)``) applied after the flips. A joint kernel
+    (:func:`~fastpipe.data.register_joint_kernel`) receives it on its field's own grid: ``box``
+    and ``out`` times the field's factor."""
 
     box: geometry.Box
     out: tuple[int, int]
