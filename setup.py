@@ -1,5 +1,5 @@
-"""Builds fastpipe and its extensions fastpipe._C, fastpipe._resize, fastpipe._jpeg and
-fastpipe._png.
+"""Builds fastpipe and its extensions fastpipe._C, fastpipe._resize, fastpipe._io, fastpipe._jpeg
+and fastpipe._png.
 
 The CPU kernels (fastpipe/csrc/*.cpp, fastpipe/csrc/cpu/*.cpp) are always built. The CUDA kernels
 (fastpipe/csrc/cuda/*.cu, plain CUDA without torch headers so they compile in seconds) and their
@@ -12,6 +12,9 @@ to their reference, with a warning, on a GPU the kernel images do not fit.
 
 fastpipe._resize (fastpipe/csrc/image/resize.cpp, no torch headers, no libraries) resizes the CPU
 image path's crops straight into (3, H, W) planes; it is built with fastpipe._C.
+
+fastpipe._io (fastpipe/csrc/io/gather.cpp, no torch headers, no libraries) reads a batch's pieces
+from files in one call without the GIL (the sources' reader engine); it is built with fastpipe._C.
 
 fastpipe._jpeg (fastpipe/csrc/jpeg/region_decode.cpp, no torch headers) decodes only the crop of a
 JPEG with libjpeg-turbo's own API; it is built when libjpeg-turbo's headers and library are found
@@ -239,6 +242,15 @@ def _jpeg_extension():
     )
 
 
+def _io_extension():
+    # fastpipe._io: a batch's pieces read from files without the GIL (the sources' reader engine).
+    return Extension(
+        "fastpipe._io",
+        [os.path.join("fastpipe", "csrc", "io", "gather.cpp")],
+        extra_compile_args=["-O3", "-g0"],
+    )
+
+
 def _resize_extension():
     # -ffp-contract=off: no fused multiply-adds, so every machine computes the same pixels.
     return Extension(
@@ -342,7 +354,7 @@ _OPTIONAL_EXTENSIONS = {
 }
 
 # Extensions on the full C API of one Python version, named with its ABI tag.
-_VERSIONED_EXTENSIONS = ("_jpeg", "_resize", "_png")
+_VERSIONED_EXTENSIONS = ("_jpeg", "_resize", "_png", "_io")
 
 
 def _build_extension_class():
@@ -460,7 +472,8 @@ def _extensions():
             "fastpipe._C", sources, extra_compile_args={"cxx": CXX_FLAGS}, **common
         )
     png = _png_extension()
-    extensions = _sanitized([ext, _resize_extension()] + ([jpeg] if jpeg is not None else [])
+    extensions = _sanitized([ext, _resize_extension(), _io_extension()]
+                            + ([jpeg] if jpeg is not None else [])
                             + ([png] if png is not None else []))
     return extensions, {"build_ext": _build_extension_class()}
 

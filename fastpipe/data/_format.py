@@ -18,9 +18,12 @@ from typing import Any
 import numpy as np
 
 FORMAT = "fastpipe-pack"
-VERSION = 2  # the newest version this fastpipe reads
-IMAGE_VERSION = 1  # (image, label) packs: the names below, one "data" and one "labels" dataset
-RECORDS_VERSION = 2  # records: one dataset per field (the names after them)
+VERSION = 3  # what fastpipe writes, and the newest version it reads
+IMAGE_VERSION = 1  # earlier (image, label) packs: the names below, one "data" and one "labels"
+RECORDS_VERSION = 2  # earlier records: one dataset per field (the names after them), no roles
+# Version 3, one record model: version 2's layout for every pack, an (image, label) pack being
+# a record of two fields (record "pair"), each field's role stored with it. Versions 1 and 2 still
+# read, through the same readers (fastpipe.data.sources).
 
 # HDF5 names. Root attributes mark the file; everything else lives in these datasets.
 ATTR_FORMAT = "fastpipe_format"
@@ -164,7 +167,7 @@ def check_meta(meta: Any, where: str) -> dict[str, Any]:
             f"{where} is a fastpipe pack of format version {version}; this fastpipe reads up to "
             f"version {VERSION}: upgrade fastpipe"
         )
-    required = ("count", "fields", "order") if version == RECORDS_VERSION else (
+    required = ("count", "fields", "order") if version >= RECORDS_VERSION else (
         "storage", "layout", "count", "classes")
     for key in required:
         if key not in meta:
@@ -179,7 +182,7 @@ def check_meta(meta: Any, where: str) -> dict[str, Any]:
     for key in ("merge", "plan", "record"):
         if meta.get(key) is not None and not isinstance(meta[key], str):
             raise damaged(where, key, f"is {meta[key]!r}, not a string")
-    if version == RECORDS_VERSION:
+    if version >= RECORDS_VERSION:
         _check_record_meta(meta, where)
     else:
         _check_image_meta(meta, where)
@@ -232,17 +235,27 @@ def _check_record_meta(meta: dict[str, Any], where: str) -> None:
 
 
 def record_fields(meta: dict[str, Any], where: str) -> dict[str, Any]:
-    """The fields (:mod:`fastpipe.data.fields`) of checked records metadata, in order."""
-    from fastpipe.data.fields import field_from_json
+    """The fields (:mod:`fastpipe.data.fields`) of checked records metadata, in order, with their
+    roles. A version 2 pack stored no roles: its int field ``label`` with classes is a Label
+    (what the readers of that version made of it), the others have their kind's role."""
+    from fastpipe.data.fields import IntField, UnknownRoleError, field_from_json
+    from fastpipe.data.roles import Label
 
     out = {}
     for name in meta["order"]:
         try:
             out[name] = field_from_json(meta["fields"][name])
-        except Exception as exc:  # noqa: BLE001 - KeyError, TypeError, FieldError of bad JSON
+        except UnknownRoleError:
+            raise  # sound data whose role's module was not imported: not damage
+        except Exception as exc:  # noqa: BLE001 - KeyError, TypeError of bad JSON
             raise damaged(where, "fields", f"describes the field {name!r} as "
                           f"{_short(meta['fields'][name])} ({type(exc).__name__}: {exc})"
                           ) from exc
+    label = out.get("label")
+    classes = meta.get("classes")
+    if (meta["version"] == RECORDS_VERSION and isinstance(label, IntField)
+            and isinstance(classes, dict) and "label" in classes):
+        out["label"] = IntField(label.dtype, role=Label())
     return out
 
 
@@ -291,8 +304,8 @@ def is_record_reader(reader: Any) -> bool:
 
 
 def is_records(meta: dict[str, Any]) -> bool:
-    """Whether checked metadata describes a records pack (format version 2)."""
-    return meta.get("version") == RECORDS_VERSION
+    """Whether checked metadata describes a pack of named fields (format version 2 and up)."""
+    return meta.get("version", 0) >= RECORDS_VERSION
 
 
 class PackReader:

@@ -48,58 +48,8 @@ def lmdb_module():
     return require("lmdb", extra="lmdb", feature="LMDB packs")
 
 
-# py-lmdb refuses to open one environment twice in a process (and a forked child inherits that
-# bookkeeping), so readers of the same file share one environment per process.
-_LMDB_ENVS: dict[str, list] = {}  # real path -> [environment, users, pid]
-_LMDB_LOCK = threading.Lock()
-
-
-def _new_lmdb_lock() -> None:
-    global _LMDB_LOCK
-    _LMDB_LOCK = threading.Lock()  # a fork while another thread held it must not deadlock the child
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_lmdb_lock)
-
-
-def _lmdb_acquire(path: Path):
-    lmdb = lmdb_module()
-    key = os.path.realpath(path)
-    pid = os.getpid()
-    with _LMDB_LOCK:
-        entry = _LMDB_ENVS.get(key)
-        if entry is not None and entry[2] != pid:
-            # Inherited through fork: an LMDB environment must not cross a fork, so close this
-            # process's copy (the parent's stays open) and open our own.
-            try:
-                entry[0].close()
-            except Exception:  # noqa: BLE001 - best effort on an inherited handle
-                pass
-            del _LMDB_ENVS[key]
-            entry = None
-        if entry is None:
-            try:
-                env = lmdb.open(str(path), subdir=path.is_dir(), readonly=True, lock=False,
-                                readahead=False, max_readers=1024)
-            except lmdb.Error as exc:
-                raise PackFormatError(f"cannot open {path} as LMDB ({exc}): not a fastpipe pack or "
-                                      "damaged") from exc
-            entry = _LMDB_ENVS[key] = [env, 0, pid]
-        entry[1] += 1
-        return entry[0]
-
-
-def _lmdb_release(path: Path, env) -> None:
-    key = os.path.realpath(path)
-    with _LMDB_LOCK:
-        entry = _LMDB_ENVS.get(key)
-        if entry is None or entry[0] is not env or entry[2] != os.getpid():
-            return
-        entry[1] -= 1
-        if entry[1] <= 0:
-            del _LMDB_ENVS[key]
-            env.close()
+from fastpipe.data.sources.lmdb import acquire_env as _lmdb_acquire  # noqa: E402
+from fastpipe.data.sources.lmdb import release_env as _lmdb_release  # noqa: E402
 
 
 class LMDBPackReader(PackReader):

@@ -132,7 +132,7 @@ def test_thread_workers_read_through_a_transaction_each(sample_root, tmp_path, n
     assert len(threads) == len(processes) == 12
     for (a, la), (b, lb) in zip(threads, processes, strict=True):
         assert torch.equal(a, b) and torch.equal(la, lb)
-    reader = ds._reader
+    reader = ds.source._handles()
     # A transaction is used by one thread only (LMDB's rule), and those of ended threads are
     # ended when a new thread begins one, so they do not pile up epoch after epoch.
     assert len(reader._txns) <= 3
@@ -140,7 +140,7 @@ def test_thread_workers_read_through_a_transaction_each(sample_root, tmp_path, n
 
     def use() -> None:
         both_running.wait()  # alive together, so their idents differ
-        txns[threading.get_ident()] = reader._txn
+        txns[threading.get_ident()] = reader.txn()
         both_running.wait()
 
     workers = [threading.Thread(target=use) for _ in range(2)]

@@ -281,12 +281,9 @@ def test_two_swapped_parts_of_equal_counts_are_refused(packs, tmp_path, kind):
     with h5py.File(parts[0]) as f0, h5py.File(parts[1]) as f1:
         assert f0["labels"].shape == f1["labels"].shape  # equal sample counts, same plan
     _swap(parts[0], parts[1])
-    ds = H5Dataset(path)
+    # Every part is checked when the pack opens, as for a records pack: one reader engine.
     with pytest.raises(PackFormatError, match=rf"{parts[0].name}.*does not hold the samples"):
-        ds[0]
-    last = len(ds) - 1  # a part that was not swapped still reads
-    assert ds[last][0].shape[0] == 3
-    ds.close()
+        H5Dataset(path)
     assert_unsound(path, parts[0].name)
 
 

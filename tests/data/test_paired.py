@@ -173,7 +173,7 @@ def test_a_pack_of_the_stored_bytes_gives_the_same_crops(pairs, tmp_path, fmt):
     pack(ds.pack_source(), out, progress=False, format=fmt)
     reader = H5Dataset if fmt == "hdf5" else LMDBDataset
     stored = reader(out, fields=["hr"])
-    assert bytes(stored._get_reader().read(3, "hr")) == (hr / "0003.png").read_bytes()
+    assert bytes(stored.source.read(3, ["hr"])["hr"]) == (hr / "0003.png").read_bytes()
     packed = reader(out, joint=joint, seed=5)
     for epoch in range(2):
         packed.set_epoch(epoch)
@@ -195,7 +195,7 @@ def test_fastpipe_pack_on_a_folder_without_class_folders_packs_one_image_field(p
     assert result.returncode == 0, result.stderr
     ds = H5Dataset(tmp_path / "hr.h5")
     assert list(ds.fields) == ["image"] and len(ds) == 10
-    assert bytes(ds._get_reader().read(2, "image")) == (hr / "0002.png").read_bytes()
+    assert bytes(ds.source.read(2, ["image"])["image"]) == (hr / "0002.png").read_bytes()
     (tmp_path / "empty").mkdir()
     result = subprocess.run([sys.executable, "-m", "fastpipe", "pack", str(tmp_path / "empty"),
                              str(tmp_path / "e.h5"), "--no-progress"],

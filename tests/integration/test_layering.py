@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "fastpipe"
 # Floors, from the ground up: module-name prefixes (a package prefix covers its modules).
 FLOORS = {
     # The compiled modules (_C, _jpeg, _resize, _png) are leaves: they import nothing of fastpipe.
-    "ground": ["fastpipe._C", "fastpipe._jpeg", "fastpipe._resize", "fastpipe._png",
+    "ground": ["fastpipe._C", "fastpipe._jpeg", "fastpipe._resize", "fastpipe._png", "fastpipe._io",
                "fastpipe._background", "fastpipe._compat", "fastpipe._constants",
                "fastpipe._cuda_archs", "fastpipe._geometry", "fastpipe._hardware",
                "fastpipe._malloc", "fastpipe._optional", "fastpipe._progress", "fastpipe._seed",

@@ -203,12 +203,20 @@ def test_parameter_has_the_vocabulary_default(owner, parameter, module):
     )
 
 
+def _is_method(owner: str, member: str) -> bool:
+    classes = {name: obj for name, obj, _ in _public_objects()}
+    return callable(getattr(classes.get(owner), member, None))
+
+
 def test_members_use_the_vocabulary_names():
     members = list(_members())
     assert len(members) > 50  # the scan reads the public classes' members
+    # ``source`` is a dataset's source object (fastpipe.data.sources); ``source(i)`` for a
+    # sample's file is the old spelling of ``path(i)``.
     offenders = [f"{owner}.{member}: the vocabulary name is {MEMBER_ALIASES[member]!r}"
                  for owner, member in members
-                 if member in MEMBER_ALIASES and (owner, member) not in EXEMPT]
+                 if member in MEMBER_ALIASES and (owner, member) not in EXEMPT
+                 and (member != "source" or _is_method(owner, member))]
     assert not offenders, f"{offenders} (docs/vocabulary.md)"
 
 

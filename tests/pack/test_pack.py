@@ -278,10 +278,9 @@ def test_a_virtual_pack_refuses_a_replaced_part_file(tmp_path):
     part = next((tmp_path / "v.h5.shards").glob("*/part-0000000006-*.h5"))
     # same name, other data
     pack(ArrayDataset(n=5), part, storage="array", overwrite=True, progress=False)
-    ds = H5Dataset(out)
-    assert np.array_equal(ds[0][0].numpy(), ArrayDataset().array(0).transpose(2, 0, 1))
+    # Every part is checked when the pack opens (one reader engine for every pack).
     with pytest.raises(PackFormatError, match="replaced after the merge"):
-        ds[7]
+        H5Dataset(out)
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -1,0 +1,143 @@
+"""``H5Dataset``, ``LMDBDataset`` and ``TarDataset``: a :class:`RecordDataset` over one kind of
+source each, built from a path."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from fastpipe.data._format import PackFormatError, sniff_format
+from fastpipe.data.datasets._records import RecordDataset
+from fastpipe.data.joint import JointCrop
+from fastpipe.recipe import Recipe
+
+__all__ = ["H5Dataset", "LMDBDataset", "TarDataset"]
+
+_KINDS = {"hdf5": ("HDF5", "H5Dataset"), "lmdb": ("LMDB", "LMDBDataset")}
+
+
+def _check_kind(path: Path, wanted: str, owner: str) -> None:
+    """Refuses a pack of the other kind with the class that reads it."""
+    try:
+        found = sniff_format(path)
+    except PackFormatError:
+        return  # the source explains what the file is not
+    if found != wanted:
+        name, reader = _KINDS[found]
+        raise PackFormatError(f"{path} is an {name} file, but {owner} reads "
+                              f"{_KINDS[wanted][0]} packs: open it with fastpipe.data.{reader}")
+
+
+class H5Dataset(RecordDataset):
+    """Reads an HDF5 pack: ``dataset[i] -> (image, label)``; a records pack or a plain HDF5
+    file (top-level datasets sharing their first dimension, one row per sample) as records:
+    ``dataset[i] -> {"mix": tensor, "zone0": tensor}``, or a tuple with ``fields=[...]`` (see
+    docs/your-data.md).
+
+    Bytes storage: ``decoder(data, source)`` turns the stored bytes (uint8 1-D array) into the
+    image; the default decodes fully to a uint8 ``(3, H, W)`` tensor. Array storage: the stored
+    array as a tensor (images as uint8 ``(3, H, W)``).
+
+    Safe with DataLoader workers under fork and spawn (the file opens lazily in each process) and
+    with DistributedSampler. Plain data (contiguous or chunked along the sample axis,
+    uncompressed) is read straight from the file, a batch's rows in one call without the GIL;
+    anything else through h5py with the chunk cache off.
+
+    ``auto_augment`` and ``transform`` follow, with every random draw of sample ``i`` a pure
+    function of ``(seed, epoch, i)`` (``set_epoch``), as in :class:`~fastpipe.data.ImageFolder`.
+
+    Attributes: ``targets`` (int64 numpy array), ``classes``, ``fields`` (name -> field),
+    ``file`` (the pack), ``storage`` (``"bytes"``/``"array"`` for an ``(image, label)`` pack,
+    ``"fields"`` for records), ``meta`` (the pack's JSON metadata), ``skipped`` (inputs left out
+    when packing). Raw access: :meth:`encoded` (bytes storage) and :meth:`path`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        decoder: Callable[[np.ndarray, str], Any] | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        auto_augment: str | None = None,
+        seed: int | None = None,
+        *,
+        recipe: Recipe | None = None,
+        fields: Sequence[str] | None = None,
+        joint: JointCrop | None = None,
+    ) -> None:
+        from fastpipe.data.sources.h5 import H5Source
+
+        self.file = Path(path)
+        _check_kind(self.file, "hdf5", "H5Dataset")
+        super().__init__(H5Source(self.file, fields), decoder, transform, auto_augment, seed,
+                         recipe=recipe, fields=fields, joint=joint)
+
+
+class LMDBDataset(RecordDataset):
+    """Reads an LMDB pack, with the same interface as :class:`fastpipe.data.H5Dataset`.
+
+    The environment opens lazily in each process with ``readonly=True, lock=False,
+    readahead=False`` and one long read transaction per thread, so DataLoader workers under fork
+    or spawn each hold their own handle.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        decoder: Callable[[np.ndarray, str], Any] | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        auto_augment: str | None = None,
+        seed: int | None = None,
+        *,
+        recipe: Recipe | None = None,
+        fields: Sequence[str] | None = None,
+        joint: JointCrop | None = None,
+    ) -> None:
+        from fastpipe.data.sources.lmdb import LMDBSource
+
+        self.file = Path(path)
+        _check_kind(self.file, "lmdb", "LMDBDataset")
+        super().__init__(LMDBSource(self.file), decoder, transform, auto_augment, seed,
+                         recipe=recipe, fields=fields, joint=joint)
+
+
+class TarDataset(RecordDataset):
+    """Reads WebDataset tar shards in place: ``dataset[i] -> {"jpg": image, "cls": label, ...}``.
+
+    ``shards``: a folder (its ``*.tar`` files), a glob (``"train/shard-*.tar"``), a shard, or a
+    list of shards. Fields are named by the members' extensions: images (``jpg``, ``png``, ...)
+    decode like :class:`~fastpipe.data.H5Dataset`'s (``recipe=`` for fastpipe's fast path),
+    ``cls``/``index``/``id`` are ints, ``txt``/``json`` strings, ``npy`` arrays, the rest bytes;
+    pickles are refused. ``fields=["jpg", "cls"]`` picks and orders them and returns a tuple;
+    ``joint=`` crops the image fields together, as in :class:`~fastpipe.data.H5Dataset`.
+
+    The index is built once per shard and cached beside it; workers (fork, spawn, threads) open
+    their own file descriptors.
+    """
+
+    def __init__(
+        self,
+        shards: str | os.PathLike | Sequence[str | os.PathLike],
+        decoder: Any = None,
+        transform: Any = None,
+        auto_augment: str | None = None,
+        seed: int | None = None,
+        *,
+        recipe: Any = None,
+        fields: Sequence[str] | None = None,
+        joint: Any = None,
+    ) -> None:
+        from fastpipe.data.sources.tar import TarSource
+
+        source = TarSource(shards, fields)
+        self.file = Path(shards) if isinstance(shards, (str, os.PathLike)) else source.shards[0]
+        self._shards = source.shards
+        super().__init__(source, decoder, transform, auto_augment, seed, recipe=recipe,
+                         fields=fields, joint=joint)
+
+    def __repr__(self) -> str:
+        return (f"TarDataset({len(self._shards)} shards, samples={len(self)}, "
+                f"fields={self._names})")

@@ -1,0 +1,275 @@
+"""The reader engine: where a stored array's rows lie in files, and a batch's rows read from
+there in one call.
+
+One description serves every layout fastpipe reads directly (an HDF5 dataset stored contiguous,
+chunked along its first axis, a virtual dataset fastpipe merged from part files, a user's file
+whose dataset is an external link to another file): :class:`Extents`, a table of runs of rows,
+each in one file at one offset. A batch's rows (one per sample for a fixed field, a range per
+sample for a variable one) become pieces, sorted in storage order, and ``fastpipe._io`` reads
+them all with pread/preadv while the GIL is released (a loop of ``os.preadv`` where the module
+was not built). Descriptors come from a :class:`FilePool`: a bounded number stay open whatever
+the number of files.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+try:
+    from fastpipe._io import read_pieces as _read_pieces
+except ImportError:  # built without the extension: the same reads from Python
+    _read_pieces = None
+
+__all__ = ["Extents", "FilePool", "Pieces", "read_pieces", "resource_error"]
+
+# Descriptors kept open per process and source: parts beyond it are reopened when read again.
+DEFAULT_OPEN_FILES = 128
+# errno values that say the machine ran out of something, not that a file is damaged.
+_RESOURCE_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC}
+
+
+def resource_error(exc: BaseException) -> bool:
+    """Whether ``exc`` reports a limit of the machine (open files, memory), which is never a sign
+    of a damaged file (the error must say so, not "damaged")."""
+    if isinstance(exc, MemoryError):
+        return True
+    number = getattr(exc, "errno", None)
+    if number in _RESOURCE_ERRNOS:
+        return True
+    text = str(exc)
+    # h5py folds the C library's errno into its message ("errno = 24, error message = 'Too many
+    # open files'").
+    return any(f"errno = {n}," in text for n in _RESOURCE_ERRNOS) or "Too many open files" in text
+
+
+def too_many_open_files(path: str, exc: BaseException) -> OSError:
+    """The error for a file that could not be opened for want of descriptors or memory."""
+    error = OSError(
+        getattr(exc, "errno", None) or errno.EMFILE,
+        f"cannot open {path}: the process ran out of resources ({exc}); this is not damage to "
+        "the file: raise the open-file limit (ulimit -n) or free memory, and try again")
+    error.__cause__ = exc
+    return error
+
+
+class FilePool:
+    """Read-only descriptors of a source's files in one process, opened on first use, at most
+    ``limit`` kept open (the least recently used closed first; a descriptor in use by a read is
+    never closed under it). Thread-safe; not shared across processes (a source opens a pool per
+    process)."""
+
+    def __init__(self, paths: Sequence[str], limit: int = DEFAULT_OPEN_FILES) -> None:
+        self.paths = list(paths)
+        self.limit = max(1, limit)
+        self._open: OrderedDict[int, int] = OrderedDict()  # file id -> descriptor
+        self._pins: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def acquire(self, ids: np.ndarray) -> np.ndarray:
+        """Descriptors of the files ``ids`` (unique), pinned open until :meth:`release`."""
+        fds = np.empty(len(ids), np.int64)
+        with self._lock:
+            for k, file_id in enumerate(ids.tolist()):
+                fd = self._open.get(file_id)
+                if fd is None:
+                    self._evict()
+                    fd = self._open_file(file_id)
+                    self._open[file_id] = fd
+                else:
+                    self._open.move_to_end(file_id)
+                self._pins[file_id] = self._pins.get(file_id, 0) + 1
+                fds[k] = fd
+        return fds
+
+    def release(self, ids: np.ndarray) -> None:
+        with self._lock:
+            for file_id in ids.tolist():
+                left = self._pins[file_id] - 1
+                if left:
+                    self._pins[file_id] = left
+                else:
+                    del self._pins[file_id]
+            self._evict()
+
+    def _evict(self) -> None:
+        while len(self._open) >= self.limit:
+            victim = next((i for i in self._open if i not in self._pins), None)
+            if victim is None:  # every open file is in use: go over the limit for now
+                return
+            os.close(self._open.pop(victim))
+
+    def _open_file(self, file_id: int) -> int:
+        path = self.paths[file_id]
+        try:
+            return os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            if resource_error(exc):
+                raise too_many_open_files(path, exc) from exc
+            raise
+
+    def close(self) -> None:
+        with self._lock:
+            for fd in self._open.values():
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self._open.clear()
+            self._pins.clear()
+
+
+@dataclass
+class Pieces:
+    """Byte ranges of files to read: piece ``i`` is ``sizes[i]`` bytes of file ``files[i]``
+    (an id of the source's :class:`FilePool`) at ``offsets[i]``, written at ``dest[i]`` of the
+    output buffer."""
+
+    files: np.ndarray
+    offsets: np.ndarray
+    sizes: np.ndarray
+    dest: np.ndarray
+
+    @classmethod
+    def join(cls, parts: Sequence[Pieces]) -> Pieces:
+        if len(parts) == 1:
+            return parts[0]
+        return cls(*(np.concatenate([getattr(p, k) for p in parts])
+                     for k in ("files", "offsets", "sizes", "dest")))
+
+
+@dataclass
+class Extents:
+    """Where the rows of one stored array lie: run ``k`` holds rows ``[starts[k], starts[k+1])``,
+    the first of them at byte ``offsets[k]`` of file ``files[k]``, ``row_bytes`` bytes a row, rows
+    back to back within a run (a contiguous dataset is one run, a chunked one a run per chunk, a
+    virtual merge its parts' runs one after the other)."""
+
+    starts: np.ndarray  # int64 (runs + 1,): the last entry is the number of rows
+    files: np.ndarray  # int64 (runs,)
+    offsets: np.ndarray  # int64 (runs,)
+    row_bytes: int
+
+    @classmethod
+    def contiguous(cls, rows: int, file: int, offset: int, row_bytes: int) -> Extents:
+        return cls(np.array([0, rows], np.int64), np.array([file], np.int64),
+                   np.array([offset], np.int64), row_bytes)
+
+    @classmethod
+    def chunked(cls, rows: int, chunk_rows: int, file: int, offsets: np.ndarray,
+                row_bytes: int) -> Extents:
+        starts = np.minimum(np.arange(len(offsets) + 1, dtype=np.int64) * chunk_rows, rows)
+        return cls(starts, np.full(len(offsets), file, np.int64),
+                   np.asarray(offsets, np.int64), row_bytes)
+
+    @property
+    def rows(self) -> int:
+        return int(self.starts[-1])
+
+    def end(self) -> int:
+        """One past the last byte any run reaches, in its own file (for the truncation check of
+        a single-file array)."""
+        if not len(self.offsets):
+            return 0
+        return int((self.offsets + np.diff(self.starts) * self.row_bytes).max())
+
+    def window(self, first: int, stop: int, shift: int) -> Extents:
+        """Rows ``[first, stop)`` of this array as rows ``[shift, shift + stop - first)`` of
+        another (a part of a virtual merge placed in the whole)."""
+        if not 0 <= first <= stop <= self.rows:
+            raise ValueError(f"rows {first} to {stop} are outside the {self.rows} stored")
+        k0 = int(np.searchsorted(self.starts, first, side="right")) - 1
+        k1 = int(np.searchsorted(self.starts, stop, side="left"))
+        if stop == first:
+            return Extents(np.array([shift], np.int64), np.zeros(0, np.int64),
+                           np.zeros(0, np.int64), self.row_bytes)
+        starts = self.starts[k0:k1 + 1].copy()
+        offsets = self.offsets[k0:k1].copy()
+        offsets[0] += (first - starts[0]) * self.row_bytes
+        starts[0], starts[-1] = first, stop
+        return Extents(starts - first + shift, self.files[k0:k1].copy(), offsets, self.row_bytes)
+
+    @classmethod
+    def concat(cls, parts: Sequence[Extents], row_bytes: int) -> Extents:
+        """Parts placed back to back (each ``window``-ed to its place first)."""
+        starts = [p.starts[:-1] for p in parts] + [parts[-1].starts[-1:]] if parts else [[0]]
+        return cls(np.concatenate(starts).astype(np.int64),
+                   np.concatenate([p.files for p in parts]) if parts else np.zeros(0, np.int64),
+                   np.concatenate([p.offsets for p in parts]) if parts else
+                   np.zeros(0, np.int64), row_bytes)
+
+    def pieces(self, first: np.ndarray, stop: np.ndarray, dest: np.ndarray) -> Pieces:
+        """The pieces of rows ``[first[k], stop[k])`` for every ``k``, range ``k`` written from
+        byte ``dest[k]`` of the output on (split where a range crosses from one run into the
+        next)."""
+        first = np.asarray(first, np.int64)
+        stop = np.asarray(stop, np.int64)
+        if len(self.offsets) == 1:  # one run: one piece a range
+            size = (stop - first) * self.row_bytes
+            return Pieces(np.full(len(first), self.files[0], np.int64),
+                          self.offsets[0] + first * self.row_bytes, size,
+                          np.asarray(dest, np.int64))
+        k0 = np.searchsorted(self.starts, first, side="right") - 1
+        k1 = np.searchsorted(self.starts, np.maximum(stop - 1, first), side="right") - 1
+        count = np.where(stop > first, k1 - k0 + 1, 0)
+        owner = np.repeat(np.arange(len(first)), count)
+        step = np.arange(len(owner)) - np.repeat(np.cumsum(count) - count, count)
+        run = k0[owner] + step
+        lo = np.maximum(first[owner], self.starts[run])
+        hi = np.minimum(stop[owner], self.starts[run + 1])
+        return Pieces(self.files[run], self.offsets[run] + (lo - self.starts[run]) * self.row_bytes,
+                      (hi - lo) * self.row_bytes,
+                      np.asarray(dest, np.int64)[owner] + (lo - first[owner]) * self.row_bytes)
+
+
+class ShortRead(Exception):
+    """A piece could not be read whole: ``path`` ended first (``number`` 0) or the read failed
+    with errno ``number``."""
+
+    def __init__(self, path: str, number: int) -> None:
+        super().__init__(path, number)
+        self.path, self.number = path, number
+
+
+def read_pieces(pool: FilePool, pieces: Pieces, out: np.ndarray) -> None:
+    """Reads ``pieces`` into ``out`` (a writable C-contiguous array: its bytes), in storage
+    order, without the GIL. Raises :class:`ShortRead` naming the file of a piece that could not
+    be read whole."""
+    if not len(pieces.sizes):
+        return
+    order = np.lexsort((pieces.offsets, pieces.files))
+    files = pieces.files[order]
+    ids, where = np.unique(files, return_inverse=True)
+    fds = pool.acquire(ids)
+    try:
+        args = (np.ascontiguousarray(fds[where]), np.ascontiguousarray(pieces.offsets[order]),
+                np.ascontiguousarray(pieces.sizes[order]), out.reshape(-1).view(np.uint8),
+                np.ascontiguousarray(pieces.dest[order]))
+        failed = _read_pieces(*args) if _read_pieces is not None else _read_in_python(*args)
+    finally:
+        pool.release(ids)
+    if failed is not None:
+        piece, number = failed
+        raise ShortRead(pool.paths[int(files[piece])], number)
+
+
+def _read_in_python(fds, offsets, sizes, out, dest):
+    for k in range(len(fds)):
+        size = int(sizes[k])
+        view = out[int(dest[k]):int(dest[k]) + size]
+        done = 0
+        while done < size:
+            try:
+                got = os.preadv(int(fds[k]), [view[done:]], int(offsets[k]) + done)
+            except OSError as exc:
+                return k, exc.errno or errno.EIO
+            if got == 0:
+                return k, 0
+            done += got
+    return None

@@ -1,0 +1,148 @@
+"""What a path names: the one answer, for every part of fastpipe that takes a path (the
+datasets' readers, ``image_loader``, DALI's readers, the profiler, ``pack`` and the command
+line).
+
+Decided from what is there, never from a name alone: an HDF5 or LMDB file by its first bytes, a
+folder by what it holds, a text file by its lines.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import tarfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from fastpipe.data._format import PackFormatError, sniff_format
+from fastpipe.data._listing import IMG_EXTENSIONS, list_image_folder
+from fastpipe.data.sources._base import Source
+
+__all__ = ["KINDS", "kind_of", "resolve"]
+
+# What kind_of answers, and the source class each kind opens.
+KINDS = ("hdf5", "lmdb", "tar", "folder", "images", "arrays", "list", "columns")
+
+
+def kind_of(path: str | os.PathLike) -> str:
+    """The kind of source ``path`` names (one of :data:`KINDS`), or FileNotFoundError /
+    ValueError saying what it is not."""
+    text = os.fspath(path)
+    path = Path(text)
+    if not path.exists():
+        if glob.has_magic(text) and glob.glob(text):
+            return "tar"
+        raise FileNotFoundError(f"{text} does not exist (expected an image folder, a pack, tar "
+                                "shards, a list file or a folder of .npy files)")
+    if path.is_dir():
+        if (path / "data.mdb").is_file():
+            return "lmdb"
+        classes, names, _ = list_image_folder(path, IMG_EXTENSIONS)
+        if names:
+            return "folder"
+        if any(path.glob("*.tar")):
+            return "tar"
+        from fastpipe.data.sources.arrays import ARRAY_EXTENSIONS, is_array_file
+
+        if classes and list_image_folder(path, ARRAY_EXTENSIONS)[1]:
+            return "arrays"
+        for _, _, files in os.walk(path, followlinks=True):
+            if any(f.lower().endswith(IMG_EXTENSIONS) for f in files):
+                return "images"
+            if any(is_array_file(f) and not f.endswith(".fastpipe-index.npz") for f in files):
+                return "arrays"
+        if classes:
+            raise ValueError(f"{path} holds class folders but no images "
+                             f"({', '.join(IMG_EXTENSIONS)})")
+        raise ValueError(f"{path} holds no images, no class folders, no tar shards and no .npy "
+                         "files: not a source fastpipe reads")
+    try:
+        return sniff_format(path)  # HDF5 or LMDB, by their first bytes
+    except PackFormatError:
+        pass
+    if tarfile.is_tarfile(path):
+        return "tar"
+    return _list_kind(path)
+
+
+def _list_kind(path: Path) -> str:
+    from fastpipe.data.sources.arrays import is_array_file
+    from fastpipe.data.sources.folder import COLUMNS_HEADER
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                line = line.strip()
+                if line.startswith(COLUMNS_HEADER):
+                    return "columns"
+                if line and not line.startswith("#"):
+                    first = line.rsplit("\t", 1)[0] if "\t" in line else line.split()[0]
+                    return "arrays" if is_array_file(first) else "list"
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is neither an HDF5 nor an LMDB pack, a tar file or a text list "
+                         "of files: not a source fastpipe reads") from exc
+    raise ValueError(f"{path} lists no files (expected 'path [label]' per line)")
+
+
+def resolve(source: Any, *, fields: Mapping[str, Any] | Sequence[str] | None = None) -> Source:
+    """``source`` as a :class:`~fastpipe.data.sources._base.Source`: a source as it is; a path
+    (see :func:`kind_of`); a list of tar shards; or a map-style dataset (a Hugging Face dataset
+    included). ``fields`` picks the fields of a file's records (an HDF5 file's datasets), or
+    declares those of a dataset's."""
+    if isinstance(source, Source):
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        return _open(source, kind_of(source), fields)
+    if isinstance(source, (list, tuple)) and source and all(
+            isinstance(p, (str, os.PathLike)) for p in source):
+        from fastpipe.data.sources.tar import TarSource
+
+        return TarSource(source, fields)
+    if hasattr(source, "__getitem__") and hasattr(source, "__len__"):
+        from fastpipe.data.sources.dataset import DatasetSource
+
+        return DatasetSource(source, fields)
+    raise TypeError(f"a source is a path (a folder, a pack, tar shards, a list file), a list of "
+                    f"tar shards or a map-style dataset, got {type(source).__name__}")
+
+
+def _open(path: str | os.PathLike, kind: str, fields: Any) -> Source:
+    names = fields if fields is None or isinstance(fields, Sequence) else list(fields)
+    if kind == "hdf5":
+        from fastpipe.data.sources.h5 import H5Source
+
+        return H5Source(path, names)
+    if kind == "lmdb":
+        from fastpipe.data.sources.lmdb import LMDBSource
+
+        return LMDBSource(path, names)
+    if kind == "tar":
+        from fastpipe.data.sources.tar import TarSource
+
+        return TarSource(path, names)
+    if kind == "folder":
+        from fastpipe.data.sources.folder import FolderSource
+
+        return FolderSource(path)
+    if kind == "images":
+        from fastpipe.data.sources.paired import PairedSource
+
+        return PairedSource({"image": path}, where=str(path))
+    if kind == "list":
+        from fastpipe.data.sources.folder import ListSource
+
+        return ListSource(path)
+    if kind == "columns":
+        from fastpipe.data.sources.arrays import ColumnsSource
+
+        return ColumnsSource(path)
+    from fastpipe.data.sources.arrays import ArrayFilesSource
+
+    if Path(path).is_dir():
+        return ArrayFilesSource(path)
+    from fastpipe.data.sources.folder import ListSource
+
+    listed = ListSource(path)  # the list's paths and labels, then the arrays they name
+    return ArrayFilesSource([listed.files[i] for i in range(len(listed))], listed.labels_array,
+                            listed.classes)
