@@ -156,9 +156,11 @@ def image_loader(
         num_workers=num_workers, worker_method=worker_method, prefetch_depth=prefetch_depth,
         crop_decode=crop_decode, on_error=on_error,
     )
-    if options.backend == "dali":
-        return _build_dali(options)
-    return _build_cpu(options)
+    loader = _build_dali(options) if options.backend == "dali" else _build_cpu(options)
+    from fastpipe.profiling._workload import check_loader_batches
+
+    return check_loader_batches(loader, options.batch_size, options.drop_last,
+                                options.world_size, "image_loader")
 
 
 class _Options:
