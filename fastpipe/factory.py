@@ -48,7 +48,9 @@ from fastpipe.recipe import Recipe
 __all__ = ["image_loader"]
 
 BACKENDS = ("auto", "cpu", "dali")
-_PACK_SUFFIXES = {".h5": "hdf5", ".hdf5": "hdf5", ".lmdb": "lmdb", ".mdb": "lmdb"}
+# What DALI's readers take (fastpipe.dali.sources.open_source); the CPU path reads every kind of
+# fastpipe.data.datasets.images.CLASSIFICATION_KINDS.
+_DALI_KINDS = ("folder", "list", "hdf5", "lmdb")
 
 
 def image_loader(
@@ -84,8 +86,10 @@ def image_loader(
     """Image classification batches from ``source``, built on the fastest path available.
 
     Args:
-        source: an image folder in ImageFolder layout (``root/<class>/<image>``) or a fastpipe
-            pack of encoded images (``.h5``/``.hdf5``, ``.lmdb``; see ``fastpipe pack``).
+        source: an image folder in ImageFolder layout (``root/<class>/<image>``), a list file of
+            ``path label`` lines, a fastpipe pack of (image, label) samples (HDF5 or LMDB, told
+            by its content; see ``fastpipe pack``), or WebDataset tar shards (a folder of
+            ``.tar`` files, a shard, a glob; their image and label members; the CPU backend).
         batch_size: samples per batch.
         train: random-resized crop (``scale``, ``ratio``), flip (``hflip``) and ``auto_augment``;
             else eval: for a square ``size``, resize the shorter side to ``size / crop_pct`` and
@@ -267,17 +271,6 @@ def _choose_backend(backend: str, o: _Options) -> str:
     return backend
 
 
-def _pack_kind(path: Path) -> str | None:
-    kind = _PACK_SUFFIXES.get(path.suffix.lower())
-    if kind is None and path.is_dir() and (path / "data.mdb").is_file():
-        kind = "lmdb"
-    return kind
-
-
-def _missing(path: Path) -> FileNotFoundError:
-    return FileNotFoundError(
-        f"{str(path)!r} is neither an image folder nor a pack file (.h5, .hdf5, .lmdb)"
-    )
 
 
 # ---------------------------------------------------------------------------- the DALI backend
@@ -285,9 +278,12 @@ def _missing(path: Path) -> FileNotFoundError:
 
 def _build_dali(o: _Options) -> Any:
     from fastpipe.dali import DALILoader
+    from fastpipe.data.sources.resolve import kind_of
 
-    if _pack_kind(o.path) is None and not o.path.is_dir():
-        raise _missing(o.path)
+    kind = kind_of(o.path)  # FileNotFoundError / ValueError saying what the path is not
+    if kind not in _DALI_KINDS:
+        raise ValueError(f"{o.path} holds {kind} data; the DALI backend reads an image folder, a "
+                         "list file or a pack of encoded images: pass backend='cpu'")
     return DALILoader(
         str(o.path), batch_size=o.batch_size, recipe=o.recipe, num_workers=o.num_workers,
         device=str(o.device), shuffle=o.shuffle, drop_last=o.drop_last, seed=o.seed,
@@ -340,16 +336,6 @@ def _cpu_worker_method(o: _Options) -> str:
 
 
 def _cpu_dataset(o: _Options) -> Any:
-    kind = _pack_kind(o.path)
-    recipe = o.recipe.per_sample()
-    if kind is None:
-        from fastpipe.data import ImageFolder
+    from fastpipe.data.datasets.images import image_dataset
 
-        if not o.path.is_dir():
-            raise _missing(o.path)
-        return ImageFolder(str(o.path), recipe=recipe, seed=o.augment_seed)
-    if kind == "hdf5":
-        from fastpipe.data import H5Dataset as pack_class
-    else:
-        from fastpipe.data import LMDBDataset as pack_class
-    return pack_class(str(o.path), recipe=recipe, seed=o.augment_seed)
+    return image_dataset(o.path, recipe=o.recipe.per_sample(), seed=o.augment_seed)

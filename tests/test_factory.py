@@ -405,7 +405,10 @@ def test_options_a_backend_cannot_honour_fail_at_construction(sample_root, kwarg
 
 
 def test_a_missing_source_is_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match="neither an image folder nor a pack"):
+    # The one resolver's words (fastpipe.data.sources.resolve), naming the path and what it
+    # could have been.
+    with pytest.raises(FileNotFoundError, match=r"nowhere does not exist \(expected an image "
+                                                r"folder, a pack"):
         image_loader(tmp_path / "nowhere", 4, train=True, backend="cpu", device="cpu")
     with pytest.raises(TypeError, match="path to an image folder"):
         image_loader(object(), 4, train=True, backend="cpu", device="cpu")

@@ -196,15 +196,19 @@ class FileList:
         return f"FileList({len(self)} files, {len(self.classes or ())} classes)"
 
 
-PACK_SUFFIXES = {".h5": "hdf5", ".hdf5": "hdf5", ".lmdb": "lmdb", ".mdb": "lmdb"}
-
-
 def open_source(path: str | os.PathLike, root: str | os.PathLike | None = None) -> Any:
-    """What a path names: a fastpipe pack (``.h5``/``.hdf5``/``.lmdb``, bytes storage), an image
-    folder in ImageFolder layout, or a list file of ``path label`` lines."""
-    kind = PACK_SUFFIXES.get(Path(path).suffix.lower())
-    if kind is None:
+    """What a path names (fastpipe.data.sources.resolve.kind_of, the one answer): a fastpipe pack
+    of encoded images (HDF5 or LMDB, told by its content), an image folder in ImageFolder
+    layout, or a list file of ``path label`` lines."""
+    from fastpipe.data.sources.resolve import kind_of
+
+    kind = kind_of(path)
+    if kind in ("folder", "list"):
         return FileList.from_path(path, root=root)
+    if kind not in ("hdf5", "lmdb"):
+        raise ValueError(f"{path} holds {kind} data; DALI's readers take an image folder, a list "
+                         "file of 'path label' lines or a fastpipe pack of encoded images (read "
+                         "other sources with the CPU path, fastpipe.data)")
     if root is not None:
         raise ValueError(f"root= applies to list files only, but {path} is a {kind} pack")
     if kind == "hdf5":

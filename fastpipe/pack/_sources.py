@@ -104,7 +104,7 @@ def _list_folder(root: Path) -> Listing:
     if not classes:
         # A folder of images without class folders (super-resolution's HR/): records of one
         # image field, "image", stored as they are.
-        from fastpipe.data.paired import PairedFolders
+        from fastpipe.data.datasets.folders import PairedFolders
 
         try:
             flat = PairedFolders({"image": root}, seed=0)

@@ -120,7 +120,7 @@ def test_two_workers_see_every_sample_once_and_a_seed_reproduces_the_run(sample_
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc (Linux)")
 def test_files_whose_size_is_not_known_up_front_are_read_to_the_end(tmp_path):
     """fstat reports 0 bytes for /proc files; the read goes on to the end, as open().read() does."""
-    from fastpipe.data.folder import _read_file
+    from fastpipe.data.sources.folder import read_file as _read_file
 
     data = _read_file("/proc/self/status")
     assert data.startswith(b"Name:") and data.endswith(b"\n") and len(data) > 100

@@ -1,4 +1,4 @@
-"""PairedFolders (fastpipe/data/paired.py): pairing by name, refusing what does not pair, the same
+"""PairedFolders (fastpipe/data/datasets/folders.py): pairing by name, refusing what does not pair, the same
 joint crops on every kind of worker and after a resume, and packing the stored bytes."""
 
 from __future__ import annotations

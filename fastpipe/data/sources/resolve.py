@@ -53,10 +53,11 @@ def kind_of(path: str | os.PathLike) -> str:
             if any(is_array_file(f) and not f.endswith(".fastpipe-index.npz") for f in files):
                 return "arrays"
         if classes:
-            raise ValueError(f"{path} holds class folders but no images "
+            raise ValueError(f"{path} holds class folders but no images found in them "
                              f"({', '.join(IMG_EXTENSIONS)})")
-        raise ValueError(f"{path} holds no images, no class folders, no tar shards and no .npy "
-                         "files: not a source fastpipe reads")
+        raise ValueError(f"{path} holds no images and no class folders (nor tar shards or .npy "
+                         "files): not a source fastpipe reads; an image folder is "
+                         "root/<class>/<image>")
     try:
         return sniff_format(path)  # HDF5 or LMDB, by their first bytes
     except PackFormatError:

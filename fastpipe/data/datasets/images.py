@@ -1,0 +1,79 @@
+"""``image_dataset``: ``(image, label)`` samples from whatever a path names, for the loaders that
+classify (``image_loader``, the profiler, ``fastpipe tune``/``bench``/``profile``).
+
+The path's kind comes from the one resolver (fastpipe.data.sources.resolve): an image folder
+(``ImageFolder``), a list file of ``path label`` lines, an HDF5 or LMDB pack (``H5Dataset``,
+``LMDBDataset``), or tar shards (``TarDataset``, its image and label members picked from the
+first sample's fields).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from fastpipe.data.datasets._records import RecordDataset
+from fastpipe.data.sources.resolve import kind_of
+from fastpipe.recipe import Recipe
+
+__all__ = ["CLASSIFICATION_KINDS", "image_dataset"]
+
+# The kinds of path that hold (image, label) samples.
+CLASSIFICATION_KINDS = ("folder", "list", "hdf5", "lmdb", "tar")
+
+
+def image_dataset(path: str | os.PathLike, *, recipe: Recipe | None = None,
+                  seed: int | None = None) -> RecordDataset:
+    """The ``(uint8 (3, H, W), int label)`` samples of what ``path`` names, with ``recipe``'s
+    per-sample part (fastpipe's fast decode; a full decode without one). A path that holds no
+    labelled images (a folder without class folders, arrays) is a ValueError saying what it
+    holds."""
+    kind = kind_of(path)
+    if kind not in CLASSIFICATION_KINDS:
+        raise ValueError(f"{path} holds {_WHAT[kind]}, not labelled images: image_loader reads an "
+                         "image folder (root/<class>/<image>), a list file of 'path label' lines, "
+                         "a fastpipe pack of (image, label) samples or tar shards (image and "
+                         "label members)")
+    options: dict[str, Any] = {"recipe": recipe, "seed": seed}
+    if kind == "folder":
+        from fastpipe.data.datasets.folders import ImageFolder
+
+        return ImageFolder(path, **options)
+    if kind == "list":
+        from fastpipe.data.sources.folder import ListSource
+
+        return RecordDataset(ListSource(path), **options)
+    if kind == "hdf5":
+        from fastpipe.data.datasets.readers import H5Dataset
+
+        dataset: RecordDataset = H5Dataset(path, **options, fields=_pair_of(path, kind))
+    elif kind == "lmdb":
+        from fastpipe.data.datasets.readers import LMDBDataset
+
+        dataset = LMDBDataset(path, **options, fields=_pair_of(path, kind))
+    else:
+        from fastpipe.data.datasets.readers import TarDataset
+
+        dataset = TarDataset(path, **options, fields=_pair_of(path, kind))
+    return dataset
+
+
+def _pair_of(path: str | os.PathLike, kind: str) -> list[str] | None:
+    """The image and label fields of a source that is not already a pair (None for a pair)."""
+    from fastpipe.data.sources.resolve import resolve
+
+    with resolve(path) as source:
+        schema = source.schema
+    if schema.record == "pair":
+        return None
+    images = [n for n, f in schema.fields.items() if f.kind == "image"]
+    label = schema.label or next((n for n, f in schema.fields.items() if f.kind == "int"), None)
+    if len(images) != 1 or label is None:
+        raise ValueError(f"{path} ({kind}) holds records of the fields {schema.names}; image "
+                         "classification reads one image field and one int label field: read it "
+                         "with the dataset class and fields=[image, label]")
+    return [images[0], label]
+
+
+_WHAT = {"images": "images without class folders", "arrays": ".npy/.npz arrays",
+         "columns": "a list of records (#fields)"}
