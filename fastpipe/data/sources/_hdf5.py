@@ -90,9 +90,12 @@ def require_dataset(f, name: str, where: str):
     return f[name]
 
 
-def read_index(f, name: str, where: str, shape: tuple[int, ...], dtype) -> np.ndarray:
-    """An index dataset (offsets, labels, checksums) read whole, of the ``shape`` expected and
-    integer values (anything else would be cast)."""
+def read_index(f, name: str, where: str, shape: tuple[int, ...], dtype,
+               mapped: bool = False) -> np.ndarray:
+    """An index dataset (offsets, labels, checksums) of the ``shape`` expected and integer values
+    (anything else would be cast), read whole; with ``mapped``, memory-mapped where it is stored
+    contiguous in ``dtype`` (the page cache then holds one copy for every process that reads
+    the file, and pickling sends where it lies, not the values: :class:`MappedIndex`)."""
     ds = require_dataset(f, name, where)
     if tuple(ds.shape) != shape:
         raise PackFormatError(f"{where}: '{name}' has shape {ds.shape}, expected {shape}; the file "
@@ -100,10 +103,37 @@ def read_index(f, name: str, where: str, shape: tuple[int, ...], dtype) -> np.nd
     if ds.dtype.kind not in "iu":
         raise PackFormatError(f"{where}: '{name}' holds {ds.dtype}, not integers; the file is "
                               "damaged")
+    if mapped and ds.dtype == np.dtype(dtype) and plain_layout(ds) and ds.chunks is None:
+        offset = ds.id.get_offset()
+        size = int(np.prod(shape, dtype=np.int64)) * ds.dtype.itemsize
+        if offset is not None and size and offset + size <= os.path.getsize(ds.file.filename):
+            return MappedIndex.map(ds.file.filename, int(offset), ds.dtype, shape)
     out = np.empty(shape, dtype)
     if out.size:
         ds.read_direct(out)
     return out
+
+
+class MappedIndex(np.ndarray):
+    """An index array memory-mapped read-only from its file: shared by every process through the
+    page cache; pickled as (file, offset, dtype, shape) and mapped again where it is unpickled
+    (a spawned DataLoader worker), so no process holds its own copy."""
+
+    @classmethod
+    def map(cls, path: str, offset: int, dtype: Any, shape: tuple[int, ...]) -> MappedIndex:
+        array = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape)
+        out = np.asarray(array).view(cls)
+        out._where = (path, offset, np.dtype(dtype).str, tuple(shape))
+        return out
+
+    def __array_finalize__(self, obj: Any) -> None:
+        self._where = None  # slices and results are plain views, pickled by value
+
+    def __reduce__(self):
+        where = getattr(self, "_where", None)
+        if where is None:
+            return np.asarray(self).copy().__reduce__()
+        return (MappedIndex.map, where)
 
 
 class FileTable:

@@ -118,7 +118,7 @@ class H5Source(Source):
         spec = fmt.Spec.from_meta(meta)
         self.meta, self.count = meta, int(meta["count"])
         classes = list(meta["classes"])
-        labels = read_index(f, fmt.LABELS, where, (self.count,), np.int64)
+        labels = read_index(f, fmt.LABELS, where, (self.count,), np.int64, mapped=True)
         fmt.check_labels(labels, classes, where)
         require_dataset(f, fmt.PATH_DATA, where)
         require_dataset(f, fmt.PATH_OFFSETS, where)
@@ -129,7 +129,7 @@ class H5Source(Source):
             if data.ndim != 1:
                 raise PackFormatError(f"{where}: '{fmt.DATA}' has shape {data.shape}, not the flat "
                                       "bytes of bytes storage; the file is damaged")
-            offsets = read_index(f, fmt.OFFSETS, where, (self.count + 1,), np.int64)
+            offsets = read_index(f, fmt.OFFSETS, where, (self.count + 1,), np.int64, mapped=True)
             fmt.check_offsets(offsets, data.shape[0], where, f"'{fmt.OFFSETS}'")
         else:
             image = F.ArrayField(spec.dtype, tuple(spec.sample_shape),
@@ -224,7 +224,7 @@ class H5Source(Source):
             column = _Column(field, file=where, dataset=name, crc32=f"{fmt.R_CRC32}/{name}")
             if field.variable:
                 column.offsets = read_index(f, f"{fmt.R_OFFSETS}/{name}", where,
-                                            (self.count + 1,), np.int64)
+                                            (self.count + 1,), np.int64, mapped=True)
                 fmt.check_offsets(column.offsets, ds.shape[0], where,
                                   f"field {name!r}: its offsets")
             elif ds.shape[:1] != (self.count,):
