@@ -13,6 +13,7 @@ behind each choice.
 from __future__ import annotations
 
 import io
+import os
 from typing import NamedTuple
 
 import numpy as np
@@ -53,9 +54,50 @@ except ImportError:  # installed without extensions: torch's resize
 # The pixel budget of every decode: a file whose frame declares more pixels is refused from its
 # header, before anything its size decides is allocated (ImageTooLargeError). The default is
 # Pillow's (it raises DecompressionBombError past 2 * Image.MAX_IMAGE_PIXELS), which fits real
-# photos; set this module attribute to change it (in each worker process, e.g. in a DataLoader's
-# worker_init_fn where workers are spawned). PIL-decoded files also meet Pillow's own limit.
-MAX_IMAGE_PIXELS = 178_956_970
+# photos; set_max_image_pixels changes it (FASTPIPE_MAX_IMAGE_PIXELS, which it sets, carries it to
+# worker processes started later). PIL-decoded files also meet Pillow's own limit.
+DEFAULT_MAX_IMAGE_PIXELS = 178_956_970
+_BUDGET_VARIABLE = "FASTPIPE_MAX_IMAGE_PIXELS"
+
+
+def _budget_from_environment() -> int:
+    text = os.environ.get(_BUDGET_VARIABLE)
+    if text is None:
+        return DEFAULT_MAX_IMAGE_PIXELS
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{_BUDGET_VARIABLE}={text!r} is not a number of pixels") from None
+    if value < 1:
+        raise ValueError(f"{_BUDGET_VARIABLE}={value}: the pixel budget must be at least 1")
+    return value
+
+
+MAX_IMAGE_PIXELS = _budget_from_environment()
+
+
+def set_max_image_pixels(pixels: int | None) -> None:
+    """Sets the pixel budget of every decode: an image whose header declares more than
+    ``pixels`` pixels is refused before anything is allocated for it (``ImageTooLargeError``, a
+    ``CorruptImageError``: ``on_error="skip"`` skips it, the packer skips and names it). ``None``
+    restores the default, 178,956,970 (Pillow's limit). Applies to this process and, through the
+    environment variable ``FASTPIPE_MAX_IMAGE_PIXELS`` it sets, to worker processes started after
+    the call (fork and spawn); a DataLoader's persistent workers started earlier keep theirs."""
+    global MAX_IMAGE_PIXELS
+    if pixels is None:
+        os.environ.pop(_BUDGET_VARIABLE, None)
+        MAX_IMAGE_PIXELS = DEFAULT_MAX_IMAGE_PIXELS
+        return
+    if not isinstance(pixels, (int, np.integer)) or isinstance(pixels, bool) or pixels < 1:
+        raise ValueError(f"set_max_image_pixels: the pixel budget is a positive int, got "
+                         f"{pixels!r}")
+    os.environ[_BUDGET_VARIABLE] = str(int(pixels))
+    MAX_IMAGE_PIXELS = int(pixels)
+
+
+def max_image_pixels() -> int:
+    """The pixel budget of every decode in this process (see :func:`set_max_image_pixels`)."""
+    return MAX_IMAGE_PIXELS
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 _JPEG_END = b"\xff\xd9"
@@ -70,7 +112,8 @@ class CorruptImageError(ValueError):
 
 
 class ImageTooLargeError(CorruptImageError):
-    """An image declares more pixels than :data:`MAX_IMAGE_PIXELS` (a decompression bomb)."""
+    """An image declares more pixels than the pixel budget (a decompression bomb; see
+    :func:`set_max_image_pixels`)."""
 
 
 def _check_pixels(height: int, width: int, source: str) -> None:
@@ -78,8 +121,8 @@ def _check_pixels(height: int, width: int, source: str) -> None:
     if height * width > MAX_IMAGE_PIXELS:
         raise ImageTooLargeError(
             f"image {source} declares {height}x{width} pixels, more than the pixel budget of "
-            f"{MAX_IMAGE_PIXELS} (fastpipe.data._decode.MAX_IMAGE_PIXELS): a decompression bomb "
-            "is refused before it is decoded; raise the budget if the image is genuine"
+            f"{MAX_IMAGE_PIXELS}: a decompression bomb is refused before it is decoded; raise the "
+            "budget with fastpipe.data.set_max_image_pixels(n) if the image is genuine"
         )
 
 

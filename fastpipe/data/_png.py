@@ -88,7 +88,7 @@ def decode_png(data, source: str = "<bytes>", rows: tuple[int, int] | None = Non
     for files fastpipe wrote, since a crafted file's index could show other pixels than the file
     holds for every other decoder.
 
-    The pixel budget ``fastpipe.data._decode.MAX_IMAGE_PIXELS`` is checked from the header before
+    The pixel budget (``fastpipe.data.set_max_image_pixels``) is checked from the header before
     anything is allocated (:class:`~fastpipe.data._decode.ImageTooLargeError`); damaged,
     truncated or non-PNG data raise :class:`~fastpipe.data._decode.CorruptImageError` naming
     ``source``.

@@ -574,3 +574,38 @@ def test_images_of_a_few_pixels_decode_at_the_planned_scale_on_every_path(k):
                 region = np.frombuffer(pixels, np.uint8, count=dh * stride).reshape(dh, -1, 3)
                 np.testing.assert_array_equal(_decode_jpeg(data, height, width, k, fast),
                                               region[:, column:column + dw])
+
+
+def _budget_in_child(_: int) -> int:
+    from fastpipe.data import max_image_pixels
+
+    return max_image_pixels()
+
+
+@pytest.mark.slow
+def test_the_public_pixel_budget_reaches_spawned_workers(jpegs, monkeypatch):
+    import concurrent.futures
+    import multiprocessing
+
+    from fastpipe.data import (
+        ImageTooLargeError,
+        max_image_pixels,
+        set_max_image_pixels,
+    )
+
+    monkeypatch.delenv("FASTPIPE_MAX_IMAGE_PIXELS", raising=False)
+    default = max_image_pixels()
+    height, width = pil_rgb(jpegs[0]).size[::-1]
+    try:
+        set_max_image_pixels(height * width - 1)
+        with pytest.raises(ImageTooLargeError, match="set_max_image_pixels"):
+            decode_rgb(jpegs[0], "img.jpg")
+        with concurrent.futures.ProcessPoolExecutor(
+                1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            assert pool.submit(_budget_in_child, 0).result(timeout=120) == height * width - 1
+        with pytest.raises(ValueError, match="positive int"):
+            set_max_image_pixels(0)
+    finally:
+        set_max_image_pixels(None)
+    assert max_image_pixels() == default == 178_956_970
+    assert decode_rgb(jpegs[0]).shape == (height, width, 3)
