@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from fastpipe import data as data
     from fastpipe import ops as ops
     from fastpipe import pack as pack
+    from fastpipe._hardware import DeviceUnavailableError
     from fastpipe.factory import image_loader
     from fastpipe.loader import DataLoaderX
     from fastpipe.prefetch import DataPrefetcher
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DataLoaderX",
     "DataPrefetcher",
+    "DeviceUnavailableError",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "Recipe",
@@ -47,6 +49,7 @@ __all__ = [
 # DALI) stay unimported until the part that needs them is used.
 _SUBPACKAGES = ("bench", "dali", "data", "ops", "pack", "profiling")
 _LAZY = {"DataLoaderX": "fastpipe.loader", "DataPrefetcher": "fastpipe.prefetch",
+         "DeviceUnavailableError": "fastpipe._hardware",
          "Recipe": "fastpipe.recipe", "image_loader": "fastpipe.factory",
          "profile": "fastpipe.profiling"}
 

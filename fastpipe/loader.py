@@ -36,7 +36,7 @@ from fastpipe.data._skip import (
     check_on_error,
 )
 from fastpipe.data.collate import fast_collate
-from fastpipe.data.sampler import RandomSampler, SequentialSampler, _EpochSampler
+from fastpipe.data.sampler import RandomSampler, SequentialSampler, _ResumableSampler
 
 _DATALOADER_SIGNATURE = inspect.signature(DataLoader.__init__)
 
@@ -329,7 +329,7 @@ class DataLoaderX(DataLoader):
                 f"DataLoaderX.{method}() needs a map-style dataset; an IterableDataset has no "
                 "sampler whose position could be saved"
             )
-        if not isinstance(sampler, _EpochSampler):
+        if not isinstance(sampler, _ResumableSampler):
             raise TypeError(
                 f"DataLoaderX.{method}() cannot save or restore the position of a "
                 f"{type(sampler).__module__}.{type(sampler).__name__}; leave sampler= unset (with "

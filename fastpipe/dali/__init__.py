@@ -3,7 +3,7 @@
 * :class:`DALILoader`: ``for images, labels in loader:`` over an image folder, a list file or an
   encoded dataset (an HDF5 pack of JPEGs), on the GPU or in DALI's CPU mode.
 * :func:`image_pipeline`: the DALI pipeline behind it, for driving DALI yourself.
-* :class:`EncodedSource`, :class:`FileList`: the inputs; :func:`resolve_device`: how ``device=`` is
+* :class:`EncodedSource`, :class:`FileList`: the inputs; :func:`dali_device_id`: how ``device=`` is
   read; :class:`EpochSampler`: what ``DALILoader.sampler`` is.
 """
 
@@ -12,15 +12,14 @@ from fastpipe._optional import require
 require("nvidia.dali", extra="dali", package="nvidia-dali-cuda130", feature="fastpipe.dali")
 
 from fastpipe.dali.loader import DALILoader, EpochSampler  # noqa: E402
-from fastpipe.dali.pipelines import image_pipeline, resolve_device  # noqa: E402
-from fastpipe.dali.sources import EncodedSource, FileList, shard_indices  # noqa: E402
+from fastpipe.dali.pipelines import dali_device_id, image_pipeline  # noqa: E402
+from fastpipe.dali.sources import EncodedSource, FileList  # noqa: E402
 
 __all__ = [
     "DALILoader",
     "EncodedSource",
     "EpochSampler",
     "FileList",
+    "dali_device_id",
     "image_pipeline",
-    "resolve_device",
-    "shard_indices",
 ]

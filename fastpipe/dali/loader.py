@@ -2,8 +2,8 @@
 
 How it works. One DALI pipeline lives as long as the loader (built at the first ``iter()``) and
 reads its input through ``fn.external_source``: a background thread walks an endless plan of
-epochs (``shard_indices`` order for this rank, epoch after epoch) and reads each batch's encoded
-bytes ahead; DALI pulls one batch per scheduled run. Every batch fed is tagged (generation,
+epochs (``fastpipe.data.shard_order`` for this rank, epoch after epoch) and reads each batch's
+encoded bytes ahead; DALI pulls one batch per scheduled run. Every batch fed is tagged (generation,
 epoch, batch number), and the tags come back out in the same order as DALI's outputs. So:
 
 * an epoch ends exactly where its samples end: the last batch is partial (or dropped), never
@@ -56,7 +56,7 @@ from fastpipe._constants import (
     DEFAULT_SIZE,
 )
 from fastpipe._seed import checked_seed, draw_seed, order_seed
-from fastpipe.dali.pipelines import build_pipeline, dali_recipe, resolve_device
+from fastpipe.dali.pipelines import build_pipeline, dali_device_id, dali_recipe
 from fastpipe.dali.sources import EncodedSource, open_source
 from fastpipe.data._resume import STATE_VERSION, check_loader_state, dataset_fingerprint
 from fastpipe.recipe import Recipe
@@ -480,7 +480,7 @@ class DALILoader:
             dtype=dtype, channels_last=channels_last, cutout_holes=cutout_holes,
             cutout_size=cutout_size,
         )
-        self._device_id = resolve_device(device)
+        self._device_id = dali_device_id(device)
         if self._device_id is None:
             self.device = torch.device("cpu")
         else:

@@ -98,7 +98,7 @@ def _current_cuda_device(count: int) -> int:
     return current
 
 
-def resolve_device(device: str | int | torch.device | None = None) -> int | None:
+def dali_device_id(device: str | int | torch.device | None = None) -> int | None:
     """The DALI ``device_id`` for ``device``; ``None`` means DALI's CPU mode.
 
     ``None`` picks a GPU when torch has CUDA and DALI sees one, else the CPU. ``"cpu"`` forces
@@ -374,7 +374,7 @@ def image_pipeline(
         device: ``None`` (a GPU when torch and DALI see one, else the CPU), ``"cpu"`` (DALI's
             CPU mode, ``device_id=None``) or a GPU (``"gpu"``, ``"cuda"``, ``"cuda:N"``); with a
             GPU the decode is ``device="mixed"`` and every later op and both outputs are on the
-            GPU. See :func:`resolve_device`.
+            GPU. See :func:`dali_device_id`.
         seed: DALI's random seed (augmentations; the reader's shuffle); ``None`` = random.
         shuffle: defaults to ``train``.
         rank, world_size: this process's share of the dataset (DDP).
@@ -419,7 +419,7 @@ def image_pipeline(
         interpolation=interpolation, auto_augment=auto_augment, mean=mean, std=std, dtype=dtype,
         channels_last=channels_last, cutout_holes=cutout_holes, cutout_size=cutout_size,
     )
-    device_id = resolve_device(device)
+    device_id = dali_device_id(device)
     return build_pipeline(
         source, recipe=recipe, batch_size=batch_size, num_workers=num_workers,
         device_id=device_id, decode_device="cpu" if device_id is None else "mixed", seed=seed,

@@ -8,8 +8,8 @@ Two kinds of input feed :func:`fastpipe.dali.image_pipeline`:
   ``data`` is the encoded image (JPEG, PNG, ...) as a 1-D uint8 numpy array (or bytes) and
   ``label`` an int. :class:`FileList` is one; an HDF5 pack of JPEG bytes is another.
 
-:func:`shard_indices` is the one rule for which samples a shard reads in an epoch and in which
-order; :class:`EncodedSource` and :class:`fastpipe.dali.DALILoader` both use it.
+:func:`fastpipe.data.shard_order` is the one rule for which samples a shard reads in an epoch and
+in which order; :class:`EncodedSource` and :class:`fastpipe.dali.DALILoader` both use it.
 """
 
 from __future__ import annotations
@@ -224,35 +224,6 @@ def open_source(path: str | os.PathLike, root: str | os.PathLike | None = None) 
     return dataset
 
 
-def shard_indices(
-    num_samples: int,
-    *,
-    epoch: int = 0,
-    seed: int = 0,
-    shuffle: bool = False,
-    rank: int = 0,
-    world_size: int = 1,
-    drop_last: bool = False,
-) -> np.ndarray:
-    """The sample indices shard ``rank`` reads in ``epoch``, in reading order: ``(n,)`` int64.
-
-    fastpipe.data's one rule (:func:`fastpipe.data.sampler.shard_order`), the rule of
-    ``torch.utils.data.DistributedSampler``: every shard draws the same permutation (seeded by
-    ``seed`` and ``epoch``, so it changes every epoch), then takes every ``world_size``-th index
-    from position ``rank``. Shards are disjoint and together cover the dataset when
-    ``num_samples`` divides by ``world_size``; otherwise every shard still gets the same count, so
-    all ranks run the same number of steps: ``drop_last=False`` repeats the first few indices of
-    the permutation (at most ``world_size - 1`` samples seen twice), and ``drop_last=True`` leaves
-    out the last ``num_samples % world_size`` of it. With the same seed, DALILoader and the CPU
-    path's samplers read the same samples in the same order.
-    """
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-    order = shard_order(num_samples, epoch=epoch, seed=seed, shuffle=shuffle, rank=rank,
-                        world_size=world_size, drop_last=drop_last)
-    return np.asarray(order, dtype=np.int64)
-
-
 def _as_encoded(data: Any, label: Any, where: str) -> tuple[np.ndarray, np.int64]:
     if isinstance(data, (bytes, bytearray, memoryview)):
         data = np.frombuffer(data, dtype=np.uint8)
@@ -284,7 +255,7 @@ class EncodedSource:
 
     Iterating it runs one epoch on this shard: batches of ``(list of 1-D uint8 arrays, (n,) int64
     labels)``, the last one smaller unless ``drop_last``; each ``iter()`` starts the next epoch,
-    reshuffled when ``shuffle`` (the order comes from :func:`shard_indices`). Hand it to
+    reshuffled when ``shuffle`` (the order: :func:`fastpipe.data.shard_order`). Hand it to
     :func:`fastpipe.dali.image_pipeline` as the source, which passes ``cycle="raise"`` so each DALI
     epoch is one pass; the pipeline needs ``batch_size`` equal to this source's.
 
@@ -351,10 +322,10 @@ class EncodedSource:
 
     def indices(self, epoch: int) -> np.ndarray:
         """This shard's sample indices for ``epoch``, in reading order."""
-        return shard_indices(
+        return np.asarray(shard_order(
             self._dataset_size, epoch=epoch, seed=self.seed, shuffle=self.shuffle,
             rank=self.rank, world_size=self.world_size, drop_last=self.drop_last,
-        )
+        ), np.int64)
 
     def batches(self, epoch: int) -> list[np.ndarray]:
         """This shard's index batches for ``epoch``; the last is partial unless ``drop_last``."""

@@ -36,13 +36,20 @@ def shard_order(length: int, *, epoch: int = 0, seed: int = 0, shuffle: bool = F
     torch's ``DistributedSampler`` rule: every shard draws the same permutation (``randperm``
     seeded with ``seed + epoch``, so it changes every epoch; ``range(length)`` unshuffled), padded
     by repeating its start to a multiple of ``world_size`` (or cut, with ``drop_last``), then
-    every ``world_size``-th index from position ``rank``.
+    every ``world_size``-th index from position ``rank``. Shards are disjoint and together cover
+    the dataset when ``length`` divides by ``world_size``; otherwise every shard still gets the
+    same count, so all ranks run the same number of steps: ``drop_last=False`` repeats the first
+    few indices of the permutation (at most ``world_size - 1`` samples seen twice), and
+    ``drop_last=True`` leaves out the last ``length % world_size`` of it. With the same seed,
+    DALILoader and the CPU path's samplers read the same samples in the same order.
 
     ``consumed`` is ``[(world_size, position), ...]``: the epoch was interrupted after ranks of
     that world size had each read ``position`` indices, and only the rest is sharded. Rank r's
     share is ``padded[r::world_size]``, so together they consumed exactly the first
     ``position * world_size`` indices of the padded order.
     """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
     order = _permutation(length, seed, epoch) if shuffle else list(range(length))
     for old_world_size, position in consumed:
         order = _padded(order, old_world_size, drop_last)[position * old_world_size:]
@@ -74,7 +81,7 @@ def _padded(order: list[int], world_size: int, drop_last: bool) -> list[int]:
     return order[:total]
 
 
-class _EpochSampler:
+class _ResumableSampler:
     """The epoch, the position and the state shared by fastpipe's samplers."""
 
     _kind: str
@@ -194,7 +201,7 @@ def _check_state(state: Any, kind: str) -> None:
         )
 
 
-class SequentialSampler(_EpochSampler, torch_data.SequentialSampler):
+class SequentialSampler(_ResumableSampler, torch_data.SequentialSampler):
     """``0, 1, ..., len(data_source) - 1`` every epoch, as ``SampleIndex`` with the epoch.
 
     Args:
@@ -217,7 +224,7 @@ class SequentialSampler(_EpochSampler, torch_data.SequentialSampler):
         return len(self.data_source)
 
 
-class RandomSampler(_EpochSampler, torch_data.RandomSampler):
+class RandomSampler(_ResumableSampler, torch_data.RandomSampler):
     """A new permutation of ``range(len(data_source))`` every epoch, a function of (seed, epoch).
 
     Without replacement; the order of epoch ``e`` is ``torch.randperm(n)`` drawn from a generator
@@ -258,7 +265,7 @@ def _distributed_setting(world_size: int | None, rank: int | None) -> tuple[int,
     return world_size, rank
 
 
-class DistributedSampler(_EpochSampler, torch_data.DistributedSampler):
+class DistributedSampler(_ResumableSampler, torch_data.DistributedSampler):
     """This rank's share of every epoch, with torch's ``DistributedSampler`` order and sharding.
 
     With the same ``seed``, ``world_size``, ``rank``, ``shuffle`` and ``drop_last`` it yields the

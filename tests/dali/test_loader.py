@@ -28,7 +28,8 @@ from tests.helpers.dali import (
 
 pytest.importorskip("nvidia.dali", reason=DALI_MISSING, exc_type=ImportError)
 
-from fastpipe.dali import DALILoader, FileList, shard_indices  # noqa: E402
+from fastpipe.dali import DALILoader, FileList  # noqa: E402
+from fastpipe.data import shard_order  # noqa: E402
 
 pytestmark = [pytest.mark.dali, pytest.mark.timeout(60)]
 
@@ -109,8 +110,8 @@ def test_two_epochs_reshuffle_and_follow_the_documented_order(index_list):
         second, _ = run_epoch(loader)
     assert sorted(first) == sorted(second) == list(range(48))
     assert first != second
-    assert first == shard_indices(48, epoch=0, seed=7, shuffle=True).tolist()
-    assert second == shard_indices(48, epoch=1, seed=7, shuffle=True).tolist()
+    assert first == shard_order(48, epoch=0, seed=7, shuffle=True)
+    assert second == shard_order(48, epoch=1, seed=7, shuffle=True)
 
 
 def test_eval_without_shuffle_reads_in_file_order_every_epoch(index_list):
@@ -122,7 +123,7 @@ def test_eval_without_shuffle_reads_in_file_order_every_epoch(index_list):
 def test_early_break_then_a_new_full_epoch(index_list, no_thread_leak):
     with DALILoader(index_list, batch_size=8, size=SIZE, device="cpu", seed=1) as loader:
         for _, labels in loader:
-            assert labels.tolist() == shard_indices(48, epoch=0, seed=1, shuffle=True)[:8].tolist()
+            assert labels.tolist() == shard_order(48, epoch=0, seed=1, shuffle=True)[:8]
             break
         epoch1, _ = run_epoch(loader)
         # Two breaks in a row, the second at the very first batch.
@@ -131,8 +132,8 @@ def test_early_break_then_a_new_full_epoch(index_list, no_thread_leak):
         for _ in loader:
             break
         epoch4, _ = run_epoch(loader)
-    assert epoch1 == shard_indices(48, epoch=1, seed=1, shuffle=True).tolist()
-    assert epoch4 == shard_indices(48, epoch=4, seed=1, shuffle=True).tolist()
+    assert epoch1 == shard_order(48, epoch=1, seed=1, shuffle=True)
+    assert epoch4 == shard_order(48, epoch=4, seed=1, shuffle=True)
 
 
 def test_batches_stay_valid_while_later_batches_are_produced(index_list):
@@ -161,9 +162,9 @@ def test_set_epoch_replays_an_epoch(index_list):
         run_epoch(loader)
         loader.set_epoch(5)
         assert loader.epoch == 5
-        assert run_epoch(loader)[0] == shard_indices(48, epoch=5, seed=2, shuffle=True).tolist()
+        assert run_epoch(loader)[0] == shard_order(48, epoch=5, seed=2, shuffle=True)
         loader.set_epoch(0)
-        assert run_epoch(loader)[0] == shard_indices(48, epoch=0, seed=2, shuffle=True).tolist()
+        assert run_epoch(loader)[0] == shard_order(48, epoch=0, seed=2, shuffle=True)
 
 
 def test_partial_last_batch_and_drop_last(index_list):
@@ -472,16 +473,16 @@ def test_loader_attributes_like_a_dataloader(index_list):
         assert len(loader) == 2 and len(loader.sampler) == 24
         assert evaluate(lambda images: torch.zeros(len(images), dtype=torch.int64), loader) == 0
         # The sampler describes the order of the next epoch, as DistributedSampler would.
-        assert list(loader.sampler) == shard_indices(
+        assert list(loader.sampler) == shard_order(
             48, epoch=1, seed=4, shuffle=True, rank=1, world_size=2, drop_last=True
-        ).tolist()
+        )
         # Lightning calls sampler.set_epoch(epoch) before each epoch.
         loader.sampler.set_epoch(3)
         assert loader.epoch == 3
         labels = torch.cat([labels for _, labels in loader]).tolist()
-        assert labels == shard_indices(
+        assert labels == shard_order(
             48, epoch=3, seed=4, shuffle=True, rank=1, world_size=2, drop_last=True
-        ).tolist()[:20]
+        )[:20]
         assert "rank 1/2" in repr(loader.sampler)
 
 
@@ -494,7 +495,7 @@ def test_lightning_sets_the_epoch_and_accelerate_leaves_the_loader_as_it_is(inde
     with DALILoader(index_list, batch_size=16, size=SIZE, device="cpu", seed=6) as loader:
         _set_sampler_epoch(loader, 4)
         assert loader.epoch == 4
-        assert run_epoch(loader)[0] == shard_indices(48, epoch=4, seed=6, shuffle=True).tolist()
+        assert run_epoch(loader)[0] == shard_order(48, epoch=4, seed=6, shuffle=True)
         # accelerate re-creates only DataLoaders; a DALILoader shards itself from
         # torch.distributed, so prepare() must hand it back untouched.
         assert Accelerator(cpu=True).prepare(loader) is loader

@@ -23,7 +23,7 @@ pytest.importorskip("nvidia.dali", reason=DALI_MISSING, exc_type=ImportError)
 from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy  # noqa: E402
 
 import fastpipe.dali.pipelines as pipelines  # noqa: E402
-from fastpipe.dali import DALILoader, EncodedSource, image_pipeline, resolve_device  # noqa: E402
+from fastpipe.dali import DALILoader, EncodedSource, dali_device_id, image_pipeline  # noqa: E402
 from fastpipe.dali.loader import _to_torch  # noqa: E402
 from fastpipe.dali.pipelines import build_pipeline  # noqa: E402
 
@@ -284,21 +284,21 @@ def fake_cuda(monkeypatch):
 
 
 def test_device_resolution_with_a_gpu_stand_in(fake_cuda):
-    assert resolve_device(None) == 1  # torch's current device
-    assert resolve_device("gpu") == resolve_device("cuda") == 1
-    assert (resolve_device("cuda:0") == resolve_device(0)
-            == resolve_device(torch.device("cuda", 0)) == 0)
-    assert resolve_device("cpu") is None and resolve_device(torch.device("cpu")) is None
+    assert dali_device_id(None) == 1  # torch's current device
+    assert dali_device_id("gpu") == dali_device_id("cuda") == 1
+    assert (dali_device_id("cuda:0") == dali_device_id(0)
+            == dali_device_id(torch.device("cuda", 0)) == 0)
+    assert dali_device_id("cpu") is None and dali_device_id(torch.device("cpu")) is None
     with pytest.raises(ValueError, match="DALI sees 2 GPU"):
-        resolve_device("cuda:2")
+        dali_device_id("cuda:2")
 
 
 def test_device_resolution_when_torch_sees_a_gpu_but_dali_does_not(fake_cuda):
     fake_cuda["count"] = 0
     with pytest.warns(RuntimeWarning, match="DALI does not"):
-        assert resolve_device(None) is None
+        assert dali_device_id(None) is None
     with pytest.raises(RuntimeError, match="nvidia-dali-cuda120"):
-        resolve_device("cuda")
+        dali_device_id("cuda")
 
 
 def test_loader_on_a_gpu_stand_in_builds_a_mixed_pipeline_for_that_device(index_list, fake_cuda):
@@ -311,13 +311,13 @@ def test_loader_on_a_gpu_stand_in_builds_a_mixed_pipeline_for_that_device(index_
 
 
 def test_device_resolution_on_this_machine():
-    assert resolve_device(None) is None  # no GPU here: DALI's CPU mode
+    assert dali_device_id(None) is None  # no GPU here: DALI's CPU mode
     with pytest.raises(RuntimeError, match="torch sees no CUDA device"):
-        resolve_device("gpu")
+        dali_device_id("gpu")
     with pytest.raises(ValueError, match="device must be"):
-        resolve_device("cuda:x")
+        dali_device_id("cuda:x")
     with pytest.raises(TypeError):
-        resolve_device(1.5)
+        dali_device_id(1.5)
 
 
 def test_pipeline_argument_checks(sample_root):
@@ -354,14 +354,14 @@ def test_device_follows_local_rank_when_the_script_did_not_choose_one(
     for device in (None, "cuda"):
         if warns:
             with pytest.warns(RuntimeWarning, match=r"torch.cuda.set_device\(1\)"):
-                assert resolve_device(device) == expected
+                assert dali_device_id(device) == expected
         else:
             import warnings
 
             with warnings.catch_warnings():
                 warnings.simplefilter("error")
-                assert resolve_device(device) == expected
-    assert resolve_device("cuda:0") == 0  # an explicit index is never overridden
+                assert dali_device_id(device) == expected
+    assert dali_device_id("cuda:0") == 0  # an explicit index is never overridden
 
 
 # ---- the GPU hand-off, with recording stand-ins --------------------------------------------
