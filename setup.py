@@ -234,7 +234,8 @@ def _jpeg_extension():
         [os.path.join("fastpipe", "csrc", "jpeg", "region_decode.cpp")],
         depends=[os.path.join("fastpipe", "csrc", "image", "resize_kernel.h")] + [
             os.path.join("fastpipe", "csrc", "jpeg", name)
-            for name in ("huffman_decoder.h", "restart_segments.h", "train_plan.h")],
+            for name in ("decode_core.h", "huffman_decoder.h", "restart_segments.h",
+                         "train_plan.h", "transcode.h")],
         libraries=["jpeg"],
         # -ffp-contract=off: decode_resize's resize computes fastpipe._resize's pixels, and
         # decode_train's crop arithmetic the Python path's (no fused multiply-adds in either).
