@@ -48,6 +48,7 @@ def is_record_batch(batch: Sequence[Any]) -> bool:
 
 def collate_records(batch: Sequence[Any], pad: bool | Collection[str], memory: Memory) -> Any:
     blocks = getattr(batch, "blocks", {})
+    handed = getattr(batch, "rows", {})
     first = batch[0]
     if isinstance(first, Mapping):
         keys = list(first)
@@ -60,7 +61,8 @@ def collate_records(batch: Sequence[Any], pad: bool | Collection[str], memory: M
         for key in keys:
             values = [sample[key] for sample in batch]
             padded = pad is True or (not isinstance(pad, bool) and key in pad)
-            collated = _collate_field(key, values, padded, memory, blocks.get(key))
+            collated = _collate_field(key, values, padded, memory, blocks.get(key),
+                                      handed.get(key))
             if isinstance(collated, _Padded):
                 out[key], out[key + LENGTHS_SUFFIX] = collated.values, collated.lengths
             else:
@@ -74,7 +76,7 @@ def collate_records(batch: Sequence[Any], pad: bool | Collection[str], memory: M
     for position in range(width):
         padded = pad is True or (not isinstance(pad, bool) and position in pad)
         collated = _collate_field(str(position), [s[position] for s in batch], padded, memory,
-                                  blocks.get(position))
+                                  blocks.get(position), handed.get(position))
         fields.append((collated.values, collated.lengths) if isinstance(collated, _Padded)
                       else collated)
     return tuple(fields)
@@ -109,17 +111,26 @@ class Rows(list):
     the batch shares its memory with the samples (which nothing else holds), as a block must be
     memory no one else writes."""
 
-    def __init__(self, samples: Sequence[Any], blocks: Mapping[Any, torch.Tensor]) -> None:
+    def __init__(self, samples: Sequence[Any], blocks: Mapping[Any, torch.Tensor],
+                 rows: Mapping[Any, Sequence[torch.Tensor]] | None = None) -> None:
         super().__init__(samples)
         self.blocks = dict(blocks)
+        # The row tensors the reader handed out per field: values that are these very objects,
+        # in order, are the block's rows without looking at each one's memory.
+        self.rows = dict(rows or {})
 
 
-def rows_block(values: Sequence[Any], block: torch.Tensor | None) -> torch.Tensor | None:
+def rows_block(values: Sequence[Any], block: torch.Tensor | None,
+               handed: Sequence[torch.Tensor] | None = None) -> torch.Tensor | None:
     """``block`` when ``values`` are exactly its rows, in order (a wrapper may have dropped or
-    replaced samples since), else None."""
+    replaced samples since), else None. ``handed``: the row tensors the reader made (the rows of
+    a :class:`Rows`); values that are those objects need no other check."""
     if (block is None or len(values) != block.shape[0] or block.device.type != "cpu"
             or not block.is_contiguous() or len(values) == 0):
         return None
+    if handed is not None and len(handed) == len(values) and all(
+            v is h for v, h in zip(values, handed, strict=True)):
+        return block
     row = block[0].numel() * block.element_size()
     base = block.data_ptr()
     for k, value in enumerate(values):
@@ -134,7 +145,11 @@ def rows_block(values: Sequence[Any], block: torch.Tensor | None) -> torch.Tenso
 
 
 def _collate_field(name: str, values: list[Any], pad: bool, memory: Memory,
-                   block: torch.Tensor | None = None) -> Any:
+                   block: torch.Tensor | None = None,
+                   handed: Sequence[torch.Tensor] | None = None) -> Any:
+    if handed is not None and (held := rows_block(values, block, handed)) is not None \
+            and memory.holds(held):
+        return held  # the rows the reader made, untouched: the block is the batch
     first = values[0]
     if isinstance(first, (str, bytes)):
         return list(values)

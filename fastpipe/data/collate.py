@@ -167,7 +167,8 @@ def fast_collate(
                 "give the dataset a fixed output size"
             )
     memory = _memory(pin_memory)
-    block = rows_block(images, getattr(batch, "blocks", {}).get(0))
+    block = rows_block(images, getattr(batch, "blocks", {}).get(0),
+                       getattr(batch, "rows", {}).get(0))
     if block is not None and memory.holds(block):
         return block, _labels_tensor(labels)
     out = memory.empty((len(images), *first.shape), first.dtype)

@@ -26,7 +26,7 @@ from fastpipe.data._random import forked_default_generator, sample_seed
 from fastpipe.data.collate import batch_empty
 from fastpipe.data.joint import JOINT_STREAM, JointCrop
 from fastpipe.data.roles import Image, Mask
-from fastpipe.data.sources._base import Schema, Source, check_index
+from fastpipe.data.sources._base import Schema, Source, check_index, check_indices
 from fastpipe.recipe import Recipe
 
 __all__ = ["RecordDataset", "decode_chw"]
@@ -225,21 +225,24 @@ class RecordDataset(PerSample, Dataset):
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """A batch read at once: the fixed-shape fields straight into one block each."""
-        checked = [check_index(i, len(self.source), self.source.where) for i in indices]
+        checked = check_indices(indices, len(self.source), self.source.where)
         epochs = [self._epoch_of(i) for i in indices]
         blocks = {name: batch_empty((len(checked), *self.fields[name].row_shape), dtype)
                   for name, dtype in self._blocks.items()}
         records = self.source.read_batch(checked, {n: b.numpy() for n, b in blocks.items()},
                                          self._names)
+        rows = {}
         for name, block in blocks.items():
-            for k, record in enumerate(records):
-                record[name] = block[k]
+            rows[name] = block.unbind(0)  # one call for every row's view
+            for record, row in zip(records, rows[name], strict=True):
+                record[name] = row
         out = [self._sample(record, i, epoch)
-               for record, i, epoch in zip(records, checked, epochs, strict=True)]
+               for record, i, epoch in zip(records, checked.tolist(), epochs, strict=True)]
         if not blocks:
             return out
-        return Rows(out, {self._names.index(n) if self._as_tuple else n: block
-                          for n, block in blocks.items()})
+        key = {n: self._names.index(n) if self._as_tuple else n for n in blocks}
+        return Rows(out, {key[n]: block for n, block in blocks.items()},
+                    {key[n]: rows[n] for n in blocks})
 
     def _sample(self, record: dict[str, Any], index: int, epoch: int) -> Any:
         """Record ``index`` (stored values; block rows as tensors) as the dataset returns it."""

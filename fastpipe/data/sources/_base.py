@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RECORD_KINDS", "Schema", "Source", "check_index"]
+__all__ = ["RECORD_KINDS", "Schema", "Source", "check_index", "check_indices"]
 
 RECORD_KINDS = ("dict", "tuple", "pair")
 
@@ -131,6 +131,23 @@ def check_index(index: Any, count: int, where: str) -> int:
     return i
 
 
+def check_indices(indices: Sequence[Any], count: int, where: str) -> np.ndarray:
+    """:func:`check_index` of every index, as an int64 array, in one step where they are ints."""
+    try:
+        array = np.asarray(indices)
+    except (TypeError, ValueError):
+        array = None
+    if array is None or array.ndim != 1 or (array.dtype.kind not in "iu" and len(array)):
+        return np.fromiter((check_index(i, count, where) for i in indices), np.int64,
+                           len(indices))
+    array = array.astype(np.int64, copy=True)
+    array[array < 0] += count
+    if len(array) and (array.min() < 0 or array.max() >= count):
+        for i in indices:  # the first bad one, named as check_index names it
+            check_index(i, count, where)
+    return array
+
+
 class Source:
     """Base of the sources: records read by index, in their stored form.
 
@@ -197,8 +214,7 @@ class Source:
         (``(len(indices), *row_shape)`` of the stored dtype, C-contiguous: row ``k`` for
         ``indices[k]``), every other field of ``names`` (default: all) in the returned dicts,
         one per index, in the order asked."""
-        checked = np.fromiter((check_index(i, self.count, self.where) for i in indices),
-                              np.int64, len(indices))
+        checked = check_indices(indices, self.count, self.where)
         names = self.schema.names if names is None else list(names)
         blocks = dict(blocks or {})
         for name, block in blocks.items():
