@@ -125,6 +125,9 @@ class _Interrupts:
             return
         raise KeyboardInterrupt
 
+    # Read by the profiling runner, which may interrupt the main thread with a SIGINT of its own.
+    handler.raises_keyboard_interrupt = True  # type: ignore[attr-defined]
+
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
         """Holds Ctrl-C while imports run: one raised inside a compiled module's start-up can

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -93,3 +94,10 @@ def check_plot(path: str | None) -> None:
             require("matplotlib", extra="plot", feature="--plot")
         except MissingDependencyError as exc:
             raise CommandError(str(exc)) from exc
+
+
+def say_why(interrupt: KeyboardInterrupt, command: str) -> None:
+    """Prints what an interrupt that carries a reason says (a worker process stopped alone,
+    ``fastpipe.profiling._runner.WorkerStopped``); the command's "interrupted" line follows."""
+    if interrupt.args:
+        print(f"{command}: {interrupt}", file=sys.stderr)

@@ -190,10 +190,11 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(report.to_json())
     else:
-        print(report)
+        # Printed before the report's last line, its verdict.
         if any(r.skipped for r in report.rows):
-            print("\nskipped loaders need their parts installed or built; see docs/dependencies.md")
-        for path, what in ((args.plot, "plot"), (args.markdown, "markdown")):
-            if path:
-                print(f"{what}: {path}")
+            report.notes.append("skipped loaders need their parts installed or built; see "
+                                "docs/dependencies.md")
+        report.notes += [f"{what}: {path}" for path, what in
+                         ((args.plot, "plot"), (args.markdown, "markdown")) if path]
+        print(report)
     return 0

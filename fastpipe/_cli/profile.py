@@ -13,6 +13,7 @@ from fastpipe._cli._args import (
     non_negative_float,
     positive_int,
     resolve,
+    say_why,
 )
 
 HELP = "profile a loader on a dataset: data-wait share, steps/s, verdict and advice"
@@ -42,12 +43,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from fastpipe.profiling import LoaderSettings
     from fastpipe.profiling._runner import close_loader, run_loader
+    from fastpipe.profiling._workload import Spelling, check_measurable
 
     if args.workers < 0:
         raise CommandError(f"--workers must be >= 0, got {args.workers}")
     check_output(args.csv, "CSV")
     check_plot(args.plot)
     source = resolve(args)
+    try:
+        note = check_measurable(len(source.dataset), args.batch_size,
+                                Spelling(batch="--batch-size"))
+    except ValueError as exc:
+        raise CommandError(str(exc)) from exc
     settings = LoaderSettings(
         num_workers=args.workers, batch_size=args.batch_size,
         prefetch_factor=args.prefetch_factor if args.workers else None,
@@ -58,6 +65,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         summary = run_loader(loader, steps=args.steps, step_seconds=args.step_ms / 1000,
                              progress=not args.no_progress)
+    except KeyboardInterrupt as exc:
+        say_why(exc, "fastpipe profile")
+        raise
     finally:
         close_loader(loader)
     if args.csv:
@@ -71,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"dataset: {source.description}; {settings.wrapper_name}, {workers}, "
               f"batch {args.batch_size}, {args.step_ms:g} ms simulated step\n")
         print(summary)
+        if note is not None:
+            print(f"note: {note}")
         for path, what in ((args.csv, "timeline"), (args.plot, "plot")):
             if path:
                 print(f"{what}: {path}")

@@ -13,6 +13,7 @@ from fastpipe._cli._args import (
     non_negative_float,
     positive_int,
     resolve,
+    say_why,
 )
 
 HELP = "find the fastest DataLoader settings for a dataset within a time budget"
@@ -47,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from fastpipe.profiling import tune
     from fastpipe.profiling._settings import WRAPPERS
+    from fastpipe.profiling._workload import Spelling, check_measurable
 
     wrappers = [w.strip() for w in args.wrappers.split(",") if w.strip()]
     if not wrappers or any(w not in WRAPPERS for w in wrappers):
@@ -60,6 +62,11 @@ def run(args: argparse.Namespace) -> int:
     check_plot(args.plot)
     source = resolve(args)
     try:
+        check_measurable(len(source.dataset), args.batch_size,
+                         Spelling(batch="--batch-size"))
+    except ValueError as exc:
+        raise CommandError(str(exc)) from exc
+    try:
         result = tune(
             source, batch_size=args.batch_size, num_workers=args.workers,
             batch_sizes=args.batch_sizes, prefetch_factors=args.prefetch_factors,
@@ -69,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:  # nothing could be measured: the message says why
         raise CommandError(str(exc)) from exc
+    except KeyboardInterrupt as exc:
+        say_why(exc, "fastpipe tune")
+        raise
     if args.plot:
         result.plot(args.plot)
     if args.json:

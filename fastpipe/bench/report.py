@@ -52,12 +52,19 @@ class BenchReport:
     def header(self) -> str:
         return f"machine: {machine_line(self.machine)}\n{self.setup}"
 
+    @property
+    def verdict(self) -> str:
+        """The report's last line: the fastest loader, its ratio to DataLoader, and whether the
+        rounds tell the two apart (see :func:`verdict`)."""
+        return verdict(self.table)
+
     def __str__(self) -> str:
-        return "\n".join([self.header(), "", self.table.text(), *self.notes])
+        return "\n".join([self.header(), "", self.table.text(), *self.notes, self.verdict])
 
     def to_dict(self) -> dict[str, Any]:
         return {"machine": self.machine, "settings": self.settings,
-                "rows": self.table.to_dicts(), "notes": list(self.notes)}
+                "rows": self.table.to_dicts(), "notes": list(self.notes),
+                "verdict": self.verdict}
 
     def to_json(self, path: str | os.PathLike | None = None) -> str:
         text = json.dumps(self.to_dict(), indent=2)
@@ -111,6 +118,45 @@ def noise_notes(table: ResultTable, rounds: int) -> list[str]:
                              f"against {_range(base)} images/s): its {row.ratio:.2f}x is within "
                              "the noise.")
     return notes
+
+
+def verdict(table: ResultTable) -> str:
+    """One line: the loader with the highest median, its ratio to the baseline (DataLoader), and
+    whether that is beyond the noise, by the rule of :func:`noise_notes`: its slowest round beats
+    the baseline's fastest. The loaders whose rounds reach into the fastest one's are named as
+    tied with it."""
+    ran = [r for r in table.rows if r.median]
+    if not ran:
+        return "verdict: no loader ran; see the skipped rows"
+    best = max(ran, key=lambda r: r.median)
+    rate = f"{best.median:.1f} {table.unit}"
+    base = table.baseline_row
+    if base is None:
+        return f"verdict: fastest: {best.name} ({rate}); no DataLoader row to compare it with"
+    repeated = len(best.per_round) > 1 and len(base.per_round) > 1
+    tied = [r for r in ran if r is not best and r is not base and len(r.per_round) > 1
+            and repeated and r.high >= best.low]
+    if best is base:
+        line = f"verdict: the plain DataLoader was the fastest here ({rate})"
+        if not repeated:
+            return line + "; one round, so the noise was not measured (--rounds 3 measures it)"
+        others = ", ".join(r.name for r in tied)
+        return line + (f"; within the noise of {others}" if tied else
+                       ", beyond the noise of every other loader")
+    line = f"verdict: fastest: {best.name}, {best.ratio:.2f}x DataLoader ({rate})"
+    if not repeated:
+        line += ("; one round per loader, so whether that is beyond the noise was not measured "
+                 "(--rounds 3 measures it)")
+    elif best.low > base.high:
+        line += (f", beyond the noise (its slowest round, {best.low:.1f}, beats DataLoader's "
+                 f"fastest, {base.high:.1f})")
+    else:
+        line += (f", within the noise (its rounds overlap DataLoader's: {_range(best)} against "
+                 f"{_range(base)}); more --rounds or --seconds may tell them apart")
+    if tied:
+        names = ", ".join(f"{r.name} {r.ratio:.2f}x" for r in tied)
+        line += f"; tied with it within the noise: {names}"
+    return line
 
 
 def _range(row: Row) -> str:

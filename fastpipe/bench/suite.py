@@ -20,6 +20,7 @@ from fastpipe.bench.variants import VARIANTS, BenchConfig, Skip, Variant
 from fastpipe.data.samples import default_cache_dir, sample_images
 from fastpipe.profiling._runner import close_loader, epoch_batches, measured_row, run_loader
 from fastpipe.profiling._table import Row
+from fastpipe.profiling._workload import Spelling, check_measurable
 
 
 def _describe_output(batch: Any) -> str:
@@ -109,13 +110,16 @@ def run_bench(
         )
     if num_workers is None:
         num_workers = usable_cores()
-    if root is None:
+    sample_set = root is None
+    if sample_set:
         root = sample_images(num_images=num_images)
     else:
         root = Path(root)
         if not root.is_dir():
             raise FileNotFoundError(f"{root} is not a directory; pass an ImageFolder tree")
         num_images = sum(1 for p in root.glob("*/*") if p.is_file())
+    workload = check_measurable(num_images, batch_size, Spelling(
+        "", "--batch-size", "--num-images" if sample_set else None))
     root = Path(root)
     cache = default_cache_dir()
     # Packs of the cached sample dataset are cached beside it; others live for this run only.
@@ -162,5 +166,5 @@ def run_bench(
              f"{size}x{size} crops, {seconds:g} s per loader after its first batch, {step_ms:g} ms "
              f"simulated step, median of {rounds} round(s)")
     table = loader_table(rows)
-    return BenchReport(describe_machine(), settings, table, setup, conditions,
-                       notes=noise_notes(table, rounds))
+    notes = noise_notes(table, rounds) + ([] if workload is None else [f"note: {workload}"])
+    return BenchReport(describe_machine(), settings, table, setup, conditions, notes=notes)

@@ -7,6 +7,11 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import multiprocessing
+import os
+import re
+import signal
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -48,6 +53,7 @@ def run_loader(
                        total=(steps or 0) + 1, unit="step", desc="fastpipe profile")
     counted, first = 0, True
     deadline = hard_deadline = math.inf
+    _watches.ended.clear()
     try:
         for _ in wrapped:
             if step_seconds:
@@ -65,10 +71,128 @@ def run_loader(
                     break
             elif (now >= deadline and counted >= min_batches) or now >= hard_deadline:
                 break
+    except (KeyboardInterrupt, RuntimeError) as exc:
+        stopped = _watches.stopped_worker(exc)
+        if stopped is None:
+            raise
+        raise WorkerStopped(stopped) from None
     finally:
         wrapped.close()  # ends the last step, and stops the loader's iterator
         bar.close()
     return profiler.summary()
+
+
+class WorkerStopped(KeyboardInterrupt):
+    """A worker process of the loader being measured ended while the loader still needed it.
+
+    fastpipe's DataLoader workers end quietly (status 0) on SIGINT, so that a terminal's Ctrl-C,
+    which reaches them too, ends a command with its own message; a SIGINT sent to one worker
+    alone then leaves the loader waiting for that worker's batches until torch's check, every
+    5 s, raises "DataLoader worker (pid(s) N) exited unexpectedly". The runner's watch (below)
+    sees the exit at once and interrupts the measurement with this, an interrupt: the command
+    ends as on Ctrl-C, saying which worker it was."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(
+            f"DataLoader worker process {pid} ended while the loader was running (a SIGINT "
+            "sent to the worker alone ends it); the measurement stopped")
+        self.pid = pid
+
+
+# How often the watch looks at the workers, and how long after one worker ended the others may
+# still run before that counts as a worker stopped alone (at an epoch's end all end together).
+_WATCH_SECONDS = 0.05
+_ALONE_SECONDS = 0.5
+_TORCH_EXIT = re.compile(r"DataLoader worker \(pids?\(?s?\)? ([\d, ]+)\) exited unexpectedly$")
+
+
+class _Watches:
+    """The workers seen ending quietly (status 0) while their epoch ran, by pid."""
+
+    def __init__(self) -> None:
+        self.ended: dict[int, float] = {}
+        self.interrupted: int | None = None
+
+    def stopped_worker(self, exc: BaseException) -> int | None:
+        """The worker behind ``exc``: the one a watch interrupted the main thread for, or the
+        one torch's 5 s check reports, if it ended quietly."""
+        if isinstance(exc, KeyboardInterrupt):
+            pid, self.interrupted = self.interrupted, None
+            return pid
+        match = _TORCH_EXIT.search(str(exc))
+        if match is None:
+            return None
+        pids = [int(p) for p in match.group(1).split(",")]
+        return next((p for p in pids if p in self.ended), None)
+
+
+_watches = _Watches()
+
+
+def _ended_quietly(pid: int) -> bool | None:
+    """Whether process ``pid`` (a child) has ended with status 0 (False: ended otherwise; None:
+    still running), looked at without reaping it (torch and multiprocessing reap their own)."""
+    try:
+        result = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False  # already reaped: it ended, and torch or multiprocessing saw how
+    if result is None:
+        return None
+    return result.si_code == os.CLD_EXITED and result.si_status == 0
+
+
+class _WorkerWatch:
+    """Watches the worker processes an epoch started while the epoch is read; when one ends
+    quietly while the others still run, interrupts the main thread (a real SIGINT, so a wait
+    inside torch wakes up) so the command stops within a fraction of a second, not torch's 5 s.
+    Only where SIGINT raises KeyboardInterrupt in the main thread (Python's handler, or the
+    fastpipe command's): another program's own handler is left alone."""
+
+    def __init__(self, workers: list[multiprocessing.process.BaseProcess]) -> None:
+        self.pids = [w.pid for w in workers if w.pid is not None]
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="fastpipe-worker-watch",
+                                       daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def start(cls, before: set[int]) -> _WorkerWatch | None:
+        if not hasattr(os, "waitid") or threading.current_thread() is not threading.main_thread():
+            return None
+        workers = [w for w in multiprocessing.active_children() if w.pid not in before]
+        return cls(workers) if workers else None
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join()
+
+    def _run(self) -> None:
+        first_end: float | None = None
+        while not self.done.wait(_WATCH_SECONDS):
+            states = {pid: _ended_quietly(pid) for pid in self.pids}
+            running = [pid for pid, state in states.items() if state is None]
+            quiet = [pid for pid, state in states.items() if state]
+            for pid in quiet:
+                _watches.ended.setdefault(pid, time.monotonic())
+            if len(running) == len(self.pids):
+                continue
+            if not running:
+                return  # all ended together: the epoch's end (or a Ctrl-C reaching them all)
+            now = time.monotonic()
+            first_end = now if first_end is None else first_end
+            if quiet and now - first_end >= _ALONE_SECONDS:
+                self._interrupt_main(quiet[0])
+                return
+
+    def _interrupt_main(self, pid: int) -> None:
+        handler = signal.getsignal(signal.SIGINT)
+        if handler is not signal.default_int_handler and not getattr(
+                handler, "raises_keyboard_interrupt", False):
+            return  # torch's own check will raise, and the runner names the worker then
+        if self.done.is_set():
+            return
+        _watches.interrupted = pid
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
 
 def close_loader(loader: Any) -> None:
@@ -143,11 +267,15 @@ def epochs(loader: Any) -> Iterator[Any]:
 def epoch_batches(loader: Any) -> Iterator[Any]:
     """One epoch's iterator over ``loader``: its workers started with Ctrl-C held back (see
     deferred_interrupt), and stopped when the block ends (see end_epoch)."""
+    before = {child.pid for child in multiprocessing.active_children()}
     with deferred_interrupt():
         batches = iter(loader)
+    watch = _WorkerWatch.start(before)
     try:
         yield batches
     finally:
+        if watch is not None:
+            watch.stop()
         end_epoch(loader, batches)
 
 

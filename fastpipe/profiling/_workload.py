@@ -22,9 +22,12 @@ class Spelling:
     """How the caller names the batch size and the amount of data (a command's options or a
     function's arguments), so that a message names what to change where the user types it."""
 
-    where: str
+    where: str = ""  # the function's name, or "" where the command names itself
     batch: str = "batch_size"
     data: str | None = None  # the option that sets the number of samples, if there is one
+
+    def says(self, text: str) -> str:
+        return f"{self.where}: {text}" if self.where else text
 
     def set_batch(self, value: int) -> str:
         return f"{self.batch} {value}" if self.batch.startswith("--") else f"{self.batch}={value}"
@@ -54,15 +57,15 @@ def check_measurable(samples: int, batch_size: int, spelling: Spelling) -> str |
     """For a measurement: raises ValueError when ``batch_size`` is larger than ``samples``;
     returns a note when an epoch holds fewer than :data:`MIN_BATCHES` batches, else None."""
     if samples < 1:
-        raise ValueError(f"{spelling.where}: the dataset is empty; nothing to measure")
+        raise ValueError(spelling.says("the dataset is empty; nothing to measure"))
     smaller = suggested_batch_size(samples)
     if batch_size > samples:
-        raise ValueError(
-            f"{spelling.where}: {spelling.set_batch(batch_size)} is larger than the dataset's "
+        raise ValueError(spelling.says(
+            f"{spelling.set_batch(batch_size)} is larger than the dataset's "
             f"{samples} samples: every epoch would be one short batch of {samples}, and the "
             "measurement would time workers starting and stopping. Pass "
             f"{spelling.set_batch(smaller)} ({batches_per_epoch(samples, smaller)} batches an "
-            f"epoch), or {spelling.more_data(MIN_BATCHES * batch_size)}")
+            f"epoch), or {spelling.more_data(MIN_BATCHES * batch_size)}"))
     count = batches_per_epoch(samples, batch_size)
     if count >= MIN_BATCHES:
         return None

@@ -211,11 +211,15 @@ class ProfileSummary:
     steps: list[Step] = field(repr=False)
 
     def __str__(self) -> str:
+        if self.steps_counted == 0:  # no rate, share or percentile to print, only why
+            return "\n".join([f"fastpipe.profile: nothing measured: {self.verdict}",
+                              *[f"  - {line}" for line in self.advice]])
         rate = f"{self.steps_per_second:.2f} steps/s"
         if self.samples_per_second is not None:
             rate += f", {self.samples_per_second:.1f} samples/s"
         lines = [
-            f"fastpipe.profile: {self.steps_counted} steps in {self.seconds:.2f} s ({rate}; "
+            f"fastpipe.profile: {self.steps_counted} step{'s' if self.steps_counted != 1 else ''} "
+            f"in {self.seconds:.2f} s ({rate}; "
             f"clock: {self.clock})",
             f"  data wait: {self.wait_share:.0%} of the loop; per step p50 "
             f"{self.wait_p50 * 1e3:.1f} ms, p95 {self.wait_p95 * 1e3:.1f} ms; step p50 "
@@ -454,7 +458,7 @@ class Profiler:
         self._close_step(self._clock(), self._device.mark() if self._device is not None else None)
 
     def _print_report(self) -> None:
-        if not self.report or not self._steps:
+        if not self.report:
             return
         stream = sys.stderr if self.report is True else self.report
         print(self.summary(), file=stream)
@@ -513,9 +517,24 @@ def _wait(step: Step, use_device: bool) -> float:
 
 def diagnose(summary: ProfileSummary, cuda: bool) -> tuple[str, list[str]]:
     """The verdict line and concrete next steps for ``summary``."""
+    if summary.steps_counted == 0 or math.isnan(summary.wait_share):
+        return _nothing_measured(summary)
+    verdict, advice = _diagnose(summary, cuda)
+    if summary.steps_counted < _FEW_STEPS:
+        count = summary.steps_counted
+        advice.insert(0, f"only {count} step{'s' if count != 1 else ''} after the warm-up: the "
+                         "numbers rest on so few that one slow batch decides them; profile "
+                         "more steps (more data, a smaller batch_size, or several epochs in one "
+                         "profile)")
+    return verdict, advice
+
+
+# Counted steps under which a profile's numbers say little (the warm-up aside).
+_FEW_STEPS = 3
+
+
+def _diagnose(summary: ProfileSummary, cuda: bool) -> tuple[str, list[str]]:
     share = summary.wait_share
-    if summary.steps_counted == 0 or math.isnan(share):
-        return ("no steps measured: run more steps than warmup", [])
     info = summary.loader
     cores = usable_cores()
     advice: list[str] = []
@@ -610,6 +629,42 @@ def diagnose(summary: ProfileSummary, cuda: bool) -> tuple[str, list[str]]:
         already = f" (it already reads {' and '.join(in_use)})" if in_use else ""
         advice.append(f"{lead}{already}: {', '.join(ways[:-1])}{', or ' if len(ways) > 1 else ''}"
                       f"{ways[-1]}.")
+    return verdict, advice
+
+
+def _nothing_measured(summary: ProfileSummary) -> tuple[str, list[str]]:
+    """Why no step was counted, and the numbers to change."""
+    from fastpipe.profiling._workload import MIN_BATCHES, batches_per_epoch, suggested_batch_size
+
+    steps = summary.steps
+    if not steps:
+        return ("the loop received no batch (an empty loader, or one that ended at once)", [])
+    if summary.steps_counted > 0:  # steps of zero length: a clock that did not move
+        return (f"{summary.steps_counted} steps took no measurable time", [])
+    warmup = sum(s.warmup for s in steps)
+    received = "1 batch" if len(steps) == 1 else f"{len(steps)} batches"
+    verdict = (f"the loop received {received}, all of it warm-up (warmup={warmup}: the first "
+               f"steps start the workers and are not counted); the first took "
+               f"{steps[0].step:.2f} s")
+    advice = []
+    info = summary.loader
+    samples = sum(s.samples or 0 for s in steps)
+    if info.batch_size and info.batches_per_epoch is not None and samples:
+        size = info.batch_size
+        dataset = samples if len(steps) == info.batches_per_epoch else None
+        if dataset is not None and size > dataset:
+            advice.append(
+                f"batch_size={size} is larger than the dataset's {dataset} samples, so each "
+                f"epoch is one batch: pass batch_size={suggested_batch_size(dataset)} "
+                f"({batches_per_epoch(dataset, suggested_batch_size(dataset))} batches), or "
+                f"use at least {MIN_BATCHES * size} samples")
+        else:
+            advice.append(f"the loader gives {info.batches_per_epoch} batch"
+                          f"{'es' if info.batches_per_epoch != 1 else ''} of {size} an epoch: "
+                          "a smaller batch_size or more data gives more steps")
+    advice.append("or profile several epochs as one: `with fastpipe.profile() as prof:` around "
+                  "the epoch loop, `for batch in prof.wrap(loader):` inside (only the first step "
+                  "of all is warm-up), or pass warmup=0 to count the first step too")
     return verdict, advice
 
 

@@ -35,6 +35,7 @@ from fastpipe.profiling._datasets import DatasetSource, is_map_dataset, resolve_
 from fastpipe.profiling._runner import measure, settings_row
 from fastpipe.profiling._settings import WRAPPERS, LoaderSettings
 from fastpipe.profiling._table import Column, ResultTable, Row
+from fastpipe.profiling._workload import Spelling, check_measurable, suggested_batch_size
 
 
 @dataclass
@@ -51,6 +52,7 @@ class TuneResult:
     min_gain: float = 0.03
     rounds: int = 3
     short_stages: dict[str, int] = field(default_factory=dict)
+    workload_notes: list[str] = field(default_factory=list)
 
     @property
     def code(self) -> str:
@@ -87,7 +89,7 @@ class TuneResult:
         return self.result_table().text()
 
     def notes(self) -> list[str]:
-        notes = [self.decision_note()]
+        notes = [self.decision_note(), *self.workload_notes]
         for stage, done in self.short_stages.items():
             chance = (f"1 time in {math.comb(2 * done, done)}" if done > 1
                       else "with no noise measured")
@@ -249,6 +251,7 @@ def tune(
         raise ValueError(f"min_gain must be in [0, 1), got {min_gain}")
     grid = _Grid.make(batch_size, num_workers, batch_sizes, prefetch_factors,
                       persistent_workers, pin_memory, wrappers)
+    grid, workload_notes = grid.within(len(source.dataset), batch_size)
     planned = grid.planned * rounds
 
     from fastpipe._progress import progress_bar
@@ -272,7 +275,7 @@ def tune(
         )
     ranked = sorted(trials.values(), key=lambda t: -(t.samples_per_second or -1.0))
     return TuneResult(ranked, best, source, budget, time.perf_counter() - started, step_seconds,
-                      batch_size, min_gain, rounds, short_stages)
+                      batch_size, min_gain, rounds, short_stages, workload_notes)
 
 
 def _as_source(dataset: Any, collate_fn: Callable | None) -> DatasetSource:
@@ -325,6 +328,23 @@ class _Grid:
             pin_memory = (False, True) if torch.cuda.is_available() else (False,)
         return cls(workers, list(batch_sizes), prefetch_factors, persistent_workers, pin_memory,
                    wrappers)
+
+    def within(self, samples: int, batch_size: int) -> tuple[_Grid, list[str]]:
+        """The grid without batch sizes larger than the dataset (each epoch one short batch:
+        the run would time workers starting), and notes on what that and a small dataset mean;
+        refused when ``batch_size`` itself is larger."""
+        note = check_measurable(samples, batch_size, Spelling("tune"))
+        notes = [] if note is None else [note]
+        kept = [n for n in self.batch_sizes if n <= samples]
+        dropped = [n for n in self.batch_sizes if n > samples]
+        if not kept:
+            raise ValueError(f"tune: every batch size to try ({', '.join(map(str, dropped))}) "
+                             f"is larger than the dataset's {samples} samples; try "
+                             f"{suggested_batch_size(samples)}")
+        if dropped:
+            notes.append(f"batch sizes larger than the dataset's {samples} samples were not "
+                         f"tried: {', '.join(map(str, dropped))}")
+        return replace(self, batch_sizes=kept), notes
 
     @property
     def planned(self) -> int:

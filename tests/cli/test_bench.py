@@ -52,6 +52,10 @@ def test_bench_table_plot_and_markdown(capsys, sample_root, tmp_path, no_thread_
     assert out.startswith("machine: ") and "48 JPEGs" in out
     lines = {line.split("  ")[0]: line for line in out.splitlines()}
     assert "1.00x" in lines["DataLoader"]
+    # The last line names the fastest loader; the files written are listed above it.
+    *above, last = out.rstrip("\n").splitlines()
+    assert last.startswith("verdict: ") and ("x DataLoader (" in last or "DataLoader was" in last)
+    assert f"plot: {plot}" in above and f"markdown: {table}" in above
     assert "DataLoaderX + DataPrefetcher" in out
     assert plot.read_bytes()[:4] == b"\x89PNG"
     markdown = table.read_text()
@@ -68,6 +72,10 @@ def test_bench_table_plot_and_markdown(capsys, sample_root, tmp_path, no_thread_
     (["bench", "--plot", "/no/such/dir/b.png"], "cannot write the plot"),
     (["bench", "--root", "x", "--num-images", "3"], "--num-images applies to the sample dataset"),
     (["bench", "--size", "4"], "--size must be >= 8, got 4"),
+    (["bench", "--quick", "--batch-size", "64"],
+     "--batch-size 64 is larger than the dataset's 32 samples: every epoch would be one short "
+     "batch of 32, and the measurement would time workers starting and stopping. Pass "
+     "--batch-size 8 (4 batches an epoch), or --num-images 192"),
 ])
 def test_bench_bad_arguments_exit_2_with_one_line(argv, message, capsys):
     assert main(argv) == 2

@@ -46,6 +46,10 @@ def test_tune_text_on_an_image_folder(capsys, sample_root, no_thread_leak):
      "--budget must be more than 0"),
     (["tune", "tests.helpers.tune:tiny_sleepy_dataset", "--plot", "/no/such/dir/t.png"],
      "cannot write the plot"),
+    (["tune", "tests.helpers.tune:tiny_sleepy_dataset", "--batch-size", "128"],
+     "--batch-size 128 is larger than the dataset's 64 samples: every epoch would be one short "
+     "batch of 64, and the measurement would time workers starting and stopping. Pass "
+     "--batch-size 16 (4 batches an epoch), or a dataset of at least 384 samples"),
 ])
 def test_tune_bad_arguments_exit_2_with_one_line(argv, message, capsys):
     assert main(argv) == 2

@@ -83,7 +83,7 @@ def tune_scripted(monkeypatch, script, **kwargs):
     monkeypatch.setattr(tuner, "measure", measure)
     kwargs = {"batch_size": 4, "batch_sizes": (4,), "prefetch_factors": (2,),
               "persistent_workers": (False,), "wrappers": ("DataLoader",), "budget": 60, **kwargs}
-    return tune(SleepyDataset(length=8), **kwargs), measure
+    return tune(SleepyDataset(length=64), **kwargs), measure
 
 
 def test_one_lucky_round_does_not_pick_a_setting(monkeypatch):
