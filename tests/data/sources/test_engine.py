@@ -1,0 +1,229 @@
+"""The reader engine (fastpipe/data/sources/_engine.py, _hdf5.py): where rows lie, the pieces of a
+batch read in one call, the bounded descriptor pool, machine limits never reported as damage,
+and the users' HDF5 files it reads directly (external links, virtual datasets, huge declared
+shapes)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+h5py = pytest.importorskip("h5py", exc_type=ImportError)
+
+from fastpipe.data import PackFormatError  # noqa: E402
+from fastpipe.data.sources._engine import (  # noqa: E402
+    Extents,
+    FilePool,
+    Pieces,
+    ShortRead,
+    read_pieces,
+    resource_error,
+)
+from fastpipe.data.sources.h5 import H5Source  # noqa: E402
+
+pytestmark = pytest.mark.hdf5
+
+
+@pytest.fixture
+def blob(tmp_path):
+    data = np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8)
+    path = tmp_path / "blob.bin"
+    path.write_bytes(data.tobytes())
+    return path, data
+
+
+def test_pieces_of_chunked_and_windowed_extents_read_the_right_bytes(blob):
+    path, data = blob
+    rows, chunk, row = 200, 7, 9
+    rng = np.random.default_rng(1)
+    starts = rng.permutation(np.arange(0, 190_000, 2_000))[:-(-rows // chunk)]
+    extents = Extents.chunked(rows, chunk, 0, starts, row)
+
+    def stored(i: int) -> bytes:
+        k, within = divmod(i, chunk)
+        at = starts[k] + within * row
+        return data[at:at + row].tobytes()
+
+    # Two windows of the array placed back to back, as a virtual merge places its parts.
+    placed = Extents.concat([extents.window(5, 40, 0), extents.window(100, 190, 35)], row)
+    order = list(range(5, 40)) + list(range(100, 190))
+    pool = FilePool([str(path)])
+    for _ in range(50):
+        a = rng.integers(0, len(order), 6)
+        b = np.minimum(a + rng.integers(0, 30, 6), len(order))
+        sizes = (b - a) * row
+        out = np.zeros(int(sizes.sum()), np.uint8)
+        read_pieces(pool, placed.pieces(a, b, np.cumsum(sizes) - sizes), out)
+        want = b"".join(stored(order[i]) for x, y in zip(a, b, strict=True) for i in range(x, y))
+        assert out.tobytes() == want
+    pool.close()
+
+
+def test_a_short_read_names_the_file(blob):
+    path, data = blob
+    pool = FilePool([str(path)])
+    out = np.zeros(100, np.uint8)
+    with pytest.raises(ShortRead) as caught:
+        read_pieces(pool, Pieces(np.array([0]), np.array([len(data) - 50]), np.array([100]),
+                                 np.array([0])), out)
+    assert caught.value.path == os.path.realpath(path) and caught.value.number == 0
+
+
+def test_the_pool_keeps_at_most_its_limit_open_and_never_closes_a_file_in_use(tmp_path):
+    paths = []
+    for k in range(12):
+        paths.append(tmp_path / f"{k}.bin")
+        paths[-1].write_bytes(bytes([k]) * 64)
+    pool = FilePool([str(p) for p in paths], limit=3)
+    before = len(os.listdir("/proc/self/fd"))
+    out = np.zeros(12, np.uint8)
+    for _ in range(3):
+        ids = np.arange(12)
+        read_pieces(pool, Pieces(ids, np.zeros(12, np.int64), np.ones(12, np.int64), ids), out)
+        assert out.tolist() == list(range(12))  # all 12 pinned at once: over the limit for now
+        assert len(os.listdir("/proc/self/fd")) - before <= 3  # back to the limit after the read
+    pins = pool.acquire(np.array([0, 1, 2, 3]))  # pinned: eviction must pass them by
+    other = pool.acquire(np.array([4, 5]))
+    assert all(os.read(int(fd), 1) == bytes([k]) for k, fd in enumerate(pins))
+    pool.release(np.array([0, 1, 2, 3]))
+    pool.release(np.array([4, 5]))
+    assert other is not None
+    pool.close()
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_threads_share_a_pool(tmp_path):
+    paths = []
+    for k in range(20):
+        paths.append(tmp_path / f"{k}.bin")
+        paths[-1].write_bytes(bytes([k]) * 8)
+    pool = FilePool([str(p) for p in paths], limit=4)
+    errors = []
+
+    def read(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        for _ in range(200):
+            ids = rng.integers(0, 20, 5)
+            out = np.zeros(5, np.uint8)
+            read_pieces(pool, Pieces(ids, np.zeros(5, np.int64), np.ones(5, np.int64),
+                                     np.arange(5)), out)
+            if out.tolist() != ids.tolist():
+                errors.append((ids, out))
+
+    threads = [threading.Thread(target=read, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    pool.close()
+
+
+def test_machine_limits_are_told_apart_from_damage():
+    assert resource_error(OSError(24, "Too many open files"))
+    assert resource_error(MemoryError())
+    assert resource_error(OSError("Unable to synchronously open file (unable to open file: "
+                                  "name = 'x.h5', errno = 24, error message = 'Too many open "
+                                  "files', flags = 0, o_flags = 0)"))
+    assert not resource_error(OSError("Unable to synchronously open file (file signature not "
+                                      "found)"))
+
+
+def _virtual_pack_of(tmp_path, parts: int):
+    """A records pack of ``parts`` part files (a virtual merge)."""
+    from fastpipe.pack import pack
+
+    class Rows:
+        def __len__(self) -> int:
+            return parts * 2
+
+        def __getitem__(self, i: int):
+            return {"x": np.full(3, i, np.float32)}
+
+    out = tmp_path / "many.h5"
+    pack(Rows(), out, shard_size=2, progress=False)
+    return out
+
+
+@pytest.mark.slow
+def test_running_out_of_descriptors_is_not_reported_as_damage(tmp_path):
+    out = _virtual_pack_of(tmp_path, 40)
+    script = textwrap.dedent(f"""
+        import resource, sys
+        import numpy as np
+        from fastpipe.data.sources.h5 import H5Source
+        resource.setrlimit(resource.RLIMIT_NOFILE, (24, 24))
+        held = []
+        try:
+            while True:
+                held.append(open(sys.executable, "rb"))
+        except OSError:
+            pass  # every descriptor is in use now
+        try:
+            H5Source({str(out)!r})
+        except OSError as exc:
+            print("OSError", exc)
+        except Exception as exc:
+            print(type(exc).__name__, exc)
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120)
+    assert "OSError" in result.stdout, result.stdout + result.stderr
+    assert "not damage" in result.stdout and "ulimit -n" in result.stdout
+    assert "damaged" not in result.stdout
+
+
+@pytest.mark.slow
+def test_a_virtual_pack_of_many_parts_reads_within_a_few_descriptors(tmp_path):
+    out = _virtual_pack_of(tmp_path, 60)
+    source = H5Source(out)
+    before = len(os.listdir("/proc/self/fd"))
+    for i in range(len(source)):
+        assert source.read(i)["x"].tolist() == [i] * 3
+    assert len(os.listdir("/proc/self/fd")) - before <= source.open_files
+
+
+def test_an_external_link_reads_the_linked_file(tmp_path):
+    with h5py.File(tmp_path / "target.h5", "w") as f:
+        f["x"] = np.arange(12, dtype=np.int64).reshape(4, 3) * 1000
+    with h5py.File(tmp_path / "main.h5", "w") as f:
+        f["pad"] = np.zeros((4, 1000), np.uint8)  # so that offsets in the two files differ
+        f["x"] = h5py.ExternalLink("target.h5", "x")
+    source = H5Source(tmp_path / "main.h5", ["x"])
+    assert source._columns["x"].extents is not None  # read directly, from the linked file
+    rows = [source.read(i)["x"].tolist() for i in range(4)]
+    with h5py.File(tmp_path / "target.h5") as f:
+        assert rows == f["x"][()].tolist()
+
+
+def test_a_users_virtual_dataset_with_a_missing_source_is_refused(tmp_path):
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f["x"] = np.arange(4, dtype=np.float32)
+    layout = h5py.VirtualLayout(shape=(8,), dtype=np.float32)
+    layout[0:4] = h5py.VirtualSource("a.h5", "x", shape=(4,))
+    layout[4:8] = h5py.VirtualSource("b.h5", "x", shape=(4,))
+    with h5py.File(tmp_path / "v.h5", "w") as f:
+        f.create_virtual_dataset("x", layout, fillvalue=0)
+    with pytest.raises(PackFormatError, match=r"missing.*b\.h5.*zeros"):
+        H5Source(tmp_path / "v.h5")
+    with h5py.File(tmp_path / "b.h5", "w") as f:
+        f["x"] = np.arange(4, 8, dtype=np.float32)
+    source = H5Source(tmp_path / "v.h5")
+    assert [float(source.read(i)["x"]) for i in range(8)] == list(range(8))
+
+
+def test_a_huge_declared_chunked_shape_is_not_allocated(tmp_path):
+    with h5py.File(tmp_path / "huge.h5", "w") as f:
+        ds = f.create_dataset("x", shape=(2**40, 6), dtype=np.float32, chunks=(64, 6))
+        ds[0:64] = np.ones((64, 6), np.float32)
+    source = H5Source(tmp_path / "huge.h5")  # no 2 TiB chunk table
+    assert len(source) == 2**40
+    assert source._columns["x"].extents is None  # unallocated chunks: h5py gives the fill value
+    assert source.read(3)["x"].tolist() == [1.0] * 6
+    assert source.read(2**40 - 1)["x"].tolist() == [0.0] * 6
