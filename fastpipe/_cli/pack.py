@@ -106,8 +106,40 @@ def run(args: argparse.Namespace) -> int:
         if exc.args:
             print(f"fastpipe pack: {in_cli_spelling(str(exc), SPELLING)}", file=sys.stderr)
         raise
-    print(json.dumps(report.to_json(), indent=2) if args.json else report.summary())
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(report.summary())
+        travels = _travels_with(report.output) if report.merge == "virtual" else None
+        if travels:
+            print(travels)
     return 0
+
+
+def _travels_with(output) -> str | None:
+    """The last line after a virtual merge: the pack is a file plus the folders of its part
+    files, which must travel with it; how to get one file instead."""
+    from pathlib import Path
+
+    from fastpipe.pack._write import read_meta
+
+    output = Path(output)
+    try:
+        parts = read_meta(output).get("parts") or []
+    except Exception:  # noqa: BLE001 - verify reports a pack it cannot read; this only informs
+        return None
+    files = [output.parent / p["file"] for p in parts
+             if isinstance(p, dict) and isinstance(p.get("file"), str)]
+    folders = sorted({f.relative_to(output.parent).parts[0] for f in files
+                      if f.is_relative_to(output.parent) and f != output.parent / f.name})
+    if not folders:
+        return None
+    size = sum(f.stat().st_size for f in files if f.is_file())
+    listed = " and ".join(f"{folder}/" for folder in folders)
+    return (f"{output.name} is a file plus {'a folder' if len(folders) == 1 else 'folders'}: its "
+            f"samples are in the part files under {listed} ({size / 2**20:.1f} MiB) beside it, "
+            f"which must stay next to it (move or copy them together); --merge copy writes one "
+            "self-contained file instead")
 
 
 def _merge(args: argparse.Namespace):

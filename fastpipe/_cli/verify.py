@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from fastpipe._cli import CommandError
-from fastpipe._cli._args import PROGRESS_HELP
+from fastpipe._cli._args import PROGRESS_HELP, in_cli_spelling
 
 HELP = "check a pack made by fastpipe pack: metadata, checksums, decoding; exit 1 on problems"
 
@@ -31,5 +31,7 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"--sample must be >= 1, got {args.sample}")
     report = verify(args.file, args.sample, seed=args.seed,
                     progress=not args.no_progress and not args.json)
-    print(json.dumps(report.to_json(), indent=2) if args.json else report.summary())
+    # The library names merge='copy'; the command names its flag.
+    print(json.dumps(report.to_json(), indent=2) if args.json
+          else in_cli_spelling(report.summary(), {"merge='copy'": "--merge copy"}))
     return 0 if report.ok else 1

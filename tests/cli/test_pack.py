@@ -228,3 +228,44 @@ def test_ctrl_c_of_a_dataset_pack_says_how_to_resume(tmp_path):
     report = pack(source, tmp_path / "d.h5", storage="array", shard_size=6, progress=False,
                   resume=True)
     assert report.resumed_shards == 2 and report.count == 18
+
+
+def test_a_virtual_pack_says_in_its_last_line_that_its_folder_travels_with_it(
+        sample_root, tmp_path, capsys):
+    out = tmp_path / "train.h5"
+    assert main(["pack", str(sample_root), str(out), "--quiet"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"packed 48 of 48 inputs into {out} (hdf5, bytes storage")
+    assert re.fullmatch(r"train\.h5 is a file plus a folder: its samples are in the part files "
+                        r"under train\.h5\.shards/ \(\d+\.\d MiB\) beside it, which must stay "
+                        r"next to it \(move or copy them together\); --merge copy writes one "
+                        r"self-contained file instead", lines[-1]), lines[-1]
+    # One file: nothing to add.
+    assert main(["pack", str(sample_root), str(tmp_path / "one.h5"), "--merge", "copy",
+                 "--quiet"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1
+    assert not (tmp_path / "one.h5.shards").exists()
+
+
+def test_a_merge_of_parts_names_every_folder_it_reads(sample_root, tmp_path, capsys):
+    for part in ("0/2", "1/2"):
+        name = f"p{part[0]}.h5"
+        assert main(["pack", str(sample_root), str(tmp_path / name), "--part", part,
+                     "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["pack", "--merge-only", str(tmp_path / "m.h5"), str(tmp_path / "p0.h5"),
+                 str(tmp_path / "p1.h5"), "--quiet"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("m.h5 is a file plus folders: its samples are in the part files "
+                           "under p0.h5.shards/ and p1.h5.shards/ (")
+
+
+def test_verify_names_the_missing_part_folder_and_the_flag(sample_root, tmp_path, capsys):
+    out = tmp_path / "train.h5"
+    assert main(["pack", str(sample_root), str(out), "--quiet"]) == 0
+    (tmp_path / "train.h5.shards").rename(tmp_path / "elsewhere")
+    capsys.readouterr()
+    assert main(["verify", str(out), "--quiet"]) == 1
+    text = capsys.readouterr().out
+    assert f"the folder {tmp_path / 'train.h5.shards'}" in text
+    assert "--merge copy" in text and PYTHON_SPELLING.search(text) is None, text
