@@ -16,6 +16,7 @@ import hashlib
 import io
 import os
 import tarfile
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from fastpipe.data.sources._engine import (
     DEFAULT_OPEN_FILES,
     Extents,
     FilePool,
+    Pieces,
     ShortRead,
     read_pieces,
 )
@@ -97,12 +99,32 @@ def _split(name: str) -> tuple[str, str] | None:
 
 
 def _scan(shard: Path) -> dict[str, np.ndarray]:
-    """Every sample of a shard: keys, and per member its sample, field, data offset and size."""
+    """Every sample of a shard: keys, and per member its sample, field, data offset and size.
+
+    Bounded: a member whose size is negative (base-256) or reaches past the end of the file, or
+    whose header does not move forward (on which tarfile would seek back to the same header for
+    ever), ends the scan with an error naming the shard and the member; a sparse member (GNU
+    sparse: its data is a map plus the blocks it lists, not the file's bytes) is refused."""
     keys: list[str] = []
     samples, fields, offsets, sizes = [], [], [], []
+    end = shard.stat().st_size
+    last = -1
     try:
         with tarfile.open(shard, "r:") as tar:
             for member in tar:
+                where = f"{shard}: member {member.name!r}"
+                if member.offset <= last:
+                    raise PackFormatError(f"{where} does not follow the one before it (header at "
+                                          f"byte {member.offset}); the tar file is damaged")
+                last = member.offset
+                if member.size < 0 or member.offset_data + member.size > end:
+                    raise PackFormatError(f"{where} declares {member.size} bytes at byte "
+                                          f"{member.offset_data} of a {end}-byte file; the tar "
+                                          "file is damaged or cut short")
+                if member.issparse():
+                    raise PackFormatError(f"{where} is a sparse file, stored as a map of its "
+                                          "blocks: fastpipe reads members as they are stored; "
+                                          "write the shard without sparse files (tar without -S)")
                 if not member.isfile():
                     continue
                 split = _split(member.name)
@@ -115,24 +137,52 @@ def _scan(shard: Path) -> dict[str, np.ndarray]:
                 fields.append(field)
                 offsets.append(member.offset_data)
                 sizes.append(member.size)
-    except tarfile.TarError as exc:
-        raise PackFormatError(f"{shard} is not a readable tar file ({exc})") from exc
+            _check_end(shard, tar.offset, end)
+    except (tarfile.TarError, OSError, ValueError, EOFError) as exc:
+        if isinstance(exc, PackFormatError):
+            raise
+        raise PackFormatError(f"{shard} is not a readable tar file ({type(exc).__name__}: "
+                              f"{exc})") from exc
     return {"keys": np.array(keys, dtype=str), "sample": np.array(samples, np.int64),
             "field": np.array(fields, dtype=str), "offset": np.array(offsets, np.int64),
             "size": np.array(sizes, np.int64)}
 
 
+def _check_end(shard: Path, after: int, end: int) -> None:
+    """tarfile stops quietly at a header cut short or damaged past the first member: what
+    follows the last member it read must be the end of the archive (zero blocks, padding)."""
+    rest = end - after
+    if rest <= 0:
+        return
+    with open(shard, "rb") as f:
+        f.seek(after)
+        tail = f.read(min(rest, 1 << 20))
+    if rest > len(tail) or tail.count(0) != len(tail):
+        raise PackFormatError(
+            f"{shard}: {rest} bytes after byte {after}, where the members tarfile can read end, "
+            "are not the end of a tar archive: a header there is cut short or damaged, and the "
+            "members after it would be lost; the shard is damaged")
+
+
+_INDEX_KEYS = ("keys", "sample", "field", "offset", "size")
+
+
 def shard_index(shard: Path) -> dict[str, np.ndarray]:
-    """The shard's index, from its cache when the shard is unchanged (same size and mtime)."""
+    """The shard's index: from its cache when the cache is one of this shard (same size and
+    mtime, and every member header at its recorded offset says the name and size recorded:
+    a shard rewritten with its size and mtime kept, or a forged cache, is scanned again), else
+    scanned and cached."""
     st = shard.stat()
     stamp = np.array([INDEX_VERSION, st.st_size, st.st_mtime_ns], np.int64)
     cache = shard.with_name(shard.name + INDEX_SUFFIX)
     try:
         with np.load(cache, allow_pickle=False) as saved:
             if np.array_equal(saved["stamp"], stamp):
-                return {k: saved[k] for k in ("keys", "sample", "field", "offset", "size")}
-    except (OSError, ValueError, KeyError):
-        pass  # no cache yet, or one of another shard state: rebuild
+                index = {k: saved[k] for k in _INDEX_KEYS}
+                if _index_fits(shard, index, st.st_size):
+                    return index
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        pass  # no cache yet, one of another shard state, or damaged: rebuild
     index = _scan(shard)
     tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
     try:
@@ -142,6 +192,72 @@ def shard_index(shard: Path) -> dict[str, np.ndarray]:
     except OSError:  # a read-only folder: the index lives in memory only
         tmp.unlink(missing_ok=True)
     return index
+
+
+def _index_fits(shard: Path, index: dict[str, np.ndarray], size: int) -> bool:
+    """Whether a cached index describes ``shard``: consistent arrays, members inside the file,
+    and each member's header (the 512 bytes before its data) holding a valid checksum, the size
+    recorded and, for names that fit the header, the name recorded."""
+    keys, sample, field = index["keys"], index["sample"], index["field"]
+    offset, length = index["offset"], index["size"]
+    n = len(sample)
+    if not (keys.dtype.kind == field.dtype.kind == "U" and sample.dtype.kind == "i"
+            and offset.dtype.kind == "i" and length.dtype.kind == "i"
+            and keys.ndim == sample.ndim == field.ndim == offset.ndim == length.ndim == 1
+            and len(field) == len(offset) == len(length) == n):
+        return False
+    if n and not (sample[0] == 0 and (np.diff(sample) >= 0).all()
+                  and (np.diff(sample) <= 1).all() and sample[-1] == len(keys) - 1
+                  and (offset >= 512).all() and (length >= 0).all()
+                  and (offset + length <= size).all() and (offset % 512 == 0).all()):
+        return False
+    if not n:
+        return len(keys) == 0
+    pool = FilePool([str(shard)], 1)
+    headers = np.empty((n, 512), np.uint8)
+    try:
+        read_pieces(pool, Pieces(np.zeros(n, np.int64), offset - 512, np.full(n, 512, np.int64),
+                                 np.arange(n, dtype=np.int64) * 512), headers)
+    except ShortRead:
+        return False
+    finally:
+        pool.close()
+    # Checksum: the sum of the header's bytes with its checksum field counted as spaces.
+    stored_sum = _octal(headers[:, 148:156])
+    computed = headers.sum(axis=1, dtype=np.int64) - headers[:, 148:156].sum(
+        axis=1, dtype=np.int64) + 8 * 32
+    if (stored_sum != computed).any():
+        return False
+    sizes = _octal(headers[:, 124:136])
+    base256 = headers[:, 124] & 0x80 != 0
+    for k in np.flatnonzero(base256):  # sizes past 8 GiB are stored as base-256 numbers
+        sizes[k] = tarfile.nti(headers[k, 124:136].tobytes())
+    if (sizes != length).any():
+        return False
+    names = [f"{keys[s]}.{f}".encode("utf-8", "surrogateescape") for s, f in zip(
+        sample.tolist(), field.tolist(), strict=True)]
+    for k, name in enumerate(names):
+        if len(name) < 100 and not headers[k, 345]:  # no ustar prefix: the name is all here
+            if headers[k, :len(name) + 1].tobytes() != name + b"\0":
+                return False
+    return True
+
+
+def _octal(fields: np.ndarray) -> np.ndarray:
+    """The octal numbers of tar header fields (rows of ASCII digits, then NUL or space);
+    -1 where a row starts with something else."""
+    digits = (fields >= 48) & (fields <= 55)
+    width = fields.shape[1]
+    # Leading spaces are allowed before the digits.
+    lead = np.argmax(fields != 32, axis=1)
+    positions = np.arange(width)
+    after = positions >= lead[:, None]
+    run_end = np.where(digits | ~after, True, False)
+    stop = np.where(run_end.all(axis=1), width, np.argmin(run_end, axis=1))
+    inside = after & (positions < stop[:, None])
+    power = np.where(inside, stop[:, None] - 1 - positions, 0)
+    values = np.where(inside, (fields.astype(np.int64) - 48) << (3 * power), 0).sum(axis=1)
+    return np.where(stop > lead, values, -1)
 
 
 class TarSource(Source):

@@ -1,0 +1,144 @@
+"""Tar shards that lie (fastpipe/data/sources/tar.py): a cached index is used only when every
+member header at its recorded offset agrees with it, and the scan of a damaged shard ends with an
+error naming it, in bounded time, never another member's bytes, a hang or a raw exception."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import textwrap
+
+import numpy as np
+import pytest
+
+from fastpipe.data import PackFormatError
+from fastpipe.data.sources.tar import INDEX_SUFFIX, TarSource
+
+
+def _shard(path, members) -> None:
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def _members(seed: int, n: int = 6) -> list[tuple[str, bytes]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        out.append((f"{i:04d}.bin", rng.integers(0, 256, 300 + 37 * ((i + seed) % 5),
+                                                 dtype=np.uint8).tobytes()))
+        out.append((f"{i:04d}.cls", str((i + seed) % 3).encode()))
+    return out
+
+
+def _read_all(path) -> list[bytes]:
+    with TarSource(path, ["bin"]) as source:
+        return [source.read(i)["bin"].tobytes() for i in range(len(source))]
+
+
+def test_a_shard_rewritten_with_its_size_and_mtime_kept_is_scanned_again(tmp_path):
+    shard = tmp_path / "s.tar"
+    _shard(shard, _members(0))
+    first = _read_all(shard)  # caches the index
+    stat = shard.stat()
+    # Another shard of the same size (tar sizes come in 10 KiB records), copied over it with its
+    # mtime kept (cp -p, rsync -t, unpacking an archive).
+    other = tmp_path / "other.tar"
+    _shard(other, _members(1))
+    assert other.stat().st_size == stat.st_size
+    shutil.copyfile(other, shard)
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert _read_all(shard) == [data for _, data in _members(1)[::2]] != first
+
+
+@pytest.mark.parametrize("forge", ["offsets", "sizes", "shapes", "samples", "garbage"])
+def test_a_forged_index_is_rebuilt(tmp_path, forge):
+    shard = tmp_path / "s.tar"
+    _shard(shard, _members(2))
+    want = _read_all(shard)
+    cache = shard.with_name(shard.name + INDEX_SUFFIX)
+    with np.load(cache) as saved:
+        index = {k: saved[k] for k in saved.files}
+    if forge == "offsets":
+        index["offset"] = index["offset"][::-1].copy()
+    elif forge == "sizes":
+        index["size"] = index["size"] + 512
+    elif forge == "shapes":
+        index["size"] = index["size"][:-1]
+    elif forge == "samples":
+        index["sample"] = index["sample"] + 7
+    if forge == "garbage":
+        cache.write_bytes(b"PK\x03\x04" + os.urandom(200))
+    else:
+        with open(cache, "wb") as f:
+            np.savez(f, **index)
+    assert _read_all(shard) == want
+
+
+def _run(script: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_a_negative_member_size_ends_the_scan_with_an_error(tmp_path):
+    shard = tmp_path / "neg.tar"
+    _shard(shard, _members(3, 2))
+    raw = bytearray(shard.read_bytes())
+    # The second member's size field as a negative base-256 number (tarfile seeks back to the
+    # same header for ever on it); its header checksum fixed so that tarfile reads it.
+    header = 512 + 512 * ((len(_members(3, 2)[0][1]) + 511) // 512)
+    raw[header + 124:header + 136] = b"\xff" * 12
+    raw[header + 148:header + 156] = b" " * 8
+    checksum = sum(raw[header:header + 512])
+    raw[header + 148:header + 156] = b"%06o\x00 " % checksum
+    shard.write_bytes(bytes(raw))
+    result = _run(f"""
+        from fastpipe.data.sources.tar import TarSource
+        try:
+            TarSource({str(shard)!r})
+        except Exception as exc:
+            print(type(exc).__name__, exc)
+    """)
+    assert "PackFormatError" in result.stdout, result.stdout + result.stderr
+    assert "neg.tar" in result.stdout and "-1 bytes" in result.stdout
+
+
+@pytest.mark.parametrize("cut", ["data", "header", "flipped"])
+def test_a_shard_cut_short_or_damaged_is_an_error_naming_it(tmp_path, cut):
+    shard = tmp_path / "cut.tar"
+    _shard(shard, _members(4, 3))
+    data = bytearray(shard.read_bytes())
+    with tarfile.open(shard) as tar:
+        third = tar.getmembers()[2]
+    if cut == "data":  # inside the third member's data
+        data = data[:third.offset_data + 10]
+    elif cut == "header":  # inside the third member's header: tarfile stops there quietly
+        data = data[:third.offset + 100]
+    else:  # a flipped byte in the third header: its checksum fails, tarfile stops there
+        data[third.offset + 20] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(PackFormatError, match=r"cut\.tar"):
+        TarSource(shard)
+
+
+def test_sparse_members_are_refused(tmp_path):
+    sparse = tmp_path / "sparse.bin"
+    with open(sparse, "wb") as f:
+        f.seek(1 << 20)
+        f.write(b"end")
+    shard = tmp_path / "sp.tar"
+    done = subprocess.run(["tar", "--sparse", "-cf", str(shard), "-C", str(tmp_path),
+                           "sparse.bin"], capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"GNU tar cannot write a sparse member here: {done.stderr!r}")
+    with tarfile.open(shard) as tar:
+        if not tar.getmembers()[0].issparse():
+            pytest.skip("this file system holds no holes: tar stored the file whole")
+    with pytest.raises(PackFormatError, match="sparse"):
+        TarSource(shard)
