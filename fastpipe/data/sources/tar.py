@@ -386,6 +386,15 @@ class TarSource(Source):
         return out
 
     def _stored(self, field: Any, raw: np.ndarray, name: str, index: int) -> Any:
+        if field.kind == "str":
+            try:
+                raw.tobytes().decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise PackFormatError(
+                    f"the {name!r} member of {self.describe(index)} is not UTF-8 text ({exc}); "
+                    "read it as bytes by naming the member's field another extension, or leave "
+                    "it out with fields=[...]") from exc
+            return raw
         if field.kind == "int":
             text = raw.tobytes().strip()
             try:

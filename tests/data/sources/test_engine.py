@@ -227,3 +227,15 @@ def test_a_huge_declared_chunked_shape_is_not_allocated(tmp_path):
     assert source._columns["x"].extents is None  # unallocated chunks: h5py gives the fill value
     assert source.read(3)["x"].tolist() == [1.0] * 6
     assert source.read(2**40 - 1)["x"].tolist() == [0.0] * 6
+
+
+def test_a_variable_length_field_of_a_users_file_with_an_empty_row(tmp_path):
+    with h5py.File(tmp_path / "v.h5", "w") as f:
+        ds = f.create_dataset("v", (3,), dtype=h5py.vlen_dtype(np.dtype("int32")))
+        ds[0], ds[1], ds[2] = np.array([1, 2, 3], np.int32), np.array([], np.int32), [4]
+    source = H5Source(tmp_path / "v.h5")
+    rows = [source.read(i)["v"] for i in range(3)]
+    assert [r.tolist() for r in rows] == [[1, 2, 3], [], [4]]
+    assert all(r.dtype == np.int32 for r in rows)
+    field = source.schema.fields["v"]
+    assert field.value(rows[1]).shape == (0,)

@@ -142,3 +142,13 @@ def test_sparse_members_are_refused(tmp_path):
             pytest.skip("this file system holds no holes: tar stored the file whole")
     with pytest.raises(PackFormatError, match="sparse"):
         TarSource(shard)
+
+
+def test_a_text_member_that_is_not_utf8_is_an_error_naming_it(tmp_path):
+    shard = tmp_path / "t.tar"
+    _shard(shard, [("a.txt", b"fine"), ("a.cls", b"1"),
+                   ("b.txt", b"\xff\xfe latin-1 \xe9"), ("b.cls", b"2")])
+    source = TarSource(shard)
+    assert source.read(0)["txt"].tobytes() == b"fine"
+    with pytest.raises(PackFormatError, match=r"'txt' member of .*t\.tar:b is not UTF-8"):
+        source.read(1)
