@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from benchmarks import _harness
 from fastpipe.data import H5Dataset, ImageDecoder, LMDBDataset, sample_images
-from fastpipe.data._pack_dataset import decode_chw
+from fastpipe.data.datasets._records import decode_chw
 from fastpipe.pack import pack
 
 

@@ -1,16 +1,18 @@
-"""The fastpipe pack format (HDF5 and LMDB): its names, version, sample spec and metadata checks.
+"""The fastpipe pack format (HDF5 and LMDB): its names, version, metadata and its checks, shared
+by the writer (fastpipe.pack) and the readers (fastpipe.data.sources).
 
-The format is documented in ``docs/packing.md``; keep the two in step. The readers live beside
-their datasets (:mod:`fastpipe.data.h5`, :mod:`fastpipe.data.lmdb`) and are imported by
-:func:`open_pack` only when a pack of their kind opens, so h5py and lmdb load with the first pack,
-not with ``fastpipe.data``. Readers are plain objects owned by one process: datasets create them
-lazily (after a fork or in a spawned worker) and never pickle them.
+The format is documented in ``docs/packing.md``; keep the two in step. fastpipe writes version 3
+(:data:`VERSION`): every pack, an ``(image, label)`` pack included, is a record of named fields,
+one dataset per field at the root of an HDF5 file (one key per field and sample in LMDB), each
+field's role stored with it (:func:`schema_meta`). Versions 1 and 2 still read, through the same
+readers.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ RECORDS_VERSION = 2  # earlier records: one dataset per field (the names after t
 # a record of two fields (record "pair"), each field's role stored with it. Versions 1 and 2 still
 # read, through the same readers (fastpipe.data.sources).
 
-# HDF5 names. Root attributes mark the file; everything else lives in these datasets.
+# HDF5 names. Root attributes mark the file. Version 1 kept everything else in these datasets:
 ATTR_FORMAT = "fastpipe_format"
 ATTR_VERSION = "fastpipe_format_version"
 META = "meta"  # scalar UTF-8 string dataset holding the JSON metadata (attributes cap at 64 KiB)
@@ -36,10 +38,11 @@ DATA = "data"  # uint8 (total_bytes,) for bytes storage; (N, *sample_shape) for 
 PATH_OFFSETS = "path_offsets"  # int64 (N+1,)
 PATH_DATA = "path_data"  # uint8 UTF-8 source paths, concatenated
 
-# Version 2 (records). Each field is a dataset at the root named after it, so that plain h5py
-# reads ``f[field][i]``: fixed-shape fields ``(N, *shape)``, variable ones (encoded images, bytes,
-# strings, arrays with a variable first axis) the rows of all samples, sample i being rows
-# ``offsets[i]:offsets[i+1]``. fastpipe's own datasets live in one group beside them.
+# Versions 2 and 3 (records; from version 3 on every pack). Each field is a dataset at the root
+# named after it, so that plain h5py reads ``f[field][i]``: fixed-shape fields ``(N, *shape)``,
+# variable ones (encoded images, bytes, strings, arrays with a variable first axis) the rows of
+# all samples, sample i being rows ``offsets[i]:offsets[i+1]``. fastpipe's own datasets live in
+# one group beside them.
 INTERNAL = "_fastpipe"
 R_META = INTERNAL + "/meta"  # scalar UTF-8 JSON: count, fields, order, classes, plan, ...
 R_OFFSETS = INTERNAL + "/offsets"  # group: int64 (N+1,) per variable field
@@ -47,7 +50,7 @@ R_CRC32 = INTERNAL + "/crc32"  # group: uint32 (N,) per field, zlib.crc32 of eac
 R_PATH_OFFSETS = INTERNAL + "/path_offsets"
 R_PATH_DATA = INTERNAL + "/path_data"
 
-# LMDB keys.
+# LMDB keys: the metadata; version 1's labels and checksums (one array each), then per sample.
 LMDB_META = b"__meta__"
 LMDB_LABELS = b"__labels__"  # little-endian int64 array
 LMDB_CRC32 = b"__crc32__"  # little-endian uint32 array
@@ -59,6 +62,16 @@ def lmdb_data_key(index: int) -> bytes:
 
 def lmdb_path_key(index: int) -> bytes:
     return b"path/%010d" % index
+
+
+def lmdb_field_key(name: str, index: int) -> bytes:
+    """Versions 2 and 3: the value of field ``name`` of sample ``index`` (its stored rows)."""
+    return b"f/%s/%010d" % (name.encode(), index)
+
+
+def lmdb_crc_key(name: str) -> bytes:
+    """Versions 2 and 3: the little-endian uint32 checksums of field ``name``."""
+    return b"__crc32__/" + name.encode()
 
 
 _HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
@@ -298,73 +311,33 @@ def check_labels(labels: np.ndarray, classes: list[str], where: str, field: str 
             f"{int(bad.sum()) - 1} more); the labels are damaged (run fastpipe verify on it)")
 
 
-def is_record_reader(reader: Any) -> bool:
-    """Whether an open reader reads records (named fields) rather than (image, label) pairs."""
-    return hasattr(reader, "fields")
+# Metadata keys a version 1 pack used for its one image field; version 3 writes them too for an
+# (image, label) pack (readers and tools of those keys keep working): ``storage``, ``layout``,
+# ``sample_shape``, ``dtype``.
+IMAGE_KEYS = ("storage", "layout", "sample_shape", "dtype")
 
 
-def is_records(meta: dict[str, Any]) -> bool:
-    """Whether checked metadata describes a pack of named fields (format version 2 and up)."""
-    return meta.get("version", 0) >= RECORDS_VERSION
+def schema_meta(fields: Mapping[str, Any], record: str,
+                classes: Mapping[str, Sequence[str]]) -> dict[str, Any]:
+    """The metadata keys that describe a version 3 pack's records: ``fields`` (each field's JSON,
+    its role included: :meth:`fastpipe.data.fields.Field.to_json`), ``order``, ``record``
+    (``"pair"`` for an ``(image, label)`` pack, ``"dict"`` or ``"tuple"``), ``classes`` (class
+    names per field); for a pair, its image field in version 1's terms as well
+    (:data:`IMAGE_KEYS`)."""
+    meta: dict[str, Any] = {"fields": {n: f.to_json() for n, f in fields.items()},
+                            "order": list(fields), "record": record,
+                            "classes": {n: list(c) for n, c in classes.items()}}
+    if record == "pair":
+        meta.update(image_keys(next(iter(fields.values()))))
+    return meta
 
 
-class PackReader:
-    """Reads one pack in one process. Index arrays are loaded at open; samples on demand."""
+def image_keys(image: Any) -> dict[str, Any]:
+    """An (image, label) pack's image field in version 1's metadata terms: encoded bytes, decoded
+    uint8 ``(3, H, W)`` images (role Image), or raw arrays."""
+    from fastpipe.data.roles import Image
 
-    path: Path
-    meta: dict[str, Any]
-    spec: Spec
-    count: int
-    labels: np.ndarray
-    classes: list[str]
-
-    def read(self, index: int, out: np.ndarray | None = None) -> np.ndarray:
-        """Sample ``index``: flat uint8 bytes (bytes storage) or the sample array (array
-        storage)."""
-        raise NotImplementedError
-
-    def source(self, index: int) -> str:
-        raise NotImplementedError
-
-    def crc32(self) -> np.ndarray:
-        raise NotImplementedError
-
-    def byte_size(self, index: int) -> int:
-        return int(np.prod(self.spec.sample_shape)) * np.dtype(self.spec.dtype).itemsize
-
-    def close(self) -> None:
-        pass
-
-    def _check_index(self, index: int) -> int:
-        n = self.count
-        if not isinstance(index, (int, np.integer)):
-            raise TypeError(f"pack index must be an int, got {type(index).__name__}")
-        i = int(index)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"index {index} is out of range for {self.path} with {n} samples")
-        return i
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def open_pack(path: str | os.PathLike, format: str | None = None) -> Any:
-    """Opens an HDF5 or LMDB pack (format sniffed from the file unless given) in this process:
-    a :class:`PackReader` for an (image, label) pack, a records reader for a records pack."""
-    fmt = format or sniff_format(path)
-    if fmt == "hdf5":
-        from fastpipe.data.h5 import H5PackReader, H5RecordReader, h5_version
-
-        if h5_version(path) == RECORDS_VERSION:
-            return H5RecordReader(path, plain=False)
-        return H5PackReader(path)
-    if fmt == "lmdb":
-        from fastpipe.data.lmdb import open_lmdb
-
-        return open_lmdb(path)
-    raise ValueError(f"format must be 'hdf5' or 'lmdb', got {format!r}")
+    if image.kind == "image":
+        return {"storage": "bytes", "layout": "encoded", "sample_shape": None, "dtype": "uint8"}
+    return {"storage": "array", "layout": "CHW" if isinstance(image.role, Image) else "raw",
+            "sample_shape": list(image.shape), "dtype": image.dtype}

@@ -5,7 +5,6 @@ Each step is one function below; :func:`pack` only calls them in order.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -19,12 +18,11 @@ from typing import Any
 
 from fastpipe._version import __version__
 from fastpipe.data import _format as fmt
-from fastpipe.data._format import PackFormatError, Spec, open_pack
+from fastpipe.data._format import PackFormatError
 from fastpipe.data.fields import Field
-from fastpipe.data.h5 import h5py_module
-from fastpipe.data.lmdb import lmdb_module
-from fastpipe.pack import _records
-from fastpipe.pack._errors import PackError, SourceError
+from fastpipe.data.sources._hdf5 import h5py_module
+from fastpipe.data.sources.lmdb import lmdb_module
+from fastpipe.pack._errors import PackError
 from fastpipe.pack._files import (
     check_output,
     install,
@@ -32,11 +30,10 @@ from fastpipe.pack._files import (
     remove_old_shards,
     size_on_disk,
 )
+from fastpipe.pack._inputs import FILE_KINDS, Inputs, Shaping, open_inputs
 from fastpipe.pack._merge import merge_files
 from fastpipe.pack._options import DEFAULT_SHARD_SIZE, PackOptions
-from fastpipe.pack._records import RecordSpec
-from fastpipe.pack._reports import PackReport
-from fastpipe.pack._sources import Listing, Processor, list_source, probe_spec
+from fastpipe.pack._reports import PackReport, storage_of
 from fastpipe.pack._workers import (
     Job,
     ShardResult,
@@ -46,6 +43,7 @@ from fastpipe.pack._workers import (
     shard_name,
     shard_ranges,
 )
+from fastpipe.pack._write import read_meta
 
 _RERUN = "run the same command again to resume"
 _RERUN_DATASET = "call pack again with resume=True (and the same dataset) to resume"
@@ -77,11 +75,15 @@ def pack(
     random access.
 
     Args:
-        source: an ImageFolder root (``root/<class>/<image>``), a list file (``path [label]`` per
-            line, paths relative to the list file), or a map-style dataset returning
-            ``(image, label)``, or records: a dict of fields, or a tuple other than
-            ``(image, int label)`` (e.g. two arrays). Records are stored one HDF5 dataset per
-            field (docs/your-data.md), each field exactly as the dataset returned it.
+        source: what to pack: an ImageFolder root (``root/<class>/<image>``), a list file
+            (``path [label]`` per line, paths relative to the list file; a ``#fields:`` line
+            names columns of files per sample), a folder or list of ``.npy``/``.npz`` files,
+            WebDataset tar shards, a pack (HDF5 or LMDB), a source of
+            :mod:`fastpipe.data.sources`, or a map-style dataset (a Hugging Face dataset
+            included) returning ``(image, label)`` or records: a dict of fields, or a tuple other
+            than ``(image, int label)`` (e.g. two arrays). An ``(image, label)`` source packs as
+            the record ``{"image", "label"}``; records are stored one HDF5 dataset per field
+            (docs/your-data.md), each field exactly as the source gives it.
         output: the pack to write. Shards go to ``<output>.shards/<run>/`` first (one folder
             per run; an older run's folder is removed once the new output is installed).
         storage: ``"bytes"`` keeps encoded files (JPEG/PNG) as they are; ``"array"`` stores
@@ -143,15 +145,10 @@ def pack(
     if options.format == "lmdb":
         lmdb_module()
     check_output(output, options.overwrite)
-    try:
-        listing = list_source(source)
-    except SourceError:
-        raise
-    except PackError as exc:  # what the listing refuses is the input, not the packing
-        raise SourceError(str(exc)) from exc
-    if listing.count == 0:
-        raise SourceError(f"the source {listing.description} has no inputs")
-    plan = _Plan.make(listing, output, options, fields)
+    shaping = Shaping(options.storage, options.max_side, options.size, options.quality,
+                      options.check, options.transcode)
+    inputs = open_inputs(source, fields, shaping)
+    plan = _Plan.make(inputs, output, options)
     results, resumed = _pack_shards(plan)
     return _install_output(plan, results, resumed, started)
 
@@ -161,7 +158,7 @@ class _Plan:
     """Everything decided before packing starts: the inputs to pack, the shard ranges, where
     the shards go, and the metadata they carry."""
 
-    listing: Listing
+    inputs: Inputs
     output: Path
     options: PackOptions
     lo: int  # inputs [lo, hi): the whole source, or this part of it
@@ -172,29 +169,21 @@ class _Plan:
     replacing: bool  # a complete output exists and is being replaced
 
     @classmethod
-    def make(cls, listing: Listing, output: Path, options: PackOptions,
-             fields: Mapping[str, Field] | Sequence[str] | None = None) -> _Plan:
-        lo, hi = 0, listing.count
+    def make(cls, inputs: Inputs, output: Path, options: PackOptions) -> _Plan:
+        count = inputs.count
+        lo, hi = 0, count
         if options.part is not None:
             i, n = options.part
-            lo, hi = i * listing.count // n, (i + 1) * listing.count // n
-        # The sample spec comes from the start of the whole source, so every part agrees on it.
-        records = _records.probe(listing, fields)
-        if records is not None:
-            _check_record_options(options)
-            listing = dataclasses.replace(listing, records=True)
-            spec: Spec | RecordSpec = records
-            version = fmt.RECORDS_VERSION
-            classes: Any = _records.class_names(listing, records)
-        else:
-            spec = probe_spec(listing, options.storage, 0, listing.count, options.size)
-            version, classes = fmt.IMAGE_VERSION, listing.classes
+            lo, hi = i * count // n, (i + 1) * count // n
+        schema = fmt.schema_meta(inputs.schema.fields, inputs.schema.record,
+                                 inputs.schema.classes)
+        fingerprint = inputs.fingerprint()
         plan = hashlib.sha256(json.dumps(
-            [listing.fingerprint, options.storage, spec.to_json(), options.plan_json()],
+            [fingerprint, options.storage, schema, options.plan_json()],
             sort_keys=True).encode()).hexdigest()[:24]
         meta = {
-            "format": fmt.FORMAT, "version": version, **spec.to_json(),
-            "classes": classes, "source": listing.to_json(),
+            "format": fmt.FORMAT, "version": fmt.VERSION, **schema,
+            "source": dict(inputs.describe(), fingerprint=fingerprint),
             "options": options.plan_json(), "plan": plan,
             "shard": list(options.part) if options.part is not None else None,
             "writer": f"fastpipe {__version__}",
@@ -207,13 +196,9 @@ class _Plan:
         replacing = output.exists()
         root = output.with_name(output.name + ".shards")
         directory = root / (f"{plan}-{secrets.token_hex(4)}" if replacing else plan)
-        processor = (_records.RecordProcessor(spec, options.check, options.transcode)
-                     if isinstance(spec, RecordSpec) else
-                     Processor(spec, options.max_side, options.size, options.quality,
-                               options.check, options.transcode))
-        job = Job(listing, processor, spec, meta, directory, options.strict,
-                  _RERUN if listing.kind != "dataset" else _RERUN_DATASET)
-        return cls(listing, output, options, lo, hi, job,
+        job = Job(inputs, meta, directory, options.strict,
+                  _RERUN if inputs.kind in FILE_KINDS else _RERUN_DATASET)
+        return cls(inputs, output, options, lo, hi, job,
                    shard_ranges(lo, hi, options.num_workers, options.shard_size), root, replacing)
 
     @property
@@ -227,14 +212,8 @@ class _Plan:
         cannot see)."""
         resume = self.options.resume
         if resume is None:
-            resume = self.listing.kind != "dataset"
+            resume = self.inputs.kind in FILE_KINDS
         return resume and not self.replacing
-
-    def task(self, a: int, b: int) -> Task:
-        if self.listing.kind == "dataset":
-            return Task(a, b)
-        listing = self.listing
-        return Task(a, b, listing.files[a:b], listing.names[a:b], listing.labels[a:b])
 
 
 def _pack_shards(plan: _Plan) -> tuple[dict[int, ShardResult], int]:
@@ -243,7 +222,7 @@ def _pack_shards(plan: _Plan) -> tuple[dict[int, ShardResult], int]:
     removed."""
     plan.directory.mkdir(parents=True, exist_ok=True)
     kept = _resume(plan.directory, plan.ranges, plan.job.meta["plan"] if plan.resume else None)
-    tasks = [plan.task(a, b) for a, b in plan.ranges if (a, b) not in kept]
+    tasks = [Task(a, b) for a, b in plan.ranges if (a, b) not in kept]
     options = plan.options
     bar = progress_bar(options.progress, plan.hi - plan.lo, sum(b - a for a, b in kept),
                        "pack", "file")
@@ -287,7 +266,7 @@ def _interrupted(plan: _Plan) -> str:
     if not written:
         return f"none of the {total} shards was finished; a rerun starts over"
     how = plan.job.resume_hint
-    if not plan.resume and plan.listing.kind != "dataset":
+    if not plan.resume and plan.inputs.kind in FILE_KINDS:
         how = "call pack again without resume=False to resume"
     return (f"{len(written)} of {total} shards are written in {plan.directory}; "
             f"{how} (the finished shards are kept, the others are packed again)")
@@ -308,8 +287,7 @@ def _resume(directory: Path, ranges: list[tuple[int, int]], plan: str | None
         meta = None
         if plan is not None and path.name in wanted:
             try:
-                with open_pack(path, "hdf5") as reader:
-                    meta = reader.meta
+                meta = read_meta(path)
             except (PackFormatError, OSError):
                 meta = None
         a_b = wanted.get(path.name)
@@ -318,15 +296,6 @@ def _resume(directory: Path, ranges: list[tuple[int, int]], plan: str | None
         else:
             path.unlink()  # from an older run with other settings or another split
     return kept
-
-
-def _check_record_options(options: PackOptions) -> None:
-    """Refuses the image-pack options a records pack cannot honour."""
-    image_only = {"storage": options.storage != "bytes", "max_side": options.max_side is not None,
-                  "size": options.size is not None}
-    if given := [name for name, set_ in image_only.items() if set_]:
-        raise PackError(f"{', '.join(given)} apply to (image, label) packs; a records pack keeps "
-                        "every field as the dataset returned it")
 
 
 def _install_output(plan: _Plan, results: dict[int, ShardResult], resumed: int,
@@ -350,13 +319,11 @@ def _install_output(plan: _Plan, results: dict[int, ShardResult], resumed: int,
         meta = dict(plan.job.meta, range=[plan.lo, plan.hi], inputs=plan.hi - plan.lo,
                     skipped=skipped)
         tmp = output.with_name(output.name + ".partial")
-        merge_files(shard_files, tmp, meta, options.format, options.merge, options.progress)
+        merge_files(shard_files, tmp, meta, options.format, options.merge, options.progress,
+                    plan.inputs.schema)
         install(tmp, output)
         remove_old_shards(plan.root, plan.directory if options.merge == "virtual" else None)
-    with open_pack(output, options.format) as reader:
-        meta = reader.meta
-    storage = "fields" if plan.listing.records else options.storage
-    return PackReport(output, options.format, storage,
+    return PackReport(output, options.format, storage_of(plan.inputs.schema),
                       "none" if single else options.merge, plan.hi - plan.lo, count, skipped,
                       len(plan.ranges), resumed, time.perf_counter() - started,
-                      size_on_disk(output, meta))
+                      size_on_disk(output, read_meta(output)))

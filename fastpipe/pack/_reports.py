@@ -95,3 +95,11 @@ class VerifyReport:
         if len(self.problems) > _LISTED:
             lines.append(f"  ... and {len(self.problems) - _LISTED} more")
         return "\n".join(lines)
+
+
+def storage_of(schema: Any) -> str:
+    """What a report calls a pack's storage: ``"bytes"`` (encoded images) or ``"array"`` for an
+    ``(image, label)`` pack, ``"fields"`` for records."""
+    if schema.record != "pair":
+        return "fields"
+    return "bytes" if next(iter(schema.fields.values())).kind == "image" else "array"

@@ -1,4 +1,5 @@
-"""``verify``: check a pack's metadata, index arrays, checksums and images."""
+"""``verify``: check a pack's metadata, index, every field's checksums and its images, through the
+sources (fastpipe.data.sources), for packs of every format version."""
 
 from __future__ import annotations
 
@@ -6,56 +7,107 @@ import os
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from fastpipe.data._format import PackFormatError, is_record_reader, open_pack, sniff_format
-from fastpipe.data.h5 import H5PackReader, H5RecordReader
+from fastpipe.data._format import PackFormatError, sniff_format
+from fastpipe.data.fields import FieldError
+from fastpipe.data.sources._base import Source
+from fastpipe.data.sources._engine import resource_error
 from fastpipe.pack._files import progress_bar
-from fastpipe.pack._reports import VerifyReport
+from fastpipe.pack._inputs import image_fields
+from fastpipe.pack._reports import VerifyReport, storage_of
+from fastpipe.pack._write import open_pack, read_meta
+
+# Samples read at once; a batch that fails is read again sample by sample to name the damage.
+_BATCH = 64
+# What reading a damaged pack may raise by contract; anything else is reported as unexpected.
+READ_ERRORS = (PackFormatError, OSError, ValueError)
 
 
 def verify(path: str | os.PathLike, sample: int | None = None, *, seed: int = 0,
            progress: bool = False, max_problems: int = 1000) -> VerifyReport:
-    """Checks a pack: metadata, index arrays, every sample's checksum, and that images decode.
+    """Checks a pack: its metadata, index (offsets, labels within their classes, source paths),
+    every field's checksum of every sample, and that image fields (roles Image and Mask) decode.
 
     ``sample=K`` checks K random samples instead of all. Problems are collected, not raised: the
-    report's ``ok`` says whether the pack is sound.
+    report's ``ok`` says whether the pack is sound. A limit of the machine (open files, memory)
+    is raised, never reported as damage.
     """
     started = time.perf_counter()
     report = VerifyReport(Path(path))
     try:
         report.format = sniff_format(path)
-        reader = open_pack(path, report.format)
-    except (PackFormatError, OSError) as exc:
-        report.problems.append(str(exc))
-        report.seconds = time.perf_counter() - started
-        return report
+        source = open_pack(Path(path))
+    except (PackFormatError, OSError, FieldError) as exc:
+        if resource_error(exc):
+            raise
+        missing, files = missing_parts(Path(path)) if report.format == "hdf5" else (None, [])
+        if missing is not None:
+            report.problems.append(missing)
+        if missing is None or not any(str(f) in str(exc) for f in files):
+            report.problems.append(str(exc))  # not (only) the missing part files
+        return _done(report, started)
 
     def problem(text: str) -> None:
         if len(report.problems) < max_problems:
             report.problems.append(text)
 
-    with reader:
+    with source:
         try:
-            report.count = reader.count
-            report.skipped_inputs = len(reader.meta.get("skipped") or [])
-            indices = _indices(reader.count, sample, seed)
-            if is_record_reader(reader):
-                report.storage = "fields"
-                _check_records(reader, indices, report, problem, path, progress)
-            else:
-                report.storage = reader.spec.storage
-                _check_index(reader, report, problem)
-                _check_samples(reader, indices, report, problem, path, progress)
+            report.count = source.count
+            report.storage = storage_of(source.schema)
+            report.skipped_inputs = len(source.meta.get("skipped") or [])
+            _check_index(source, report, problem)
+            _check_samples(source, _indices(source.count, sample, seed), report, problem,
+                           str(path), progress)
         except Exception as exc:  # noqa: BLE001 - a damaged pack must never crash verify
+            if resource_error(exc):
+                raise
             report.problems.append(unexpected(exc, "checking the pack"))
+    return _done(report, started)
+
+
+def _done(report: VerifyReport, started: float) -> VerifyReport:
     report.seconds = time.perf_counter() - started
     return report
 
 
-# What reading a damaged pack may raise by contract; anything else is reported as unexpected.
-READ_ERRORS = (PackFormatError, OSError, ValueError)
+def missing_parts(path: Path) -> tuple[str | None, list[Path]]:
+    """What is missing of a virtual pack's part files (the folder when it is gone, the files
+    otherwise) and those files; None and [] when nothing is."""
+    try:
+        meta = read_meta(path)
+    except (PackFormatError, OSError):
+        return None, []  # the reader says what is wrong with the pack itself
+    parts = meta.get("parts") if meta.get("merge") == "virtual" else None
+    if not isinstance(parts, list):
+        return None, []
+    files = [path.parent / p["file"] for p in parts
+             if isinstance(p, dict) and isinstance(p.get("file"), str)]
+    missing = [f for f in files if not f.exists()]
+    if not missing:
+        return None, []
+    folders = sorted({f.parent for f in missing})
+    gone = sorted({_outermost_missing(d, path.parent) for d in folders if not d.exists()})
+    fix = (f"keep the .shards folder ({path.name}.shards) next to the pack, or pack again with "
+           "merge='copy' for one self-contained file")
+    if gone:
+        return (f"{path} is a virtual pack whose part files are missing: the folder "
+                f"{gone[0]} is missing ({len(missing)} of {len(files)} part files); {fix}",
+                missing)
+    shown = ", ".join(f.name for f in missing[:3]) + (" ..." if len(missing) > 3 else "")
+    return (f"{path} is a virtual pack whose part files are missing: {shown} ({len(missing)} "
+            f"of {len(files)}) in {folders[0]}; {fix}", missing)
+
+
+def _outermost_missing(folder: Path, base: Path) -> Path:
+    """The outermost missing folder on the way from ``base`` to ``folder`` (the .shards folder,
+    when it is gone as a whole)."""
+    while folder.parent != base and not folder.parent.exists():
+        folder = folder.parent
+    return folder
 
 
 def unexpected(exc: BaseException, doing: str) -> str:
@@ -69,111 +121,100 @@ def _indices(count: int, sample: int | None, seed: int) -> np.ndarray:
     return np.sort(np.random.default_rng(seed).choice(count, int(sample), replace=False))
 
 
-def _check_index(reader, report: VerifyReport, problem) -> None:
-    """Labels in range, counts that add up, offsets that run forward from 0."""
-    meta, labels = reader.meta, reader.labels
-    if reader.classes:
-        bad = np.flatnonzero((labels < 0) | (labels >= len(reader.classes)))
-    else:
-        bad = np.flatnonzero(labels < -1)
-    for i in bad[:20]:
-        problem(f"sample {i}: label {labels[i]} is outside the {len(reader.classes)} classes")
-    if "inputs" in meta and meta["inputs"] != reader.count + report.skipped_inputs:
-        problem(f"metadata says {meta['inputs']} inputs, but {reader.count} samples + "
+def _check_index(source: Source, report: VerifyReport, problem) -> None:
+    """Counts that add up, the source paths' index. (Offsets and labels are checked when the
+    pack opens: a damaged one is an error then, reported above.)"""
+    meta = source.meta
+    if "inputs" in meta and meta["inputs"] != source.count + report.skipped_inputs:
+        problem(f"metadata says {meta['inputs']} inputs, but {source.count} samples + "
                 f"{report.skipped_inputs} skipped do not add up")
-    if isinstance(reader, H5PackReader):
-        try:  # the path index is loaded, and checked, on first use
-            reader.sources(0, 0)
-        except READ_ERRORS as exc:
-            problem(str(exc))
-
-
-def _check_samples(reader, indices: np.ndarray, report: VerifyReport, problem, path,
-                   progress: bool) -> None:
-    """Each sample reads, matches its checksum and (encoded images) decodes."""
-    from fastpipe.data._decode import CorruptImageError, decode_rgb
-
-    try:
-        crcs = reader.crc32()
+    try:  # the path index is read, and checked, on first use
+        source.paths(0, 0)
     except READ_ERRORS as exc:
+        if resource_error(exc):
+            raise
         problem(str(exc))
-        crcs = None
-    decode = reader.spec.layout == "encoded"
+
+
+def _check_samples(source: Source, indices: np.ndarray, report: VerifyReport, problem,
+                   path: str, progress: bool) -> None:
+    """Each field of each sample reads and matches its checksum; image fields decode."""
+    names = source.schema.names
+    pair = source.schema.record == "pair"
+    images = set(image_fields(source.schema))
+    crcs: dict[str, Any] = {}
+    for name in names:
+        try:
+            stored = source.crc32(name)
+        except READ_ERRORS as exc:
+            if resource_error(exc):
+                raise
+            problem(str(exc))
+            continue
+        if stored is not None:
+            crcs[name] = stored
+
+    def where(i: int, name: str) -> str:
+        field = "" if pair and name == names[0] else f", field {name!r}"
+        return f"sample {i} ({_safe_source(source, i)}){field}"
+
     with progress_bar(progress, len(indices), 0, "verify", "sample") as bar:
-        for i in indices:
-            i = int(i)
-            try:
-                data = reader.read(i)
-            except READ_ERRORS as exc:
-                problem(f"sample {i}: cannot read: {exc}")
-                continue
-            except Exception as exc:  # noqa: BLE001 - a damaged pack must never crash verify
-                problem(unexpected(exc, f"reading sample {i}"))
-                continue
-            finally:
+        for start in range(0, len(indices), _BATCH):
+            batch = indices[start:start + _BATCH].tolist()
+            for i, record in zip(batch, _read(source, batch, names, problem), strict=True):
                 bar.update(1)
-            report.checked += 1
-            if crcs is not None and zlib.crc32(np.ascontiguousarray(data)) != int(crcs[i]):
-                problem(f"sample {i} ({_safe_source(reader, i)}): checksum mismatch, the stored "
-                        "data is damaged")
-                continue
-            if decode:
-                try:
-                    decode_rgb(data, f"{path}[{i}]")
-                except CorruptImageError as exc:
-                    problem(f"sample {i} ({_safe_source(reader, i)}): {exc}")
-                except Exception as exc:  # noqa: BLE001 - a damaged pack must never crash verify
-                    problem(unexpected(exc, f"decoding sample {i}"))
+                report.checked += 1
+                for name in names:
+                    if name not in record:
+                        continue  # not readable: reported
+                    data = np.ascontiguousarray(record[name])
+                    if name in crcs and zlib.crc32(data) != int(crcs[name][i]):
+                        problem(f"{where(i, name)}: checksum mismatch, the stored data is "
+                                "damaged")
+                        continue
+                    if name in images:
+                        _decodes(data, f"{path}[{i}]" if pair else f"{path}[{i}][{name!r}]",
+                                 where(i, name), problem)
 
 
-def _check_records(reader: H5RecordReader, indices: np.ndarray, report: VerifyReport, problem,
-                   path, progress: bool) -> None:
-    """Each field of each sample reads and matches its checksum; image fields decode; the
-    offsets of variable fields run forward from 0."""
+def _read(source: Source, batch: list[int], names: list[str], problem) -> list[dict[str, Any]]:
+    """The stored fields of samples ``batch``; a batch that does not read is read again field by
+    field, sample by sample, to name what is damaged (left out of its record)."""
+    try:
+        return source.read_batch(batch, names=names)
+    except Exception as exc:  # noqa: BLE001 - sorted out below, sample by sample
+        if resource_error(exc):
+            raise
+    out = []
+    for i in batch:
+        record = {}
+        for name in names:
+            try:
+                record[name] = source.read(i, [name])[name]
+            except READ_ERRORS as exc:
+                if resource_error(exc):
+                    raise
+                problem(f"sample {i}, field {name!r}: cannot read: {exc}")
+            except Exception as exc:  # noqa: BLE001 - a damaged pack must never crash verify
+                problem(unexpected(exc, f"reading field {name!r} of sample {i}"))
+        out.append(record)
+    return out
+
+
+def _decodes(data: np.ndarray, name: str, where: str, problem) -> None:
     from fastpipe.data._decode import CorruptImageError, decode_rgb
 
-    if "inputs" in reader.meta and reader.meta["inputs"] != reader.count + report.skipped_inputs:
-        problem(f"metadata says {reader.meta['inputs']} inputs, but {reader.count} samples + "
-                f"{report.skipped_inputs} skipped do not add up")
-    crcs = {}
-    for name in reader.order:
-        offsets = reader.offsets(name)
-        if offsets is not None and (offsets[0] != 0 or np.any(np.diff(offsets) < 0)):
-            problem(f"field {name!r}: its offsets are not a non-decreasing run from 0; the index "
-                    "is damaged")
-        try:
-            crcs[name] = reader.crc32(name)
-        except READ_ERRORS as exc:
-            problem(str(exc))
-    with progress_bar(progress, len(indices), 0, "verify", "sample") as bar:
-        for i in indices:
-            i = int(i)
-            bar.update(1)
-            report.checked += 1
-            for name in reader.order:
-                try:
-                    data = reader.read(i, name)
-                except READ_ERRORS as exc:
-                    problem(f"sample {i}, field {name!r}: cannot read: {exc}")
-                    continue
-                except Exception as exc:  # noqa: BLE001 - a damaged pack must never crash verify
-                    problem(unexpected(exc, f"reading field {name!r} of sample {i}"))
-                    continue
-                if name in crcs and zlib.crc32(np.ascontiguousarray(data)) != int(crcs[name][i]):
-                    problem(f"sample {i} ({_safe_source(reader, i)}), field {name!r}: checksum "
-                            "mismatch, the stored data is damaged")
-                    continue
-                if reader.fields[name].kind == "image":
-                    try:
-                        decode_rgb(data, f"{path}[{i}][{name!r}]")
-                    except CorruptImageError as exc:
-                        problem(f"sample {i} ({_safe_source(reader, i)}), field {name!r}: {exc}")
-                    except Exception as exc:  # noqa: BLE001 - never crash verify
-                        problem(unexpected(exc, f"decoding field {name!r} of sample {i}"))
-
-
-def _safe_source(reader, index: int) -> str:
     try:
-        return reader.source(index)
+        decode_rgb(data, name)
+    except CorruptImageError as exc:
+        problem(f"{where}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - a damaged pack must never crash verify
+        problem(unexpected(exc, f"decoding {where}"))
+
+
+def _safe_source(source: Source, index: int) -> str:
+    try:
+        return source.paths(index, index + 1)[0]
     except Exception:  # noqa: BLE001 - the path index may be damaged too
         return "source unknown"
+

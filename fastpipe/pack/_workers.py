@@ -8,7 +8,6 @@ per task.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import multiprocessing
 import os
@@ -22,11 +21,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fastpipe.data._format import Spec
 from fastpipe.pack._errors import CorruptInputError, PackError
 from fastpipe.pack._files import fsync
-from fastpipe.pack._records import RecordShardWriter, RecordSpec
-from fastpipe.pack._sources import Listing, Processor, SkipInput, load_input, source_name
+from fastpipe.pack._inputs import Inputs, SkipInput
 from fastpipe.pack._write import ShardWriter
 
 # How often a packing shard reports progress, in seconds.
@@ -48,14 +45,10 @@ def shard_ranges(lo: int, hi: int, workers: int, shard_size: int) -> list[tuple[
 
 @dataclass
 class Task:
-    """One shard to pack: inputs ``[start, stop)``; file sources carry their slice of the listing
-    (so a worker is sent only its own files, not the whole listing)."""
+    """One shard to pack: inputs ``[start, stop)`` of the source every worker holds."""
 
     start: int
     stop: int
-    files: list[str] | None = None
-    names: list[str] | None = None
-    labels: np.ndarray | None = None
 
     @property
     def name(self) -> str:
@@ -64,20 +57,14 @@ class Task:
 
 @dataclass
 class Job:
-    """What every shard of one pack shares; sent once to each worker process."""
+    """What every shard of one pack shares (the inputs, the metadata); sent once to each worker
+    process."""
 
-    listing: Listing
-    processor: Processor | Callable[[Any, str], Any]
-    spec: Spec | RecordSpec
+    inputs: Inputs
     meta: dict[str, Any]
     directory: Path
     strict: bool
     resume_hint: str = "run the same command again to resume"
-
-    def for_workers(self) -> Job:
-        """This job without the listing's per-file lists, which the tasks carry."""
-        lean = dataclasses.replace(self.listing, files=None, names=None, labels=None)
-        return dataclasses.replace(self, listing=lean)
 
 
 @dataclass
@@ -114,15 +101,14 @@ class Failed(NamedTuple):
 def pack_shard(job: Job, task: Task, on_progress: Callable[[int], None]) -> ShardResult:
     """Packs inputs ``[task.start, task.stop)`` into one shard file."""
     partial = job.directory / (task.name + ".partial")
-    writer = (RecordShardWriter if isinstance(job.spec, RecordSpec) else ShardWriter)(
-        partial, job.spec, task.stop - task.start)
+    writer = ShardWriter(partial, job.inputs.schema, task.stop - task.start)
     skipped: list[dict[str, Any]] = []
     pending, last = 0, time.monotonic()
     try:
         for local, index in enumerate(range(task.start, task.stop)):
-            name = source_name(job.listing, index, task.names, local)
+            name = job.inputs.name(index)
             try:
-                sample, label = _load(job, task, index, local, name)
+                rows = _load(job, task, index, local, name)
             except SkipInput as exc:
                 if job.strict:
                     raise CorruptInputError(
@@ -130,7 +116,7 @@ def pack_shard(job: Job, task: Task, on_progress: Callable[[int], None]) -> Shar
                         "the input is skipped and listed in the report)") from exc
                 skipped.append({"index": index, "source": name, "reason": str(exc)})
             else:
-                writer.add(sample, label, name)
+                writer.add(rows, name)
             pending += 1
             now = time.monotonic()
             if now - last >= _PROGRESS_SECONDS:
@@ -149,13 +135,9 @@ def pack_shard(job: Job, task: Task, on_progress: Callable[[int], None]) -> Shar
     return ShardResult(writer.count, skipped)
 
 
-def _load(job: Job, task: Task, index: int, local: int, name: str) -> tuple[Any, int]:
-    value, label = load_input(job.listing, index, local, task.files)
-    if task.labels is not None:
-        label = int(task.labels[local])
-        if job.listing.kind in ("arrays", "columns") and label >= 0:
-            value["label"] = label
-    return job.processor(value, name), label
+def _load(job: Job, task: Task, index: int, local: int, name: str) -> dict[str, np.ndarray]:
+    """The stored rows of input ``index`` (the ``local``-th of ``task``), named ``name``."""
+    return job.inputs.load(index, name)
 
 
 def pack_here(job: Job, tasks: list[Task], on_progress: Callable[[int], None]
@@ -257,7 +239,7 @@ def pack_in_workers(job: Job, tasks: list[Task], workers: int,
     finished = False
     try:
         for number in range(min(workers, len(tasks))):
-            pool.append(_start_worker(ctx, job.for_workers(), number))
+            pool.append(_start_worker(ctx, job, number))
         for worker in pool:
             worker.give(pending)
         live = [w for w in pool if w.task is not None]

@@ -33,7 +33,7 @@ def _stored_sizes(pack_path: Path) -> list[tuple[int, int]]:
     import h5py
 
     with h5py.File(pack_path, "r") as file:
-        offsets, data = file["offsets"][:], file["data"]
+        offsets, data = file["_fastpipe/offsets/image"][:], file["image"]
         sizes = []
         for i in range(len(offsets) - 1):
             with PIL.open(io.BytesIO(data[offsets[i]:offsets[i + 1]].tobytes())) as image:

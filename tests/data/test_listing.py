@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from fastpipe.data import ImageFolder
-from fastpipe.pack._sources import list_source
+from fastpipe.data.sources.folder import FolderSource
 from tests.helpers.dali import DALI_MISSING
 
 pytest.importorskip("torchvision", exc_type=ImportError)
@@ -61,6 +61,6 @@ def test_all_listings_match_torchvision(tricky_tree):
     assert [(os.path.relpath(f, tricky_tree), int(label))
             for f, label in zip(files.files, files.targets)] == expected
 
-    listing = list_source(tricky_tree)
+    listing = FolderSource(tricky_tree)  # what fastpipe pack lists
     assert listing.classes == reference.classes
-    assert list(zip(listing.names, listing.labels.tolist())) == expected
+    assert list(zip(listing.paths(0, len(listing)), listing.labels().tolist())) == expected

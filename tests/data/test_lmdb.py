@@ -71,9 +71,9 @@ def test_merge_shards_into_lmdb_and_verify_catches_damage(sample_root, tmp_path)
     # Damage one stored JPEG in place; the checksum catches it even where the JPEG still decodes.
     env = lmdb.open(str(out), subdir=False, lock=False)
     with env.begin(write=True) as txn:
-        value = bytearray(txn.get(b"data/0000000007"))
+        value = bytearray(txn.get(b"f/image/0000000007"))
         value[len(value) // 2] ^= 0xFF
-        txn.put(b"data/0000000007", bytes(value))
+        txn.put(b"f/image/0000000007", bytes(value))
     env.close()
     report = verify(out)
     assert (not report.ok and report.problems[0].startswith("sample 7 ")

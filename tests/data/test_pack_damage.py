@@ -1,6 +1,8 @@
 """Damaged packs: the readers check offsets, lengths, labels, metadata and the parts of a virtual
 merge at open and give a PackFormatError naming the pack (and the field, key or sample); verify
-reports every such pack unsound and never crashes."""
+reports every such pack unsound and never crashes. Packs of the current format are written here;
+those of format version 1 are copies of the stored packs (tests/stored/packs), which the readers
+still read."""
 
 from __future__ import annotations
 
@@ -23,6 +25,11 @@ from tests.helpers.pack import ArrayDataset, SpeechRecords  # noqa: E402
 pytestmark = pytest.mark.hdf5
 
 VARIABLE = {"frames": ArrayField("int64", (None,))}
+STORED = Path(__file__).resolve().parents[1] / "stored" / "packs"
+# Where an (image, label) pack keeps its offsets, labels and metadata: format version 3 (written
+# today) and version 1.
+LAYOUT = {"bytes": ("_fastpipe/offsets/image", "label", "_fastpipe/meta"),
+          "v1_bytes": ("offsets", "labels", "meta")}
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +51,8 @@ def packs(sample_root, tmp_path_factory) -> dict[str, Path]:
          shard_size=6, merge="virtual", progress=False)
     pack(sample_root, out["lmdb"], progress=False)
     pack(SpeechRecords(n=12), out["lmdb_records"], fields=VARIABLE, progress=False)
+    out.update(v1_bytes=STORED / "v1_bytes_copy.h5", v1_array=STORED / "v1_array_chw_copy.h5",
+               v1_bytes_virtual=STORED / "v1_bytes_virtual.h5", v1_lmdb=STORED / "v1_bytes.lmdb")
     return out
 
 
@@ -85,26 +94,30 @@ def assert_unsound(path: Path, *needles: str) -> None:
 # --- offsets -----------------------------------------------------------------------------------
 
 def _offsets_damage(offsets: np.ndarray, kind: str) -> dict[int, int]:
+    last = len(offsets) - 1
     return {"backwards": {5: int(offsets[4]) - 10},  # a negative length ("negative dimensions")
             "huge": {5: 2**62},  # "Unable to allocate 4.00 EiB"
             "first": {0: 3},
-            "short": {len(offsets) - 1: int(offsets[-1]) - 1},  # the last sample one byte short
-            "shifted": {7: int(offsets[7]) + 100}}[kind]  # two samples' bytes moved across
+            "short": {last: int(offsets[-1]) - 1},  # the last sample one byte short
+            "shifted": {last - 1: int(offsets[last - 1]) + 100}}[kind]  # bytes moved across
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("pack_kind", ["bytes", "v1_bytes"])
 @pytest.mark.parametrize("kind", ["backwards", "huge", "first", "short", "shifted"])
-def test_damaged_offsets_are_refused_at_open_naming_the_pack(packs, tmp_path, kind):
-    path = copy(packs, "bytes", tmp_path)
+def test_damaged_offsets_are_refused_at_open_naming_the_pack(packs, tmp_path, kind, pack_kind):
+    path = copy(packs, pack_kind, tmp_path)
+    name = LAYOUT[pack_kind][0]
     with h5py.File(path, "r") as f:
-        offsets = f["offsets"][()]
-    set_values(path, "offsets", _offsets_damage(offsets, kind))
+        offsets = f[name][()]
+    set_values(path, name, _offsets_damage(offsets, kind))
     if kind == "shifted":  # still monotone and in range: only the checksums can tell
-        assert_unsound(path, "sample 6", "checksum")
+        assert_unsound(path, f"sample {len(offsets) - 3}", "checksum")
         return
-    with pytest.raises(PackFormatError, match=rf"{path.name}.*'offsets'"):
+    needle = "'offsets'" if pack_kind == "v1_bytes" else "field 'image': its offsets"
+    with pytest.raises(PackFormatError, match=rf"{path.name}.*{needle}"):
         H5Dataset(path)
-    assert_unsound(path, "'offsets'")
+    assert_unsound(path, needle)
 
 
 @pytest.mark.parametrize("kind", ["backwards", "huge", "first", "short"])
@@ -132,14 +145,16 @@ def test_a_field_with_a_row_missing_is_refused_naming_the_field(packs, tmp_path)
 
 # --- labels ------------------------------------------------------------------------------------
 
+@pytest.mark.parametrize("pack_kind, index, classes", [("bytes", 7, 4), ("v1_bytes", 3, 2)])
 @pytest.mark.parametrize("label", [99, 4, -2])
-def test_out_of_range_labels_are_refused_at_open_naming_the_first_bad_sample(packs, tmp_path,
-                                                                                label):
-    path = copy(packs, "bytes", tmp_path)
-    set_values(path, "labels", {7: label, 30: label})
-    with pytest.raises(PackFormatError, match=rf"{path.name}.*sample 7.*label {label}.*4 classes"):
+def test_out_of_range_labels_are_refused_at_open_naming_the_first_bad_sample(
+        packs, tmp_path, label, pack_kind, index, classes):
+    path = copy(packs, pack_kind, tmp_path)
+    set_values(path, LAYOUT[pack_kind][1], {index: label, index + 1: label})
+    with pytest.raises(PackFormatError,
+                       match=rf"{path.name}.*sample {index}.*label {label}.*{classes} classes"):
         H5Dataset(path)
-    assert_unsound(path, "sample 7", f"label {label}")
+    assert_unsound(path, f"sample {index}", f"label {label}")
 
 
 def test_out_of_range_labels_of_a_records_pack_are_refused(packs, tmp_path):
@@ -153,28 +168,44 @@ def test_out_of_range_labels_of_a_records_pack_are_refused(packs, tmp_path):
 
 
 def test_out_of_range_labels_of_an_lmdb_pack_are_refused(packs, tmp_path):
-    path = copy(packs, "lmdb", tmp_path)
-    env = lmdb.open(str(path), subdir=False, lock=False)
-    with env.begin(write=True) as txn:
-        labels = np.frombuffer(txn.get(b"__labels__"), "<i8").copy()
-        labels[11] = 17
-        txn.put(b"__labels__", labels.tobytes())
-    env.close()
+    path = copy(packs, "lmdb", tmp_path)  # one value per field and sample
+    _lmdb_edit(path, {b"f/label/%010d" % 11: np.int64(17).tobytes()})
     with pytest.raises(PackFormatError, match=rf"{path.name}.*sample 11.*label 17"):
         LMDBDataset(path)
     assert_unsound(path, "sample 11")
+    (tmp_path / "v1").mkdir()
+    path = copy(packs, "v1_lmdb", tmp_path / "v1")  # format version 1: one array of labels
+    env = lmdb.open(str(path), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        labels = np.frombuffer(txn.get(b"__labels__"), "<i8").copy()
+        labels[4] = 17
+        txn.put(b"__labels__", labels.tobytes())
+    env.close()
+    with pytest.raises(PackFormatError, match=rf"{path.name}.*sample 4.*label 17"):
+        LMDBDataset(path)
+    assert_unsound(path, "sample 4")
 
 
 # --- metadata ----------------------------------------------------------------------------------
 
+# Format version 1 kept its image field in these keys; version 3 describes it as a field.
 BAD_META = [
-    ("bytes", "classes", 7), ("bytes", "classes", ["a", 3]), ("bytes", "count", "48"),
-    ("bytes", "count", -1), ("bytes", "count", 10**30), ("bytes", "layout", 5),
-    ("bytes", "skipped", 7), ("bytes", "inputs", "many"), ("bytes", "version", "1"),
-    ("array", "sample_shape", "abc"), ("array", "sample_shape", [24, -32, 3]),
-    ("array", "sample_shape", None), ("array", "dtype", "no-such-dtype"), ("array", "dtype", 3),
+    ("v1_bytes", "classes", 7), ("v1_bytes", "classes", ["a", 3]), ("v1_bytes", "count", "48"),
+    ("v1_bytes", "count", -1), ("v1_bytes", "count", 10**30), ("v1_bytes", "layout", 5),
+    ("v1_bytes", "skipped", 7), ("v1_bytes", "inputs", "many"), ("v1_bytes", "version", "1"),
+    ("v1_array", "sample_shape", "abc"), ("v1_array", "sample_shape", [24, -32, 3]),
+    ("v1_array", "sample_shape", None), ("v1_array", "dtype", "no-such-dtype"),
+    ("v1_array", "dtype", 3),
+    ("v1_bytes_virtual", "parts", 7), ("v1_bytes_virtual", "parts", [{"file": 3}]),
+    ("v1_bytes_virtual", "parts", [{"file": "x.h5", "samples": [0, "a"]}]),
+    ("bytes", "classes", 7), ("bytes", "classes", {"label": ["a", 3]}), ("bytes", "count", "48"),
+    ("bytes", "count", -1), ("bytes", "count", 10**30), ("bytes", "skipped", 7),
+    ("bytes", "inputs", "many"), ("bytes", "version", "3"), ("bytes", "record", 5),
+    ("bytes", "fields", {"image": 3, "label": {"kind": "int", "dtype": "int64"}}),
+    ("bytes", "order", ["image"] * 2), ("array", "fields", {"image": {"kind": "array"},
+                                                           "label": {"kind": "int"}}),
     ("bytes_virtual", "parts", 7), ("bytes_virtual", "parts", [{"file": 3}]),
-    ("bytes_virtual", "parts", [{"file": "x.h5", "samples": [0, "a"]}]),
+    ("bytes_virtual", "parts", [{"file": "x.h5", "count": "a"}]),
 ]
 
 
@@ -182,7 +213,8 @@ BAD_META = [
 def test_every_malformed_metadata_value_is_a_pack_format_error_naming_the_key(packs, tmp_path,
                                                                               kind, key, value):
     path = copy(packs, kind, tmp_path)
-    write_meta(path, dict(meta_of(path), **{key: value}))
+    name = LAYOUT["v1_bytes" if kind.startswith("v1") else "bytes"][2]
+    write_meta(path, dict(meta_of(path, name), **{key: value}), name)
     with pytest.raises(PackFormatError, match=rf"{path.name}.*'{key}'"):
         H5Dataset(path)
     assert_unsound(path, f"'{key}'")
@@ -205,25 +237,29 @@ def test_malformed_records_metadata_is_a_pack_format_error_naming_the_key(packs,
     assert_unsound(path, f"'{key}'")
 
 
+@pytest.mark.parametrize("kind", ["bytes", "v1_bytes"])
 @pytest.mark.parametrize("value", ["[1, 2]", "7", "\"text\""])
-def test_metadata_that_is_not_an_object_is_a_pack_format_error(packs, tmp_path, value):
-    path = copy(packs, "bytes", tmp_path)
+def test_metadata_that_is_not_an_object_is_a_pack_format_error(packs, tmp_path, value, kind):
+    path = copy(packs, kind, tmp_path)
+    name = LAYOUT[kind][2]
     with h5py.File(path, "r+") as f:
-        del f["meta"]
-        f.create_dataset("meta", data=value, dtype=h5py.string_dtype("utf-8"))
+        del f[name]
+        f.create_dataset(name, data=value, dtype=h5py.string_dtype("utf-8"))
     with pytest.raises(PackFormatError, match=path.name):
         H5Dataset(path)
     assert_unsound(path, path.name)
 
 
-def test_a_meta_dataset_of_numbers_is_a_pack_format_error(packs, tmp_path):
-    path = copy(packs, "bytes", tmp_path)
+@pytest.mark.parametrize("kind", ["bytes", "v1_bytes"])
+def test_a_meta_dataset_of_numbers_is_a_pack_format_error(packs, tmp_path, kind):
+    path = copy(packs, kind, tmp_path)
+    name = LAYOUT[kind][2]
     with h5py.File(path, "r+") as f:
-        del f["meta"]
-        f.create_dataset("meta", data=np.arange(5))
-    with pytest.raises(PackFormatError, match=rf"{path.name}.*'meta'"):
+        del f[name]
+        f.create_dataset(name, data=np.arange(5))
+    with pytest.raises(PackFormatError, match=rf"{path.name}.*'{name}'"):
         H5Dataset(path)
-    assert_unsound(path, "'meta'")
+    assert_unsound(path, f"'{name}'")
 
 
 @pytest.mark.slow
@@ -279,7 +315,7 @@ def test_two_swapped_parts_of_equal_counts_are_refused(packs, tmp_path, kind):
     path = copy(packs, kind, tmp_path)
     parts = _parts(path)
     with h5py.File(parts[0]) as f0, h5py.File(parts[1]) as f1:
-        assert f0["labels"].shape == f1["labels"].shape  # equal sample counts, same plan
+        assert f0["label"].shape == f1["label"].shape  # equal sample counts, same plan
     _swap(parts[0], parts[1])
     # Every part is checked when the pack opens, as for a records pack: one reader engine.
     with pytest.raises(PackFormatError, match=rf"{parts[0].name}.*does not hold the samples"):
@@ -320,14 +356,17 @@ def _lmdb_edit(path: Path, puts: dict[bytes, bytes | None]) -> None:
     env.close()
 
 
-@pytest.mark.parametrize("key, value, needle", [
-    (b"__labels__", b"\x00" * 7, "'__labels__'"),
-    (b"__labels__", None, "'__labels__'"),
-    (b"__meta__", b"[1, 2]", "metadata"),
-    (b"__meta__", b"\xff\xfe", "metadata"),
+@pytest.mark.parametrize("kind, key, value, needle", [
+    ("v1_lmdb", b"__labels__", b"\x00" * 7, "'__labels__'"),
+    ("v1_lmdb", b"__labels__", None, "'__labels__'"),
+    ("v1_lmdb", b"__meta__", b"[1, 2]", "metadata"),
+    ("lmdb", b"__meta__", b"[1, 2]", "metadata"),
+    ("lmdb", b"__meta__", b"\xff\xfe", "metadata"),
+    ("lmdb", b"f/label/0000000003", b"\x01" * 5, "'label'"),
 ])
-def test_damaged_lmdb_index_keys_are_pack_format_errors(packs, tmp_path, key, value, needle):
-    path = copy(packs, "lmdb", tmp_path)
+def test_damaged_lmdb_index_keys_are_pack_format_errors(packs, tmp_path, kind, key, value,
+                                                        needle):
+    path = copy(packs, kind, tmp_path)
     _lmdb_edit(path, {key: value})
     with pytest.raises(PackFormatError, match=rf"{path.name}.*{needle}"):
         LMDBDataset(path)
@@ -336,7 +375,7 @@ def test_damaged_lmdb_index_keys_are_pack_format_errors(packs, tmp_path, key, va
 
 def test_a_missing_lmdb_sample_names_the_pack_and_sample(packs, tmp_path):
     path = copy(packs, "lmdb", tmp_path)
-    _lmdb_edit(path, {b"data/%010d" % 9: None})
+    _lmdb_edit(path, {b"f/image/%010d" % 9: None})
     ds = LMDBDataset(path)
     with pytest.raises(PackFormatError, match=rf"{path.name}.*sample 9"):
         ds[9]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fastpipe.data import PackFormatError, TarDataset
-from fastpipe.data.tar import INDEX_SUFFIX
+from fastpipe.data.sources.tar import INDEX_SUFFIX
 from tests.helpers.pack import write_shards
 
 
@@ -26,10 +26,10 @@ def test_samples_group_by_key_and_fields_by_extension(tmp_path):
     image, label = TarDataset(sorted((tmp_path / "s").glob("*.tar")), fields=["jpg", "cls"])[6]
     assert label == 0 and image.shape == (3, 20, 30)
     assert ds.path(5).endswith("000001.tar:00005")
-    from fastpipe.data.tar import TarReader, list_shards
+    from fastpipe.data.sources.tar import TarSource
 
-    with TarReader(list_shards(tmp_path / "s")) as reader:
-        assert all(reader.read(k, "jpg").tobytes() == jpegs[k] for k in range(8))
+    with TarSource(tmp_path / "s") as source:
+        assert all(source.read(k)["jpg"].tobytes() == jpegs[k] for k in range(8))
 
 
 def test_the_index_is_cached_and_rebuilt_when_a_shard_changes(tmp_path):

@@ -126,14 +126,17 @@ def test_virtual_and_copy_merges_read_identically(sample_root, tmp_path):
     assert_same_pack(c, s)
     assert len(list((tmp_path / "v.h5.shards").glob("*/part-*.h5"))) == 5
     assert not (tmp_path / "c.h5.shards").exists()  # copy: self-contained, intermediates gone
-    # plain h5py sees the virtual dataset too (e.g. for DALI)
+    # plain h5py sees the virtual dataset too (e.g. for DALI): the field "image" of the record
     with h5py.File(tmp_path / "v.h5") as f:
-        assert f["data"].is_virtual
-        offsets = f["offsets"][:]
-        assert (f["data"][offsets[30]:offsets[31]].tobytes()
+        assert f["image"].is_virtual and f["label"].is_virtual
+        offsets = f["_fastpipe/offsets/image"][:]
+        assert (f["image"][offsets[30]:offsets[31]].tobytes()
                 == image_files(sample_root)[30].read_bytes())
+        assert f["label"][30] == int(image_files(sample_root)[30].parent.name[-2:])
     with h5py.File(tmp_path / "c.h5") as f:
-        assert f["data"].chunks is None and f["data"].id.get_offset() is not None  # contiguous
+        for name in ("image", "label", "_fastpipe/offsets/image", "_fastpipe/crc32/image",
+                     "_fastpipe/path_data"):  # a copy: every dataset contiguous
+            assert f[name].chunks is None and f[name].id.get_offset() is not None, name
     # The copy moves anywhere on its own.
     os.replace(tmp_path / "c.h5", tmp_path / "moved.h5")
     assert_same_pack(H5Dataset(tmp_path / "moved.h5"), s)
@@ -353,7 +356,7 @@ def test_shards_from_several_machines_merge(sample_root, tmp_path):
     virtual = merge_packs(list(reversed(parts)), tmp_path / "mv.h5", progress=False)
     assert (virtual.count, virtual.merge) == (48, "virtual")
     with h5py.File(tmp_path / "mv.h5") as f:
-        files = sorted({source.file_name for source in f["data"].virtual_sources()})
+        files = sorted({source.file_name for source in f["image"].virtual_sources()})
     (plan,) = (tmp_path / "part1.h5.shards").iterdir()
     assert files == ["part0.h5", f"part1.h5.shards/{plan.name}/part-0000000016-0000000021.h5",
                      f"part1.h5.shards/{plan.name}/part-0000000021-0000000026.h5",

@@ -259,7 +259,7 @@ def test_image_only_options_are_refused_for_records(tmp_path):
 def test_every_kind_round_trips_through_lmdb_and_verify_catches_a_damaged_field(tmp_path):
     pytest.importorskip("lmdb", exc_type=ImportError)
     from fastpipe.data import LMDBDataset
-    from fastpipe.data.lmdb import LMDBRecordReader
+    from fastpipe.data.sources.lmdb import LMDBSource
 
     source = EveryKind()
     out = tmp_path / "every.lmdb"
@@ -271,8 +271,8 @@ def test_every_kind_round_trips_through_lmdb_and_verify_catches_a_damaged_field(
         for name, value in want.items():
             if name != "image":
                 assert _same(got[name], value), name
-    with LMDBRecordReader(out) as reader:
-        assert reader.read(5, "image").tobytes() == source[5]["image"]
+    with LMDBSource(out) as reader:
+        assert reader.read(5)["image"].tobytes() == source[5]["image"]
     assert verify(out).ok
     data = out.read_bytes()
     target = source[7]["fixed_float64"].tobytes()
@@ -361,7 +361,7 @@ def _jpegs(root, n=6):
 @pytest.mark.slow
 def test_a_hugging_face_dataset_packs_its_stored_bytes_and_class_names(tmp_path):
     datasets = pytest.importorskip("datasets", exc_type=ImportError)
-    from fastpipe.data.h5 import H5RecordReader
+    from fastpipe.data.sources.h5 import H5Source
 
     files = _jpegs(tmp_path)
     features = datasets.Features({"image": datasets.Image(decode=False),
@@ -373,14 +373,14 @@ def test_a_hugging_face_dataset_packs_its_stored_bytes_and_class_names(tmp_path)
     ds = H5Dataset(tmp_path / "hf.h5")
     assert ds.classes == ["cat", "dog"] and list(ds.targets) == [0, 1, 0, 1, 0, 1]
     assert ds[3]["image"].shape == (3, 16, 23)
-    with H5RecordReader(tmp_path / "hf.h5") as reader:
+    with H5Source(tmp_path / "hf.h5") as reader:
         for i, path in enumerate(files):
-            assert reader.read(i, "image").tobytes() == path.read_bytes()
+            assert reader.read(i)["image"].tobytes() == path.read_bytes()
     # Decoded images: the file each was decoded from is packed, bytes unchanged.
     decoded = hf.cast_column("image", datasets.Image())
     pack(decoded, tmp_path / "decoded.h5", progress=False)
-    with H5RecordReader(tmp_path / "decoded.h5") as reader:
-        assert reader.read(2, "image").tobytes() == files[2].read_bytes()
+    with H5Source(tmp_path / "decoded.h5") as reader:
+        assert reader.read(2)["image"].tobytes() == files[2].read_bytes()
 
 
 def test_a_decoded_image_without_its_file_is_refused_not_re_encoded(tmp_path):
@@ -413,10 +413,10 @@ def test_a_list_file_with_named_columns_packs_pairs_of_files(tmp_path):
     ds = H5Dataset(tmp_path / "p.h5")
     assert list(ds.fields) == ["lr", "hr", "extra", "label"]
     assert ds.classes == ["a", "b"] and list(ds.targets) == [0, 1, 0, 1]
-    from fastpipe.data.h5 import H5RecordReader
+    from fastpipe.data.sources.h5 import H5Source
 
-    with H5RecordReader(tmp_path / "p.h5") as reader:
-        assert reader.read(2, "hr").tobytes() == (tmp_path / "HR" / "2.png").read_bytes()
+    with H5Source(tmp_path / "p.h5") as reader:
+        assert reader.read(2)["hr"].tobytes() == (tmp_path / "HR" / "2.png").read_bytes()
     assert _same(ds[3]["extra"], np.full(3, 3, np.int8)) and ds[3]["lr"].shape == (3, 24, 32)
     (tmp_path / "bad.txt").write_text("#fields: lr hr\nLR/0.png\n")
     with pytest.raises(PackError, match=r"bad.txt:2: 1 columns, but the header names 2"):

@@ -56,7 +56,8 @@ def test_transcoded_pack_holds_the_same_images_and_reports_what_it_skipped(jpeg,
     assert len(a) == len(b) == 12 + len(JPEG_KINDS)
     with h5py.File(tmp_path / "plain.h5") as fa, h5py.File(tmp_path / "transcoded.h5") as fb:
         def stored_bytes(f, i):  # read with plain h5py, as any reader of the format would
-            return f["data"][f["offsets"][i]:f["offsets"][i + 1]].tobytes()
+            offsets = f["_fastpipe/offsets/image"]
+            return f["image"][offsets[i]:offsets[i + 1]].tobytes()
 
         for i in range(len(a)):
             original, stored = stored_bytes(fa, i), stored_bytes(fb, i)

@@ -272,7 +272,9 @@ def _columns(path: Path) -> tuple[list[str], list[list[str]]]:
     """The column names and rows of a ``#fields:`` list file."""
     with open(path, encoding="utf-8") as f:
         lines = list(enumerate(f, 1))
-    header = next(((n, line.strip()) for n, line in lines if line.strip()), (0, ""))
+    # The header is the first line that is not blank or a comment ('#fields:' is not one).
+    header = next(((n, line.strip()) for n, line in lines if line.strip() and (
+        line.strip().startswith(COLUMNS_HEADER) or not line.strip().startswith("#"))), (0, ""))
     if not header[1].startswith(COLUMNS_HEADER):
         raise ValueError(f"{path} does not start with a '{COLUMNS_HEADER}' line naming its "
                          "columns")

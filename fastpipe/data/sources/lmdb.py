@@ -24,7 +24,7 @@ import numpy as np
 from fastpipe._optional import require
 from fastpipe.data import _format as fmt
 from fastpipe.data import fields as F
-from fastpipe.data._format import PackFormatError
+from fastpipe.data._format import PackFormatError, lmdb_crc_key, lmdb_field_key
 from fastpipe.data.roles import Image, Label
 from fastpipe.data.sources._base import Schema, Source
 from fastpipe.data.sources._engine import resource_error, too_many_open_files
@@ -36,14 +36,6 @@ IMAGE, LABEL = "image", "label"
 
 def lmdb_module():
     return require("lmdb", extra="lmdb", feature="LMDB packs")
-
-
-def lmdb_field_key(name: str, index: int) -> bytes:
-    return b"f/%s/%010d" % (name.encode(), index)
-
-
-def lmdb_crc_key(name: str) -> bytes:
-    return b"__crc32__/" + name.encode()
 
 
 # py-lmdb refuses to open one environment twice in a process (and a forked child inherits that
