@@ -14,7 +14,8 @@ from fastpipe._hardware import usable_cores
 HELP = "pack an image folder or list file into one HDF5 (or LMDB) file; merge packs"
 
 USAGE = """%(prog)s SOURCE OUTPUT [options]
-       %(prog)s --merge-only OUTPUT PACK [PACK ...] [--merge virtual|copy] [options]"""
+       %(prog)s --merge-only OUTPUT PACK [PACK ...] [--merge virtual|copy] [options]
+       %(prog)s --upgrade OLD NEW [--format hdf5|lmdb] [--overwrite]"""
 
 # The library's messages name options as Python spells them; the command names its flags.
 SPELLING = {
@@ -64,6 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--merge-only", action="store_true",
                         help="combine packs made with --part (or any compatible packs) into "
                              "OUTPUT")
+    parser.add_argument("--upgrade", action="store_true",
+                        help="rewrite the pack OLD (an earlier format version) as NEW in the "
+                             "current one: the same samples, bit for bit, in one file")
     parser.add_argument("--max-side", type=positive_int, metavar="N",
                         help="bytes storage: re-encode images whose shorter side exceeds N so "
                              "it equals N")
@@ -94,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
     from fastpipe.pack import PackError
 
     try:
-        report = _merge(args) if args.merge_only else _pack(args)
+        report = (_upgrade(args) if args.upgrade else _merge(args) if args.merge_only
+                  else _pack(args))
     except (ValueError, FileNotFoundError, FileExistsError, MissingDependencyError) as exc:
         raise CommandError(in_cli_spelling(str(exc), SPELLING)) from exc
     except PackError as exc:
@@ -156,6 +161,22 @@ def _merge(args: argparse.Namespace):
                            "already packed)")
     return merge_packs(args.paths[1:], args.paths[0], merge=args.merge, format=args.format,
                        overwrite=args.overwrite, progress=not args.no_progress)
+
+
+def _upgrade(args: argparse.Namespace):
+    from fastpipe.pack import upgrade
+
+    if len(args.paths) != 2:
+        raise CommandError(f"--upgrade needs OLD NEW, got {len(args.paths)} paths")
+    given = (("--merge-only", args.merge_only), ("--merge", args.merge),
+             ("--storage", args.storage != "bytes"), ("--workers", args.workers is not None),
+             ("--part", args.part), ("--max-side", args.max_side), ("--size", args.size),
+             ("--strict", args.strict), ("--transcode", args.transcode))
+    if ignored := [flag for flag, value in given if value]:
+        raise CommandError(f"{', '.join(ignored)} do not apply to --upgrade (it copies the "
+                           "samples as they are)")
+    return upgrade(args.paths[0], args.paths[1], format=args.format, overwrite=args.overwrite,
+                   progress=not args.no_progress)
 
 
 def _pack(args: argparse.Namespace):
