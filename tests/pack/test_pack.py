@@ -531,3 +531,30 @@ def test_packing_has_one_home():
         with pytest.raises(AttributeError):
             getattr(fastpipe.data, name)
     assert "PackFormatError" in fastpipe.data.__all__  # the readers' error, raised on open
+
+
+def test_the_modules_of_pack_import_each_other_without_a_circle():
+    """One writer on one format module: the pack's modules form no import circle, lazy imports
+    inside functions included (the reader side is held by tests/integration/test_layering.py)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2] / "fastpipe" / "pack"
+    graph = {}
+    for path in root.glob("*.py"):
+        name = f"fastpipe.pack.{path.stem}" if path.stem != "__init__" else "fastpipe.pack"
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                    "fastpipe.pack._"):
+                found.add(node.module)
+        graph[name] = found
+    assert "fastpipe.pack._inputs" in graph and "fastpipe.pack._records" not in graph
+
+    def reaches(start: str, seen: tuple[str, ...]) -> None:
+        for target in graph.get(start, ()):
+            assert target not in seen, " -> ".join((*seen, target))
+            reaches(target, (*seen, target))
+
+    for module in graph:
+        if module != "fastpipe.pack":
+            reaches(module, (module,))
