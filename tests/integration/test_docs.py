@@ -4,7 +4,10 @@ covers every public name (CI builds the site with `mkdocs build --strict`)."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,3 +92,99 @@ def test_the_docs_requirements_are_the_docs_extra_and_in_the_test_extra():
     readme = (ROOT / "README.md").read_text()
     assert "pip install -r docs/requirements.txt && mkdocs serve" in readme
     assert 'pip install -e ".[docs]"' not in readme  # rebuilt the extension to build the docs
+
+
+# --------------------------------------------------------------------- the README's commands
+
+
+def readme_command(name: str) -> str:
+    """The command README.md marks ``<!-- ci: NAME -->``, which .ci/run runs as written."""
+    text = (ROOT / "README.md").read_text()
+    match = re.search(rf"<!-- ci: {name} -->\s*```bash\n(.*?)\n```", text, re.S)
+    assert match, f"README.md has no command marked <!-- ci: {name} -->"
+    return match.group(1)
+
+
+def test_ci_runs_the_readmes_main_and_test_commands():
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert 'eval "$main_command"' in ci and 'eval "$test_command"' in ci
+    main, tests = readme_command("main"), readme_command("test")
+    assert main.startswith("python3 -m venv .venv") and main.endswith("&& fastpipe bench")
+    assert '--no-build-isolation -e ".[bench,dali]"' in main
+    # After the main command: the test extra's packages only, no second compile.
+    assert "-e " not in tests and "--no-build-isolation" not in tests and "venv" not in tests
+    assert tests.endswith("python -m pytest")
+
+
+def test_the_prerequisites_come_first_and_name_what_ci_installs():
+    text = (ROOT / "README.md").read_text()
+    prerequisites = readme_command("prerequisites")
+    assert text.index(prerequisites) < text.index(readme_command("main"))
+    ci = (ROOT / ".ci" / "run").read_text()
+    for package in ("libjpeg-dev", "libpng-dev", "libisal-dev"):
+        assert package in prerequisites and package in ci, package
+    for package in ("build-essential", "python3-dev", "python3-venv"):
+        assert package in prerequisites, package
+
+
+def test_one_spelling_of_each_install_command_across_the_pages():
+    main_install = readme_command("main").removesuffix(" && fastpipe bench")
+    assert main_install in (ROOT / "docs" / "getting-started.md").read_text()
+    for page in PAGES:
+        text = page.read_text()
+        name = str(page.relative_to(ROOT))
+        assert '-e ".[bench]"' not in text, name
+        for line in re.findall(r"apt(?:-get)? install[^`\n]*", text):
+            assert "libjpeg62-turbo-dev" not in line and "libjpeg-turbo8-dev" not in line, name
+        for line in re.findall(r"pip install -r docs/requirements.txt[^`\n]*", text):
+            assert line == "pip install -r docs/requirements.txt && mkdocs serve", (name, line)
+
+
+# ------------------------------------------------- the API reference's Sphinx roles as links
+
+SPHINX_ROLES = ROOT / "docs" / "sphinx_roles.py"
+
+
+def _sphinx_roles():
+    pytest.importorskip("griffe", exc_type=ImportError)
+    spec = importlib.util.spec_from_file_location("sphinx_roles", SPHINX_ROLES)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sphinx_roles_become_optional_autorefs():
+    roles = _sphinx_roles()
+    paths = {"fastpipe.data.ImageFolder": "fastpipe.data.datasets.folders.ImageFolder",
+             "close": "fastpipe.loader.DataLoaderX.close"}
+    text = ("A :class:`~fastpipe.data.ImageFolder`, :class:`fastpipe.data.ImageFolder`, "
+            ":meth:`close`, :py:func:`the pack <fastpipe.pack.pack>`, :class:`torch.Tensor`.")
+    assert roles.to_autorefs(text, paths.get) == (
+        'A <autoref identifier="fastpipe.data.datasets.folders.ImageFolder" optional><code>'
+        'ImageFolder</code></autoref>, <autoref identifier="fastpipe.data.datasets.folders.'
+        'ImageFolder" optional><code>fastpipe.data.ImageFolder</code></autoref>, <autoref '
+        'identifier="fastpipe.loader.DataLoaderX.close" optional><code>close</code></autoref>, '
+        '<span title="fastpipe.pack.pack"><code>the pack</code></span>, <span '
+        'title="torch.Tensor"><code>torch.Tensor</code></span>.')
+    assert roles.ROLE.search("a :attr:`x` and :mod:`y`") is not None
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.slow
+def test_the_built_site_has_no_raw_sphinx_role_and_links_them(tmp_path):
+    """mkdocs build --strict, as CI does: the docstrings' roles render as links (or as code where
+    the site shows no such name), never as ':class:' text."""
+    pytest.importorskip("mkdocstrings_handlers.python", exc_type=ImportError)
+    site = tmp_path / "site"
+    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                           str(site)], cwd=ROOT, capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    raw = re.compile(r":(?:py:)?(?:class|meth|func|attr|mod|data|exc|obj|const):(?:`|<code>)")
+    leftovers = {str(p.relative_to(site)): raw.findall(p.read_text())
+                 for p in site.rglob("*.html")}
+    assert not {k: v for k, v in leftovers.items() if v}
+    data = (site / "api" / "data" / "index.html").read_text()
+    # fastpipe.data's docstrings name ImageFolder with a role; it is shown on this page.
+    assert re.search(r'<a class="autorefs autorefs-internal"[^>]*href="#fastpipe\.data\.'
+                     r'[\w.]*ImageFolder"><code>ImageFolder</code></a>', data)
+    assert not (site / "sphinx_roles.py").exists()
