@@ -234,6 +234,7 @@ def _rounded_down_sharpness(image: torch.Tensor, factor: float) -> torch.Tensor:
 @pytest.mark.parametrize("fast_op", [("_solarize", _off_by_one_solarize),
                                      ("_sharpness", _rounded_down_sharpness)],
                          ids=["solarize", "sharpness"])
+@pytest.mark.slow
 def test_the_policy_check_fails_when_a_fast_op_changes_pixels(checksum_root, monkeypatch,
                                                               fast_op):
     """The comparison above catches a fast op whose pixels drift from torchvision's (Solarize's
