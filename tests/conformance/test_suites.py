@@ -51,19 +51,10 @@ FILES = [f for suite in SUITES for f in _files(suite)]
 
 # decode_png's known departures from Pillow, each a defect to fix in fastpipe.data._png /
 # fastpipe/csrc/png (a strict xfail, so a fix shows up as a failure to remove the mark here).
-_ROW_INFLATER = (
-    "fastpipe._png's row inflaters (csrc/png/rows.h, RowInflater::read, zlib's and ISA-L's) ask "
-    "for the next IDAT once the inflater has taken all input, though it may still hold output: "
-    "a valid, highly compressed 16-bit colour file is refused")
 _ANCILLARY = (
     "empty cHRM/gAMA/... chunks: libpng decodes this palette file, Pillow (and decode_rgb) "
     "refuse it")
 KNOWN_PNG = {
-    **{f"libpng/contrib/testpngs/{kind}-16{variant}.png": _ROW_INFLATER
-       for kind in ("rgb", "rgb-alpha", "gray-alpha")
-       for variant in ("", "-1.8", "-linear", "-sRGB", "-tRNS", "-1.8-tRNS", "-linear-tRNS",
-                       "-sRGB-tRNS")
-       if not (kind != "rgb" and variant.endswith("tRNS"))},
     "libpng/contrib/testpngs/crashers/empty_ancillary_chunks.png": _ANCILLARY,
 }
 

@@ -253,14 +253,15 @@ public:
         return true;
     }
 
-    // The next `n` bytes of the stream into `out`, or false with message() set.
+    // The next `n` bytes of the stream into `out`, or false with message() set. zlib is asked
+    // first and given the next chunk only when it made no progress with its input used up: it may
+    // hold output of input it already took (a highly compressed stream's last chunk can inflate
+    // to more than one call's room).
     bool read(uint8_t *out, size_t n) {
         stream_.next_out = out;
         stream_.avail_out = static_cast<uInt>(n);
         while (stream_.avail_out > 0) {
-            if (stream_.avail_in == 0 && !next_input()) {
-                return false;
-            }
+            const uInt room = stream_.avail_out, input = stream_.avail_in;
             const int status = inflate(&stream_, Z_NO_FLUSH);
             if (status == Z_STREAM_END) {
                 if (stream_.avail_out > 0) {
@@ -270,8 +271,16 @@ public:
                 ended_ = true;
                 break;
             }
-            if (status != Z_OK && !(status == Z_BUF_ERROR && stream_.avail_in == 0)) {
+            if (status != Z_OK && status != Z_BUF_ERROR) {
                 return fail(stream_.msg != nullptr ? stream_.msg : "damaged compressed data");
+            }
+            if (stream_.avail_out == room && stream_.avail_in == input) {  // no progress
+                if (stream_.avail_in > 0) {
+                    return fail("damaged compressed data");  // never loop on it
+                }
+                if (!next_input()) {
+                    return false;
+                }
             }
         }
         return true;
@@ -284,14 +293,19 @@ public:
         while (!ended_) {
             stream_.next_out = sink;
             stream_.avail_out = sizeof(sink);
-            if (stream_.avail_in == 0 && !next_input()) {
-                return fail("not enough image data: the compressed stream has no end");
-            }
+            const uInt input = stream_.avail_in;
             const int status = inflate(&stream_, Z_NO_FLUSH);
             if (status == Z_STREAM_END || stream_.avail_out == 0) {
                 ended_ = true;
-            } else if (status != Z_OK && !(status == Z_BUF_ERROR && stream_.avail_in == 0)) {
+            } else if (status != Z_OK && status != Z_BUF_ERROR) {
                 return fail(stream_.msg != nullptr ? stream_.msg : "damaged compressed data");
+            } else if (stream_.avail_in == input) {  // no progress
+                if (stream_.avail_in > 0) {
+                    return fail("damaged compressed data");
+                }
+                if (!next_input()) {
+                    return fail("not enough image data: the compressed stream has no end");
+                }
             }
         }
         return true;
@@ -377,14 +391,12 @@ private:
     static constexpr uint32_t kPiece = 64 * 1024;
 
     // Refills the buffer. False when the stream ended (message() empty) or on an error (message()
-    // set).
+    // set). ISA-L is asked first and given the next chunk only when it produced nothing with its
+    // input used up: it may hold output of input it already took.
     bool inflate_more() {
         used_ = have_ = 0;
         for (;;) {
             if (state_->block_state == ISAL_BLOCK_FINISH) {
-                return false;
-            }
-            if (state_->avail_in == 0 && !next_input()) {
                 return false;
             }
             const uint32_t before = state_->avail_in;
@@ -405,8 +417,14 @@ private:
             if (have_ > 0) {
                 return true;
             }
-            if (state_->avail_in == before && state_->avail_in > 0
-                    && state_->block_state != ISAL_BLOCK_FINISH) {
+            if (state_->block_state == ISAL_BLOCK_FINISH) {
+                return false;
+            }
+            if (state_->avail_in == 0) {
+                if (!next_input()) {
+                    return false;
+                }
+            } else if (state_->avail_in == before) {
                 return fail("damaged compressed data");  // no progress: never loop on it
             }
         }
