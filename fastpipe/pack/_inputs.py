@@ -161,8 +161,8 @@ class Inputs:
     def load(self, index: int, name: str) -> dict[str, np.ndarray]:
         """The stored rows of input ``index`` (named ``name`` in messages), one per field."""
         record = self.read(index)
-        if self.pair:
-            image, label = self.names
+        if self.schema.record == "pair":
+            image, label = self.schema.names
             where = f"dataset[{index}]" if self.kind == "dataset" else name
             return {image: self._image(record[image], name),
                     label: np.asarray(_label(record[label], where), "<i8")}
@@ -372,18 +372,28 @@ def _pack_files(source: Source) -> list[str]:
 
 def _digest_stats(digest: Any, table: PathTable, block: int = 4096) -> None:
     """Each file's size and modification time into ``digest``, a block at a time (no Python
-    object per file is kept)."""
+    object per file is kept); names are looked up relative to the table's root folder as bytes,
+    without building each path."""
     n = len(table)
-    for start in range(0, n, block):
-        stop = min(n, start + block)
-        stats = np.empty((stop - start, 2), "<i8")
-        for k in range(start, stop):
-            try:
-                st = os.stat(table[k])
-                stats[k - start] = st.st_size, st.st_mtime_ns
-            except OSError:  # unreadable inputs are skipped (or refused) when packing, not here
-                stats[k - start] = -1, -1
-        digest.update(stats.tobytes())
+    root = os.open(table.root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)) if table.root \
+        else None
+    try:
+        for start in range(0, n, block):
+            stop = min(n, start + block)
+            first = int(table.offsets[start])
+            raw = table.data[first:int(table.offsets[stop])].tobytes()
+            ends = (table.offsets[start:stop + 1] - first).tolist()
+            stats = np.empty((stop - start, 2), "<i8")
+            for k in range(stop - start):
+                try:
+                    st = os.stat(raw[ends[k]:ends[k + 1]], dir_fd=root)
+                    stats[k] = st.st_size, st.st_mtime_ns
+                except OSError:  # unreadable inputs are skipped (or refused) when packing
+                    stats[k] = -1, -1
+            digest.update(stats.tobytes())
+    finally:
+        if root is not None:
+            os.close(root)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -418,7 +428,7 @@ def open_inputs(source: Any, fields: Mapping[str, F.Field] | Sequence[str] | Non
 
 
 def _open(source: Any, fields: Any) -> tuple[Source, str]:
-    from fastpipe.data.sources.resolve import kind_of, resolve
+    from fastpipe.data.sources.resolve import resolve
 
     if isinstance(source, Source):
         return source, _kind_of_source(source)
@@ -427,14 +437,9 @@ def _open(source: Any, fields: Any) -> tuple[Source, str]:
             raise FileNotFoundError(
                 f"pack source {source} does not exist (expected an ImageFolder tree, a list "
                 "file, a folder of .npy files, tar shards or a pack)")
+        names = list(fields) if isinstance(fields, Sequence) and not isinstance(
+            fields, str) else None
         try:
-            kind = kind_of(source)
-            if fields is not None and kind not in ("tar", "hdf5", "lmdb"):
-                raise PackError(f"fields= applies to datasets and to the records of tar shards "
-                                f"and packs; {source} is a {kind} source, whose fields come "
-                                "from its files")
-            names = list(fields) if isinstance(fields, Sequence) and not isinstance(
-                fields, str) else None
             opened = resolve(source, fields=names)
         except (PackError, FileNotFoundError):
             raise
@@ -442,7 +447,12 @@ def _open(source: Any, fields: Any) -> tuple[Source, str]:
             raise PackError(str(exc)) from exc
         except ValueError as exc:  # nothing to pack, or not a source: the input's mistake
             raise SourceError(str(exc)) from exc
-        return opened, _kind_of_source(opened)
+        kind = _kind_of_source(opened)
+        if fields is not None and kind not in ("tar", "hdf5", "lmdb"):
+            raise PackError(f"fields= applies to datasets and to the records of tar shards and "
+                            f"packs; {source} is a {kind} source, whose fields come from its "
+                            "files")
+        return opened, kind
     if isinstance(source, (list, tuple)) and source and all(
             isinstance(p, (str, os.PathLike)) for p in source):
         from fastpipe.data.sources.tar import TarSource

@@ -128,7 +128,10 @@ def pack(
             some or all; the rest are taken from the first sample) or, for tuples, their names
             (``["mix", "zone0"]``). Every sample must fit the fields: a dtype or shape that
             differs is an error naming the sample and the field, never a cast. A variable first
-            axis must be declared (``ArrayField("float32", (None, 40))``).
+            axis must be declared (``ArrayField("float32", (None, 40))``). For tar shards, packs
+            and source objects, whose files say how each field is stored: the names of the
+            fields to pack, or fields declared with their role (``{"mask":
+            ImageField(role=Mask())}``: the same storage, another role).
 
     Returns:
         A :class:`PackReport` with counts, the skipped inputs and their reasons, and timings.
