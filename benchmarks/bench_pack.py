@@ -14,13 +14,25 @@ Every measurement runs in this one process, one after another (the packs and the
 compares are plain file readers: no pipeline beside them to distort them); the machine line comes
 from ``_harness.py``.
 
+``--scale N [N ...]`` measures instead what ``pack``'s main process holds per input: an
+ImageFolder tree of N tiny files (one byte each, 1,000 class folders; made once under
+``--workdir``) packed with 2 worker processes and no decode check (the inputs are not images: what
+is measured is the listing, the plan and the merge), each size in a fresh interpreter, which
+reports its peak resident memory (VmHWM) after its imports and after ``pack``; the growth of the
+peak from one N to the next, divided by the inputs added, is the bytes held per input. With
+``--baseline CHECKOUT`` every size is measured again with the fastpipe of another checkout.
+
     python -m benchmarks.bench_pack [--quick] [--markdown FILE]
+    python -m benchmarks.bench_pack --scale 100000 1000000 [--baseline CHECKOUT]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -230,6 +242,97 @@ def to_markdown(rows: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The child of one --scale measurement: a fresh interpreter, the fastpipe first on its path.
+SCALE_CHILD = """
+import json, sys, time
+from pathlib import Path
+
+
+def peak_kib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+
+
+import h5py  # noqa: F401 - imported before the first reading, as pack imports it
+import fastpipe
+from fastpipe.pack import pack
+
+root, out = Path(sys.argv[1]), Path(sys.argv[2])
+before = peak_kib()
+started = time.perf_counter()
+report = pack(root, out, num_workers=2, check=False, progress=False, overwrite=True)
+seconds = time.perf_counter() - started
+print(json.dumps({"fastpipe": fastpipe.__file__, "before_kib": before, "peak_kib": peak_kib(),
+                  "count": report.count, "seconds": seconds}))
+"""
+CLASSES = 1000
+
+
+def tiny_tree(root: Path, n: int) -> Path:
+    """An ImageFolder tree of ``n`` one-byte files in 1,000 class folders (made once)."""
+    tree = root / f"tiny-{n}"
+    done = tree / ".complete"
+    if done.exists():
+        return tree
+    shutil.rmtree(tree, ignore_errors=True)
+    for k in range(CLASSES):
+        (tree / f"c{k:03d}").mkdir(parents=True)
+    for i in range(n):
+        fd = os.open(tree / f"c{i % CLASSES:03d}" / f"{i:07d}.jpg",
+                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.write(fd, b"x")
+        os.close(fd)
+    done.touch()
+    return tree
+
+
+def bench_scale(args: argparse.Namespace) -> str:
+    work = Path(args.workdir or tempfile.gettempdir()) / "fastpipe-bench-pack-scale"
+    work.mkdir(parents=True, exist_ok=True)
+    sides = [("current", _harness.REPO)] + ([("baseline", args.baseline)] if args.baseline
+                                            else [])
+    results: dict[str, list[dict]] = {name: [] for name, _ in sides}
+    for n in sorted(args.scale):
+        tree = tiny_tree(work, n)
+        for folder, _, files in os.walk(tree):  # warm: both sides find the files cached
+            for file in files:
+                os.stat(os.path.join(folder, file))
+        for name, checkout in sides:
+            out = work / f"pack-{n}.h5"
+            env = dict(os.environ, PYTHONPATH=str(checkout))
+            done = subprocess.run([sys.executable, "-c", SCALE_CHILD, str(tree), str(out)],
+                                  capture_output=True, text=True, env=env, cwd=work, check=False)
+            if done.returncode:
+                raise SystemExit(f"the {name} measurement of {n} inputs failed:\n{done.stderr}")
+            record = json.loads(done.stdout.strip().splitlines()[-1])
+            if not record["fastpipe"].startswith(str(Path(checkout).resolve())):
+                raise SystemExit(f"the {name} child imported {record['fastpipe']}")
+            record["n"] = n
+            results[name].append(record)
+            print(f"{name:<9} {n:>9} inputs: peak {record['peak_kib'] / 1024:8.1f} MiB "
+                  f"(after imports {record['before_kib'] / 1024:.1f}), "
+                  f"{n / record['seconds']:8.0f} files/s", flush=True)
+            shutil.rmtree(out.with_name(out.name + ".shards"), ignore_errors=True)
+            out.unlink(missing_ok=True)
+    lines = [
+        f"`pack`'s main process, an ImageFolder tree of N one-byte files in {CLASSES} class "
+        "folders, 2 worker processes, no decode check, default (virtual) merge; each size in a "
+        f"fresh interpreter. Machine: {_harness.machine()}.",
+        "",
+        "| fastpipe | inputs | peak after imports | peak after pack | held per input | files/s |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, records in results.items():
+        previous = None
+        for r in records:
+            per = "" if previous is None else \
+                f"{(r['peak_kib'] - previous['peak_kib']) * 1024 / (r['n'] - previous['n']):.0f} B"
+            lines.append(f"| {name} | {r['n']} | {r['before_kib'] / 1024:.0f} MiB | "
+                         f"{r['peak_kib'] / 1024:.0f} MiB | {per} | {r['n'] / r['seconds']:.0f} |")
+            previous = r
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_pack",
                                      description=__doc__.splitlines()[0])
@@ -245,7 +348,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the packs afterwards")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke test")
     parser.add_argument("--markdown", type=Path, help="also write the table to this file")
+    parser.add_argument("--scale", type=int, nargs="+", metavar="N",
+                        help="measure the packing process's memory per input at these numbers "
+                             "of tiny inputs instead (e.g. 100000 1000000)")
+    parser.add_argument("--baseline", type=Path, metavar="CHECKOUT",
+                        help="with --scale: measure every size with this checkout's fastpipe "
+                             "too")
     args = parser.parse_args(argv)
+    if args.scale:
+        _harness.finish(bench_scale(args), args)
+        return 0
     global MIN_SECONDS
     if args.quick:
         args.num_images, args.size, args.batch_size, args.reads = 96, 64, 16, 200
