@@ -315,7 +315,9 @@ def _leaves(path: Path, names: Sequence[str], seen: frozenset = frozenset()) -> 
                     raise PackFormatError(f"{path}: field {name!r} is missing or not stored in "
                                           "the file; run fastpipe verify on it")
                 rows[name] = int(f[name].shape[0])
-            return [_Leaf(path, int(meta["count"]), meta.get("plan"), rows)]
+            # A file without samples maps nothing (its empty datasets have no rows to read).
+            count = int(meta["count"])
+            return [_Leaf(path, count, meta.get("plan"), rows)] if count else []
     out: list[_Leaf] = []
     for part in meta["parts"]:
         file = part.get("file") if isinstance(part, dict) else None

@@ -200,7 +200,7 @@ def test_fastpipe_pack_on_a_folder_without_class_folders_packs_one_image_field(p
     result = subprocess.run([sys.executable, "-m", "fastpipe", "pack", str(tmp_path / "empty"),
                              str(tmp_path / "e.h5"), "--no-progress"],
                             capture_output=True, text=True, timeout=120)
-    assert result.returncode != 0 and "no class folders and no images" in result.stderr
+    assert result.returncode == 2 and "holds no images and no class folders" in result.stderr
 
 
 def test_dali_refuses_a_dataset_with_a_joint_crop(pairs):

@@ -558,3 +558,29 @@ def test_the_modules_of_pack_import_each_other_without_a_circle():
     for module in graph:
         if module != "fastpipe.pack":
             reaches(module, (module,))
+
+
+class SomeRaise(ArrayDataset):
+    """Raises for inputs 4 to 7: with shards of 4, the second shard holds no sample."""
+
+    def __getitem__(self, index):
+        if 4 <= index < 8:
+            raise OSError(f"cannot read input {index}")
+        return super().__getitem__(index)
+
+
+def test_a_virtual_pack_with_an_empty_shard_reads_every_field_directly(tmp_path):
+    out = tmp_path / "v.h5"
+    report = pack(SomeRaise(n=12), out, storage="array", shard_size=4, progress=False)
+    assert (report.count, report.shards, len(report.skipped)) == (8, 3, 4)
+    assert report.skipped[0] == {"index": 4, "source": "SomeRaise[4]",
+                                 "reason": "dataset[4] raised OSError: cannot read input 4"}
+    ds = H5Dataset(out)
+    assert all(c.extents is not None for c in ds.source._columns.values())  # no h5py fallback
+    assert len(ds.meta["parts"]) == 2  # the empty shard maps nothing
+    source = SomeRaise(n=12)
+    for k, i in enumerate([0, 1, 2, 3, 8, 9, 10, 11]):
+        image, label = ds[k]
+        assert np.array_equal(image.numpy(), source.array(i).transpose(2, 0, 1))
+        assert label == source.label(i)
+    assert verify(out).ok
