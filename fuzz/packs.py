@@ -267,9 +267,13 @@ def _h5_index(path: Path, rng: np.random.Generator) -> str:
 
     with h5py.File(path, "r+") as f:
         names = []
+        # fastpipe's index arrays: under _fastpipe/ (version 2 and up; the fields at the root are
+        # samples), or version 1's at the root.
         f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset)
                      and o.ndim == 1 and o.dtype.kind in "iu" and o.shape[0]
-                     and not o.is_virtual and "data" not in n.split("/")[-1] else None)
+                     and not o.is_virtual and "data" not in n.split("/")[-1]
+                     and (n.startswith("_fastpipe/")
+                          or n in ("labels", "offsets", "crc32", "path_offsets")) else None)
         if not names:
             return "no index array"
         name = names[int(rng.integers(len(names)))]
@@ -286,11 +290,14 @@ def _h5_sample(path: Path, data: bytes, rng: np.random.Generator) -> str:
     damaged index)."""
     import h5py
 
+    # Version 3 stores an (image, label) pack's encoded images as the field "image", its offsets
+    # beside fastpipe's other datasets.
     with h5py.File(path, "r") as f:
-        if "offsets" not in f or f["data"].is_virtual or f["data"].chunks is not None:
+        if ("_fastpipe/offsets/image" not in f or f["image"].is_virtual
+                or f["image"].chunks is not None):
             return "no contiguous data"
-        offsets = f["offsets"][()]
-        base = f["data"].id.get_offset()
+        offsets = f["_fastpipe/offsets/image"][()]
+        base = f["image"].id.get_offset()
     i = int(rng.integers(len(offsets) - 1))
     a, b = int(offsets[i]), int(offsets[i + 1])
     piece = (data * (1 + (b - a) // max(len(data), 1)))[:b - a]

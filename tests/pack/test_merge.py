@@ -219,9 +219,6 @@ def test_a_pack_of_a_thousand_parts_writes_within_the_open_file_limit(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(strict=True, reason="fastpipe.data.sources._engine.read_pieces pins every file "
-                   "of a batch at once (the labels of a 1,000-part pack at open): the reader "
-                   "must read a group of at most FilePool.limit files at a time")
 def test_a_pack_of_a_thousand_parts_reads_within_the_open_file_limit(tmp_path):
     done = _run(f"""
         import os, resource

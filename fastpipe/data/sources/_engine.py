@@ -29,7 +29,8 @@ except ImportError:  # built without the extension: the same reads from Python
 
 __all__ = ["Extents", "FilePool", "Pieces", "read_pieces", "resource_error"]
 
-# Descriptors kept open per process and source: parts beyond it are reopened when read again.
+# Descriptors kept open per process, for every source together: files beyond it are reopened
+# when read again.
 DEFAULT_OPEN_FILES = 128
 # errno values that say the machine ran out of something, not that a file is damaged.
 _RESOURCE_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC}
@@ -59,70 +60,107 @@ def too_many_open_files(path: str, exc: BaseException) -> OSError:
     return error
 
 
-class FilePool:
-    """Read-only descriptors of a source's files in one process, opened on first use, at most
-    ``limit`` kept open (the least recently used closed first; a descriptor in use by a read is
-    never closed under it). Thread-safe; not shared across processes (a source opens a pool per
-    process)."""
+class _Descriptors:
+    """This process's read-only descriptors of the files its sources read, shared by them all:
+    at most ``limit`` kept open (the least recently used closed first; one in use by a read is
+    never closed under it), so that no number of sources, packs or part files exhausts the
+    process's open-file limit. A child of a fork starts with none (its copies of the parent's are
+    closed)."""
 
-    def __init__(self, paths: Sequence[str], limit: int = DEFAULT_OPEN_FILES) -> None:
-        self.paths = list(paths)
-        self.limit = max(1, limit)
-        self._open: OrderedDict[int, int] = OrderedDict()  # file id -> descriptor
-        self._pins: dict[int, int] = {}
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._open: OrderedDict[str, int] = OrderedDict()  # real path -> descriptor
+        self._pins: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def acquire(self, ids: np.ndarray) -> np.ndarray:
-        """Descriptors of the files ``ids`` (unique), pinned open until :meth:`release`."""
-        fds = np.empty(len(ids), np.int64)
+    def acquire(self, paths: Sequence[str]) -> np.ndarray:
+        fds = np.empty(len(paths), np.int64)
         with self._lock:
-            for k, file_id in enumerate(ids.tolist()):
-                fd = self._open.get(file_id)
+            for k, path in enumerate(paths):
+                fd = self._open.get(path)
                 if fd is None:
-                    self._evict()
-                    fd = self._open_file(file_id)
-                    self._open[file_id] = fd
+                    self._evict(1)
+                    fd = self._open[path] = _open_file(path)
                 else:
-                    self._open.move_to_end(file_id)
-                self._pins[file_id] = self._pins.get(file_id, 0) + 1
+                    self._open.move_to_end(path)
+                self._pins[path] = self._pins.get(path, 0) + 1
                 fds[k] = fd
         return fds
 
-    def release(self, ids: np.ndarray) -> None:
+    def release(self, paths: Sequence[str]) -> None:
         with self._lock:
-            for file_id in ids.tolist():
-                left = self._pins[file_id] - 1
+            for path in paths:
+                left = self._pins[path] - 1
                 if left:
-                    self._pins[file_id] = left
+                    self._pins[path] = left
                 else:
-                    del self._pins[file_id]
-            self._evict()
+                    del self._pins[path]
+            self._evict(0)
 
-    def _evict(self) -> None:
-        while len(self._open) >= self.limit:
-            victim = next((i for i in self._open if i not in self._pins), None)
+    def forget(self, paths: Sequence[str]) -> None:
+        """Closes the descriptors of ``paths`` that no read is using (a source closed)."""
+        with self._lock:
+            for path in paths:
+                if path in self._open and path not in self._pins:
+                    _close(self._open.pop(path))
+
+    def _evict(self, room: int) -> None:
+        while len(self._open) + room > max(1, self.limit):
+            victim = next((p for p in self._open if p not in self._pins), None)
             if victim is None:  # every open file is in use: go over the limit for now
                 return
-            os.close(self._open.pop(victim))
+            _close(self._open.pop(victim))
 
-    def _open_file(self, file_id: int) -> int:
-        path = self.paths[file_id]
-        try:
-            return os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError as exc:
-            if resource_error(exc):
-                raise too_many_open_files(path, exc) from exc
-            raise
+    def after_fork(self) -> None:
+        for fd in self._open.values():
+            _close(fd)
+        self._open.clear()
+        self._pins.clear()
+        self._lock = threading.Lock()
+
+
+def _open_file(path: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if resource_error(exc):
+            raise too_many_open_files(path, exc) from exc
+        raise
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+DESCRIPTORS = _Descriptors(DEFAULT_OPEN_FILES)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=DESCRIPTORS.after_fork)
+
+
+class FilePool:
+    """A source's files, numbered (the ``files`` of its :class:`Extents`), read through this
+    process's shared descriptors (at most ``DESCRIPTORS.limit`` open, whatever the number of
+    sources and files). Thread-safe; a source makes one per process."""
+
+    def __init__(self, paths: Sequence[str]) -> None:
+        self.paths = list(paths)
+
+    @property
+    def limit(self) -> int:
+        return max(1, DESCRIPTORS.limit)
+
+    def acquire(self, ids: np.ndarray) -> np.ndarray:
+        """Descriptors of the files ``ids`` (unique), pinned open until :meth:`release`."""
+        return DESCRIPTORS.acquire([self.paths[i] for i in ids.tolist()])
+
+    def release(self, ids: np.ndarray) -> None:
+        DESCRIPTORS.release([self.paths[i] for i in ids.tolist()])
 
     def close(self) -> None:
-        with self._lock:
-            for fd in self._open.values():
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-            self._open.clear()
-            self._pins.clear()
+        DESCRIPTORS.forget(self.paths)
 
 
 @dataclass
@@ -245,18 +283,25 @@ def read_pieces(pool: FilePool, pieces: Pieces, out: np.ndarray) -> None:
         return
     order = np.lexsort((pieces.offsets, pieces.files))
     files = pieces.files[order]
+    offsets, sizes, dest = pieces.offsets[order], pieces.sizes[order], pieces.dest[order]
     ids, where = np.unique(files, return_inverse=True)
-    fds = pool.acquire(ids)
-    try:
-        args = (np.ascontiguousarray(fds[where]), np.ascontiguousarray(pieces.offsets[order]),
-                np.ascontiguousarray(pieces.sizes[order]), out.reshape(-1).view(np.uint8),
-                np.ascontiguousarray(pieces.dest[order]))
-        failed = _read_pieces(*args) if _read_pieces is not None else _read_in_python(*args)
-    finally:
-        pool.release(ids)
-    if failed is not None:
-        piece, number = failed
-        raise ShortRead(pool.paths[int(files[piece])], number)
+    flat = out.reshape(-1).view(np.uint8)
+    # At most pool.limit files pinned at once: a batch across the thousand parts of a virtual
+    # merge is read a group of files at a time, within the pool's bound.
+    starts = np.searchsorted(where, np.arange(0, len(ids), pool.limit))
+    for a, b in zip(starts.tolist(), [*starts[1:].tolist(), len(where)], strict=True):
+        group = ids[where[a]:where[b - 1] + 1]
+        fds = pool.acquire(group)
+        try:
+            args = (np.ascontiguousarray(fds[where[a:b] - where[a]]), offsets[a:b], sizes[a:b],
+                    flat, dest[a:b])
+            failed = (_read_pieces(*args) if _read_pieces is not None
+                      else _read_in_python(*args))
+        finally:
+            pool.release(group)
+        if failed is not None:
+            piece, number = failed
+            raise ShortRead(pool.paths[int(files[a + piece])], number)
 
 
 def _read_in_python(fds, offsets, sizes, out, dest):

@@ -29,7 +29,6 @@ from fastpipe.data._format import PackFormatError
 from fastpipe.data.roles import Image, Label
 from fastpipe.data.sources._base import Schema, Source
 from fastpipe.data.sources._engine import (
-    DEFAULT_OPEN_FILES,
     Extents,
     FilePool,
     ShortRead,
@@ -73,14 +72,11 @@ class H5Source(Source):
     """Records of one HDF5 file: a fastpipe pack or a plain HDF5 file.
 
     ``names`` picks the fields (the datasets of a plain file; nested ones as ``"group/name"``).
-    ``open_files`` bounds the descriptors a process keeps open (a virtual merge of many parts).
     """
 
-    def __init__(self, path: str | os.PathLike, names: Sequence[str] | None = None, *,
-                 open_files: int = DEFAULT_OPEN_FILES) -> None:
+    def __init__(self, path: str | os.PathLike, names: Sequence[str] | None = None) -> None:
         self.path = Path(path)
         self.where = str(self.path)
-        self.open_files = open_files
         self.version = h5_version(self.path)
         self.plain = self.version is None
         self._files = FileTable()
@@ -325,7 +321,7 @@ class H5Source(Source):
     # --------------------------------------------------------------------------------- reading
 
     def _open(self) -> Any:
-        return _Handles(FilePool(self._files.paths, self.open_files))
+        return _Handles(FilePool(self._files.paths))
 
     def _close(self, handles: Any) -> None:
         handles.close()
@@ -402,7 +398,7 @@ class H5Source(Source):
         indices = np.arange(start, stop, dtype=np.int64)
         out = np.empty((len(indices), *column.field.row_shape), column.field.stored_dtype)
         if column.extents is not None:
-            pool = FilePool(self._files.paths, self.open_files)
+            pool = FilePool(self._files.paths)
             try:
                 read_pieces(pool, column.extents.pieces(
                     indices, indices + 1, np.arange(len(indices)) * column.extents.row_bytes), out)

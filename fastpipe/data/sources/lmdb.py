@@ -196,14 +196,24 @@ class LMDBSource(Source):
         self.schema = Schema(fields, "dict", classes)  # what _read needs below
         for name, names_of in classes.items():
             if fields[name].kind == "int":
-                rows = [self._value(i, name, handles.get(self._key(name, i)))
-                        for i in range(self.count)]
-                labels = np.stack(rows).astype(np.int64) if rows else np.zeros(0, np.int64)
+                labels = self._column(handles, name).astype(np.int64)
                 fmt.check_labels(labels, names_of, self.where, name)
                 self._labels[name] = labels
         record = (self.meta.get("record") if self.meta.get("record") in ("tuple", "pair")
                   else "dict")
         return Schema(fields, record, classes)
+
+    def _column(self, handles: _Transactions, name: str) -> np.ndarray:
+        """Every sample's value of a fixed field, fetched a block of keys per call."""
+        field = self.schema.fields[name]
+        out = np.empty((self.count, *field.row_shape), field.stored_dtype)
+        block = 1 << 16
+        for start in range(0, self.count, block):
+            stop = min(self.count, start + block)
+            raws = handles.get_many([self._key(name, i) for i in range(start, stop)])
+            for i, raw in zip(range(start, stop), raws, strict=True):
+                out[i] = self._value(i, name, raw)
+        return out
 
     def _array(self, handles: _Transactions, key: bytes, dtype: str) -> np.ndarray:
         raw = handles.get(key)
@@ -315,11 +325,7 @@ class LMDBSource(Source):
             return None
         labels = self._labels.get(name)
         if labels is None and self.schema.fields.get(name) is not None:
-            handles = self._handles()
-            rows = [self._value(i, name, handles.get(self._key(name, i)))
-                    for i in range(self.count)]
-            labels = self._labels[name] = (np.stack(rows).astype(np.int64) if rows
-                                           else np.zeros(0, np.int64))
+            labels = self._labels[name] = self._column(self._handles(), name).astype(np.int64)
         return labels
 
     def fingerprint(self) -> str:

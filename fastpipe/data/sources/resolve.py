@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fastpipe.data._format import PackFormatError, sniff_format
-from fastpipe.data._listing import IMG_EXTENSIONS, list_image_folder
+from fastpipe.data._listing import IMG_EXTENSIONS
 from fastpipe.data.sources._base import Source
 
 __all__ = ["KINDS", "kind_of", "resolve"]
@@ -38,14 +38,16 @@ def kind_of(path: str | os.PathLike) -> str:
     if path.is_dir():
         if (path / "data.mdb").is_file():
             return "lmdb"
-        classes, names, _ = list_image_folder(path, IMG_EXTENSIONS)
-        if names:
+        from fastpipe.data.sources.arrays import ARRAY_EXTENSIONS, is_array_file
+
+        # The first matching file decides: a folder of a million files is listed once, by the
+        # source, not here.
+        classes = [entry.path for entry in os.scandir(path) if entry.is_dir()]
+        if any(_holds(c, IMG_EXTENSIONS) for c in classes):
             return "folder"
         if any(path.glob("*.tar")):
             return "tar"
-        from fastpipe.data.sources.arrays import ARRAY_EXTENSIONS, is_array_file
-
-        if classes and list_image_folder(path, ARRAY_EXTENSIONS)[1]:
+        if any(_holds(c, ARRAY_EXTENSIONS) for c in classes):
             return "arrays"
         for _, _, files in os.walk(path, followlinks=True):
             if any(f.lower().endswith(IMG_EXTENSIONS) for f in files):
@@ -65,6 +67,14 @@ def kind_of(path: str | os.PathLike) -> str:
     if tarfile.is_tarfile(path):
         return "tar"
     return _list_kind(path)
+
+
+def _holds(folder: str, suffixes: tuple[str, ...]) -> bool:
+    """Whether ``folder`` or a folder under it holds a file ending in one of ``suffixes``."""
+    for _, _, files in os.walk(folder, followlinks=True):
+        if any(f.lower().endswith(suffixes) for f in files):
+            return True
+    return False
 
 
 def _list_kind(path: Path) -> str:

@@ -27,7 +27,6 @@ from fastpipe.data import fields as F
 from fastpipe.data._format import PackFormatError
 from fastpipe.data.sources._base import Schema, Source
 from fastpipe.data.sources._engine import (
-    DEFAULT_OPEN_FILES,
     Extents,
     FilePool,
     Pieces,
@@ -213,7 +212,7 @@ def _index_fits(shard: Path, index: dict[str, np.ndarray], size: int) -> bool:
         return False
     if not n:
         return len(keys) == 0
-    pool = FilePool([str(shard)], 1)
+    pool = FilePool([os.path.realpath(shard)])
     headers = np.empty((n, 512), np.uint8)
     try:
         read_pieces(pool, Pieces(np.zeros(n, np.int64), offset - 512, np.full(n, 512, np.int64),
@@ -267,11 +266,9 @@ class TarSource(Source):
     first sample's by default); every sample needs each of them once."""
 
     def __init__(self, shards: str | os.PathLike | Sequence[str | os.PathLike],
-                 names: Sequence[str] | None = None, *,
-                 open_files: int = DEFAULT_OPEN_FILES) -> None:
+                 names: Sequence[str] | None = None) -> None:
         self.shards = list_shards(shards)
         self.where = str(shards) if isinstance(shards, (str, os.PathLike)) else str(self.shards[0])
-        self.open_files = open_files
         if isinstance(names, str):
             raise TypeError(f"fields must be a list of field names, got the string {names!r}")
         starts = [0]
@@ -351,7 +348,7 @@ class TarSource(Source):
         return F.ArrayField(array.dtype.name, (None, *array.shape[1:]) if array.ndim else ())
 
     def _open(self) -> FilePool:
-        return FilePool([str(s) for s in self.shards], self.open_files)
+        return FilePool([os.path.realpath(s) for s in self.shards])
 
     def _close(self, handles: FilePool) -> None:
         handles.close()

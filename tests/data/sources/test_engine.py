@@ -17,6 +17,7 @@ import pytest
 h5py = pytest.importorskip("h5py", exc_type=ImportError)
 
 from fastpipe.data import PackFormatError  # noqa: E402
+from fastpipe.data.sources import _engine  # noqa: E402
 from fastpipe.data.sources._engine import (  # noqa: E402
     Extents,
     FilePool,
@@ -53,7 +54,7 @@ def test_pieces_of_chunked_and_windowed_extents_read_the_right_bytes(blob):
     # Two windows of the array placed back to back, as a virtual merge places its parts.
     placed = Extents.concat([extents.window(5, 40, 0), extents.window(100, 190, 35)], row)
     order = list(range(5, 40)) + list(range(100, 190))
-    pool = FilePool([str(path)])
+    pool = FilePool([os.path.realpath(path)])
     for _ in range(50):
         a = rng.integers(0, len(order), 6)
         b = np.minimum(a + rng.integers(0, 30, 6), len(order))
@@ -67,7 +68,7 @@ def test_pieces_of_chunked_and_windowed_extents_read_the_right_bytes(blob):
 
 def test_a_short_read_names_the_file(blob):
     path, data = blob
-    pool = FilePool([str(path)])
+    pool = FilePool([os.path.realpath(path)])
     out = np.zeros(100, np.uint8)
     with pytest.raises(ShortRead) as caught:
         read_pieces(pool, Pieces(np.array([0]), np.array([len(data) - 50]), np.array([100]),
@@ -75,27 +76,40 @@ def test_a_short_read_names_the_file(blob):
     assert caught.value.path == os.path.realpath(path) and caught.value.number == 0
 
 
-def test_the_pool_keeps_at_most_its_limit_open_and_never_closes_a_file_in_use(tmp_path):
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_the_descriptors_are_bounded_and_a_file_in_use_is_never_closed(tmp_path, monkeypatch):
     paths = []
     for k in range(12):
         paths.append(tmp_path / f"{k}.bin")
         paths[-1].write_bytes(bytes([k]) * 64)
-    pool = FilePool([str(p) for p in paths], limit=3)
-    before = len(os.listdir("/proc/self/fd"))
+    # This process's own descriptors, fresh: the limit holds for every source together.
+    monkeypatch.setattr(_engine, "DESCRIPTORS", _engine._Descriptors(3))
+    pool = FilePool([os.path.realpath(p) for p in paths])
+    other = FilePool([os.path.realpath(p) for p in paths[6:]])  # another source, shared files
+    before = _open_fds()
     out = np.zeros(12, np.uint8)
     for _ in range(3):
         ids = np.arange(12)
         read_pieces(pool, Pieces(ids, np.zeros(12, np.int64), np.ones(12, np.int64), ids), out)
-        assert out.tolist() == list(range(12))  # all 12 pinned at once: over the limit for now
-        assert len(os.listdir("/proc/self/fd")) - before <= 3  # back to the limit after the read
-    pins = pool.acquire(np.array([0, 1, 2, 3]))  # pinned: eviction must pass them by
-    other = pool.acquire(np.array([4, 5]))
+        assert out.tolist() == list(range(12))  # read 3 files at a time
+        assert _open_fds() - before <= 3
+        mine = np.arange(6)
+        read_pieces(other, Pieces(mine, np.zeros(6, np.int64), np.ones(6, np.int64), mine),
+                    out[:6])
+        assert out[:6].tolist() == list(range(6, 12))
+        assert _open_fds() - before <= 3  # every source together
+    pins = pool.acquire(np.array([0, 1, 2, 3]))  # pinned: eviction passes them by
+    more = pool.acquire(np.array([4, 5]))
     assert all(os.read(int(fd), 1) == bytes([k]) for k, fd in enumerate(pins))
+    assert all(os.pread(int(fd), 1, 0) == bytes([k + 4]) for k, fd in enumerate(more))
     pool.release(np.array([0, 1, 2, 3]))
     pool.release(np.array([4, 5]))
-    assert other is not None
     pool.close()
-    assert len(os.listdir("/proc/self/fd")) == before
+    other.close()
+    assert _open_fds() == before
 
 
 def test_threads_share_a_pool(tmp_path):
@@ -103,7 +117,7 @@ def test_threads_share_a_pool(tmp_path):
     for k in range(20):
         paths.append(tmp_path / f"{k}.bin")
         paths[-1].write_bytes(bytes([k]) * 8)
-    pool = FilePool([str(p) for p in paths], limit=4)
+    pool = FilePool([os.path.realpath(p) for p in paths])
     errors = []
 
     def read(seed: int) -> None:
@@ -180,13 +194,17 @@ def test_running_out_of_descriptors_is_not_reported_as_damage(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_virtual_pack_of_many_parts_reads_within_a_few_descriptors(tmp_path):
+def test_a_virtual_pack_of_many_parts_reads_within_a_few_descriptors(tmp_path, monkeypatch):
     out = _virtual_pack_of(tmp_path, 60)
-    source = H5Source(out)
-    before = len(os.listdir("/proc/self/fd"))
-    for i in range(len(source)):
-        assert source.read(i)["x"].tolist() == [i] * 3
-    assert len(os.listdir("/proc/self/fd")) - before <= source.open_files
+    monkeypatch.setattr(_engine, "DESCRIPTORS", _engine._Descriptors(8))
+    before = _open_fds()
+    sources = [H5Source(out) for _ in range(3)]  # three datasets of one pack in one process
+    for source in sources:
+        batch = source.read_batch(list(range(len(source))))
+        assert [r["x"].tolist() for r in batch] == [[i] * 3 for i in range(len(source))]
+        for i in range(len(source)):
+            assert source.read(i)["x"].tolist() == [i] * 3
+    assert _open_fds() - before <= 8
 
 
 def test_an_external_link_reads_the_linked_file(tmp_path):
