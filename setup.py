@@ -25,7 +25,7 @@ simplejpeg, about 20% more decode time for a train crop.
 fastpipe._png (fastpipe/csrc/png/png_decode.cpp, no torch headers) decodes PNGs to their stored
 pixels, or only a band of rows, with zlib and libpng 1.6; it is built when libpng's headers and
 library are found (Debian/Ubuntu: apt install libpng-dev; Fedora: libpng-devel). Without it PNGs
-decode with PIL (fastpipe/data/_png.py).
+decode with PIL (fastpipe/data/decode/png.py).
 
 Build against the installed torch:    pip install --no-build-isolation -e .
 In place, for development:            python setup.py build_ext --inplace

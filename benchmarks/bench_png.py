@@ -9,7 +9,7 @@ decoder here runs on one thread, so the CPU milliseconds per image are the stead
 shared machine; the wall-clock ones move with whatever else runs:
 
 - ``pil``: ``np.asarray(PIL.Image.open(f))`` (16-bit colour reduced to 8 bits: less work);
-- ``fastpipe``: ``fastpipe.data._png.decode_png`` (fastpipe._png: zlib and fastpipe's filters
+- ``fastpipe``: ``fastpipe.data.decode.png.decode_png`` (fastpipe._png: zlib and fastpipe's filters
   for 8/16-bit files that are not interlaced, libpng for the rest);
 - ``fastpipe-rows``: the same, rows ``[0, H/2)`` only (a crop in the top half);
 - ``fastpipe-seekable-band``: 96 rows from the middle of the file's seekable rewrite (what
@@ -107,7 +107,7 @@ def _decoder(name: str):
 
         return lambda data: np.asarray(Image.open(io.BytesIO(data)))
     if name.startswith("fastpipe"):
-        from fastpipe.data import _png
+        from fastpipe.data.decode import png as _png
 
         if _png._native_decode is None:
             raise _harness.Skip("fastpipe._png is not built (libpng's headers missing)")

@@ -35,7 +35,7 @@ def draw_uniforms(generator: torch.Generator | None = None) -> list[float]:
     default generator when None, as torchvision's transforms draw).
 
     fastpipe's datasets pass a generator seeded from (seed, epoch, index)
-    (fastpipe.data._random), so crops do not depend on the worker that draws them.
+    (fastpipe.data.sampling.seeds), so crops do not depend on the worker that draws them.
     """
     return torch.rand(UNIFORMS_PER_CROP, dtype=torch.float64, generator=generator).tolist()
 

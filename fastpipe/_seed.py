@@ -16,7 +16,7 @@ from fastpipe import _validate as check
 __all__ = ["checked_seed", "draw_seed", "order_seed"]
 
 # Seeds are ints in [0, 2**63): torch.Generator.manual_seed and the splitmix chain of
-# fastpipe.data._random take them whole.
+# fastpipe.data.sampling.seeds take them whole.
 SEED_LIMIT = 2**63
 
 

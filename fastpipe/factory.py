@@ -194,7 +194,7 @@ class _Options:
         if o.worker_method is not None:
             check.choice("worker_method", o.worker_method, ("process", "thread"))
         o.prefetch_depth = check.positive_int("prefetch_depth", given["prefetch_depth"])
-        from fastpipe.data._skip import check_on_error
+        from fastpipe.data.sampling.skip import check_on_error
 
         o.on_error = check_on_error(given.get("on_error", "raise"))
         o.device = resolve_device(given["device"], where="image_loader")

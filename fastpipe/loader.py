@@ -20,7 +20,8 @@ from fastpipe._background import BackgroundIterator, deferred_interrupt
 from fastpipe._compat import shutdown_dataloader_workers
 from fastpipe._seed import order_seed
 from fastpipe._threads import thread_batches
-from fastpipe.data._resume import (
+from fastpipe.data.collate.batch import fast_collate
+from fastpipe.data.sampling.resume import (
     STATE_VERSION,
     HandOff,
     augmentation_state,
@@ -28,15 +29,14 @@ from fastpipe.data._resume import (
     dataset_fingerprint,
     restore_augmentation,
 )
-from fastpipe.data._skip import (
+from fastpipe.data.sampling.sampler import RandomSampler, SequentialSampler, _ResumableSampler
+from fastpipe.data.sampling.skip import (
     SkippingCollate,
     SkippingDataset,
     SkipRecord,
     Unpacked,
     check_on_error,
 )
-from fastpipe.data.collate import fast_collate
-from fastpipe.data.sampler import RandomSampler, SequentialSampler, _ResumableSampler
 
 _DATALOADER_SIGNATURE = inspect.signature(DataLoader.__init__)
 

@@ -3,7 +3,7 @@ trains.
 
 Its parts live beside it: the batch structures in ``fastpipe._batch``, the CUDA stream hand-off in
 ``fastpipe._streams``, Lightning and accelerate in ``fastpipe._frameworks``, and what resume
-shares with the other loaders in ``fastpipe.data._resume``.
+shares with the other loaders in ``fastpipe.data.sampling.resume``.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from fastpipe._frameworks import (
 )
 from fastpipe._hardware import resolve_device
 from fastpipe._streams import copy_on_side, hand_to_current, streams_for
-from fastpipe.data._resume import STATE_VERSION, WrappedHandOff
+from fastpipe.data.sampling.resume import STATE_VERSION, WrappedHandOff
 from fastpipe.ops import normalize
 
 __all__ = ["DataPrefetcher"]

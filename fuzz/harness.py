@@ -243,14 +243,14 @@ def _resize(data: bytes, rng: np.random.Generator) -> None:
         pass
 
 
-# Channels of each PNG colour type (IHDR), as fastpipe/data/_png.py reads them.
+# Channels of each PNG colour type (IHDR), as fastpipe/data/decode/png.py reads them.
 _PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
 
 
 @target("png_decode", seeds=PNG_SIGNATURE)
 def _png_decode(data: bytes, rng: np.random.Generator) -> None:
     """fastpipe._png on a band of rows (or all), with the output sized from the IHDR as
-    fastpipe.data._png sizes it: fastpipe's own decoder for 8/16-bit files that are not
+    fastpipe.data.decode.png sizes it: fastpipe's own decoder for 8/16-bit files that are not
     interlaced (seekable ones from their segment), libpng for the rest."""
     if len(data) < 33 or data[:8] != PNG_SIGNATURE:
         return
@@ -443,7 +443,7 @@ def replay(files: list[Path], names: list[str], seeds: list[int], sweep: bool = 
 def _pack_targets() -> list[str]:
     """Registers the pack-reader targets (fuzz/packs.py), with the pixel budget of the fuzzed
     calls for the images they decode."""
-    import fastpipe.data._decode as decode
+    import fastpipe.data.decode.budget as decode
     from fuzz import packs
 
     decode.MAX_IMAGE_PIXELS = FUZZ_MAX_PIXELS

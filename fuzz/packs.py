@@ -10,9 +10,9 @@ replaced by the mutated input), then opens it, reads every sample and runs ``ver
 
 What a damaged pack may give: :class:`~fastpipe.data.PackFormatError` (at open or at a read),
 :class:`~fastpipe.data.CorruptImageError` (a sample that does not decode) or
-:class:`~fastpipe.data.fields.FieldError`. A finding is any other exception, ``verify`` raising or
-reporting an ``unexpected`` error, or samples read without an error that differ from the pristine
-pack's while ``verify`` calls the pack sound (silently wrong data).
+:class:`~fastpipe.data.format.fields.FieldError`. A finding is any other exception, ``verify``
+raising or reporting an ``unexpected`` error, or samples read without an error that differ from the
+pristine pack's while ``verify`` calls the pack sound (silently wrong data).
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ class Workspace:
         self._make(seeds)
 
     def _make(self, seeds: list[bytes]) -> None:
-        from fastpipe.data.fields import ArrayField
+        from fastpipe.data.format.fields import ArrayField
         from fastpipe.pack import pack
 
         images = _Images(_decodable(seeds))
@@ -423,7 +423,7 @@ def _run(name: str, damage: Callable[[Path, bytes, np.random.Generator], str], d
          rng: np.random.Generator) -> None:
     global _workspace
     from fastpipe.data import CorruptImageError, PackFormatError
-    from fastpipe.data.fields import FieldError
+    from fastpipe.data.format.fields import FieldError
     from fastpipe.pack import verify
 
     if _workspace is None:

@@ -240,7 +240,7 @@ def test_the_policy_check_fails_when_a_fast_op_changes_pixels(checksum_root, mon
     """The comparison above catches a fast op whose pixels drift from torchvision's (Solarize's
     threshold one level up, Sharpness one level down), in main-process loading where the patch
     holds."""
-    from fastpipe.data import _augment
+    from fastpipe.data.datasets import per_sample as _augment
 
     name = "pack-train-ta_wide"
     expected = _torchvision_batches(checksum_root, name)

@@ -99,7 +99,7 @@ def test_thread_workers_collate_straight_into_pinned_memory_without_a_second_cop
     # pin step after a collate. Pinning after fast_collate would be a second batch-sized copy.
     import torch.utils.data._utils.pin_memory as torch_pinning
 
-    from fastpipe.data import collate
+    from fastpipe.data.collate import batch as collate
 
     allocated, pinned_after = [], []
 

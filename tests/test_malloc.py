@@ -1,5 +1,5 @@
 """Memory between images: glibc's thresholds (fastpipe._malloc). fast_collate's kept batches are
-in tests/data/test_collate_memory.py."""
+in tests/data/collate/test_batch_memory.py."""
 
 from __future__ import annotations
 

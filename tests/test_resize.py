@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from fastpipe.data import ImageDecoder, _decode
+from fastpipe.data import ImageDecoder
+from fastpipe.data.decode import image as _decode
 from tests.helpers.cpu_path import (
     built_module,
     decoded,

@@ -58,7 +58,7 @@ from fastpipe._constants import (
 from fastpipe._seed import checked_seed, draw_seed, order_seed
 from fastpipe.dali.pipelines import build_pipeline, dali_device_id, dali_recipe
 from fastpipe.dali.sources import EncodedSource, open_source
-from fastpipe.data._resume import STATE_VERSION, check_loader_state, dataset_fingerprint
+from fastpipe.data.sampling.resume import STATE_VERSION, check_loader_state, dataset_fingerprint
 from fastpipe.recipe import Recipe
 
 _TORCH_DTYPES = {
@@ -730,7 +730,8 @@ class DALILoader:
         version, of another dataset (length, or the fingerprint of its paths and labels), or of a
         loader that would produce other batches: batch size, ``drop_last``, ``shuffle``, the
         recipe, CPU vs GPU decoding, ``rank`` and ``world_size``, the checks every fastpipe
-        loader shares (fastpipe.data._resume). The pipeline is rebuilt at the next ``iter()``.
+        loader shares (fastpipe.data.sampling.resume). The pipeline is rebuilt at the next
+        ``iter()``.
         """
         mine = self._identity()
         check_loader_state(state, self.dataset, "DALILoader",

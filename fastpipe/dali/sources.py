@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from fastpipe import _validate as check
-from fastpipe.data._listing import list_image_folder
-from fastpipe.data.sampler import shard_order
+from fastpipe.data.sampling.sampler import shard_order
+from fastpipe.data.sources.listing import list_image_folder
 
 # What DALI's image decoders read (JPEG, JPEG 2000, PNG, BMP, TIFF, PNM, WebP); the same
 # extensions fn.readers.file picks up from a folder tree.

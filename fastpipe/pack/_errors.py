@@ -1,6 +1,6 @@
 """The errors the packer raises.
 
-The readers' error, :class:`~fastpipe.data._format.PackFormatError`, lives with the format in
+The readers' error, :class:`~fastpipe.data.format.layout.PackFormatError`, lives with the format in
 ``fastpipe.data``: the readers must not import the writer.
 """
 

@@ -13,7 +13,7 @@ as its records, every field as stored.
 
 An input that cannot be read (an unreadable or empty file, a corrupt image, a dataset's
 ``__getitem__`` raising) is a :class:`SkipInput`; a value that does not fit its field
-(fastpipe.data.fields.FieldError), or a label below -1, is a :class:`PackError`.
+(fastpipe.data.format.fields.FieldError), or a label below -1, is a :class:`PackError`.
 """
 
 from __future__ import annotations
@@ -29,10 +29,11 @@ from typing import Any
 
 import numpy as np
 
-from fastpipe.data import fields as F
-from fastpipe.data._decode import CorruptImageError, ImageTooLargeError, decode_rgb
-from fastpipe.data._format import INTERNAL
-from fastpipe.data.roles import Image, Label, Mask
+from fastpipe.data.decode.budget import CorruptImageError, ImageTooLargeError
+from fastpipe.data.decode.image import decode_rgb
+from fastpipe.data.format import fields as F
+from fastpipe.data.format.layout import INTERNAL
+from fastpipe.data.format.roles import Image, Label, Mask
 from fastpipe.data.sources._base import Schema, Source
 from fastpipe.data.sources._engine import resource_error
 from fastpipe.data.sources.dataset import DatasetSource

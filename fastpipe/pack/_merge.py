@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from fastpipe.data import _format as fmt
+from fastpipe.data.format import layout as fmt
 from fastpipe.data.sources._base import Schema
 from fastpipe.pack._errors import PackError
 from fastpipe.pack._files import check_output, install, progress_bar, size_on_disk

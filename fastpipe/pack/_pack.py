@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from fastpipe._version import __version__
-from fastpipe.data import _format as fmt
-from fastpipe.data._format import PackFormatError
-from fastpipe.data.fields import Field
+from fastpipe.data.format import layout as fmt
+from fastpipe.data.format.fields import Field
+from fastpipe.data.format.layout import PackFormatError
 from fastpipe.data.sources._hdf5 import h5py_module
 from fastpipe.data.sources.lmdb import lmdb_module
 from fastpipe.pack._errors import PackError

@@ -20,7 +20,7 @@ import zlib
 
 import numpy as np
 
-from fastpipe.data import _png
+from fastpipe.data.decode import png as _png
 from fastpipe.pack._errors import PackError
 
 SEEK_CHUNK = b"fpIX"

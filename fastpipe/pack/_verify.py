@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from fastpipe.data._format import PackFormatError, sniff_format
-from fastpipe.data.fields import FieldError
+from fastpipe.data.format.fields import FieldError
+from fastpipe.data.format.layout import PackFormatError, sniff_format
 from fastpipe.data.sources._base import Source
 from fastpipe.data.sources._engine import resource_error
 from fastpipe.pack._files import progress_bar
@@ -202,7 +202,8 @@ def _read(source: Source, batch: list[int], names: list[str], problem) -> list[d
 
 
 def _decodes(data: np.ndarray, name: str, where: str, problem) -> None:
-    from fastpipe.data._decode import CorruptImageError, decode_rgb
+    from fastpipe.data.decode.budget import CorruptImageError
+    from fastpipe.data.decode.image import decode_rgb
 
     try:
         decode_rgb(data, name)

@@ -1,5 +1,5 @@
-"""Writing packs of the current format (version 3, fastpipe.data._format): one streamed HDF5 shard
-writer, one merger of packs into one HDF5 file (virtual or copied), one LMDB writer.
+"""Writing packs of the current format (version 3, fastpipe.data.format.layout): one streamed HDF5
+shard writer, one merger of packs into one HDF5 file (virtual or copied), one LMDB writer.
 
 Every pack is a record of fields: one HDF5 dataset per field at the root (fixed fields
 ``(N, *row)``, variable fields their rows back to back with offsets), fastpipe's own datasets
@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from fastpipe.data import _format as fmt
-from fastpipe.data._format import PackFormatError
+from fastpipe.data.format import layout as fmt
+from fastpipe.data.format.layout import PackFormatError
 from fastpipe.data.sources._base import Schema, Source
 from fastpipe.data.sources._hdf5 import H5_ERRORS, h5_damaged, h5py_module, open_h5
 from fastpipe.data.sources.lmdb import lmdb_module

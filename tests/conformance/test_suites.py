@@ -49,7 +49,7 @@ def _files(suite: str) -> list[str]:
 FILES = [f for suite in SUITES for f in _files(suite)]
 
 
-# decode_png's known departures from Pillow, each a defect to fix in fastpipe.data._png /
+# decode_png's known departures from Pillow, each a defect to fix in fastpipe.data.decode.png /
 # fastpipe/csrc/png (a strict xfail, so a fix shows up as a failure to remove the mark here).
 _ANCILLARY = (
     "empty cHRM/gAMA/... chunks: libpng decodes this palette file, Pillow (and decode_rgb) "
@@ -104,7 +104,7 @@ def _same_png_values(ours: np.ndarray, stored: np.ndarray) -> bool:
 
 def _check(path: Path) -> dict:
     from fastpipe.data import decode_rgb
-    from fastpipe.data._png import decode_png
+    from fastpipe.data.decode.png import decode_png
 
     data = path.read_bytes()
     name = path.name
@@ -142,7 +142,7 @@ def _child(suite: str) -> None:
     """Decodes every file of ``suite``: a ``START`` line before each (so a crash names its file),
     then one JSON record; the peak memory at the end."""
     import fastpipe.data  # noqa: F401 - the imports' memory is the baseline
-    import fastpipe.data._png  # noqa: F401
+    import fastpipe.data.decode.png  # noqa: F401
 
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     for name in _files(suite):

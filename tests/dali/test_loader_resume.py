@@ -11,7 +11,8 @@ from tests.helpers.dali import DALI_MISSING, restore_in_fresh_process
 
 pytest.importorskip("nvidia.dali", reason=DALI_MISSING, exc_type=ImportError)
 
-from fastpipe.dali import DALILoader, FileList, shard_indices  # noqa: E402
+from fastpipe.dali import DALILoader, FileList  # noqa: E402
+from fastpipe.data import shard_order  # noqa: E402
 
 pytestmark = [pytest.mark.dali, pytest.mark.timeout(240)]
 
@@ -80,7 +81,7 @@ def test_restored_loader_continues_the_epoch_then_runs_the_next(index_list):
     assert_same_batches(list(restored), after)
     restored.close()
     order = torch.cat([labels for _, labels in reference + rest]).tolist()
-    assert order == shard_indices(48, epoch=0, seed=5, shuffle=True).tolist()
+    assert order == shard_order(48, epoch=0, seed=5, shuffle=True)
 
 
 def test_state_after_close_and_before_any_epoch(index_list):

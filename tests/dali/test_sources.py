@@ -1,4 +1,5 @@
-"""FileList, shard_indices and EncodedSource: the inputs of the DALI pipelines."""
+"""FileList, the shard order (fastpipe.data.shard_order) and EncodedSource: the inputs of the DALI
+pipelines."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ pytest.importorskip("torchvision", exc_type=ImportError)
 
 from torchvision.datasets import ImageFolder  # noqa: E402
 
-from fastpipe.dali import EncodedSource, FileList, shard_indices  # noqa: E402
+from fastpipe.dali import EncodedSource, FileList  # noqa: E402
+from fastpipe.data import shard_order  # noqa: E402
 
 pytestmark = pytest.mark.dali
 
@@ -77,7 +79,7 @@ def test_file_disappearing_after_the_scan_is_named(tmp_path, sample_root):
 def test_shards_are_even_and_match_distributed_sampler_without_shuffle(num_samples, num_shards,
                                                                        drop_last):
     shards = [
-        shard_indices(num_samples, rank=k, world_size=num_shards, drop_last=drop_last)
+        np.asarray(shard_order(num_samples, rank=k, world_size=num_shards, drop_last=drop_last))
         for k in range(num_shards)
     ]
     for k, shard in enumerate(shards):
@@ -99,13 +101,13 @@ def test_shards_are_even_and_match_distributed_sampler_without_shuffle(num_sampl
 def test_shuffled_shards_change_every_epoch_and_stay_disjoint():
     orders = []
     for epoch in range(3):
-        shards = [shard_indices(48, epoch=epoch, seed=9, shuffle=True, rank=k, world_size=2)
-                  for k in range(2)]
+        shards = [np.asarray(shard_order(48, epoch=epoch, seed=9, shuffle=True, rank=k,
+                                         world_size=2)) for k in range(2)]
         assert sorted(np.concatenate(shards).tolist()) == list(range(48))
         orders.append(shards[0].tolist())
     assert orders[0] != orders[1] != orders[2]
-    assert (shard_indices(48, epoch=1, seed=9, shuffle=True).tolist()
-            != shard_indices(48, epoch=1, seed=10, shuffle=True).tolist())
+    assert (shard_order(48, epoch=1, seed=9, shuffle=True)
+            != shard_order(48, epoch=1, seed=10, shuffle=True))
 
 
 def test_encoded_source_epochs_batches_and_shards(sample_root):

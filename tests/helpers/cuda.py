@@ -66,7 +66,7 @@ class RecordingStreams:
     """Stands in for fastpipe._streams.CudaStreams: same calls, logged, tensors stay on CPU.
 
     Patched in as ``fastpipe.prefetch.streams_for`` by the CPU lane's tests of the stream path
-    (tests/test_prefetch.py, tests/data/test_resume.py); ``log`` lists the calls in order.
+    (tests/test_prefetch.py, tests/data/sampling/test_resume.py); ``log`` lists the calls in order.
 
     Which tensors stand for GPU tensors (``on_device``) follows CUDA's rules: those a test marks
     in ``on_gpu`` (batches already on the GPU), the copies ``to_device`` makes, and what torch

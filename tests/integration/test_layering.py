@@ -134,3 +134,124 @@ def test_the_walker_sees_lazy_imports_and_the_root(tmp_path, monkeypatch):
             test_imports_follow_the_arrows(module)
     finally:
         module.unlink()
+
+
+# Inside fastpipe.data, floors of its own (docs/architecture.md, "Which way the arrows point"):
+# the format and the per-sample seeds at the bottom; decoding, collation and the sources on them;
+# joint geometry and the loaders' kit (samplers, resume, skips) above; the datasets on top. A
+# module imports data modules of lower floors, or of its own folder.
+DATA_FLOORS = {
+    "fastpipe.data.format": 0, "fastpipe.data.sampling.seeds": 0,
+    "fastpipe.data.decode": 1, "fastpipe.data.collate": 1, "fastpipe.data.sources": 1,
+    "fastpipe.data.samples": 1,
+    "fastpipe.data.joint": 2, "fastpipe.data.sampling": 2,
+    "fastpipe.data.datasets": 3,
+}
+
+
+def _data_floor(module: str) -> tuple[int, str] | None:
+    best = None
+    for prefix, floor in DATA_FLOORS.items():
+        if (module == prefix or module.startswith(prefix + ".")) and (
+                best is None or len(prefix) > len(best[1])):
+            best = (floor, prefix)
+    return best
+
+
+def _folder(module: str) -> str:
+    return ".".join(module.split(".")[:3])
+
+
+DATA_MODULES = [p for p in MODULES if _module_name(p).startswith("fastpipe.data.")]
+
+
+def test_every_data_module_has_a_data_floor():
+    homeless = [_module_name(p) for p in DATA_MODULES if _data_floor(_module_name(p)) is None]
+    assert not homeless, f"add these modules to DATA_FLOORS: {homeless}"
+
+
+@pytest.mark.parametrize("path", DATA_MODULES, ids=lambda p: _module_name(p))
+def test_data_imports_point_down(path):
+    here = _module_name(path)
+    floor = _data_floor(here)[0]
+    wrong = []
+    for line, module in _imports(path):
+        if not module.startswith("fastpipe.data.") or _folder(module) == _folder(here):
+            continue
+        target = _data_floor(module)
+        if target is None or target[0] >= floor:
+            wrong.append(f"line {line}: {module} (data floor {target and target[0]}) from data "
+                         f"floor {floor}")
+    assert not wrong, f"{here}:\n" + "\n".join(wrong)
+
+
+def _type_checking_lines(path: Path) -> set[int]:
+    """The lines of ``if TYPE_CHECKING:`` blocks: imports for annotations only, never run."""
+    lines: set[int] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(
+                node.test, "attr", None)) == "TYPE_CHECKING":
+            for inner in node.body:
+                lines.update(range(inner.lineno, (inner.end_lineno or inner.lineno) + 1))
+    return lines
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        here = _module_name(path)
+        skip = _type_checking_lines(path)
+        graph[here] = {m for line, m in _imports(path)
+                       if m != "fastpipe" and m != here and line not in skip}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_circles():
+    """No two modules import each other, directly or through others, lazily or not (imports for
+    annotations only, under ``if TYPE_CHECKING:``, never run and are left out; so is a package's
+    ``__init__`` naming the modules it exports)."""
+    graph = _graph()
+    # A package's __init__ that only re-exports is not a circle with the modules it names.
+    for module in list(graph):
+        graph[module] = {m for m in graph[module] if not module.startswith(m + ".")}
+    circles = _circles(graph)
+    assert not circles, f"import circles: {circles}"
+
+
+def test_the_circle_check_finds_a_circle():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -18,7 +18,7 @@ import pytest
 
 h5py = pytest.importorskip("h5py", exc_type=ImportError)
 
-from fastpipe.data.fields import ArrayField  # noqa: E402
+from fastpipe.data.format.fields import ArrayField  # noqa: E402
 from fastpipe.pack import pack  # noqa: E402
 from tests.helpers.pack import SpeechRecords, write_shards  # noqa: E402
 

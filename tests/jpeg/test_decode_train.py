@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from fastpipe.data import ImageDecoder, _decode
-from fastpipe.data._random import reseeded, sample_seed
+from fastpipe.data import ImageDecoder
+from fastpipe.data.decode import image as _decode
+from fastpipe.data.sampling.seeds import reseeded, sample_seed
 from tests.helpers.cpu_path import encode, turns_inside_calls
 from tests.jpeg.test_region import JPEG_KINDS, _photo
 

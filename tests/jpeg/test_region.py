@@ -15,7 +15,8 @@ import simplejpeg
 import torch
 from PIL import Image
 
-from fastpipe.data import CorruptImageError, ImageDecoder, _decode
+from fastpipe.data import CorruptImageError, ImageDecoder
+from fastpipe.data.decode import image as _decode
 from tests.helpers.cpu_path import (
     built_module,
     decoded,

@@ -184,7 +184,8 @@ def test_a_slow_arithmetic_file_is_refused_by_the_pixel_budget(jpeg, sampling_en
     the missing data as zeros without a warning, ~20 s per sample on the region paths. The pixel
     budget refuses it from its frame header; what stays under the budget decodes in time
     proportional to it (docs/fuzzing.md has the measurements)."""
-    from fastpipe.data._decode import ImageDecoder, ImageTooLargeError, decode_rgb
+    from fastpipe.data.decode.budget import ImageTooLargeError
+    from fastpipe.data.decode.image import ImageDecoder, decode_rgb
 
     black = np.zeros((64, 64, 3), np.uint8).tobytes()
     data = subprocess.run([str(sampling_encoder), "64", "64", "2", "2", "arith"], input=black,

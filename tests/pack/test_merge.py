@@ -23,7 +23,7 @@ import h5py  # noqa: E402
 
 from fastpipe._cli import main  # noqa: E402
 from fastpipe.data import H5Dataset, LMDBDataset  # noqa: E402
-from fastpipe.data._format import VERSION  # noqa: E402
+from fastpipe.data.format.layout import VERSION  # noqa: E402
 from fastpipe.data.sources.resolve import resolve  # noqa: E402
 from fastpipe.pack import PackError, merge_packs, pack, upgrade, verify  # noqa: E402
 from tests.helpers.pack import ArrayDataset  # noqa: E402
@@ -160,7 +160,7 @@ def test_running_out_of_descriptors_while_merging_is_never_called_damage(tmp_pat
     done = _run(f"""
         import os, resource
         from pathlib import Path
-        from fastpipe.data._format import PackFormatError
+        from fastpipe.data.format.layout import PackFormatError
         from fastpipe.pack import merge_packs, verify
         import fastpipe.pack._write, h5py, lmdb  # imported before the limit: they open files
         parts = [Path({str(tmp_path)!r}) / f"p{{i}}.h5" for i in range(3)]

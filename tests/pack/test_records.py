@@ -14,7 +14,7 @@ import torch
 h5py = pytest.importorskip("h5py", exc_type=ImportError)
 
 from fastpipe.data import H5Dataset  # noqa: E402
-from fastpipe.data.fields import ArrayField, FloatField, IntField  # noqa: E402
+from fastpipe.data.format.fields import ArrayField, FloatField, IntField  # noqa: E402
 from fastpipe.pack import PackError, merge_packs, pack, verify  # noqa: E402
 from tests.helpers.pack import SpeechRecords, flip_byte  # noqa: E402
 

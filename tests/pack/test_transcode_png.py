@@ -12,10 +12,10 @@ import pytest
 from PIL import Image
 
 from fastpipe.data import H5Dataset, JointCrop, PairedFolders
-from fastpipe.data._png import decode_png
+from fastpipe.data.decode.png import decode_png
 from fastpipe.pack import pack, verify
 from fastpipe.pack._transcode import SEEK_CHUNK, seekable_png, segment_rows, transcoded
-from tests.data.test_png import (
+from tests.data.decode.test_png import (
     GREY,
     GREY_ALPHA,
     PALETTE,
@@ -235,7 +235,7 @@ def test_an_image_pack_of_pngs_rewrites_them(tmp_path):
 
 
 def test_a_png_to_rewrite_without_the_module_is_an_error_naming_the_fix(monkeypatch):
-    from fastpipe.data import _png
+    from fastpipe.data.decode import png as _png
     from fastpipe.pack import PackError
 
     data = write_png(np.zeros((4, 4, 3), np.uint8), 8, RGB)

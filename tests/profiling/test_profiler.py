@@ -522,7 +522,7 @@ def test_advice_on_a_pack_does_not_recommend_a_pack(tmp_path):
         def __len__(self):
             return 4
 
-    H5Dataset.__module__ = "fastpipe.data.h5"
+    H5Dataset.__module__ = "fastpipe.data.datasets.readers"
     info = profile_module.LoaderInfo.of(DataLoader(H5Dataset(), batch_size=2))
     assert info.fast_path and info.pack
     advice = "\n".join(summary_of(info, [0.2] + [0.03] * 10).advice)

@@ -18,14 +18,15 @@ import torch
 from torch.utils.data import Dataset
 
 from fastpipe._constants import DEFAULT_INTERPOLATION
-from fastpipe.data._augment import PerSample
-from fastpipe.data._collate_records import Rows
-from fastpipe.data._decode import CorruptImageError, ImageDecoder, decode_rgb
-from fastpipe.data._joint_kernels import check_fields, decode_stored, joint_record, moved_fields
-from fastpipe.data._random import forked_default_generator, sample_seed
-from fastpipe.data.collate import batch_empty
-from fastpipe.data.joint import JOINT_STREAM, JointCrop
-from fastpipe.data.roles import Image, Mask
+from fastpipe.data.collate.batch import batch_empty
+from fastpipe.data.collate.records import Rows
+from fastpipe.data.datasets.per_sample import PerSample
+from fastpipe.data.decode.budget import CorruptImageError
+from fastpipe.data.decode.image import ImageDecoder, decode_rgb
+from fastpipe.data.format.roles import Image, Mask
+from fastpipe.data.joint.crop import JOINT_STREAM, JointCrop
+from fastpipe.data.joint.kernels import check_fields, decode_stored, joint_record, moved_fields
+from fastpipe.data.sampling.seeds import forked_default_generator, sample_seed
 from fastpipe.data.sources._base import Schema, Source, check_index, check_indices
 from fastpipe.recipe import Recipe
 
@@ -53,8 +54,8 @@ class RecordDataset(PerSample, Dataset):
     a full decode to a uint8 ``(3, H, W)`` tensor) or, with ``recipe=`` (a
     :class:`~fastpipe.Recipe`), fastpipe's :class:`~fastpipe.data.ImageDecoder` for it; decoded
     arrays come back as tensors. Other fields come back as their field returns them (arrays as
-    tensors of their dtype, see :mod:`fastpipe.data.fields`). Then ``auto_augment`` (on the one
-    image field) and ``transform`` (on the image of a pair, on the whole record otherwise).
+    tensors of their dtype, see :mod:`fastpipe.data.format.fields`). Then ``auto_augment`` (on the
+    one image field) and ``transform`` (on the image of a pair, on the whole record otherwise).
     ``joint=`` (a :class:`~fastpipe.data.JointCrop`) crops, flips and turns the image fields
     together (and moves its box fields), instead of the decoder. Every random draw of sample
     ``i`` is a pure function of ``(seed, epoch, i)``.
@@ -179,7 +180,7 @@ class RecordDataset(PerSample, Dataset):
     def fingerprint(self) -> str:
         """A short hash of what the source holds (a pack's plan, which names the source files and
         options, and the labels), which a saved loader state must match
-        (fastpipe.data._resume)."""
+        (fastpipe.data.sampling.resume)."""
         return self.source.fingerprint()
 
     def describe(self, index: int) -> str:

@@ -18,13 +18,13 @@ from fastpipe._constants import (
     DEFAULT_SCALE,
     DEFAULT_SIZE,
 )
-from fastpipe.data._decode import ImageDecoder
-from fastpipe.data._listing import IMG_EXTENSIONS
 from fastpipe.data.datasets._records import RecordDataset
-from fastpipe.data.fields import FieldError, ImageField
-from fastpipe.data.joint import JointCrop
-from fastpipe.data.roles import Role
+from fastpipe.data.decode.image import ImageDecoder
+from fastpipe.data.format.fields import FieldError, ImageField
+from fastpipe.data.format.roles import Role
+from fastpipe.data.joint.crop import JointCrop
 from fastpipe.data.sources.folder import FolderSource
+from fastpipe.data.sources.listing import IMG_EXTENSIONS
 from fastpipe.data.sources.paired import PairedSource
 from fastpipe.recipe import Recipe
 
@@ -118,7 +118,7 @@ class PairedFolders(RecordDataset):
     every other folder is an error giving their count and the first names;
     ``on_unmatched="skip"`` leaves them out, with a warning, and lists them in ``unmatched``.
 
-    ``roles`` gives a folder's files a role (:mod:`fastpipe.data.roles`):
+    ``roles`` gives a folder's files a role (:mod:`fastpipe.data.format.roles`):
     ``{"mask": Mask()}`` for segmentation masks, kept as stored (channels, dtype, palette
     indices, 16-bit values) and never interpolated; the others are :class:`~fastpipe.data.Image`.
     ``fields`` holds each folder's field with its role.

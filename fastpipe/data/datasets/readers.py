@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from fastpipe.data._format import PackFormatError, sniff_format
 from fastpipe.data.datasets._records import RecordDataset
-from fastpipe.data.joint import JointCrop
+from fastpipe.data.format.layout import PackFormatError, sniff_format
+from fastpipe.data.joint.crop import JointCrop
 from fastpipe.recipe import Recipe
 
 __all__ = ["H5Dataset", "LMDBDataset", "TarDataset"]

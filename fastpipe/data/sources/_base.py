@@ -1,11 +1,12 @@
 """The source interface: what every place records come from offers, declared once.
 
 A source is a fixed number of records (samples), each a record of named fields described by its
-:class:`Schema` (fields with their roles, fastpipe.data.fields). fastpipe's packs (HDF5, LMDB),
-plain HDF5 files, WebDataset tar shards, image folders and list files, paired folders, folders of
-``.npy`` files and Hugging Face datasets are sources; the datasets (``H5Dataset``, ``ImageFolder``,
-...), the packer, ``verify``, DALI's readers and the profiler read through this interface, so a new
-place data lives is one new file here (docs/architecture.md, "Where a change goes").
+:class:`Schema` (fields with their roles, fastpipe.data.format.fields). fastpipe's packs (HDF5,
+LMDB), plain HDF5 files, WebDataset tar shards, image folders and list files, paired folders,
+folders of ``.npy`` files and Hugging Face datasets are sources; the datasets (``H5Dataset``,
+``ImageFolder``, ...), the packer, ``verify``, DALI's readers and the profiler read through this
+interface, so a new place data lives is one new file here (docs/architecture.md, "Where a change
+goes").
 
 A source is picklable and holds no open handle when pickled: handles (file descriptors, an h5py
 file, an LMDB environment) open on first use in each process (:meth:`Source._handles`), so a
@@ -14,9 +15,9 @@ one process share its handles. Index arrays a source reads at construction (offs
 where each chunk lies) stay in the object: worker processes inherit them under fork without a
 copy, instead of reading them again.
 
-Values are read in their stored form (what :meth:`fastpipe.data.fields.Field.value` turns into
-what a dataset returns): a variable field (an encoded image, bytes, a string, an array whose first
-axis varies) as a numpy array of its rows (flat uint8 for images, bytes and strings), a fixed
+Values are read in their stored form (what :meth:`fastpipe.data.format.fields.Field.value` turns
+into what a dataset returns): a variable field (an encoded image, bytes, a string, an array whose
+first axis varies) as a numpy array of its rows (flat uint8 for images, bytes and strings), a fixed
 field as its row, a scalar as a 0-d array.
 """
 
@@ -52,8 +53,8 @@ if hasattr(os, "register_at_fork"):
 class Schema:
     """The fields of a source's records, in order, with what a dataset needs to return them.
 
-    ``fields``: name -> :class:`~fastpipe.data.fields.Field` (its storage and its role), in the
-    order a record holds them. ``record``: ``"dict"`` (a dataset returns ``{name: value}``),
+    ``fields``: name -> :class:`~fastpipe.data.format.fields.Field` (its storage and its role), in
+    the order a record holds them. ``record``: ``"dict"`` (a dataset returns ``{name: value}``),
     ``"tuple"`` (values in field order: a dataset of tuples, fields picked by name) or ``"pair"``
     (an image and its label, as an image pack or an image folder holds them: a dataset returns
     ``(image, label)`` and its transform applies to the image). ``classes``: the class names of
@@ -98,7 +99,7 @@ class Schema:
         """The field a dataset's ``targets`` and ``classes`` come from: a pair's label, else the
         field whose role is Label; for files that cannot store roles (a plain HDF5 file, tar
         shards), an int field named ``label``."""
-        from fastpipe.data.roles import Label
+        from fastpipe.data.format.roles import Label
 
         if self.record == "pair":
             return self.names[1]

@@ -17,7 +17,13 @@ from typing import Any
 import numpy as np
 
 from fastpipe._optional import require
-from fastpipe.data._format import ATTR_FORMAT, ATTR_VERSION, FORMAT, IMAGE_VERSION, PackFormatError
+from fastpipe.data.format.layout import (
+    ATTR_FORMAT,
+    ATTR_VERSION,
+    FORMAT,
+    IMAGE_VERSION,
+    PackFormatError,
+)
 from fastpipe.data.sources._engine import Extents, resource_error, too_many_open_files
 
 # What h5py raises on a damaged file (a bad signature, a broken B-tree, a truncated object

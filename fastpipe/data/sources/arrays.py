@@ -19,8 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from fastpipe.data import fields as F
-from fastpipe.data._listing import list_image_folder
+from fastpipe.data.format import fields as F
 from fastpipe.data.sources._base import Schema, Source
 from fastpipe.data.sources.folder import (
     COLUMNS_HEADER,
@@ -30,6 +29,7 @@ from fastpipe.data.sources.folder import (
     _is_int,
     read_file,
 )
+from fastpipe.data.sources.listing import list_image_folder
 
 __all__ = ["ARRAY_EXTENSIONS", "ArrayFilesSource", "ColumnsSource", "is_array_file",
            "load_array_file"]

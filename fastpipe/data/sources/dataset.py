@@ -3,7 +3,7 @@
 or ``(image, label)`` pairs.
 
 The fields are declared (``fields=``: some or all of them, or the names of a tuple's values) or
-taken from the first readable sample (:func:`fastpipe.data.fields.infer_field`), and every
+taken from the first readable sample (:func:`fastpipe.data.format.fields.infer_field`), and every
 record is encoded to its fields' stored form, so that a sample that does not fit is an error
 naming it and the field, never a cast. A Hugging Face dataset's ``ClassLabel`` names are its
 label fields' classes; an image column cast to ``Image(decode=False)`` gives the stored bytes.
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from fastpipe.data import fields as F
+from fastpipe.data.format import fields as F
 from fastpipe.data.sources._base import Schema, Source
 
 __all__ = ["DatasetSource", "as_record", "infer_schema", "is_record"]

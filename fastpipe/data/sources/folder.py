@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from fastpipe.data import fields as F
-from fastpipe.data._listing import IMG_EXTENSIONS, list_image_folder
+from fastpipe.data.format import fields as F
 from fastpipe.data.sources._base import Schema, Source
+from fastpipe.data.sources.listing import IMG_EXTENSIONS, list_image_folder
 
 __all__ = ["FolderSource", "ListSource", "PathTable", "read_file"]
 
@@ -106,8 +106,8 @@ class _Files(Source):
 
 class FolderSource(_Files):
     """An ImageFolder tree, listed as torchvision's ``ImageFolder`` lists it (the one listing of
-    fastpipe.data._listing: classes sorted, files in sorted walk order, ``extensions`` matched
-    case-insensitively): sample ``i`` and its label are the same file in torchvision and in
+    fastpipe.data.sources.listing: classes sorted, files in sorted walk order, ``extensions``
+    matched case-insensitively): sample ``i`` and its label are the same file in torchvision and in
     every fastpipe loader."""
 
     def __init__(self, root: str | os.PathLike,

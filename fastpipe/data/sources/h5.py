@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from fastpipe.data import _format as fmt
-from fastpipe.data import fields as F
-from fastpipe.data._format import PackFormatError
-from fastpipe.data.roles import Image, Label
+from fastpipe.data.format import fields as F
+from fastpipe.data.format import layout as fmt
+from fastpipe.data.format.layout import PackFormatError
+from fastpipe.data.format.roles import Image, Label
 from fastpipe.data.sources._base import Schema, Source
 from fastpipe.data.sources._engine import (
     Extents,

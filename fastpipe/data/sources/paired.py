@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from fastpipe.data import fields as F
-from fastpipe.data._listing import IMG_EXTENSIONS
+from fastpipe.data.format import fields as F
 from fastpipe.data.sources._base import Schema, Source
 from fastpipe.data.sources.folder import PathTable, read_file
+from fastpipe.data.sources.listing import IMG_EXTENSIONS
 
 __all__ = ["PairedSource"]
 

@@ -15,9 +15,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from fastpipe.data._format import PackFormatError, sniff_format
-from fastpipe.data._listing import IMG_EXTENSIONS
+from fastpipe.data.format.layout import PackFormatError, sniff_format
 from fastpipe.data.sources._base import Source
+from fastpipe.data.sources.listing import IMG_EXTENSIONS
 
 __all__ = ["KINDS", "kind_of", "resolve"]
 

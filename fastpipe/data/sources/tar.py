@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from fastpipe.data import fields as F
-from fastpipe.data._format import PackFormatError
+from fastpipe.data.format import fields as F
+from fastpipe.data.format.layout import PackFormatError
 from fastpipe.data.sources._base import Schema, Source
 from fastpipe.data.sources._engine import (
     Extents,

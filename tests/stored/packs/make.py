@@ -4,8 +4,8 @@
 rows, the labels, the checksums, the source paths), and ``datasets.json``, what its
 ``H5Dataset``/``LMDBDataset`` said of each pack (length, classes, targets, fields, sources).
 
-Kept for provenance: the packs are committed, and tests/data/test_stored_packs.py reads them with
-today's reader and compares with ``expected.npz``. Running this again with a later fastpipe
+Kept for provenance: the packs are committed, and tests/data/sources/test_stored_packs.py reads them
+with today's reader and compares with ``expected.npz``. Running this again with a later fastpipe
 writes that version's format, which is not what the test guards.
 
     python tests/stored/packs/make.py tests/stored/packs
@@ -24,8 +24,8 @@ import numpy as np
 from PIL import Image
 
 import fastpipe.pack as fp
-from fastpipe.data import fields as F
-from fastpipe.data._format import open_pack
+from fastpipe.data.format import fields as F
+from fastpipe.data.format.layout import open_pack
 
 N = 6  # samples per pack: two shards of 3 for the merges
 

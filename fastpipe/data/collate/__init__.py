@@ -1,0 +1,1 @@
+"""Collation: samples into batches, in the memory the batch goes to."""

@@ -1,0 +1,1 @@
+"""Images from their bytes: the CPU path's JPEG and PNG decoders, the pixel budget."""
