@@ -13,7 +13,7 @@ to their reference, with a warning, on a GPU the kernel images do not fit.
 fastpipe._resize (fastpipe/csrc/image/resize.cpp, no torch headers, no libraries) resizes the CPU
 image path's crops straight into (3, H, W) planes; it is built with fastpipe._C.
 
-fastpipe._io (fastpipe/csrc/io/gather.cpp, no torch headers, no libraries) reads a batch's pieces
+fastpipe._io (fastpipe/csrc/io/gather.cpp, no torch headers, no libraries) copies a batch's pieces
 from files in one call without the GIL (the sources' reader engine); it is built with fastpipe._C.
 
 fastpipe._jpeg (fastpipe/csrc/jpeg/region_decode.cpp, no torch headers) decodes only the crop of a
@@ -244,7 +244,8 @@ def _jpeg_extension():
 
 
 def _io_extension():
-    # fastpipe._io: a batch's pieces read from files without the GIL (the sources' reader engine).
+    # fastpipe._io: a batch's pieces copied from mapped files (pread where a file cannot be
+    # mapped) without the GIL: the sources' reader engine.
     return Extension(
         "fastpipe._io",
         [os.path.join("fastpipe", "csrc", "io", "gather.cpp")],

@@ -1,19 +1,25 @@
-/* fastpipe._io: a batch's pieces read from files into one buffer, in one call, without the GIL.
+/* fastpipe._io: a batch's pieces copied from files into one buffer, in one call, without the GIL.
  *
  * The readers of fastpipe's sources (fastpipe.data.sources) work out where each field of each
- * sample of a batch lies: a list of pieces, each a file descriptor, an offset in that file, a
- * length, and where it goes in the output. This module reads them all with pread/preadv while
- * other threads run: loader threads read batches side by side, and no Python runs per piece.
- * Pieces that follow each other in the same file are read with one preadv (a batch read in
- * storage order, rows of one chunk).
+ * sample of a batch lies: a list of pieces, each a file, an offset in that file, a length, and
+ * where it goes in the output. This module copies them all while other threads run: loader
+ * threads read batches side by side, and no Python runs per piece. Two ways:
  *
+ * map_file(path) -> (address, size); unmap(address, size)
+ *     The file mapped read-only and shared: the page cache's own pages, so a copy from them is
+ *     one memcpy (no system call per piece) and no process holds a private copy.
+ * copy_pieces(addresses, limits, offsets, sizes, out, out_offsets) -> None
+ *     Piece i is sizes[i] bytes at offsets[i] of the mapping at addresses[i] (limits[i] bytes
+ *     long). Raises ValueError, before anything is copied, for a piece outside its mapping or
+ *     `out` (the caller checks against the file's size first and names the file).
  * read_pieces(fds, offsets, sizes, out, out_offsets) -> None or (piece, errno)
- *     fds, offsets, sizes, out_offsets: int64 buffers of one length n (numpy arrays);
- *     out: a writable contiguous buffer. Piece i is sizes[i] bytes of fds[i] at offsets[i], to
- *     out[out_offsets[i]:out_offsets[i] + sizes[i]]. Returns None when every piece was read
- *     whole, else the first piece that was not and the errno of the failure (0: the file ended
- *     first), so that the caller names the file. Raises ValueError for pieces outside `out` or
- *     negative sizes and offsets, checked before anything is read.
+ *     For files that cannot be mapped: pread/preadv, pieces that follow each other in the same
+ *     file read with one preadv. fds, offsets, sizes, out_offsets: int64 buffers of one length n
+ *     (numpy arrays); out: a writable contiguous buffer. Piece i is sizes[i] bytes of fds[i] at
+ *     offsets[i], to out[out_offsets[i]:out_offsets[i] + sizes[i]]. Returns None when every
+ *     piece was read whole, else the first piece that was not and the errno of the failure (0:
+ *     the file ended first), so that the caller names the file. Raises ValueError for pieces
+ *     outside `out` or negative sizes and offsets, checked before anything is read.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -22,6 +28,9 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -168,7 +177,123 @@ PyObject *read_pieces(PyObject *, PyObject *args) {
     return Py_BuildValue("(ni)", failed, error);
 }
 
+/* map_file(path) -> (address, size): the whole file mapped read-only and shared (the page cache's
+ * pages, no copy), its descriptor closed at once (a mapping holds none). unmap(address, size)
+ * releases it. An empty file maps to (0, 0). */
+PyObject *map_file(PyObject *, PyObject *args) {
+    PyObject *path_obj;
+    if (!PyArg_ParseTuple(args, "O&:map_file", PyUnicode_FSConverter, &path_obj)) {
+        return nullptr;
+    }
+    const char *path = PyBytes_AS_STRING(path_obj);
+    int error = 0;
+    void *address = nullptr;
+    int64_t size = 0;
+    Py_BEGIN_ALLOW_THREADS
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        error = errno;
+    } else {
+        struct stat st;
+        if (fstat(fd, &st) != 0) {
+            error = errno;
+        } else if (st.st_size > 0) {
+            size = st.st_size;
+            address = mmap(nullptr, (size_t)size, PROT_READ, MAP_SHARED, fd, 0);
+            if (address == MAP_FAILED) {
+                error = errno;
+                address = nullptr;
+                size = 0;
+            }
+        }
+        close(fd);
+    }
+    Py_END_ALLOW_THREADS
+    if (error != 0) {
+        errno = error;
+        PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, path_obj);
+        Py_DECREF(path_obj);
+        return nullptr;
+    }
+    Py_DECREF(path_obj);
+    return Py_BuildValue("(KL)", (unsigned long long)(uintptr_t)address, (long long)size);
+}
+
+PyObject *unmap(PyObject *, PyObject *args) {
+    unsigned long long address;
+    long long size;
+    if (!PyArg_ParseTuple(args, "KL:unmap", &address, &size)) {
+        return nullptr;
+    }
+    if (address != 0 && size > 0 && munmap((void *)(uintptr_t)address, (size_t)size) != 0) {
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
+}
+
+/* copy_pieces(addresses, limits, offsets, sizes, out, out_offsets) -> None: piece i is sizes[i]
+ * bytes at offsets[i] of the mapping at addresses[i] (limits[i] bytes long), copied to
+ * out[out_offsets[i]:]; every piece is checked against its mapping and `out` first, then all are
+ * copied without the GIL. */
+PyObject *copy_pieces(PyObject *, PyObject *args) {
+    PyObject *addr_obj, *limit_obj, *offsets_obj, *sizes_obj, *out_obj, *dest_obj;
+    if (!PyArg_ParseTuple(args, "OOOOOO:copy_pieces", &addr_obj, &limit_obj, &offsets_obj,
+                          &sizes_obj, &out_obj, &dest_obj)) {
+        return nullptr;
+    }
+    Buffer addresses, limits, offsets, sizes, dest, out;
+    Py_ssize_t n = 0, n1 = 0, n2 = 0, n3 = 0, n4 = 0;
+    if (!get_int64s(addr_obj, "addresses", addresses, &n) ||
+        !get_int64s(limit_obj, "limits", limits, &n1) ||
+        !get_int64s(offsets_obj, "offsets", offsets, &n2) ||
+        !get_int64s(sizes_obj, "sizes", sizes, &n3) ||
+        !get_int64s(dest_obj, "out_offsets", dest, &n4)) {
+        return nullptr;
+    }
+    if (n1 != n || n2 != n || n3 != n || n4 != n) {
+        PyErr_SetString(PyExc_ValueError, "every array of copy_pieces must have the same length");
+        return nullptr;
+    }
+    if (PyObject_GetBuffer(out_obj, &out.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) != 0) {
+        return nullptr;
+    }
+    out.held = true;
+    const auto *base = static_cast<const int64_t *>(addresses.view.buf);
+    const auto *limit = static_cast<const int64_t *>(limits.view.buf);
+    const auto *offset = static_cast<const int64_t *>(offsets.view.buf);
+    const auto *size = static_cast<const int64_t *>(sizes.view.buf);
+    const auto *to = static_cast<const int64_t *>(dest.view.buf);
+    const int64_t capacity = out.view.len;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        if (size[i] < 0 || offset[i] < 0 || to[i] < 0 || size[i] > capacity ||
+            to[i] > capacity - size[i] || offset[i] > limit[i] || size[i] > limit[i] - offset[i] ||
+            (size[i] > 0 && base[i] == 0)) {
+            PyErr_Format(PyExc_ValueError,
+                         "piece %zd (%lld bytes at %lld of a %lld-byte mapping, to %lld) does not "
+                         "fit its mapping or an output of %lld bytes",
+                         i, (long long)size[i], (long long)offset[i], (long long)limit[i],
+                         (long long)to[i], (long long)capacity);
+            return nullptr;
+        }
+    }
+    char *buffer = static_cast<char *>(out.view.buf);
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        std::memcpy(buffer + to[i], reinterpret_cast<const char *>(base[i]) + offset[i],
+                    (size_t)size[i]);
+    }
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 PyMethodDef methods[] = {
+    {"map_file", map_file, METH_VARARGS,
+     "map_file(path) -> (address, size): the file mapped read-only and shared, no descriptor "
+     "kept."},
+    {"unmap", unmap, METH_VARARGS, "unmap(address, size): releases a mapping of map_file."},
+    {"copy_pieces", copy_pieces, METH_VARARGS,
+     "copy_pieces(addresses, limits, offsets, sizes, out, out_offsets): copies every piece from "
+     "its mapping into out, checked first, without the GIL."},
     {"read_pieces", read_pieces, METH_VARARGS,
      "read_pieces(fds, offsets, sizes, out, out_offsets) -> None or (piece, errno): reads every "
      "piece (sizes[i] bytes of fds[i] at offsets[i]) into out at out_offsets[i], without the "

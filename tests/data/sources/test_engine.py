@@ -1,7 +1,7 @@
 """The reader engine (fastpipe/data/sources/_engine.py, _hdf5.py): where rows lie, the pieces of a
-batch read in one call, the bounded descriptor pool, machine limits never reported as damage,
-and the users' HDF5 files it reads directly (external links, virtual datasets, huge declared
-shapes)."""
+batch read in one call (from the files' mappings, or with pread where a file cannot be mapped),
+the bounded mappings and descriptor pool, machine limits never reported as damage, and the
+users' HDF5 files it reads directly (external links, virtual datasets, huge declared shapes)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,25 @@ from fastpipe.data.sources.h5 import H5Source  # noqa: E402
 pytestmark = pytest.mark.hdf5
 
 
+@pytest.fixture(params=["mapped", "pread"])
+def way(request, monkeypatch):
+    """Both ways the engine reads: copies from the files' mappings (the default), and pread
+    (files that cannot be mapped, or an extension without the mapped copy)."""
+    if _engine._map_file is None:
+        pytest.skip("fastpipe._io was built without the mapped reads")
+    monkeypatch.setattr(_engine, "MAPPINGS", _engine._Mappings(_engine.DEFAULT_MAPPINGS))
+    if request.param == "pread":
+        monkeypatch.setattr(_engine, "_map_file", None)
+    return request.param
+
+
+def _mapped(paths) -> set[str]:
+    """Which of ``paths`` this process has mapped now."""
+    with open("/proc/self/maps") as f:
+        lines = f.read().splitlines()
+    return {p for p in map(str, paths) if any(line.endswith(" " + p) for line in lines)}
+
+
 @pytest.fixture
 def blob(tmp_path):
     data = np.random.default_rng(0).integers(0, 256, 200_000, dtype=np.uint8)
@@ -39,7 +58,7 @@ def blob(tmp_path):
     return path, data
 
 
-def test_pieces_of_chunked_and_windowed_extents_read_the_right_bytes(blob):
+def test_pieces_of_chunked_and_windowed_extents_read_the_right_bytes(blob, way):
     path, data = blob
     rows, chunk, row = 200, 7, 9
     rng = np.random.default_rng(1)
@@ -66,7 +85,7 @@ def test_pieces_of_chunked_and_windowed_extents_read_the_right_bytes(blob):
     pool.close()
 
 
-def test_a_short_read_names_the_file(blob):
+def test_a_short_read_names_the_file(blob, way):
     path, data = blob
     pool = FilePool([os.path.realpath(path)])
     out = np.zeros(100, np.uint8)
@@ -85,8 +104,10 @@ def test_the_descriptors_are_bounded_and_a_file_in_use_is_never_closed(tmp_path,
     for k in range(12):
         paths.append(tmp_path / f"{k}.bin")
         paths[-1].write_bytes(bytes([k]) * 64)
-    # This process's own descriptors, fresh: the limit holds for every source together.
+    # This process's own descriptors, fresh: the limit holds for every source together. Read
+    # with pread, which is what takes descriptors (a mapping holds none).
     monkeypatch.setattr(_engine, "DESCRIPTORS", _engine._Descriptors(3))
+    monkeypatch.setattr(_engine, "_map_file", None)
     pool = FilePool([os.path.realpath(p) for p in paths])
     other = FilePool([os.path.realpath(p) for p in paths[6:]])  # another source, shared files
     before = _open_fds()
@@ -112,7 +133,94 @@ def test_the_descriptors_are_bounded_and_a_file_in_use_is_never_closed(tmp_path,
     assert _open_fds() == before
 
 
-def test_threads_share_a_pool(tmp_path):
+def test_mappings_are_bounded_hold_no_descriptor_and_end_with_close(tmp_path, monkeypatch):
+    if _engine._map_file is None:
+        pytest.skip("fastpipe._io was built without the mapped reads")
+    paths = []
+    for k in range(12):
+        paths.append(tmp_path / f"{k}.bin")
+        paths[-1].write_bytes(bytes([k]) * 64)
+    paths = [os.path.realpath(p) for p in paths]
+    monkeypatch.setattr(_engine, "MAPPINGS", _engine._Mappings(3))
+    pool = FilePool(paths)
+    before = _open_fds()
+    out = np.zeros(12, np.uint8)
+    ids = np.arange(12)
+    read_pieces(pool, Pieces(ids, np.zeros(12, np.int64), np.ones(12, np.int64), ids), out)
+    assert out.tolist() == list(range(12))
+    # A batch pins the mappings it copies from: all 12 were mapped for it, and released after,
+    # the least recently used unmapped down to the bound.
+    assert len(_mapped(paths)) == 3
+    assert _open_fds() == before  # a mapping keeps no descriptor
+    read_pieces(pool, Pieces(ids[:2], np.zeros(2, np.int64), np.ones(2, np.int64), ids[:2]),
+                out[:2])
+    assert out[:2].tolist() == [0, 1] and len(_mapped(paths)) == 3
+    pool.close()
+    assert not _mapped(paths)
+
+
+def test_a_file_that_grew_since_it_was_mapped_is_mapped_again(tmp_path, way):
+    path = tmp_path / "growing.bin"
+    path.write_bytes(b"a" * 100)
+    pool = FilePool([os.path.realpath(path)])
+    out = np.zeros(10, np.uint8)
+    read_pieces(pool, Pieces(np.array([0]), np.array([90]), np.array([10]), np.array([0])), out)
+    assert out.tobytes() == b"a" * 10
+    with open(path, "ab") as f:
+        f.write(b"b" * 100)
+    read_pieces(pool, Pieces(np.array([0]), np.array([150]), np.array([10]), np.array([0])),
+                out)
+    assert out.tobytes() == b"b" * 10
+    pool.close()
+
+
+def test_a_file_that_cannot_be_mapped_is_read_with_pread(blob, monkeypatch):
+    if _engine._map_file is None:
+        pytest.skip("fastpipe._io was built without the mapped reads")
+    path, data = blob
+    monkeypatch.setattr(_engine, "MAPPINGS", _engine._Mappings(8))
+    tries = []
+
+    def refuse(p):
+        tries.append(p)
+        raise OSError(19, "No such device", p)  # what mmap says on a file system without it
+
+    monkeypatch.setattr(_engine, "_map_file", refuse)
+    pool = FilePool([os.path.realpath(path)])
+    for _ in range(3):
+        out = np.zeros(64, np.uint8)
+        read_pieces(pool, Pieces(np.array([0]), np.array([1000]), np.array([64]),
+                                 np.array([0])), out)
+        assert out.tobytes() == data[1000:1064].tobytes()
+    assert len(tries) == 1  # remembered: not tried again for every batch
+    pool.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_reads_through_the_parents_mappings(blob, way):
+    path, data = blob
+    pool = FilePool([os.path.realpath(path)])
+    out = np.zeros(64, np.uint8)
+    read_pieces(pool, Pieces(np.array([0]), np.array([0]), np.array([64]), np.array([0])), out)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        try:
+            got = np.zeros(64, np.uint8)
+            read_pieces(pool, Pieces(np.array([0]), np.array([5000]), np.array([64]),
+                                     np.array([0])), got)
+            os.write(write, got.tobytes())
+        finally:
+            os._exit(0)
+    os.close(write)
+    got = os.read(read, 64)
+    os.close(read)
+    os.waitpid(child, 0)
+    assert got == data[5000:5064].tobytes()
+    pool.close()
+
+
+def test_threads_share_a_pool(tmp_path, way):
     paths = []
     for k in range(20):
         paths.append(tmp_path / f"{k}.bin")
@@ -257,3 +365,30 @@ def test_a_variable_length_field_of_a_users_file_with_an_empty_row(tmp_path):
     assert all(r.dtype == np.int32 for r in rows)
     field = source.schema.fields["v"]
     assert field.value(rows[1]).shape == (0,)
+
+
+def test_the_native_copy_refuses_a_piece_outside_its_mapping_or_the_output(blob):
+    io = pytest.importorskip("fastpipe._io")
+    if not hasattr(io, "copy_pieces"):
+        pytest.skip("fastpipe._io was built without the mapped reads")
+    path, data = blob
+    address, size = io.map_file(str(path))
+    try:
+        assert size == len(data)
+        out = np.zeros(16, np.uint8)
+
+        def copy(offset, length, to):
+            io.copy_pieces(np.array([address], np.int64), np.array([size], np.int64),
+                           np.array([offset], np.int64), np.array([length], np.int64), out,
+                           np.array([to], np.int64))
+
+        copy(100, 16, 0)
+        assert out.tobytes() == data[100:116].tobytes()
+        for offset, length, to in [(size - 8, 16, 0), (0, 16, 1), (-1, 4, 0), (0, -4, 0),
+                                   (0, 4, -1), (size + 1, 0, 0)]:
+            out[:] = 7
+            with pytest.raises(ValueError, match="does not fit"):
+                copy(offset, length, to)
+            assert (out == 7).all()  # checked before anything was copied
+    finally:
+        io.unmap(address, size)
