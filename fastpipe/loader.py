@@ -84,7 +84,8 @@ class DataLoaderX(DataLoader):
     fastpipe's resumable samplers: ``shuffle=True`` gives ``fastpipe.data.RandomSampler`` seeded
     with the keyword ``seed: int | None`` (None: one draw from ``generator=``, else from torch's
     global generator, when the loader is built; 0 in a multi-process ``torch.distributed`` run,
-    as ``DistributedSampler``'s default, so that all ranks agree), otherwise
+    as ``DistributedSampler``'s default, so that all ranks agree; and the keyword
+    ``window: int | None``, its shard-aware order, docs/object-storage.md), otherwise
     ``SequentialSampler``; so
     :meth:`state_dict` / :meth:`load_state_dict` can resume mid-epoch (docs/resume.md).
 
@@ -428,10 +429,12 @@ def _with_stateful_sampler(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, 
 
     Only for a map-style dataset without ``sampler=`` / ``batch_sampler=``. ``shuffle=True`` gives
     a RandomSampler seeded with ``seed=``, else with one draw from ``generator=`` (else torch's
-    global generator); otherwise a SequentialSampler. ``seed`` is taken out of ``kwargs``.
+    global generator); otherwise a SequentialSampler. ``seed`` is taken out of ``kwargs``, and
+    ``window`` (the RandomSampler's shard-aware order), which needs ``shuffle=True``.
     """
     kwargs = dict(kwargs)
     seed = kwargs.pop("seed", None)
+    window = kwargs.pop("window", None)
     bound = _DATALOADER_SIGNATURE.bind_partial(None, *args, **kwargs)
     given = bound.arguments
     dataset = given.get("dataset")
@@ -446,11 +449,20 @@ def _with_stateful_sampler(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, 
                 "seed= seeds the sampler DataLoaderX builds for shuffle=True; with sampler=, "
                 "batch_sampler= or an IterableDataset there is none: seed your sampler instead"
             )
+        if window is not None:
+            raise ValueError(
+                "window= orders the sampler DataLoaderX builds for shuffle=True; with sampler=, "
+                "batch_sampler= or an IterableDataset there is none: pass window= to your "
+                "sampler (fastpipe.data.RandomSampler or DistributedSampler) instead"
+            )
         return args, kwargs
     if given.get("shuffle"):
         if seed is None:
             seed = order_seed(None, generator=given.get("generator"))
-        sampler: Any = RandomSampler(dataset, seed=seed)
+        sampler: Any = RandomSampler(dataset, seed=seed, window=window)
+    elif window is not None:
+        raise ValueError("window= shuffles shards and the samples within windows of them: it "
+                         "needs shuffle=True")
     else:
         sampler = SequentialSampler(dataset)
     given["shuffle"] = None

@@ -19,6 +19,12 @@ from torch.utils import data as torch_data
 
 from fastpipe import _validate as check
 from fastpipe._seed import checked_seed, order_seed
+from fastpipe.data.sampling.order import (
+    check_window,
+    shard_sizes_of,
+    sizes_digest,
+    windowed_permutation,
+)
 from fastpipe.data.sampling.resume import STATE_VERSION
 from fastpipe.data.sampling.seeds import SampleIndex
 
@@ -29,7 +35,8 @@ def _check_seed(seed: int | None, world_size: int | None = None) -> int:
 
 def shard_order(length: int, *, epoch: int = 0, seed: int = 0, shuffle: bool = False,
                 rank: int = 0, world_size: int = 1, drop_last: bool = False,
-                consumed: Sequence[Sequence[int]] = ()) -> list[int]:
+                consumed: Sequence[Sequence[int]] = (), window: int | None = None,
+                shard_sizes: Sequence[int] | None = None) -> list[int]:
     """The indices shard ``rank`` of ``world_size`` reads in ``epoch``, in reading order: the
     one rule of every fastpipe loader (DistributedSampler's, on the CPU path, and DALILoader's).
 
@@ -47,13 +54,31 @@ def shard_order(length: int, *, epoch: int = 0, seed: int = 0, shuffle: bool = F
     that world size had each read ``position`` indices, and only the rest is sharded. Rank r's
     share is ``padded[r::world_size]``, so together they consumed exactly the first
     ``position * world_size`` indices of the padded order.
+
+    ``window`` (with ``shard_sizes``, the samples of each shard in index order) replaces the
+    permutation by the shard-aware one (:mod:`fastpipe.data.sampling.order`): shards shuffled,
+    samples shuffled within windows of ``window`` shards; padding, sharding and ``consumed`` are
+    the same.
     """
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
-    order = _permutation(length, seed, epoch) if shuffle else list(range(length))
+    order = _epoch_order(length, seed, epoch, shuffle, window, shard_sizes)
     for old_world_size, position in consumed:
         order = _padded(order, old_world_size, drop_last)[position * old_world_size:]
     return _padded(order, world_size, drop_last)[rank::world_size]
+
+
+def _epoch_order(length: int, seed: int, epoch: int, shuffle: bool, window: int | None,
+                 shard_sizes: Sequence[int] | None) -> list[int]:
+    """The whole epoch's order, before padding and sharding."""
+    if window is None:
+        return _permutation(length, seed, epoch) if shuffle else list(range(length))
+    if not shuffle:
+        raise ValueError("window= shuffles shards and the samples within windows of them; "
+                         "without shuffle the order is the dataset's: leave window=None")
+    if shard_sizes is None or sum(int(s) for s in shard_sizes) != length:
+        raise ValueError(f"window= needs shard_sizes adding up to the {length} samples")
+    return windowed_permutation(shard_sizes, window, seed, epoch).tolist()
 
 
 def _permutation(length: int, seed: int, epoch: int) -> list[int]:
@@ -87,12 +112,39 @@ class _ResumableSampler:
     _kind: str
     seed: int
     epoch: int
+    window: int | None = None
+    _shard_sizes: Any = None
 
     def _init_state(self, seed: int | None) -> None:
         self.seed = _check_seed(seed)
         self.epoch = 0
         self._start = 0  # where the next iteration begins (nonzero after load_state_dict)
         self._live: list[int] | None = None  # [position, length] of the iteration under way
+
+    def _init_window(self, window: Any, shuffle: bool = True) -> None:
+        """The shard-aware order (fastpipe.data.sampling.order) when ``window`` is an int."""
+        self.window = check_window(window)
+        self._shard_sizes = None
+        if self.window is not None:
+            if not shuffle:
+                raise ValueError("window= shuffles shards and the samples within windows of "
+                                 "them; with shuffle=False the order is the dataset's: leave "
+                                 "window=None")
+            self._shard_sizes = shard_sizes_of(self.data_source)  # type: ignore[attr-defined]
+
+    def _window_state(self) -> dict[str, Any]:
+        if self.window is None:
+            return {}
+        return {"window": self.window, "shards": sizes_digest(self._shard_sizes)}
+
+    def _check_window_state(self, state: dict[str, Any]) -> None:
+        saved = {k: state[k] for k in ("window", "shards") if k in state}
+        if saved != self._window_state():
+            raise ValueError(
+                f"this {self._kind} state was saved with the order {saved or {'window': None}}, "
+                f"this sampler's is {self._window_state() or {'window': None}}: another window "
+                "or other shards give another order, and the rest of the epoch would repeat and "
+                "miss samples; build the sampler with the saved window over the same shards")
 
     def set_epoch(self, epoch: int) -> None:
         """Sets the epoch of the next iteration; a resumed position is kept for the same epoch."""
@@ -139,7 +191,7 @@ class _ResumableSampler:
             "seed": self.seed,
             "epoch": epoch,
             "position": position,
-        }
+        } | self._window_state()
 
     def state_dict(self) -> dict[str, Any]:
         """Where the next index comes from: ``epoch``, ``position`` in it, ``seed``, ``length``.
@@ -169,6 +221,7 @@ class _ResumableSampler:
                 f"this {self._kind} state is corrupt: seed {seed}, epoch {epoch}, position "
                 f"{position} of {length}"
             )
+        self._check_window_state(state)
         start = self._load_extra(state)  # checks first, then restores; nothing after can fail
         self.seed, self.epoch = seed, epoch
         self._start = start
@@ -228,22 +281,29 @@ class RandomSampler(_ResumableSampler, torch_data.RandomSampler):
     """A new permutation of ``range(len(data_source))`` every epoch, a function of (seed, epoch).
 
     Without replacement; the order of epoch ``e`` is ``torch.randperm(n)`` drawn from a generator
-    seeded with ``seed + e`` (the rule of torch's ``DistributedSampler``).
+    seeded with ``seed + e`` (the rule of torch's ``DistributedSampler``), or with ``window`` the
+    shard-aware order (shards shuffled, samples shuffled within windows of ``window`` shards:
+    :mod:`fastpipe.data.sampling.order`, docs/object-storage.md).
 
     Args:
-        data_source: anything with ``len()``.
+        data_source: anything with ``len()``; with ``window``, a dataset of shards (its
+            ``shard_sizes()``: TarDataset, ParquetDataset).
         seed: the seed of every epoch's order; None draws one from torch's global generator now,
             so ``torch.manual_seed(s)`` before building reproduces the run.
+        window: shards whose samples are shuffled together; None: a uniform shuffle.
     """
 
     _kind = "RandomSampler"
 
-    def __init__(self, data_source: Sized, *, seed: int | None = None) -> None:
+    def __init__(self, data_source: Sized, *, seed: int | None = None,
+                 window: int | None = None) -> None:
         torch_data.RandomSampler.__init__(self, data_source)
         self._init_state(seed)
+        self._init_window(window)
 
     def _order(self) -> list[int]:
-        return _permutation(len(self.data_source), self.seed, self.epoch)
+        return _epoch_order(len(self.data_source), self.seed, self.epoch, True, self.window,
+                            self._shard_sizes)
 
     def __len__(self) -> int:
         return len(self.data_source)
@@ -287,6 +347,10 @@ class DistributedSampler(_ResumableSampler, torch_data.DistributedSampler):
         seed: None draws one from torch's global generator; in DDP pass the same int on every rank
             (or seed torch identically on every rank before building).
         drop_last: drop the tail that does not divide evenly, instead of padding by repetition.
+        window: the shard-aware order instead of the permutation, as in
+            :class:`RandomSampler` (``dataset`` a dataset of shards; needs ``shuffle``): every
+            rank reads from the same window at the same time, and re-sharding after a restore
+            on another world size is the same.
     """
 
     _kind = "DistributedSampler"
@@ -299,6 +363,7 @@ class DistributedSampler(_ResumableSampler, torch_data.DistributedSampler):
         shuffle: bool = True,
         seed: int | None = None,
         drop_last: bool = False,
+        window: int | None = None,
     ) -> None:
         world_size, rank = _distributed_setting(world_size, rank)
         seed = _check_seed(seed, world_size)
@@ -307,6 +372,7 @@ class DistributedSampler(_ResumableSampler, torch_data.DistributedSampler):
             drop_last=drop_last,
         )
         self._init_state(seed)
+        self._init_window(window, shuffle)
         self._history: list[list[int]] = []  # [[world_size, position], ...] of the epoch so far
 
     @property
@@ -324,7 +390,8 @@ class DistributedSampler(_ResumableSampler, torch_data.DistributedSampler):
         # After a restore with another world size, only what the old ranks had not yet seen.
         return shard_order(len(self.dataset), epoch=self.epoch, seed=self.seed,
                            shuffle=self.shuffle, rank=self.rank, world_size=self.num_replicas,
-                           drop_last=self.drop_last, consumed=self._history)
+                           drop_last=self.drop_last, consumed=self._history,
+                           window=self.window, shard_sizes=self._shard_sizes)
 
     def __len__(self) -> int:
         return self.num_samples
