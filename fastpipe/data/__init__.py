@@ -47,6 +47,7 @@ _EXPORTS = {
     "H5Dataset": "fastpipe.data.datasets.readers",
     "LMDBDataset": "fastpipe.data.datasets.readers",
     "TarDataset": "fastpipe.data.datasets.readers",
+    "ParquetDataset": "fastpipe.data.datasets.readers",
     "sample_images": "fastpipe.data.samples",
     "DistributedSampler": "fastpipe.data.sampling.sampler",
     "RandomSampler": "fastpipe.data.sampling.sampler",

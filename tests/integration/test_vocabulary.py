@@ -40,6 +40,7 @@ ALIASES = {
     "random_seed": "seed", "rng_seed": "seed", "rng": "seed",
     "device_id": "device",
     "crop_ratio": "crop_pct", "crop_fraction": "crop_pct",
+    "shuffle_block_size": "window", "shuffle_window": "window", "block_size": "window",
 }
 # Members (attributes, methods) of public classes: the same, plus ``source(i)`` for ``path(i)``.
 MEMBER_ALIASES = {**ALIASES, "source": "path"}
@@ -77,6 +78,7 @@ EXEMPT = {
     ("H5Dataset", "layout"): "the stored array layout of a pack file, not a memory format",
     ("LMDBDataset", "layout"): "the stored array layout of a pack file, not a memory format",
     ("TarDataset", "layout"): "the pack datasets' stored layout (None: tar shards hold records)",
+    ("ParquetDataset", "layout"): "the record dataset's stored layout (None: rows are records)",
     ("ImageFolder", "layout"): "the record dataset's stored layout ('encoded': image files)",
     ("PairedFolders", "layout"): "the record dataset's stored layout (None: records)",
     ("EncodedSource", "rank"): "a building block: the share is explicit (DALILoader resolves it)",

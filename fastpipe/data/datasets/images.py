@@ -3,8 +3,8 @@ classify (``image_loader``, the profiler, ``fastpipe tune``/``bench``/``profile`
 
 The path's kind comes from the one resolver (fastpipe.data.sources.resolve): an image folder
 (``ImageFolder``), a list file of ``path label`` lines, an HDF5 or LMDB pack (``H5Dataset``,
-``LMDBDataset``), or tar shards (``TarDataset``, its image and label members picked from the
-first sample's fields).
+``LMDBDataset``), tar shards (``TarDataset``, its image and label members picked from the
+first sample's fields) or Parquet files (``ParquetDataset``: its image and label columns).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from fastpipe.recipe import Recipe
 __all__ = ["CLASSIFICATION_KINDS", "image_dataset"]
 
 # The kinds of path that hold (image, label) samples.
-CLASSIFICATION_KINDS = ("folder", "list", "hdf5", "lmdb", "tar")
+CLASSIFICATION_KINDS = ("folder", "list", "hdf5", "lmdb", "tar", "parquet")
 
 
 def image_dataset(path: str | os.PathLike, *, recipe: Recipe | None = None,
@@ -32,8 +32,8 @@ def image_dataset(path: str | os.PathLike, *, recipe: Recipe | None = None,
     if kind not in CLASSIFICATION_KINDS:
         raise ValueError(f"{path} holds {_WHAT[kind]}, not labelled images: image_loader reads an "
                          "image folder (root/<class>/<image>), a list file of 'path label' lines, "
-                         "a fastpipe pack of (image, label) samples or tar shards (image and "
-                         "label members)")
+                         "a fastpipe pack of (image, label) samples, tar shards (image and "
+                         "label members) or Parquet files (image and label columns)")
     options: dict[str, Any] = {"recipe": recipe, "seed": seed}
     if kind == "folder":
         from fastpipe.data.datasets.folders import ImageFolder
@@ -51,6 +51,10 @@ def image_dataset(path: str | os.PathLike, *, recipe: Recipe | None = None,
         from fastpipe.data.datasets.readers import LMDBDataset
 
         dataset = LMDBDataset(path, **options, fields=_pair_of(path, kind))
+    elif kind == "parquet":
+        from fastpipe.data.datasets.readers import ParquetDataset
+
+        dataset = ParquetDataset(path, **options, fields=_pair_of(path, kind))
     else:
         from fastpipe.data.datasets.readers import TarDataset
 

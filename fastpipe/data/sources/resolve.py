@@ -22,7 +22,7 @@ from fastpipe.data.sources.listing import IMG_EXTENSIONS
 __all__ = ["KINDS", "kind_of", "resolve"]
 
 # What kind_of answers, and the source class each kind opens.
-KINDS = ("hdf5", "lmdb", "tar", "folder", "images", "arrays", "list", "columns")
+KINDS = ("hdf5", "lmdb", "tar", "parquet", "folder", "images", "arrays", "list", "columns")
 
 
 def kind_of(path: str | os.PathLike) -> str:
@@ -31,10 +31,10 @@ def kind_of(path: str | os.PathLike) -> str:
     text = os.fspath(path)
     path = Path(text)
     if not path.exists():
-        if glob.has_magic(text) and glob.glob(text):
-            return "tar"
+        if glob.has_magic(text) and (found := glob.glob(text, recursive=True)):
+            return "parquet" if all(f.endswith(".parquet") for f in found) else "tar"
         raise FileNotFoundError(f"{text} does not exist (expected an image folder, a pack, tar "
-                                "shards, a list file or a folder of .npy files)")
+                                "shards, Parquet files, a list file or a folder of .npy files)")
     if path.is_dir():
         if (path / "data.mdb").is_file():
             return "lmdb"
@@ -50,6 +50,8 @@ def kind_of(path: str | os.PathLike) -> str:
         if any(_holds(c, ARRAY_EXTENSIONS) for c in classes):
             return "arrays"
         for _, _, files in os.walk(path, followlinks=True):
+            if any(f.endswith(".parquet") for f in files):
+                return "parquet"
             if any(f.lower().endswith(IMG_EXTENSIONS) for f in files):
                 return "images"
             if any(is_array_file(f) and not f.endswith(".fastpipe-index.npz") for f in files):
@@ -57,13 +59,16 @@ def kind_of(path: str | os.PathLike) -> str:
         if classes:
             raise ValueError(f"{path} holds class folders but no images found in them "
                              f"({', '.join(IMG_EXTENSIONS)})")
-        raise ValueError(f"{path} holds no images and no class folders (nor tar shards or .npy "
-                         "files): not a source fastpipe reads; an image folder is "
+        raise ValueError(f"{path} holds no images and no class folders (nor tar shards, Parquet "
+                         "or .npy files): not a source fastpipe reads; an image folder is "
                          "root/<class>/<image>")
     try:
         return sniff_format(path)  # HDF5 or LMDB, by their first bytes
     except PackFormatError:
         pass
+    with open(path, "rb") as f:
+        if f.read(4) == b"PAR1":
+            return "parquet"
     if tarfile.is_tarfile(path):
         return "tar"
     return _list_kind(path)
@@ -132,6 +137,10 @@ def _open(path: str | os.PathLike, kind: str, fields: Any) -> Source:
         from fastpipe.data.sources.tar import TarSource
 
         return TarSource(path, names)
+    if kind == "parquet":
+        from fastpipe.data.sources.parquet import ParquetSource
+
+        return ParquetSource(path, names)
     if kind == "folder":
         from fastpipe.data.sources.folder import FolderSource
 

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.hdf5
 STORED = Path(__file__).resolve().parents[2] / "stored" / "packs"
 KINDS = ["h5-v1-bytes", "h5-v1-array", "h5-v1-virtual", "h5-v2", "h5-v2-virtual", "h5-plain",
          "lmdb-v1", "lmdb-v2", "tar", "folder", "list", "paired", "arrays", "columns",
-         "dataset", "hf"]
+         "dataset", "hf", "parquet", "parquet-hub"]
 
 
 def _jpeg(i: int) -> bytes:
@@ -120,6 +120,24 @@ def _make(kind: str, root: Path) -> Source:
         return resolve(listing)
     if kind == "dataset":
         return resolve(Records())
+    if kind == "parquet":
+        import pyarrow as pa
+
+        from tests.helpers.parquet import plain_file
+
+        rows = [Records()[i] for i in range(5)]
+        mix = pa.array([r["mix"].tolist() for r in rows], pa.list_(pa.list_(pa.float32(), 3), 2))
+        return resolve(plain_file(root / "records.parquet", {
+            "image": pa.array([r["image"] for r in rows], pa.binary()), "mix": mix,
+            "frames": pa.array([[i] * (i + 1) for i in range(5)], pa.list_(pa.int32())),
+            "label": [r["label"] for r in rows], "text": [r["text"] for r in rows]},
+            row_group=2))
+    if kind == "parquet-hub":
+        pytest.importorskip("datasets")
+        from tests.helpers.parquet import hub_dataset
+
+        hub_dataset(root, rows=7, shards=2, row_group=3)
+        return resolve(root)
     datasets = pytest.importorskip("datasets")
     ds = datasets.Dataset.from_dict(
         {"image": [{"bytes": _jpeg(i), "path": None} for i in range(5)],
@@ -239,14 +257,14 @@ def test_describe_names_each_sample(source):
 
 def test_the_resolver_names_every_path_kind(tmp_path):
     kinds = {}
-    for kind in ("h5-plain", "tar", "folder", "list", "arrays", "columns"):
+    for kind in ("h5-plain", "tar", "folder", "list", "arrays", "columns", "parquet"):
         root = tmp_path / kind
         root.mkdir()
         src = _make(kind, root)
         kinds[kind] = type(src).__name__
     assert kinds == {"h5-plain": "H5Source", "tar": "TarSource", "folder": "FolderSource",
                      "list": "ListSource", "arrays": "ArrayFilesSource",
-                     "columns": "ColumnsSource"}
+                     "columns": "ColumnsSource", "parquet": "ParquetSource"}
     assert kind_of(STORED / "v1_bytes.lmdb") == "lmdb"
     assert kind_of(STORED / "v2_records_copy.h5") == "hdf5"
     (tmp_path / "flat").mkdir()
