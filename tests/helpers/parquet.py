@@ -28,27 +28,29 @@ def jpeg(i: int, size: tuple[int, int] = (24, 32)) -> bytes:
     return out.getvalue()
 
 
-def hub_rows(rows: int, broken: tuple[int, ...] = (), missing: tuple[int, ...] = ()
-             ) -> list[dict[str, Any]]:
+def hub_rows(rows: int, broken: tuple[int, ...] = (), missing: tuple[int, ...] = (),
+             ids: bool = False) -> list[dict[str, Any]]:
     """The rows of an image classification dataset: ``broken`` rows hold bytes that are no
-    image, ``missing`` rows no image at all."""
+    image, ``missing`` rows no image at all; with ``ids``, an ``id`` column (the row's
+    number), which tests use to tell samples apart in batches."""
     out = []
     for i in range(rows):
         data = b"not an image at all" if i in broken else jpeg(i)
         image = None if i in missing else {"bytes": data, "path": f"img_{i:05d}.JPEG"}
-        out.append({"image": image, "label": i % len(CLASSES)})
+        out.append({"image": image, "label": i % len(CLASSES)} | ({"id": i} if ids else {}))
     return out
 
 
 def hub_dataset(root: Path, *, rows: int = 50, shards: int = 3, row_group: int = 7,
                 split: str = "train", broken: tuple[int, ...] = (),
-                missing: tuple[int, ...] = ()) -> list[dict[str, Any]]:
+                missing: tuple[int, ...] = (), ids: bool = False) -> list[dict[str, Any]]:
     """Writes ``root/data/{split}-0000k-of-0000n.parquet`` with ``datasets``; returns the rows."""
     import datasets
 
-    records = hub_rows(rows, broken, missing)
+    records = hub_rows(rows, broken, missing, ids)
     features = datasets.Features({"image": datasets.Image(),
-                                  "label": datasets.ClassLabel(names=list(CLASSES))})
+                                  "label": datasets.ClassLabel(names=list(CLASSES))}
+                                 | ({"id": datasets.Value("int64")} if ids else {}))
     table = datasets.Dataset.from_list(records, features=features)
     folder = root / "data"
     folder.mkdir(parents=True, exist_ok=True)

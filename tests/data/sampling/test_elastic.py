@@ -1,0 +1,152 @@
+"""Elastic, exact resume in the shard-aware order, with real processes: a job of 4 gloo ranks (each
+with 2 worker processes) reads a Hub-layout Parquet dataset in windows of shards, is stopped
+mid-epoch, and restarts on 3 ranks (no workers) and on 6 ranks (2 worker threads). The union of
+what was read before and after is every sample of the epoch exactly once, in the one global order
+of (seed, epoch); each sample's pixels are the draws an uninterrupted run gives it; every rank
+takes the same number of steps."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("pyarrow")
+pytest.importorskip("datasets")
+
+import fastpipe  # noqa: E402
+from fastpipe.data import ParquetDataset, SampleIndex  # noqa: E402
+from fastpipe.data.sampling.order import windowed_permutation  # noqa: E402
+from tests.helpers.parquet import hub_dataset  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+REPO = Path(fastpipe.__file__).resolve().parent.parent
+ROWS, SHARDS, WINDOW, SEED, AUGMENT_SEED, BATCH, SAVED_STEPS = 120, 6, 2, 5, 11, 4, 3
+RECIPE = fastpipe.Recipe(train=True, size=24)
+
+# One rank: phase "save" reads SAVED_STEPS batches and saves the loader's state, as a job that is
+# preempted; phase "resume" loads the state of rank (rank % 4) and reads the rest of the epoch.
+# Each records the ids and images of its batches and the step count of every rank.
+_SCRIPT = """
+import sys, torch, torch.distributed as dist
+sys.path[:0] = [{repo!r}]
+import fastpipe
+from fastpipe import DataLoaderX
+from fastpipe.data import DistributedSampler, ParquetDataset, fast_collate
+phase, folder, data, workers, method = sys.argv[1:6]
+dist.init_process_group("gloo")
+rank, world_size = dist.get_rank(), dist.get_world_size()
+dataset = ParquetDataset(data, recipe=fastpipe.Recipe(train=True, size=24), seed={augment})
+sampler = DistributedSampler(dataset, seed={seed}, window={window})
+loader = DataLoaderX(dataset, batch_size={batch}, sampler=sampler, num_workers=int(workers),
+                     worker_method=method, collate_fn=fast_collate)
+seen = []
+if phase == "save":
+    batches = iter(loader)
+    for _ in range({steps}):
+        batch = next(batches)
+        seen.append((batch["id"].clone(), batch["image"].clone()))
+    state = loader.state_dict()
+    del batches
+    torch.save(state, f"{{folder}}/state{{rank}}.pt")
+else:
+    loader.load_state_dict(torch.load(f"{{folder}}/state{{rank % 4}}.pt", weights_only=True))
+    for batch in loader:
+        seen.append((batch["id"].clone(), batch["image"].clone()))
+steps = [torch.zeros(1, dtype=torch.int64) for _ in range(world_size)]
+dist.all_gather(steps, torch.tensor([len(seen)]))
+torch.save({{"seen": seen, "steps": [int(s) for s in steps]}},
+           f"{{folder}}/{{phase}}{{world_size}}-{{rank}}.pt")
+dist.destroy_process_group()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_ranks(script: Path, world_size: int, args: list[str], timeout: float = 300) -> None:
+    """``script args`` as ``world_size`` gloo ranks on the loopback, each in a process group of
+    its own (killed with everything it started if it fails or times out)."""
+    port = _free_port()
+    ranks = []
+    try:
+        for rank in range(world_size):
+            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+            ranks.append(subprocess.Popen([sys.executable, str(script), *args], env=env,
+                                          cwd=REPO, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True,
+                                          start_new_session=True))
+        for rank, process in enumerate(ranks):
+            _, stderr = process.communicate(timeout=timeout)
+            assert process.returncode == 0, f"rank {rank} of {world_size} failed:\n" \
+                                            f"{stderr[-3000:]}"
+    finally:
+        for process in ranks:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            process.wait()
+
+
+def _load(folder: Path, phase: str, world_size: int) -> list[dict]:
+    return [torch.load(folder / f"{phase}{world_size}-{r}.pt", weights_only=True)
+            for r in range(world_size)]
+
+
+def _global(ranks: list[dict]) -> list[int]:
+    """The ranks' samples interleaved step by step: the order they were dealt from."""
+    per_rank = [torch.cat([ids for ids, _ in r["seen"]]).tolist() for r in ranks]
+    assert len({len(p) for p in per_rank}) == 1
+    return [p[k] for k in range(len(per_rank[0])) for p in per_rank]
+
+
+def check_elastic_resume(script: Path, folder: Path, data: str, dataset: ParquetDataset,
+                         resumes: list[tuple[int, str, str]]) -> None:
+    """Saves on 4 ranks with 2 worker processes, resumes on each of ``resumes`` (world size,
+    workers, worker_method), and checks the epoch: every sample once, in the global order, with
+    the uninterrupted draws, equal steps per rank."""
+    run_ranks(script, 4, ["save", str(folder), data, "2", "process"])
+    saved = _load(folder, "save", 4)
+    order = windowed_permutation(dataset.shard_sizes(), WINDOW, SEED, 0).tolist()
+    assert _global(saved) == order[:4 * BATCH * SAVED_STEPS]
+    for world_size, workers, method in resumes:
+        run_ranks(script, world_size, ["resume", str(folder), data, workers, method])
+        resumed = _load(folder, "resume", world_size)
+        steps = {tuple(r["steps"]) for r in resumed}
+        assert len(steps) == 1 and len(set(next(iter(steps)))) == 1, f"unequal steps: {steps}"
+        rest = _global(resumed)
+        assert rest == order[4 * BATCH * SAVED_STEPS:], "the rest of the same global order"
+        counts = collections.Counter(_global(saved) + rest)
+        assert sorted(counts) == list(range(ROWS)) and set(counts.values()) == {1}
+        for ranks in (saved, resumed):
+            for record in ranks:
+                for ids, images in record["seen"]:
+                    want = torch.stack([dataset[SampleIndex(i, 0)]["image"]
+                                        for i in ids.tolist()])
+                    assert torch.equal(images, want), "the draws of an uninterrupted run"
+
+
+def test_saved_on_4_ranks_mid_epoch_resumed_on_3_and_on_6(tmp_path):
+    data = tmp_path / "hub"
+    hub_dataset(data, rows=ROWS, shards=SHARDS, row_group=6, ids=True)
+    script = tmp_path / "rank.py"
+    script.write_text(_SCRIPT.format(repo=str(REPO), augment=AUGMENT_SEED, seed=SEED,
+                                     window=WINDOW, batch=BATCH, steps=SAVED_STEPS))
+    dataset = ParquetDataset(data, recipe=RECIPE, seed=AUGMENT_SEED)
+    assert np.array_equal(dataset.shard_sizes(), [ROWS // SHARDS] * SHARDS)
+    check_elastic_resume(script, tmp_path, str(data), dataset,
+                         [(3, "0", "process"), (6, "2", "thread")])
