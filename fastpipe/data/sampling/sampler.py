@@ -21,7 +21,9 @@ from fastpipe import _validate as check
 from fastpipe._seed import checked_seed, order_seed
 from fastpipe.data.sampling.order import (
     check_window,
+    shard_sequence,
     shard_sizes_of,
+    shard_starts,
     sizes_digest,
     windowed_permutation,
 )
@@ -161,9 +163,38 @@ class _ResumableSampler:
         """The indices of one whole iteration of the current epoch, from its position 0."""
         raise NotImplementedError
 
+    def _prefetch_shards(self, order: list[int], start: int) -> None:
+        """Tells a dataset whose shards stream through a cache (its, or its source's,
+        ``prefetch(shards)``: remote tar shards and Parquet files) the shards this iteration
+        reads, in the order it first needs them, so that they are fetched ahead in that order;
+        the previous iteration's prefetch is stopped first."""
+        previous = self.__dict__.pop("_prefetch", None)
+        if previous is not None:
+            previous.close()
+        dataset = self.data_source  # type: ignore[attr-defined]
+        prefetch = next((getattr(o, "prefetch", None) for o in (dataset, getattr(
+            dataset, "source", None)) if callable(getattr(o, "prefetch", None))), None)
+        if prefetch is None or start >= len(order):
+            return
+        sizes = self._shard_sizes
+        if sizes is None:
+            try:
+                sizes = shard_sizes_of(dataset)
+            except TypeError:  # a prefetch of another kind, on a dataset without shards
+                return
+        handle = prefetch(shard_sequence(order[start:], shard_starts(sizes)))
+        if handle is not None:
+            self.__dict__["_prefetch"] = handle
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_prefetch", None)  # threads of this process: a copy starts its own
+        return state
+
     def __iter__(self) -> Iterator[SampleIndex]:
         epoch, start = self.epoch, self._start
         order = self._order()
+        self._prefetch_shards(order, start)
         live = [start, len(order)]
         self._live = live
         try:

@@ -174,3 +174,47 @@ def test_distributed_resume_on_another_world_size_keeps_the_windowed_order():
         remaining = padded[12:]
         assert flat[:len(remaining)] == remaining
         assert sorted(set(taken) | set(flat)) == list(range(43))
+
+
+class Streamed(Sharded):
+    """A dataset whose shards stream through a cache: it records what it is asked to fetch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[list[int]] = []
+        self.handles: list[Handle] = []
+
+    def prefetch(self, shards):
+        self.asked.append(list(shards))
+        self.handles.append(Handle())
+        return self.handles[-1]
+
+
+class Handle:
+    closed = False
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_samplers_tell_the_dataset_the_shards_in_the_order_they_are_first_needed():
+    import pickle
+
+    dataset = Streamed()
+    sampler = DistributedSampler(dataset, world_size=2, rank=1, seed=3, window=2)
+    share = [int(i) for i in sampler]
+    assert dataset.asked == [list(dict.fromkeys(_shard_of(share).tolist()))]
+    it = iter(sampler)  # epoch 1; stopped after 5 indices, its state saved
+    for _ in range(5):
+        next(it)
+    state = sampler.state_dict()
+    assert dataset.handles[0].closed and not dataset.handles[1].closed
+    clone = pickle.loads(pickle.dumps(sampler))  # the prefetch stays with this process
+    assert "_prefetch" not in clone.__dict__
+    resumed = DistributedSampler(dataset, world_size=2, rank=1, seed=3, window=2)
+    resumed.load_state_dict(state)
+    rest = [int(i) for i in resumed]
+    # Only what the rest of the epoch reads, from the resumed position on.
+    assert dataset.asked[-1] == list(dict.fromkeys(_shard_of(rest).tolist()))
+    assert rest == shard_order(43, epoch=1, seed=3, shuffle=True, rank=1, world_size=2,
+                               window=2, shard_sizes=SIZES)[5:]
