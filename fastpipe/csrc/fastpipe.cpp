@@ -35,6 +35,14 @@ TORCH_LIBRARY(fastpipe, m) {
   // sample: apply, count in min_count..max_count; per box: 10 areas, 10 log ratios, row, column):
   // the geometry of fastpipe/ops/_params.py's erasing_boxes, CPU only (parameters are always made
   // on the CPU).
+  // The CPU image path's antialiased resize (fastpipe/csrc/image/) over a batch of images of
+  // their own sizes: images[n], (h, w, 3) uint8 (any strides), is the box at (plan[n][0],
+  // plan[n][1]) of an image of plan[n][2] x plan[n][3]; output n, (3, height, width), is the box
+  // at (plan[n][4], plan[n][5]) of that image resized to plan[n][6] x plan[n][7], mirrored
+  // left-right when plan[n][8] is 1. plan: (N, 9) int64 on the CPU (read on the host). filter:
+  // 0 bilinear, 1 bicubic. Per pixel, kernels.h's resize_* functions: fastpipe._resize's bits.
+  m.def("resize_crops(Tensor[] images, Tensor plan, int height, int width, int filter) -> Tensor",
+        tags);
   m.def("erasing_boxes(Tensor uniforms, int height, int width, int max_count, float p, "
         "float scale_low, float scale_high, float log_ratio_low, float log_ratio_high, "
         "int min_count=1) -> Tensor",

@@ -7,6 +7,7 @@
 // fastpipe/ops/_reference.py produce the same bits.
 #pragma once
 
+#include <math.h>
 #include <stdint.h>
 
 #include <type_traits>
@@ -300,6 +301,239 @@ FP_HD void cutmix_pair_element(int64_t i, T* images, const Strides& s, bool chan
   if (into_partner) {
     *partner = a;
   }
+}
+
+
+// ---- resize_crops: the CPU image path's antialiased resize (fastpipe/csrc/image/), per pixel ----
+// fastpipe._resize resizes a row at a time with SIMD; these functions compute one output pixel
+// of the same resize, to the same bits, so that the CUDA kernel (a thread per pixel), the C++ CPU
+// kernel and the PyTorch reference agree with it and with each other. The taps are PIL's and
+// torch's (a triangle or Keys' cubic with a = -0.5, stretched by the scale when shrinking), in
+// double; the weights as float, then 14-bit fixed point whose sum is exactly 1 << 14. While both
+// axes have at most kResizeMaxFixedTaps taps, rows are summed exactly in integers, kept with 6
+// fraction bits, and columns summed in integers with one rounding at the end; past that (a shrink
+// beyond 8x), columns are summed in float, rows too when they have that many taps.
+constexpr int kResizeBilinear = 0;
+constexpr int kResizeBicubic = 1;
+constexpr int kResizeFractionBits = 14;
+constexpr int kResizeRowShift = 8;   // 14 fraction bits of a row sum, 6 kept
+constexpr int kResizeOutShift = 20;  // 6 + 14 fraction bits of a column sum
+constexpr int kResizeMaxFixedTaps = 17;
+
+FP_HD double resize_support(int filter) {
+  return filter == kResizeBicubic ? 2.0 : 1.0;
+}
+
+FP_HD double resize_filter(int filter, double x) {
+  x = x < 0.0 ? -x : x;
+  if (filter == kResizeBicubic) {
+    const double a = -0.5;
+    if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
+    if (x < 2.0) return (((x - 5.0) * x + 8.0) * x - 4.0) * a;
+    return 0.0;
+  }
+  return x < 1.0 ? 1.0 - x : 0.0;
+}
+
+// lround of a float (half away from zero), exactly: |v| + 0.5 is exact in double.
+FP_HD int32_t resize_round(float v) {
+  const double d = v;
+  const double r = floor((d < 0.0 ? -d : d) + 0.5);
+  return static_cast<int32_t>(d < 0.0 ? -r : r);
+}
+
+// The taps of output index i of an axis resized from in_size to out_size: inputs start to
+// start + count - 1, weight k = filter((k + start - center + 0.5) * inv_scale) / total; fixed
+// holds the 14-bit weights when count <= kResizeMaxFixedTaps (what the integer forms read).
+struct ResizeTaps {
+  int64_t start, count, max_taps;
+  double center, inv_scale, total;
+  int filter;
+  int32_t fixed[kResizeMaxFixedTaps];
+};
+
+FP_HD double resize_raw(const ResizeTaps& t, int64_t k) {
+  return resize_filter(t.filter, (static_cast<double>(k + t.start) - t.center + 0.5) * t.inv_scale);
+}
+
+FP_HD float resize_weight(const ResizeTaps& t, int64_t k) {
+  return static_cast<float>(t.total != 0.0 ? resize_raw(t, k) / t.total : 0.0);
+}
+
+// max_taps of an axis: 2 * ceil(support) + 1, support stretched by the scale when shrinking.
+FP_HD int64_t resize_max_taps(int64_t in_size, int64_t out_size, int filter) {
+  const double scale = static_cast<double>(in_size) / static_cast<double>(out_size);
+  const double support = resize_support(filter) * (scale >= 1.0 ? scale : 1.0);
+  return static_cast<int64_t>(ceil(support)) * 2 + 1;
+}
+
+FP_HD ResizeTaps resize_taps(int64_t in_size, int64_t out_size, int64_t i, int filter) {
+  ResizeTaps t;
+  const double scale = static_cast<double>(in_size) / static_cast<double>(out_size);
+  const double support = resize_support(filter) * (scale >= 1.0 ? scale : 1.0);
+  t.filter = filter;
+  t.inv_scale = scale >= 1.0 ? 1.0 / scale : 1.0;
+  t.max_taps = static_cast<int64_t>(ceil(support)) * 2 + 1;
+  t.center = scale * (static_cast<double>(i) + 0.5);
+  int64_t lo = static_cast<int64_t>(static_cast<int>(t.center - support + 0.5));
+  int64_t hi = static_cast<int64_t>(static_cast<int>(t.center + support + 0.5));
+  lo = lo < 0 ? 0 : lo;
+  hi = hi > in_size ? in_size : hi;
+  t.start = lo;
+  t.count = hi - lo < t.max_taps ? hi - lo : t.max_taps;
+  t.total = 0.0;
+  for (int64_t k = 0; k < t.count; ++k) {
+    t.total += resize_raw(t, k);
+  }
+  if (t.count <= kResizeMaxFixedTaps) {
+    // Rounded weights, then the largest (the first of equals) takes what the sum misses.
+    int32_t sum = 0;
+    int64_t largest = 0;
+    for (int64_t k = 0; k < t.count; ++k) {
+      t.fixed[k] = resize_round(resize_weight(t, k) * static_cast<float>(1 << kResizeFractionBits));
+      sum += t.fixed[k];
+      largest = t.fixed[k] > t.fixed[largest] ? k : largest;
+    }
+    if (t.count > 0) {
+      t.fixed[largest] += (1 << kResizeFractionBits) - sum;
+    }
+  }
+  return t;
+}
+
+// The most taps any output index of the axis has (fastpipe._resize pads every column to it).
+FP_HD int64_t resize_longest_count(int64_t in_size, int64_t out_size, int filter) {
+  int64_t longest = 1;
+  for (int64_t i = 0; i < out_size; ++i) {
+    const int64_t count = resize_taps(in_size, out_size, i, filter).count;
+    longest = count > longest ? count : longest;
+  }
+  return longest;
+}
+
+// Whether an image resized from in to out takes the integer forms (both axes within
+// kResizeMaxFixedTaps taps), as fastpipe._resize decides.
+FP_HD bool resize_integer(int64_t in_h, int64_t in_w, int64_t out_h, int64_t out_w, int filter) {
+  if (resize_max_taps(in_h, out_h, filter) > kResizeMaxFixedTaps) return false;
+  if (resize_max_taps(in_w, out_w, filter) <= kResizeMaxFixedTaps) return true;
+  return resize_longest_count(in_w, out_w, filter) <= kResizeMaxFixedTaps;
+}
+
+// One image of a resize_crops batch: its pixels (h, w, 3) are read through element strides; they
+// are the box (top, left, height, width) of an image of full_height x full_width; the output is
+// the box at (out_top, out_left), of the batch's output size, of that image resized to
+// resized_height x resized_width, mirrored left-right when flip. A row of resize_crops' table:
+// the pixels' address, these 14 values, then 1 where the integer forms apply (resize_integer)
+// and 0 where not: kResizeTableColumns int64 in all.
+struct ResizeImage {
+  int64_t stride_y, stride_x, stride_c;
+  int64_t top, left, height, width, full_height, full_width;
+  int64_t out_top, out_left, resized_height, resized_width, flip;
+};
+constexpr int kResizeTableColumns = 16;
+
+FP_HD ResizeImage resize_image(const int64_t* row) {
+  return ResizeImage{row[1], row[2], row[3], row[4], row[5], row[6], row[7],
+                     row[8], row[9], row[10], row[11], row[12], row[13], row[14]};
+}
+
+// The int16 row value of one input column and channel: the rows' exact weighted sum, 6
+// fraction bits kept, rounded half up (an arithmetic shift: floor).
+FP_HD int32_t resize_row_fixed(const uint8_t* pixels, const ResizeImage& im, const ResizeTaps& rows,
+                               int64_t column, int64_t channel) {
+  const uint8_t* p = pixels + (rows.start - im.top) * im.stride_y + (column - im.left) * im.stride_x +
+                     channel * im.stride_c;
+  int32_t sum = 0;
+  for (int64_t k = 0; k < rows.count; ++k) {
+    sum += rows.fixed[k] * static_cast<int32_t>(p[k * im.stride_y]);
+  }
+  return static_cast<int16_t>((sum + (1 << (kResizeRowShift - 1))) >> kResizeRowShift);
+}
+
+// The float row value of the float forms: the exact fixed sum scaled, or (more than
+// kResizeMaxFixedTaps row taps) float weights summed in order.
+FP_HD float resize_row_float(const uint8_t* pixels, const ResizeImage& im, const ResizeTaps& rows,
+                             int64_t column, int64_t channel) {
+  const uint8_t* p = pixels + (rows.start - im.top) * im.stride_y + (column - im.left) * im.stride_x +
+                     channel * im.stride_c;
+  if (rows.max_taps <= kResizeMaxFixedTaps) {
+    int32_t sum = 0;
+    for (int64_t k = 0; k < rows.count; ++k) {
+      sum += rows.fixed[k] * static_cast<int32_t>(p[k * im.stride_y]);
+    }
+    return static_cast<float>(sum) * (1.0f / static_cast<float>(1 << kResizeFractionBits));
+  }
+  float value = 0.0f;
+  for (int64_t k = 0; k < rows.count; ++k) {
+    const float term = resize_weight(rows, k) * static_cast<float>(p[k * im.stride_y]);
+    value = k == 0 ? term : value + term;
+  }
+  return value;
+}
+
+// Output pixel (y, x) of one image, its three channels into rgb, from the taps of its line
+// (rows) and of the column it shows (cols: column out_left + x, or the mirrored one).
+FP_HD void resize_pixel(const uint8_t* pixels, const ResizeImage& im, const ResizeTaps& rows,
+                        const ResizeTaps& cols, bool integer, uint8_t rgb[3]) {
+  for (int64_t c = 0; c < 3; ++c) {
+    int32_t value;
+    if (integer) {
+      int32_t sum = 1 << (kResizeOutShift - 1);
+      for (int64_t k = 0; k < cols.count; ++k) {
+        sum += cols.fixed[k] * resize_row_fixed(pixels, im, rows, cols.start + k, c);
+      }
+      value = sum >> kResizeOutShift;
+    } else {
+      float sum = 0.5f;
+      for (int64_t k = 0; k < cols.count; ++k) {
+        const float term = resize_weight(cols, k) * resize_row_float(pixels, im, rows, cols.start + k, c);
+        sum = sum + term;
+      }
+      sum = sum < 0.0f ? 0.0f : (sum > 255.0f ? 255.0f : sum);
+      value = static_cast<int32_t>(sum);
+    }
+    rgb[c] = static_cast<uint8_t>(value < 0 ? 0 : (value > 255 ? 255 : value));
+  }
+}
+
+// The column of the resized image that output x of a width-out_w box shows.
+FP_HD int64_t resize_column(const ResizeImage& im, int64_t x, int64_t out_w) {
+  return im.out_left + (im.flip ? out_w - 1 - x : x);
+}
+
+// Whether every tap of the output box lies inside the pixels' box (taps' starts and ends only
+// grow with the output index, so the box's first and last outputs decide), per axis.
+FP_HD bool resize_axis_inside(int64_t full_in, int64_t resized, int64_t first, int64_t count,
+                              int64_t lo, int64_t size, int filter) {
+  if (count <= 0) return true;
+  const ResizeTaps a = resize_taps(full_in, resized, first, filter);
+  const ResizeTaps b = resize_taps(full_in, resized, first + count - 1, filter);
+  return a.start >= lo && b.start + b.count <= lo + size;
+}
+
+// Output pixel i of a resize_crops batch, in (n, y, x) order, from its table row to the three
+// planes of out ((N, 3, height, width) uint8): the body of the CUDA kernel (a thread per pixel),
+// which the tests also run on the CPU. Index is uint32_t where the batch's pixels fit in 32 bits
+// (32-bit division on the GPU), else int64_t.
+template <typename Index>
+FP_HD void resize_crops_element(Index i, const int64_t* table, int64_t height, int64_t width,
+                                int filter, uint8_t* out) {
+  const Index plane = static_cast<Index>(height * width), w = static_cast<Index>(width);
+  const Index n = i / plane, rest = i % plane;
+  const Index y = rest / w, x = rest % w;
+  const int64_t* row = table + static_cast<int64_t>(n) * kResizeTableColumns;
+  const uint8_t* pixels = reinterpret_cast<const uint8_t*>(row[0]);
+  const ResizeImage im = resize_image(row);
+  const ResizeTaps rows = resize_taps(im.full_height, im.resized_height,
+                                      im.out_top + static_cast<int64_t>(y), filter);
+  const ResizeTaps cols = resize_taps(im.full_width, im.resized_width,
+                                      resize_column(im, static_cast<int64_t>(x), width), filter);
+  uint8_t rgb[3];
+  resize_pixel(pixels, im, rows, cols, row[15] != 0, rgb);
+  uint8_t* o = out + static_cast<int64_t>(n) * 3 * static_cast<int64_t>(plane) + rest;
+  o[0] = rgb[0];
+  o[plane] = rgb[1];
+  o[2 * static_cast<int64_t>(plane)] = rgb[2];
 }
 
 }  // namespace fastpipe

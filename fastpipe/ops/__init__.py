@@ -1,5 +1,6 @@
 """Batch ops for image tensors, on CPU and CUDA: normalize, cutout, random_erasing, mixup, cutmix,
-and the timm-style batch transforms Mixup and RandomErasing.
+resize_crops (the CPU image path's resize over images of their own sizes), and the timm-style
+batch transforms Mixup and RandomErasing.
 
 The ops run as PyTorch custom operators (``torch.ops.fastpipe.*``) from the compiled extension
 ``fastpipe._C`` when it is built, and fall back to a pure-PyTorch reference with the same results
@@ -20,6 +21,7 @@ from fastpipe.ops._functional import (
     random_erasing,
 )
 from fastpipe.ops._mixup import Mixup
+from fastpipe.ops._resize import resize_crops
 
 if _extension.LOADED:
     from fastpipe.ops import _autograd, _fake  # noqa: F401  (register on torch.ops.fastpipe)
@@ -33,4 +35,5 @@ __all__ = [
     "mixup",
     "normalize",
     "random_erasing",
+    "resize_crops",
 ]

@@ -18,7 +18,8 @@ from fastpipe import _cuda_archs
 from fastpipe._compat import dispatch_has_kernel
 
 # The image ops, with a kernel per device.
-OP_NAMES = ("normalize", "erase", "erase_", "mixup", "mixup_", "cutmix", "cutmix_")
+OP_NAMES = ("normalize", "erase", "erase_", "mixup", "mixup_", "cutmix", "cutmix_",
+            "resize_crops")
 # Parameter ops: CPU only, since random parameters are always computed on the CPU.
 PARAM_OP_NAMES = ("erasing_boxes",)
 

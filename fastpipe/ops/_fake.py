@@ -112,3 +112,10 @@ def _cutmix_inplace_fake(images, boxes):
     _check_images(images, "cutmix_")
     torch._check(boxes.shape == (images.shape[0], 4), lambda: "boxes must be (N, 4)")
     return None
+
+
+@_register_fake("resize_crops")
+def _resize_crops_fake(images, plan, height, width, filter):
+    torch._check(len(images) > 0, lambda: "resize_crops needs at least one image")
+    torch._check(plan.shape == (len(images), 9), lambda: "plan must be (N, 9)")
+    return images[0].new_empty((len(images), 3, height, width), dtype=torch.uint8)

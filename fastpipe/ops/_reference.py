@@ -9,6 +9,9 @@ counter-based noise, computed exactly in int64.
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
 _MASK32 = 0xFFFFFFFF
@@ -164,3 +167,153 @@ def cutmix_(images: torch.Tensor, boxes: torch.Tensor) -> None:
     """:func:`cutmix`, in place."""
     if images.numel():
         images.copy_(cutmix(images, boxes))
+
+
+# ---- resize_crops: fastpipe._resize's antialiased resize (kernels.h's resize_* functions) ----
+
+_RESIZE_BITS = 14
+_RESIZE_MAX_FIXED_TAPS = 17
+
+
+def _resize_filter(bicubic: bool, x: float) -> float:
+    x = -x if x < 0.0 else x
+    if bicubic:
+        a = -0.5
+        if x < 1.0:
+            return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+        if x < 2.0:
+            return (((x - 5.0) * x + 8.0) * x - 4.0) * a
+        return 0.0
+    return 1.0 - x if x < 1.0 else 0.0
+
+
+def _round_away(value: float) -> int:
+    """lround: half away from zero (exact for a float32 value held in a double)."""
+    r = math.floor(abs(value) + 0.5)
+    return -r if value < 0 else r
+
+
+def resize_max_taps(in_size: int, out_size: int, filter: int) -> int:
+    scale = in_size / out_size
+    support = (2.0 if filter == 1 else 1.0) * (scale if scale >= 1.0 else 1.0)
+    return math.ceil(support) * 2 + 1
+
+
+def resize_taps(in_size: int, out_size: int, index: int, filter: int
+                ) -> tuple[int, list[float], list[int] | None]:
+    """The taps of output ``index`` of an axis resized from ``in_size`` to ``out_size``: the first
+    input, the float32 weights (as Python floats), and the 14-bit fixed-point weights (None past
+    17 taps); the double arithmetic of kernels.h's resize_taps, operation for operation."""
+    bicubic = filter == 1
+    scale = in_size / out_size
+    support = (2.0 if bicubic else 1.0) * (scale if scale >= 1.0 else 1.0)
+    inv_scale = 1.0 / scale if scale >= 1.0 else 1.0
+    max_taps = math.ceil(support) * 2 + 1
+    center = scale * (index + 0.5)
+    lo = max(int(center - support + 0.5), 0)
+    hi = min(int(center + support + 0.5), in_size)
+    count = min(hi - lo, max_taps)
+    raw = [_resize_filter(bicubic, (float(k + lo) - center + 0.5) * inv_scale)
+           for k in range(count)]
+    total = 0.0
+    for value in raw:  # in order (Python's sum() compensates, the kernels do not)
+        total += value
+    weights = [float(np.float32(r / total if total != 0.0 else 0.0)) for r in raw]
+    fixed = None
+    if count <= _RESIZE_MAX_FIXED_TAPS:
+        fixed = [_round_away(float(np.float32(w) * np.float32(1 << _RESIZE_BITS)))
+                 for w in weights]
+        largest = 0
+        for k in range(count):
+            largest = k if fixed[k] > fixed[largest] else largest
+        if count:
+            fixed[largest] += (1 << _RESIZE_BITS) - sum(fixed)
+    return lo, weights, fixed
+
+
+def resize_integer(full: tuple[int, int], resized: tuple[int, int], filter: int) -> bool:
+    """Whether the integer forms apply: both axes within 17 taps (columns: the most any output
+    column has)."""
+    if resize_max_taps(full[0], resized[0], filter) > _RESIZE_MAX_FIXED_TAPS:
+        return False
+    if resize_max_taps(full[1], resized[1], filter) <= _RESIZE_MAX_FIXED_TAPS:
+        return True
+    longest = max(len(resize_taps(full[1], resized[1], i, filter)[1]) for i in range(resized[1]))
+    return max(longest, 1) <= _RESIZE_MAX_FIXED_TAPS
+
+
+def resize_crops(images: list[torch.Tensor], plan: torch.Tensor, height: int, width: int,
+                 filter: int) -> torch.Tensor:
+    """``(N, 3, height, width)`` uint8: image n (``(h, w, 3)`` uint8, the box at ``plan[n][0:2]``
+    of an image of ``plan[n][2:4]``) resized as that image to ``plan[n][6:8]``, the box at
+    ``plan[n][4:6]`` of it, mirrored when ``plan[n][8]``. The bits of fastpipe._resize: integer
+    sums in float64 (exact: every partial sum is an integer below 2^53), float32 sums in the
+    kernels' order where more than 17 taps make them float."""
+    out = torch.empty((len(images), 3, height, width), dtype=torch.uint8, device=images[0].device)
+    for n, (image, row) in enumerate(zip(images, plan.tolist())):
+        out[n] = _resize_one(image, row, height, width, filter)
+    return out
+
+
+def _tap_matrix(taps: list[tuple[int, list[float], list[int] | None]], offset: int, size: int,
+                fixed: bool, device: torch.device) -> torch.Tensor:
+    """(outputs, size) float64: each output's weights at its inputs' positions in the pixels."""
+    matrix = torch.zeros((len(taps), size), dtype=torch.float64)
+    for i, (start, weights, fixed_weights) in enumerate(taps):
+        values = fixed_weights if fixed else weights
+        for k, value in enumerate(values):
+            matrix[i, start - offset + k] = value
+    return matrix.to(device)
+
+
+def _resize_one(image: torch.Tensor, row: list[int], height: int, width: int,
+                filter: int) -> torch.Tensor:
+    top, left, full_h, full_w, out_top, out_left, resized_h, resized_w, flip = row
+    h, w = image.shape[0], image.shape[1]
+    columns = [out_left + (width - 1 - x if flip else x) for x in range(width)]
+    row_taps = [resize_taps(full_h, resized_h, out_top + y, filter) for y in range(height)]
+    col_taps = [resize_taps(full_w, resized_w, c, filter) for c in columns]
+    pixels = image.to(torch.float64).reshape(h, w * 3)
+    device = image.device
+    fixed_rows = resize_max_taps(full_h, resized_h, filter) <= _RESIZE_MAX_FIXED_TAPS
+    if resize_integer((full_h, full_w), (resized_h, resized_w), filter):
+        sums = _tap_matrix(row_taps, top, h, True, device) @ pixels
+        rows = torch.floor((sums + (1 << 7)) / (1 << 8)).view(height, w, 3)
+        cols = _tap_matrix(col_taps, left, w, True, device)
+        total = torch.einsum("xj,yjc->cyx", cols, rows)
+        values = torch.floor((total + (1 << 19)) / (1 << 20))
+        return values.clamp(0, 255).to(torch.uint8)
+    if fixed_rows:
+        sums = _tap_matrix(row_taps, top, h, True, device) @ pixels
+        rows = (sums.to(torch.float32) * (1.0 / (1 << _RESIZE_BITS))).view(height, w, 3)
+    else:
+        rows = _float_taps(row_taps, top, pixels.to(torch.float32).view(h, w, 3), 0)
+    total = _float_taps(col_taps, left, rows, 1, start=0.5)
+    total = total.clamp(0.0, 255.0).to(torch.int32)  # truncated, as the kernels convert
+    return total.permute(2, 0, 1).clamp(0, 255).to(torch.uint8)
+
+
+def _float_taps(taps: list[tuple[int, list[float], list[int] | None]], offset: int,
+                values: torch.Tensor, axis: int, start: float | None = None) -> torch.Tensor:
+    """Float32 weighted sums of ``values`` (float32, rows or columns along ``axis``) in the
+    kernels' order: the first term (or ``start`` plus it), then each next term added."""
+    device = values.device
+    longest = max(len(weights) for _, weights, _ in taps)
+    outputs = len(taps)
+    index = torch.zeros((outputs, longest), dtype=torch.int64)
+    weight = torch.zeros((outputs, longest), dtype=torch.float32)
+    used = torch.zeros((outputs, longest), dtype=torch.bool)
+    for i, (first, weights, _) in enumerate(taps):
+        for k, value in enumerate(weights):
+            index[i, k], weight[i, k], used[i, k] = first - offset + k, value, True
+    index, weight, used = index.to(device), weight.to(device), used.to(device)
+    shape = [1, 1, 1]
+    shape[axis] = outputs
+    total = None
+    for k in range(longest):
+        term = weight[:, k].view(shape) * values.index_select(axis, index[:, k])
+        if total is None:
+            total = term if start is None else torch.full_like(term, start) + term
+        else:
+            total = torch.where(used[:, k].view(shape), total + term, total)
+    return total

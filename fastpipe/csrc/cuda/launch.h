@@ -50,5 +50,10 @@ cudaError_t launch_cutmix_inplace(void* images, Strides strides, bool channels_l
                                   ImageType type, Geometry g, const int64_t* boxes,
                                   cudaStream_t stream);
 
+// resize_crops: table is (n, kResizeTableColumns) int64 on the device (fastpipe/csrc/
+// resize_crops.h's resize_table); out is (n, 3, height, width) uint8, one thread per pixel.
+cudaError_t launch_resize_crops(const int64_t* table, int64_t n, int64_t height, int64_t width,
+                                int filter, uint8_t* out, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace fastpipe
