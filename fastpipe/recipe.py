@@ -26,7 +26,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -40,9 +40,10 @@ from fastpipe._constants import (
     DEFAULT_SCALE,
     DEFAULT_SIZE,
 )
+from fastpipe import _geometry as geometry
 from fastpipe._geometry import eval_resize_to
 
-__all__ = ["INTERPOLATIONS", "POLICIES", "Policy", "Recipe"]
+__all__ = ["INTERPOLATIONS", "POLICIES", "Draw", "Policy", "Recipe"]
 
 INTERPOLATIONS = ("bilinear", "bicubic")
 # torchvision's reference-script names; timm's RandAugment strings ("rand-m9-mstd0.5") besides.
@@ -138,6 +139,16 @@ class Policy:
             else:
                 values["prob"] = number
         return cls(name, "timm_rand", **values)
+
+
+class Draw(NamedTuple):
+    """One sample's geometry, drawn by :meth:`Recipe.draw` from the image's size: the crop
+    ``box`` in full-size pixels, the size the whole image is resized to first (eval; None in
+    train, where the box is resized to the output size) and the horizontal ``flip``."""
+
+    box: geometry.Box
+    resize: tuple[int, int] | None
+    flip: bool
 
 
 @dataclass(frozen=True)
@@ -263,6 +274,21 @@ class Recipe:
         argument (an int: the shorter side; a pair: each side)."""
         return eval_resize_to(self.size, self.crop_pct)
 
+    def draw(self, height: int, width: int,
+             generator: torch.Generator | None = None) -> Draw:
+        """The geometry of one ``height x width`` image: train, a crop drawn like torchvision's
+        ``RandomResizedCrop`` and a flip, from :data:`~fastpipe._geometry.UNIFORMS_PER_CROP`
+        uniforms of ``generator`` (torch's default one when None); eval, the resize and centre
+        crop (nothing drawn). The one draw of every path: the CPU decoder crops this box, and
+        the GPU decode receives it with the sample's bytes."""
+        if self.train:
+            uniforms = geometry.draw_uniforms(generator)
+            box = geometry.random_resized_crop_box(height, width, uniforms, self.scale,
+                                                   self.ratio)
+            return Draw(box, None, uniforms[22] < self.hflip)
+        resize = geometry.eval_resize(height, width, self.resize_to)
+        return Draw(geometry.centre_box(resize[0], resize[1], self.size), resize, False)
+
     def replace(self, **changes: Any) -> Recipe:
         """This recipe with ``changes``, checked again."""
         return dataclasses.replace(self, **changes)
@@ -279,6 +305,9 @@ class Recipe:
 
         ``"cpu"``: fastpipe's CPU path (ImageDecoder, the datasets, and DataPrefetcher for the
         batch part) runs everything but ``color_jitter`` and cutout, which DALI pipelines run.
+        ``"gpu"``: the CPU path's datasets with ``decode="gpu"`` (DataPrefetcher decodes on the
+        GPU) run its geometry and batch part, not ``auto_augment``, which needs the decoded
+        pixels in the dataset.
         ``"dali"``: DALI runs everything but AugMix, timm's RandAugment options it has no
         counterpart for (magnitude noise ``mstd``, ``mmax``, a per-op probability below 1),
         and ``bfloat16`` output.
@@ -366,8 +395,12 @@ _CPU_PATH = ("the fast CPU path (backend='cpu', fastpipe.data's datasets)")
 
 def _refusal(recipe: Recipe, backend: str) -> str | None:
     """Why ``backend`` cannot run ``recipe``, with the fix; None when it can."""
-    check.choice("backend", backend, ("cpu", "dali"))
-    if backend == "cpu":
+    check.choice("backend", backend, ("cpu", "gpu", "dali"))
+    if backend == "gpu" and recipe.policy is not None:
+        return (f"auto_augment={recipe.auto_augment!r} runs on decoded pixels in the dataset, "
+                "and decode='gpu' decodes in DataPrefetcher: pass decode='cpu' to augment on "
+                "the CPU path, or run augmentation on the device (a batch_transform)")
+    if backend in ("cpu", "gpu"):
         if recipe.color_jitter is not None:
             return (f"color_jitter={recipe.color_jitter!r} runs in DALI pipelines only; on "
                     f"{_CPU_PATH} pass transform=torchvision.transforms.v2.ColorJitter(...) to "

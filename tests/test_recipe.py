@@ -301,3 +301,36 @@ def test_train_whole_image_crops_agree_across_backends(oriented_root, size, no_t
     # shifted image.
     assert float(difference.max()) < 0.04, difference
     assert float(colour.max()) < 0.005, colour
+
+
+# ----------------------------------------------------- the draw GPU decode receives
+
+
+def test_the_draw_is_the_cpu_decoders_plan_for_every_seed():
+    """Recipe.draw is the geometry ImageDecoder crops: the same box and flip for a seed (train)
+    and the same resize and centre crop (eval), at every image size and aspect."""
+    from fastpipe.data.sampling.seeds import reseeded
+
+    for recipe in (Recipe(train=True, size=(160, 96), scale=(0.05, 1.0)),
+                   Recipe(train=False, size=224), Recipe(train=False, size=(160, 96))):
+        decoder = ImageDecoder(recipe=recipe)
+        for seed, (h, w) in enumerate([(480, 640), (640, 480), (37, 2000), (224, 224), (5, 9)]):
+            plan = decoder._plan(h, w, generator=reseeded(seed))
+            box, resize, flip = recipe.draw(h, w, reseeded(seed))
+            assert (plan.box, plan.resize, plan.flip) == (box, resize, flip)
+
+
+def test_the_draw_flips_as_often_as_hflip_and_never_in_eval():
+    from fastpipe.data.sampling.seeds import reseeded
+
+    flips = [Recipe(train=True, hflip=0.3).draw(100, 100, reseeded(s)).flip for s in range(2000)]
+    assert 0.25 < sum(flips) / len(flips) < 0.35
+    assert not any(Recipe(train=False).draw(100, 120).flip for _ in range(3))
+
+
+def test_gpu_decode_refuses_auto_augment_naming_the_fix():
+    Recipe(train=True).check("gpu")
+    with pytest.raises(ValueError, match="decode='cpu'"):
+        Recipe(train=True, auto_augment="ra").check("gpu")
+    with pytest.raises(ValueError, match="cutout_holes"):
+        Recipe(train=True, cutout_holes=1).check("gpu")

@@ -405,13 +405,11 @@ class ImageDecoder:
         return self(data, source, generator=reseeded(seed))
 
     def _plan(self, height: int, width: int, generator: torch.Generator | None = None) -> _Plan:
-        if self.train:
-            uniforms = geometry.draw_uniforms(generator)
-            box = geometry.random_resized_crop_box(height, width, uniforms, self.scale, self.ratio)
+        # The recipe's draw (the one the GPU decode receives too), and the DCT scale for it.
+        box, resize, flip = self.recipe.draw(height, width, generator)
+        if resize is None:
             need = (height * self._out[0] / box.height, width * self._out[1] / box.width)
-            return _Plan(box, None, uniforms[22] < self.hflip, self._dct_scale(height, width, need))
-        resize = geometry.eval_resize(height, width, self.resize_to)
-        box = geometry.centre_box(resize[0], resize[1], self._out)
+            return _Plan(box, None, flip, self._dct_scale(height, width, need))
         return _Plan(box, resize, False, self._dct_scale(height, width, resize))
 
     def _dct_scale(self, height: int, width: int, need: tuple[float, float]) -> int:
