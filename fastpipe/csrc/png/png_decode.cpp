@@ -14,6 +14,13 @@
  * (fastpipe/data/_png.py) allocates the output from the header it parsed itself; this module
  * checks libpng's reading of the header against it, so a mismatch is an error, never an overrun.
  *
+ * What it refuses, it refuses as one of three errors, so that the caller knows whether to ask
+ * another decoder: DamagedError (a ValueError) for a file that breaks the PNG format (a CRC
+ * error in any chunk, ancillary ones included, image data that ends early, an invalid stream or
+ * filter): the verdict is final; MemoryError when the machine has no memory for it; a plain
+ * ValueError for arguments that do not describe the file and for libpng's own limits, which a
+ * valid file can pass (the caller may ask another decoder then).
+ *
  * C++ only because setuptools compiles the package's other sources as C++; no torch headers.
  * libpng reports errors by longjmp: only trivially destructible objects live between setjmp and
  * longjmp, and whatever is malloc'd is reachable from `state` to be freed on the error path.
@@ -27,6 +34,7 @@
 
 #include "rows.h"
 
+#include <cctype>
 #include <csetjmp>
 #include <cstdint>
 #include <cstdio>
@@ -41,11 +49,21 @@ struct Source {
     size_t pos;
 };
 
+// What a refusal is (see the top of the file): damage unless said otherwise.
+enum class Refusal { kDamage, kMemory, kNotDamage };
+
 struct State {
     Source source;
     unsigned char *scratch;  // one row, for the rows above the band
     char message[256];
+    Refusal refusal;
 };
+
+// png_error for what is not the file's damage: arguments that do not describe it, a limit.
+[[noreturn]] void refuse(png_structp png, Refusal refusal, const char *message) {
+    static_cast<State *>(png_get_error_ptr(png))->refusal = refusal;
+    png_error(png, message);
+}
 
 void read_bytes(png_structp png, png_bytep out, size_t length) {
     auto *source = static_cast<Source *>(png_get_io_ptr(png));
@@ -59,6 +77,20 @@ void read_bytes(png_structp png, png_bytep out, size_t length) {
 [[noreturn]] void on_error(png_structp png, png_const_charp message) {
     auto *state = static_cast<State *>(png_get_error_ptr(png));
     std::snprintf(state->message, sizeof(state->message), "%s", message);
+    if (state->refusal == Refusal::kDamage) {
+        // libpng's own words for its allocations ("Out of memory", "Insufficient memory ...")
+        // and its limits ("... exceeds user limit"), which a valid file can meet.
+        std::string lower(message);
+        for (char &c : lower) {
+            c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        }
+        if (lower.find("memory") != std::string::npos) {
+            state->refusal = Refusal::kMemory;
+        } else if (lower.find("user limit") != std::string::npos
+                   || lower.find("for this architecture") != std::string::npos) {
+            state->refusal = Refusal::kNotDamage;
+        }
+    }
     png_longjmp(png, 1);
 }
 
@@ -78,12 +110,14 @@ int decode(State *state, const Expected &want, unsigned char *out) {
     png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, state, on_error, on_warning);
     if (png == nullptr) {
         std::snprintf(state->message, sizeof(state->message), "out of memory");
+        state->refusal = Refusal::kMemory;
         return -1;
     }
     png_infop info = png_create_info_struct(png);
     if (info == nullptr) {
         png_destroy_read_struct(&png, nullptr, nullptr);
         std::snprintf(state->message, sizeof(state->message), "out of memory");
+        state->refusal = Refusal::kMemory;
         return -1;
     }
     if (setjmp(png_jmpbuf(png))) {
@@ -95,13 +129,16 @@ int decode(State *state, const Expected &want, unsigned char *out) {
     png_set_read_fn(png, &state->source, read_bytes);
     // The caller checked the pixel budget from the same IHDR; libpng's own limits are wider.
     png_set_user_limits(png, 0x7fffffffU, 0x7fffffffU);
+    // A CRC error in an ancillary chunk is an error too (libpng's default drops the chunk with a
+    // warning): the file is damaged, and rows.h refuses it the same way.
+    png_set_crc_action(png, PNG_CRC_DEFAULT, PNG_CRC_ERROR_QUIT);
     png_read_info(png, info);
 
     png_uint_32 width = 0, height = 0;
     int depth = 0, color_type = 0, interlace = 0;
     png_get_IHDR(png, info, &width, &height, &depth, &color_type, &interlace, nullptr, nullptr);
     if ((unsigned long long)width * height > want.max_pixels) {
-        png_error(png, "the image declares more pixels than the pixel budget");
+        refuse(png, Refusal::kNotDamage, "the image declares more pixels than the pixel budget");
     }
     if (color_type == PNG_COLOR_TYPE_GRAY && depth < 8) {
         png_set_expand_gray_1_2_4_to_8(png);  // scaled to 0..255: 1-bit 0/255, 2-bit *85, 4-bit *17
@@ -123,13 +160,14 @@ int decode(State *state, const Expected &want, unsigned char *out) {
             || png_get_channels(png, info) != want.channels
             || png_get_bit_depth(png, info) != 8 * want.bytes_per_sample
             || png_get_rowbytes(png, info) != row_bytes) {
-        png_error(png, "the header libpng read differs from the one parsed before the decode");
+        refuse(png, Refusal::kNotDamage,
+               "the header libpng read differs from the one parsed before the decode");
     }
     if (passes > 1) {
         // Every pass fills pixels of every row: the whole image is decoded (top is 0 and bottom
         // the height here; the caller slices).
         if (want.top != 0 || want.bottom != height) {
-            png_error(png, "an interlaced image is decoded whole");
+            refuse(png, Refusal::kNotDamage, "an interlaced image is decoded whole");
         }
         for (int pass = 0; pass < passes; ++pass) {
             for (png_uint_32 y = 0; y < height; ++y) {
@@ -140,7 +178,7 @@ int decode(State *state, const Expected &want, unsigned char *out) {
         if (want.top > 0) {
             state->scratch = static_cast<unsigned char *>(std::malloc(row_bytes));
             if (state->scratch == nullptr) {
-                png_error(png, "out of memory");
+                refuse(png, Refusal::kMemory, "out of memory");
             }
             for (png_uint_32 y = 0; y < want.top; ++y) {
                 png_read_row(png, state->scratch, nullptr);
@@ -164,10 +202,12 @@ constexpr int kNotMine = 1;
 int decode_layout(const uint8_t *data, const fastpipe::png::Layout &layout, const Expected &want,
                   uint8_t *out, std::string *message);
 
-/* Rows [top, bottom) through rows.h: 0, -1 with `message` set, or kNotMine for a file libpng
- * decodes. */
+PyObject *damaged_error = nullptr;  // fastpipe._png.DamagedError
+
+/* Rows [top, bottom) through rows.h: 0, -1 with `message` and `refusal` set, or kNotMine for a
+ * file libpng decodes. */
 int decode_own(const uint8_t *data, size_t size, const Expected &want, uint8_t *out,
-               std::string *message) noexcept {
+               std::string *message, Refusal *refusal) noexcept {
     try {
         fastpipe::png::Layout layout;
         if (!fastpipe::png::read_layout(data, size, &layout) || layout.width != want.width
@@ -181,11 +221,17 @@ int decode_own(const uint8_t *data, size_t size, const Expected &want, uint8_t *
         }
         if ((unsigned long long)layout.width * layout.height > want.max_pixels) {
             *message = "the image declares more pixels than the pixel budget";
+            *refusal = Refusal::kNotDamage;
             return -1;
         }
-        return decode_layout(data, layout, want, out, message);
+        const int status = decode_layout(data, layout, want, out, message);
+        if (status != 0 && *message == "out of memory") {  // zlib's or ISA-L's state
+            *refusal = Refusal::kMemory;
+        }
+        return status;
     } catch (const std::bad_alloc &) {
         *message = "out of memory";
+        *refusal = Refusal::kMemory;
         return -1;
     }
 }
@@ -220,7 +266,9 @@ PyDoc_STRVAR(decode_doc,
 "arguments are the caller's reading of the IHDR; the file's must agree. A non-interlaced file\n"
 "is not inflated past row ``bottom`` (and the rest is checked when ``bottom`` is the height);\n"
 "an interlaced one must be asked whole. ``seekable``: follow the index of a seekable PNG (pass\n"
-"it only for files fastpipe wrote: a transcoded pack). Raises ValueError for damaged data.");
+"it only for files fastpipe wrote: a transcoded pack). Raises DamagedError (a ValueError)\n"
+"for a damaged file, MemoryError when memory runs out, ValueError for arguments that do not\n"
+"describe the file.");
 
 static PyObject *py_decode(PyObject *, PyObject *args) {
     Py_buffer data, out;
@@ -256,7 +304,7 @@ static PyObject *py_decode(PyObject *, PyObject *args) {
     std::string own_error;
     Py_BEGIN_ALLOW_THREADS
     status = decode_own(static_cast<const uint8_t *>(data.buf), (size_t)data.len, want,
-                        static_cast<uint8_t *>(out.buf), &own_error);
+                        static_cast<uint8_t *>(out.buf), &own_error, &state.refusal);
     own = status != kNotMine;
     if (!own) {
         status = decode(&state, want, static_cast<unsigned char *>(out.buf));
@@ -267,7 +315,10 @@ static PyObject *py_decode(PyObject *, PyObject *args) {
     PyBuffer_Release(&data);
     PyBuffer_Release(&out);
     if (status != 0) {
-        return PyErr_Format(PyExc_ValueError, "%s: %s", own ? "PNG" : "libpng", state.message);
+        PyObject *type = state.refusal == Refusal::kMemory      ? PyExc_MemoryError
+                         : state.refusal == Refusal::kNotDamage ? PyExc_ValueError
+                                                                : damaged_error;
+        return PyErr_Format(type, "%s: %s", own ? "PNG" : "libpng", state.message);
     }
     Py_RETURN_NONE;
 }
@@ -286,6 +337,14 @@ static struct PyModuleDef module = {
 extern "C" PyMODINIT_FUNC PyInit__png(void) {
     PyObject *m = PyModule_Create(&module);
     if (m == nullptr) {
+        return nullptr;
+    }
+    damaged_error = PyErr_NewExceptionWithDoc(
+        "fastpipe._png.DamagedError",
+        "The PNG breaks the format (a CRC error, image data that ends early, an invalid stream): "
+        "the verdict is final, no other decoder is asked.", PyExc_ValueError, nullptr);
+    if (damaged_error == nullptr || PyModule_AddObjectRef(m, "DamagedError", damaged_error) < 0) {
+        Py_DECREF(m);
         return nullptr;
     }
 #if defined(FASTPIPE_PNG_ISAL)

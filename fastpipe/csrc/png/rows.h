@@ -16,8 +16,10 @@
  *   and kept the chunk, or damage) is read from the start instead: the chunk is checked on use,
  *   never trusted.
  *
- * Every IDAT chunk read is checked against its CRC; damage below the band goes unnoticed, as with
- * any band decode. Decoding the last row also reads the stream to its end.
+ * Every chunk but IDAT is checked against its CRC when the layout is read (a mismatch sends the
+ * file to libpng, which reports it); every IDAT chunk read is checked when the inflater takes it;
+ * damage inside the stream below the band goes unnoticed, as with any band decode. Decoding the
+ * last row also reads the stream to its end.
  */
 #pragma once
 
@@ -110,8 +112,15 @@ inline bool read_layout(const uint8_t *data, size_t size, Layout *out) {
                 return false;
             }
         }
+        // Every chunk but IDAT is checked against its CRC here, ancillary ones included, as
+        // libpng checks them (png_decode.cpp sets its CRC action so): a damaged chunk anywhere
+        // sends the file to libpng, which names it. IDATs are checked when the inflater takes
+        // them (a band need not read those after it).
+        if (type != kIDAT && !crc_matches(data, body, length)) {
+            return false;
+        }
         if (index == 0) {
-            if (type != kIHDR || length != 13 || !crc_matches(data, body, length)) {
+            if (type != kIHDR || length != 13) {
                 return false;
             }
             const uint8_t *h = data + body;
@@ -141,13 +150,15 @@ inline bool read_layout(const uint8_t *data, size_t size, Layout *out) {
         } else if (type == kIHDR) {
             return false;
         } else if (type == kPLTE) {
-            if (!layout.idat.empty() || !crc_matches(data, body, length)) {
+            // One palette before the image data, of whole entries, at most 256 (libpng refuses
+            // the rest, or reads them otherwise: it decides).
+            if (!layout.idat.empty() || seen_plte || length == 0 || length % 3 != 0
+                    || length > 3 * 256) {
                 return false;
             }
             seen_plte = true;
         } else if (type == kSeekIndex && layout.idat.empty()) {
-            if (length >= 9 && (length - 5) % 4 == 0
-                    && data[body] == kSeekVersion && crc_matches(data, body, length)) {
+            if (length >= 9 && (length - 5) % 4 == 0 && data[body] == kSeekVersion) {
                 layout.segment_rows = be32(data + body + 1);
                 layout.segment_crcs = body + 5;
                 seek_segments = (length - 5) / 4;

@@ -67,7 +67,8 @@ class CorruptImageError(ValueError):
 
 class ImageTooLargeError(CorruptImageError):
     """An image declares more pixels than the pixel budget (a decompression bomb; see
-    :func:`set_max_image_pixels`)."""
+    :func:`set_max_image_pixels`), or, inside it, a side longer than ImageDecoder resizes
+    (2**24 pixels)."""
 
 
 def _check_pixels(height: int, width: int, source: str) -> None:

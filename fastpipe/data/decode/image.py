@@ -37,6 +37,7 @@ from fastpipe.data.decode.budget import (
     _bytes_of,
     _check_pixels,
 )
+from fastpipe.data.decode.png import decode_rgb_png, png_size
 from fastpipe.data.sampling.seeds import reseeded
 from fastpipe.recipe import Recipe
 
@@ -197,12 +198,10 @@ def _decode_jpeg_crop(
 
 
 def _decode_pil(data: ImageBytes, source: str) -> np.ndarray:
-    """Non-JPEG images, and the JPEGs the fast path refuses: PNGs through fastpipe._png
-    (libpng; the same pixels as PIL's, docs/cpu-path.md), the rest and what libpng refuses
-    through PIL."""
+    """Non-JPEG images, and the JPEGs the fast path refuses: PNGs through fastpipe._png (the
+    same pixels as PIL's, docs/cpu-path.md; a PNG it calls damaged is a CorruptImageError with
+    its reason, never PIL's to decode again), the rest through PIL."""
     from PIL import Image
-
-    from fastpipe.data.decode.png import decode_rgb_png
 
     array = decode_rgb_png(data, source)
     if array is not None:
@@ -232,7 +231,9 @@ def _decode_pil(data: ImageBytes, source: str) -> np.ndarray:
 def decode_rgb(data: ImageBytes, source: str = "<bytes>") -> np.ndarray:
     """Decodes encoded image bytes (JPEG, PNG, ...) to an ``(H, W, 3)`` uint8 RGB array, full size.
 
-    Raises :class:`CorruptImageError` naming ``source`` when the bytes are not a decodable image.
+    Raises :class:`CorruptImageError` naming ``source`` and the reason when the bytes are not a
+    decodable image (for a PNG, fastpipe._png's reason: a file it calls damaged is not decoded
+    by PIL either; see fastpipe.data.decode.png.decode_rgb_png).
     """
     data = _bytes_of(data, source)
     size = _jpeg_size(data)
@@ -271,6 +272,23 @@ class _Pixels(NamedTuple):
         """``box`` of ``array`` as an image of its own (a view, no copy)."""
         view = array[box.top:box.top + box.height, box.left:box.left + box.width]
         return cls.whole(view)
+
+
+# The longest side ImageDecoder resizes: fastpipe._resize takes sides up to 2**24 (so that its
+# sums cannot overflow), and torch's resize, without it, is held to the same, one rule for both
+# builds. A JPEG's sides stop at 65,535; a PNG or another format inside the pixel budget can be
+# 1 pixel wide and taller than this (eval resizes the whole image; a train crop of it is small).
+MAX_SIDE = 1 << 24
+
+
+def _check_sides(size: tuple[int, int], source: str) -> None:
+    """Refuses pixels of ``size`` (what the resize reads) with a side over :data:`MAX_SIDE`."""
+    if max(size) > MAX_SIDE:
+        raise ImageTooLargeError(
+            f"image {source} is {size[0]}x{size[1]} pixels: a side longer than {MAX_SIDE:,} "
+            "(2**24) pixels, the longest ImageDecoder resizes, though it is within the pixel "
+            "budget; such an image is damaged or not a training image: remove it from the "
+            "dataset")
 
 
 # Columns decoded on each side of an eval region beyond those the resize reads: with smooth chroma
@@ -380,9 +398,12 @@ class ImageDecoder:
                     array, plan = _decode_pil(data, source), plan._replace(k=1)
                 pixels = self._pixels_of(array, size, plan)
         else:
+            if not self.train and (size := png_size(data)) is not None:
+                _check_sides(size, source)  # eval resizes the whole image: before its decode
             array = _decode_pil(data, source)
             plan = self._plan(*array.shape[:2], generator=generator)
             pixels = self._pixels_of(array, array.shape[:2], plan)
+            _check_sides(pixels.image_size, source)
         return self._resized(pixels, plan)
 
     def _from_seed(self, data: ImageBytes, source: str, seed: int) -> torch.Tensor:

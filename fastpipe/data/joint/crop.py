@@ -185,8 +185,10 @@ class JointCrop:
                 elif tuple(hw) != reference[1]:
                     raise ValueError(
                         f"{where}: image fields {reference[0]!r} ({_hw(reference[1])}) and "
-                        f"{name!r} ({_hw(hw)}) differ in size; fields of one size share the "
-                        "crop (name the larger ones in factors=)")
+                        f"{name!r} ({_hw(hw)}) differ in size. Where other samples' fields "
+                        f"agree, this sample is damaged: {_DAMAGED}; where the fields are of "
+                        "different resolutions in every sample, name the larger ones in "
+                        "factors= (fields of one size share the crop)")
         if reference is None:
             raise ValueError(f"{where}: no image field of factor 1 among {list(sizes)}")
         ref_name, (height, width) = reference
@@ -196,8 +198,7 @@ class JointCrop:
                 raise ValueError(
                     f"{where}: field {name!r} is {_hw(hw)}, but factors gives it {s} x "
                     f"{ref_name!r} ({_hw((height, width))}) = {_hw((height * s, width * s))}; "
-                    "the pair is not aligned (a different image, or a downscale that rounded "
-                    "the size)")
+                    f"this sample is damaged: {_DAMAGED}, or a downscale rounded the size")
         generator = None if seed is None else reseeded(seed)
         u = torch.rand(_UNIFORMS, dtype=torch.float64, generator=generator).tolist()
         out_h, out_w = self.size
@@ -216,6 +217,11 @@ class JointCrop:
                                    int(u[21] * (width - out_w + 1)), out_h, out_w)
         k = min(int(u[24] * 4), 3) if self.rot90 else 0
         return JointParams(box, (out_h, out_w), u[22] < self.hflip, u[23] < self.vflip, k)
+
+
+# What a sample whose fields' sizes disagree holds: the sizes come from the files' headers.
+_DAMAGED = ("one of its files declares another size than its pair's (a damaged header, or an "
+            "image and a mask that do not belong together): fix or remove the sample")
 
 
 def _hw(hw: Sequence[int]) -> str:

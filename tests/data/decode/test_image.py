@@ -609,3 +609,45 @@ def test_the_public_pixel_budget_reaches_spawned_workers(jpegs, monkeypatch):
         set_max_image_pixels(None)
     assert max_image_pixels() == default == 178_956_970
     assert decode_rgb(jpegs[0]).shape == (height, width, 3)
+
+
+def _png_of(height: int, width: int) -> bytes:
+    """A valid grey PNG of zeros, ``height x width``, at zlib's best compression."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (struct.pack(">I", len(body)) + kind + body
+                + struct.pack(">I", zlib.crc32(kind + body)))
+
+    body = zlib.compress(bytes((1 + width) * height), 9)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0,
+                                                              0, 0))
+            + chunk(b"IDAT", body) + chunk(b"IEND", b""))
+
+
+@pytest.mark.slow
+def test_a_png_taller_than_the_resize_takes_is_refused_by_name():
+    """Inside the pixel budget, a valid PNG 1 pixel wide and 2**24 + 1 tall gave fastpipe._resize's
+    raw ValueError ('does not fit an image of ...') in eval mode, which resizes the whole image;
+    it is refused from its header, naming the image and the limit. A train crop of it is small
+    and resizes."""
+    from fastpipe.data import ImageTooLargeError
+
+    data = _png_of(2**24 + 1, 1)
+    with pytest.raises(ImageTooLargeError, match=r"tall.png is 16777217x1 pixels: a side "
+                                                 r"longer than 16,777,216 \(2\*\*24\)"):
+        ImageDecoder(train=False, size=32)(data, "tall.png")
+    assert ImageDecoder(train=True, size=32)(data, "tall.png").shape == (3, 32, 32)
+    np.testing.assert_array_equal(ImageDecoder(train=False, size=4)(_png_of(2**12, 1), "ok.png"),
+                                  np.zeros((3, 4, 4), np.uint8))
+
+
+def test_a_damaged_png_is_not_decoded_again_by_pil():
+    """ImageDecoder's non-JPEG path takes fastpipe._png's verdict with its reason."""
+    pytest.importorskip("fastpipe._png")
+    data = bytearray(_png_of(40, 30))
+    data[data.index(b"IDAT") + 6] ^= 0x01  # the IDAT's CRC no longer matches
+    for train in (True, False):
+        with pytest.raises(CorruptImageError, match="bad.png: PNG: IDAT: CRC error"):
+            ImageDecoder(train=train, size=16)(bytes(data), "bad.png")

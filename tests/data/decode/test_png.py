@@ -367,10 +367,24 @@ def test_not_a_png_and_invalid_headers_name_the_source():
             decode_png(data, "bad.png")
 
 
+def _fix_crcs(data: bytearray) -> bytearray:
+    """Every whole chunk's CRC recomputed, so that a mutation reaches the inflate and the
+    filters instead of stopping at a CRC check."""
+    pos = 8
+    while pos + 12 <= len(data):
+        end = pos + 8 + int.from_bytes(data[pos:pos + 4], "big")
+        if end + 4 > len(data):
+            break
+        data[end:end + 4] = struct.pack(">I", zlib.crc32(bytes(data[pos + 4:end])))
+        pos = end + 4
+    return data
+
+
 def test_mutated_files_decode_or_raise_corrupt_image_error():
     """A few hundred random mutations (byte changes, truncations, insertions, chunk-length
-    changes) of PNGs of several kinds: each decodes to the header's shape or raises
-    CorruptImageError naming the source; never a crash or another exception."""
+    changes; the chunks' CRCs fixed up after half of them) of PNGs of several kinds: each
+    decodes to the header's shape or raises CorruptImageError naming the source; never a crash
+    or another exception; decode_png and decode_rgb take the same verdict on the whole file."""
     rng = np.random.default_rng(6)
     seeds = [_kind_png(rng, d, c, e, 19, 23, i)[1]
              for (d, c, e), i in ((LOSSLESS_KINDS[3], False), (LOSSLESS_KINDS[8], False),
@@ -391,7 +405,10 @@ def test_mutated_files_decode_or_raise_corrupt_image_error():
         else:  # the IDAT's length field
             at = data.find(b"IDAT") - 4
             data[at:at + 4] = struct.pack(">I", int(rng.integers(0, 1 << 31)))
+        if i % 2:
+            data = _fix_crcs(data)
         rows = None if i % 3 else (2, 9)
+        verdicts = []
         for decode, shape in ((lambda d, rows=rows: decode_png(d, "mutant.png", rows=rows),
                                (19 if rows is None else 7, 23)),
                               (lambda d: decode_rgb(d, "mutant.png"), (19, 23, 3))):
@@ -400,10 +417,14 @@ def test_mutated_files_decode_or_raise_corrupt_image_error():
             except CorruptImageError as exc:
                 assert "mutant.png" in str(exc)
                 outcomes["refused"] += 1
+                verdicts.append("palette" if "palette index" in str(exc) else "refused")
             else:
                 assert out.shape[:2] == shape[:2] and out.ndim in (2, 3)
                 outcomes["decoded"] += 1
-    assert outcomes["decoded"] > 50 and outcomes["refused"] > 50
+                verdicts.append("decoded")
+        if rows is None and _png._native_decode is not None and verdicts[1] != "palette":
+            assert verdicts[0] == verdicts[1], f"mutation {i}: decode_png and decode_rgb differ"
+    assert outcomes["decoded"] > 20 and outcomes["refused"] > 50
 
 
 RGB_KINDS = LOSSLESS_KINDS + [(16, RGB, {}), (16, RGBA, {}), (16, GREY_ALPHA, {})]
@@ -412,7 +433,8 @@ RGB_KINDS = LOSSLESS_KINDS + [(16, RGB, {}), (16, RGBA, {}), (16, GREY_ALPHA, {}
 @pytest.mark.parametrize("depth,color_type,extra", RGB_KINDS, ids=[_kind_id(k) for k in RGB_KINDS])
 def test_decode_rgb_pixels_unchanged_for_png(depth, color_type, extra):
     """decode_rgb gives PIL's convert("RGB") pixels, as it did when PIL decoded every PNG;
-    libpng decodes all but palette files when fastpipe._png is built."""
+    fastpipe._png decodes every kind when it is built (palette indices then take their PLTE
+    colours)."""
     rng = np.random.default_rng(7)
     for height, width in ((1, 1), (17, 9)):
         for interlaced in (False, True):
@@ -421,7 +443,7 @@ def test_decode_rgb_pixels_unchanged_for_png(depth, color_type, extra):
             assert out.dtype == np.uint8 and out.flags.c_contiguous
             np.testing.assert_array_equal(out, _pil_rgb(data))
             fast = decode_rgb_png(data, "x.png")
-            if _png._native_decode is None or color_type == PALETTE:
+            if _png._native_decode is None:
                 assert fast is None
             else:
                 np.testing.assert_array_equal(fast, out)
@@ -465,3 +487,177 @@ def test_numpy_and_memoryview_inputs():
         np.testing.assert_array_equal(decode_png(given), samples)
         np.testing.assert_array_equal(decode_png(given, rows=(4, 6)), samples[4:6])
         np.testing.assert_array_equal(decode_rgb(given), samples[..., :3])
+
+
+# --- a damage verdict is final (issue 40) ------------------------------------------------------
+
+
+def _stored_png(samples: np.ndarray, color_type: int = RGB, **extra) -> bytes:
+    """A PNG whose deflate stream is stored (level 0) and goes on past the last row: a byte
+    changed inside it changes one sample, and Pillow, which stops inflating after the last row,
+    never reaches the stream's own checksum."""
+    raw = b"".join(b"\0" + r.tobytes() for r in samples)
+    return _replace_idat(write_png(samples, 8, color_type, **extra),
+                         zlib.compress(raw + bytes(64), 0))
+
+
+def _replace_idat(data: bytes, stream: bytes) -> bytes:
+    start = data.index(b"IDAT") - 4
+    end = data.index(b"IEND") - 4
+    return data[:start] + _chunk(b"IDAT", stream) + data[end:]
+
+
+def _damaged_files(samples: np.ndarray) -> dict[str, bytes]:
+    """Damage fastpipe._png finds and Pillow decodes through: an IDAT byte changed (Pillow does
+    not check IDAT CRCs) and a stream that ends after half the rows (Pillow fills the rest with
+    zeros)."""
+    raw = b"".join(b"\0" + r.tobytes() for r in samples)
+    good = _stored_png(samples)
+    flipped = bytearray(good)
+    flipped[good.index(b"IDAT") + 4 + 2 + 5 + 40] ^= 0xFF  # a sample byte of the stored stream
+    return {"IDAT: CRC error": bytes(flipped),
+            "not enough image data": _replace_idat(good, zlib.compress(raw[:len(raw) // 2]))}
+
+
+def test_damage_fastpipe_png_finds_is_never_decoded_by_pillow(native):
+    samples = np.random.default_rng(11).integers(0, 256, (32, 20, 3), dtype=np.uint8)
+    for reason, data in _damaged_files(samples).items():
+        with Image.open(io.BytesIO(data)) as image:  # what the fallback would have returned
+            assert not np.array_equal(np.array(image.convert("RGB")), samples)
+        for decode in (lambda d: decode_png(d, "hurt.png"),
+                       lambda d: decode_png(d, "hurt.png", rows=(0, 32)),
+                       lambda d: decode_rgb(d, "hurt.png"),
+                       lambda d: decode_rgb_png(d, "hurt.png")):
+            with pytest.raises(CorruptImageError, match=f"hurt.png: PNG: {reason}"):
+                decode(data)
+
+
+def test_a_decoder_that_declines_without_calling_it_damage_leaves_it_to_pil(monkeypatch,
+                                                                           native):
+    """fastpipe._png's plain ValueError (a limit of libpng's, not damage) lets PIL decode; its
+    DamagedError does not; MemoryError is the machine's."""
+    samples = np.random.default_rng(12).integers(0, 256, (9, 7, 3), dtype=np.uint8)
+    data = write_png(samples, 8, RGB)
+
+    def raising(error):
+        def decode(*args):
+            raise error
+        return decode
+
+    monkeypatch.setattr(_png, "_native_decode", raising(ValueError("libpng: a user limit")))
+    np.testing.assert_array_equal(decode_png(data), samples)
+    np.testing.assert_array_equal(decode_rgb(data), samples)
+    monkeypatch.setattr(_png, "_native_decode", raising(native.DamagedError("PNG: bad")))
+    for decode in (decode_png, decode_rgb):
+        with pytest.raises(CorruptImageError, match="x.png: PNG: bad"):
+            decode(data, "x.png")
+    monkeypatch.setattr(_png, "_native_decode", raising(MemoryError("PNG: out of memory")))
+    for decode in (decode_png, decode_rgb):
+        with pytest.raises(MemoryError):
+            decode(data, "x.png")
+
+
+def test_the_module_says_which_refusals_are_damage(native):
+    samples = np.random.default_rng(13).integers(0, 256, (8, 6, 3), dtype=np.uint8)
+    for data in _damaged_files(samples).values():
+        out = bytearray(8 * 6 * 3)
+        with pytest.raises(native.DamagedError):
+            native.decode(data, out, 8, 6, 3, 1, 0, 8, 1 << 30)
+    data = write_png(samples, 8, RGB)
+    with pytest.raises(ValueError) as refused:  # the caller's arguments, not the file
+        native.decode(data, bytearray(8 * 6 * 3), 8, 6, 3, 1, 0, 8, 10)
+    assert not isinstance(refused.value, native.DamagedError)
+
+
+@pytest.mark.parametrize("interlaced", [False, True], ids=["own decoder", "libpng"])
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_an_ancillary_chunk_with_a_crc_error_is_damage_on_both_decoders(native, interlaced,
+                                                                        where):
+    """Both decoders inside fastpipe._png check every chunk's CRC, ancillary ones included (the
+    own decoder used to skip them unread, libpng to drop them with a warning)."""
+    samples = np.random.default_rng(14).integers(0, 256, (10, 9, 3), dtype=np.uint8)
+    data = write_png(samples, 8, RGB, interlaced=interlaced)
+    text = bytearray(_chunk(b"tEXt", b"Comment\0hello"))
+    text[-1] ^= 1
+    at = data.index(b"IDAT") - 4 if where == "before" else data.index(b"IEND") - 4
+    damaged = data[:at] + bytes(text) + data[at:]
+    assert decode_png(data[:at] + _chunk(b"tEXt", b"Comment\0hello") + data[at:]).shape[:2] \
+        == (10, 9)
+    for decode in (decode_png, decode_rgb):
+        with pytest.raises(CorruptImageError, match="text.png: libpng: tEXt: CRC error"):
+            decode(damaged, "text.png")
+
+
+def test_palette_files_take_the_same_verdict_and_pils_colours(native):
+    rng = np.random.default_rng(15)
+    indices = rng.integers(0, 6, (12, 10), dtype=np.uint8)
+    palette = rng.integers(0, 256, 18, dtype=np.uint8).tobytes()
+    data = _stored_png(indices, PALETTE, palette=palette)
+    expected = _pil_rgb(data)
+    np.testing.assert_array_equal(decode_rgb_png(data), expected)  # no longer PIL's to decode
+    np.testing.assert_array_equal(decode_rgb(data), expected)
+    flipped = bytearray(data)
+    flipped[data.index(b"IDAT") + 4 + 2 + 5 + 30] ^= 0x01  # index 1 more, within the palette
+    with Image.open(io.BytesIO(bytes(flipped))) as image:  # Pillow takes it
+        assert not np.array_equal(np.array(image.convert("RGB")), expected)
+    for decode in (decode_png, decode_rgb):
+        with pytest.raises(CorruptImageError, match="pal.png: PNG: IDAT: CRC error"):
+            decode(bytes(flipped), "pal.png")
+    short = write_png(indices, 8, PALETTE, palette=palette[:12])  # indices 4 and 5: no colour
+    with Image.open(io.BytesIO(short)) as image:  # Pillow makes them black
+        assert (np.array(image.convert("RGB"))[indices >= 4] == 0).all()
+    np.testing.assert_array_equal(decode_png(short), indices)  # the stored indices
+    with pytest.raises(CorruptImageError, match="short.png: a pixel has the palette index 5, "
+                                                "past the 4 colours of its PLTE chunk"):
+        decode_rgb(short, "short.png")
+    for bad in (palette + b"\x01", b"", palette * 50):  # not whole entries, none, over 256
+        broken = write_png(indices, 8, PALETTE, palette=bad)
+        for decode in (decode_png, decode_rgb):
+            with pytest.raises(CorruptImageError, match="plte.png: libpng: .*(PLTE|palette)"):
+                decode(broken, "plte.png")
+
+
+def _declaring(height: int, width: int, color_type: int = GREY) -> bytes:
+    """A few bytes of PNG declaring ``height x width`` pixels (inside the pixel budget) over a
+    stream of two rows of zeros."""
+    row = 1 + width * CHANNELS[color_type]
+    return (b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8,
+                                                               color_type, 0, 0, 0))
+            + _chunk(b"IDAT", zlib.compress(b"\0" * min(row, 2))) + _chunk(b"IEND", b""))
+
+
+@pytest.mark.parametrize("shape", [(1, 134_217_729), (134_217_729, 1)], ids=["wide", "tall"])
+def test_a_file_too_short_for_its_declared_size_is_refused_before_allocating(shape):
+    """Inside the pixel budget, a 67-byte file declaring 134,217,729 pixels took 5 s and 3.9 GB
+    when PIL decoded the declared size: refused from the file's length now (deflate expands at
+    most 1032:1), before anything its size decides is allocated, with or without the module."""
+    data = _declaring(*shape)
+    tracemalloc.start()
+    try:
+        for decode in (decode_png, decode_rgb, decode_rgb_png,
+                       lambda d, s: decode_png(d, s, rows=(0, 1))):
+            with pytest.raises(CorruptImageError, match=r"short.png: its header declares "
+                                                        r".* bytes cannot hold"):
+                decode(data, "short.png")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+def test_the_bound_on_the_file_length_never_refuses_a_valid_file():
+    """The most compressible image zlib writes (zeros, level 9) is within the bound."""
+    samples = np.zeros((2048, 2048), np.uint8)
+    data = write_png(samples, 8, GREY)
+    data = _replace_idat(data, zlib.compress(b"\0" * (2048 * 2049), 9))
+    assert 2048 * 2048 > 1000 * len(data)  # as close to the bound as zlib goes
+    np.testing.assert_array_equal(decode_png(data), samples)
+
+
+def test_png_size_does_not_trust_a_header_that_fails_its_crc():
+    data = bytearray(write_png(np.zeros((3, 5), np.uint8), 8, GREY))
+    assert png_size(bytes(data)) == (3, 5)
+    data[19] = 9  # the width's low byte, CRC unchanged
+    assert png_size(bytes(data)) is None
+    with pytest.raises(CorruptImageError, match="ihdr.png: .*IHDR: CRC error"):
+        decode_png(bytes(data), "ihdr.png")

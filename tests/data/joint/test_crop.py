@@ -94,9 +94,14 @@ def test_make_params_checks_the_sizes_of_the_fields_naming_the_sample():
     g = 0
     params = crop.make_params({"lr": (20, 30), "hr": (40, 60)}, g, "sample 7")
     assert isinstance(params, JointParams)
-    with pytest.raises(ValueError, match=r"sample 7: field 'hr' is 41x60.*2 x 'lr'"):
+    with pytest.raises(ValueError, match=r"sample 7: field 'hr' is 41x60.*2 x 'lr'.*this "
+                                         r"sample is damaged: one of its files declares another "
+                                         r"size"):
         crop.make_params({"lr": (20, 30), "hr": (41, 60)}, g, "sample 7")
-    with pytest.raises(ValueError, match="sample 3: image fields 'a' .* and 'b' .* differ"):
+    # Not only factors=: a file whose header declares another size is the other cause.
+    with pytest.raises(ValueError, match="sample 3: image fields 'a' .* and 'b' .* differ in "
+                                         "size. Where other samples' fields agree, this sample "
+                                         "is damaged.*fix or remove the sample.*factors="):
         JointCrop(8).make_params({"a": (20, 30), "b": (20, 31)}, g, "sample 3")
     with pytest.raises(ValueError, match="sample 1: 'a' is 5x30, smaller than the 8x8 crop"):
         JointCrop(8).make_params({"a": (5, 30)}, g, "sample 1")
@@ -427,3 +432,17 @@ def test_a_packed_pair_of_the_wrong_sizes_is_refused_naming_the_sample(tmp_path)
     with pytest.raises(ValueError, match=r"sample 1 of .*pairs\.h5 \(packed from .*\).*'hr' is "
                                          r"21x24.*= 20x24"):
         ds[1]
+
+
+def test_a_mask_whose_header_fails_its_crc_is_a_damaged_file_not_a_factors_question():
+    """A PNG header whose size was changed (its CRC no longer matching) is not read for the
+    crop's plan: the decode names the damage, where the plan advised factors=."""
+    from fastpipe.data import CorruptImageError
+
+    image = png(np.zeros((20, 30, 3), np.uint8))
+    mask = bytearray(png(np.zeros((20, 30), np.uint8)))
+    mask[23] = 21  # the height's low byte: 20 -> 21, CRC unchanged
+    crop = JointCrop(8)
+    with pytest.raises(CorruptImageError, match=r"sample 4\['mask'\].*IHDR: CRC error"):
+        joint_record(crop, {"image": image, "mask": bytes(mask)}, images("image", "mask"), 0,
+                     "sample 4")
