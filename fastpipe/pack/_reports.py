@@ -69,6 +69,7 @@ class VerifyReport:
     skipped_inputs: int = 0
     problems: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)  # what was not checked, and why
 
     @property
     def ok(self) -> bool:
@@ -88,13 +89,14 @@ class VerifyReport:
                    if self.skipped_inputs else "")
         head = (f"{self.path}: {self.format} pack, {self.storage} storage, {self.count} samples, "
                 f"{self.checked} checked in {self.seconds:.1f} s{skipped}")
+        notes = [f"  note: {n}" for n in self.notes]
         if self.ok:
-            return head + ": OK"
+            return "\n".join([head + ": OK", *notes])
         lines = [head + f": {_plural(len(self.problems), 'problem')}"]
         lines.extend(f"  {p}" for p in self.problems[:_LISTED])
         if len(self.problems) > _LISTED:
             lines.append(f"  ... and {len(self.problems) - _LISTED} more")
-        return "\n".join(lines)
+        return "\n".join(lines + notes)
 
 
 def storage_of(schema: Any) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from fastpipe.data.format import layout as fmt
 from fastpipe.data.format.fields import FieldError
 from fastpipe.data.format.layout import PackFormatError, sniff_format
 from fastpipe.data.sources._base import Source
@@ -59,6 +60,7 @@ def verify(path: str | os.PathLike, sample: int | None = None, *, seed: int = 0,
             report.count = source.count
             report.storage = storage_of(source.schema)
             report.skipped_inputs = len(source.meta.get("skipped") or [])
+            _check_metadata(Path(path), report, problem)
             _check_index(source, report, problem)
             _check_samples(source, _indices(source.count, sample, seed), report, problem,
                            str(path), progress)
@@ -91,15 +93,20 @@ def missing_parts(path: Path) -> tuple[str | None, list[Path]]:
         return None, []
     folders = sorted({f.parent for f in missing})
     gone = sorted({_outermost_missing(d, path.parent) for d in folders if not d.exists()})
-    fix = (f"keep the .shards folder ({path.name}.shards) next to the pack, or pack again with "
-           "merge='copy' for one self-contained file")
+    # The folder named is the one that is missing, wherever the merge put the parts: a pack's
+    # own <pack>.shards, or the .shards folders of the packs merge_packs combined.
+    fix = ("put it back at that path (the pack reads its part files where it recorded them, "
+           f"relative to the pack's own folder), or pack the source again with merge='copy' for "
+           "one self-contained file")
     if gone:
-        return (f"{path} is a virtual pack whose part files are missing: the folder "
-                f"{gone[0]} is missing ({len(missing)} of {len(files)} part files); {fix}",
-                missing)
+        more = f" (and {len(gone) - 1} more folders)" if len(gone) > 1 else ""
+        return (f"{path} is a virtual pack whose part files are missing: the folder {gone[0]} "
+                f"is gone{more}, and with it {len(missing)} of the pack's {len(files)} part "
+                f"files; {fix}", missing)
     shown = ", ".join(f.name for f in missing[:3]) + (" ..." if len(missing) > 3 else "")
     return (f"{path} is a virtual pack whose part files are missing: {shown} ({len(missing)} "
-            f"of {len(files)}) in {folders[0]}; {fix}", missing)
+            f"of {len(files)}) are not in the folder {folders[0]}; "
+            + fix.replace("put it back", "put them back"), missing)
 
 
 def _outermost_missing(folder: Path, base: Path) -> Path:
@@ -119,6 +126,28 @@ def _indices(count: int, sample: int | None, seed: int) -> np.ndarray:
     if sample is None or sample >= count:
         return np.arange(count)
     return np.sort(np.random.default_rng(seed).choice(count, int(sample), replace=False))
+
+
+def _check_metadata(path: Path, report: VerifyReport, problem) -> None:
+    """The metadata against the checksum stored with it (its types and ranges were checked when
+    the pack opened); a pack written before the checksum is noted as unchecked."""
+    try:
+        meta = read_meta(path)
+    except (PackFormatError, OSError) as exc:
+        if resource_error(exc):
+            raise
+        problem(str(exc))
+        return
+    reason = fmt.unsealed_reason(meta, str(path))
+    if reason is not None:
+        problem(reason)
+    elif not fmt.has_checksum(meta):
+        report.notes.append(
+            f"the metadata has no checksum (format version {meta['version']}"
+            f"{', written before fastpipe stored one' if meta['version'] == fmt.VERSION else ''}"
+            "): its values were checked for type and range only, not against what fastpipe "
+            "wrote; fastpipe pack --upgrade OLD NEW (fastpipe.pack.upgrade) rewrites the pack "
+            "with one")
 
 
 def _check_index(source: Source, report: VerifyReport, problem) -> None:

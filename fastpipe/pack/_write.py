@@ -14,7 +14,6 @@ blocks of at most ``COPY_BLOCK_BYTES``.
 
 from __future__ import annotations
 
-import json
 import os
 import zlib
 from collections.abc import Callable, Sequence
@@ -45,24 +44,22 @@ ROW_CHUNK_BYTES = 64 * 1024
 INDEX_CHUNK = 64 * 1024
 
 
-def meta_json(meta: dict[str, Any]) -> str:
-    return json.dumps(meta, sort_keys=True, ensure_ascii=False)
-
-
 def row_bytes(field: Any) -> int:
     """Bytes of one stored row of ``field`` (a fixed field's sample; a variable field's row)."""
     return int(np.prod(field.row_shape, dtype=np.int64)) * np.dtype(field.stored_dtype).itemsize
 
 
 def write_root(f, meta: dict[str, Any]) -> None:
-    """The root attributes that mark a pack of the current version, and its metadata."""
+    """The root attributes that mark a pack of the current version, and its metadata, sealed
+    with its checksum (fastpipe.data.format.layout.sealed)."""
     h5py = h5py_module()
     f.attrs[fmt.ATTR_FORMAT] = fmt.FORMAT
     f.attrs[fmt.ATTR_VERSION] = fmt.VERSION
     f.attrs["count"] = np.int64(meta["count"])
     if fmt.R_META in f:
         del f[fmt.R_META]
-    f.create_dataset(fmt.R_META, data=meta_json(meta), dtype=h5py.string_dtype("utf-8"))
+    f.create_dataset(fmt.R_META, data=fmt.meta_json(fmt.sealed(meta)),
+                     dtype=h5py.string_dtype("utf-8"))
 
 
 def read_meta(path: Path) -> dict[str, Any]:
@@ -491,8 +488,9 @@ def write_lmdb(files: Sequence[Path], output: Path, meta: dict[str, Any], schema
         for name in names:
             crc = np.concatenate(crcs[name]) if crcs[name] else np.zeros(0, np.uint32)
             batch.append((fmt.lmdb_crc_key(name), crc.astype("<u4").tobytes()))
-        batch.append((fmt.LMDB_META, meta_json(dict(meta, count=base, merge="copy",
-                                                     parts=None)).encode()))
+        batch.append((fmt.LMDB_META, fmt.meta_json(fmt.sealed(dict(meta, count=base,
+                                                                    merge="copy",
+                                                                    parts=None))).encode()))
         _put(env, batch)
         env.sync(True)
     finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,10 @@ R_OFFSETS = INTERNAL + "/offsets"  # group: int64 (N+1,) per variable field
 R_CRC32 = INTERNAL + "/crc32"  # group: uint32 (N,) per field, zlib.crc32 of each stored row
 R_PATH_OFFSETS = INTERNAL + "/path_offsets"
 R_PATH_DATA = INTERNAL + "/path_data"
+
+# The metadata key holding the CRC-32 of the rest of the metadata (:func:`sealed`), from version 3
+# on (packs written before it have none: their metadata is unchecked).
+META_CRC32 = "meta_crc32"
 
 # LMDB keys: the metadata; version 1's labels and checksums (one array each), then per sample.
 LMDB_META = b"__meta__"
@@ -309,6 +314,44 @@ def check_labels(labels: np.ndarray, classes: list[str], where: str, field: str 
         raise PackFormatError(
             f"{where}: {of}sample {i} has the label {int(labels[i])}, {within} (and "
             f"{int(bad.sum()) - 1} more); the labels are damaged (run fastpipe verify on it)")
+
+
+def meta_json(meta: Mapping[str, Any]) -> str:
+    """The metadata as it is stored: JSON with sorted keys, non-ASCII kept. Parsing it and
+    writing it again gives the same text, which is what its checksum covers."""
+    return json.dumps(meta, sort_keys=True, ensure_ascii=False)
+
+
+def _meta_crc32(meta: Mapping[str, Any]) -> int:
+    body = {k: v for k, v in meta.items() if k != META_CRC32}
+    return zlib.crc32(meta_json(body).encode("utf-8", "surrogatepass"))
+
+
+def sealed(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """``meta`` with :data:`META_CRC32`, the CRC-32 of the rest of it (any earlier one replaced):
+    what the writers store, so that ``verify`` finds a value edited or damaged afterwards (a
+    field's kind or role changed, a class renamed), which the readers' type and range checks
+    cannot tell from a value fastpipe wrote."""
+    return {**{k: v for k, v in meta.items() if k != META_CRC32}, META_CRC32: _meta_crc32(meta)}
+
+
+def unsealed_reason(meta: Mapping[str, Any], where: str) -> str | None:
+    """Why the checked metadata ``meta`` fails its checksum, or None when it holds (or has
+    none: :func:`has_checksum` says which)."""
+    stored = meta.get(META_CRC32)
+    if stored is None:
+        return None
+    if not _is_int(stored) or stored != _meta_crc32(meta):
+        return (f"{where}: its metadata does not match the checksum fastpipe stored with it "
+                f"({META_CRC32!r}): a value was edited or damaged after the pack was written, and "
+                "the readers would take it as it now reads (a field's kind, role or classes "
+                "included); restore the file from a good copy, or pack it again")
+    return None
+
+
+def has_checksum(meta: Mapping[str, Any]) -> bool:
+    """Whether ``meta`` carries :data:`META_CRC32` (packs written before it do not)."""
+    return META_CRC32 in meta
 
 
 # Metadata keys a version 1 pack used for its one image field; version 3 writes them too for an
