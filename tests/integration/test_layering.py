@@ -141,7 +141,7 @@ def test_the_walker_sees_lazy_imports_and_the_root(tmp_path, monkeypatch):
 # joint geometry and the loaders' kit (samplers, resume, skips) above; the datasets on top. A
 # module imports data modules of lower floors, or of its own folder.
 DATA_FLOORS = {
-    "fastpipe.data.format": 0, "fastpipe.data.sampling.seeds": 0,
+    "fastpipe.data.format": 0, "fastpipe.data.sampling.seeds": 0, "fastpipe.data.remote": 0,
     "fastpipe.data.decode": 1, "fastpipe.data.collate": 1, "fastpipe.data.sources": 1,
     "fastpipe.data.samples": 1,
     "fastpipe.data.joint": 2, "fastpipe.data.sampling": 2,

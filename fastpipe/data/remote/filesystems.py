@@ -1,0 +1,235 @@
+"""The file systems behind URLs: fsspec and its backends, imported on first use (a missing one
+is an error naming the extra that installs it), one instance per protocol and options in each
+process, and the few calls fastpipe makes of them (an object's size and ETag, a byte range, a
+listing), each bounded by the options' timeout and stoppable from another thread.
+
+The backends' own retry loops are turned off where the options do not set them (botocore's),
+so that one budget, :class:`~fastpipe.data.remote.options.RemoteOptions`' ``retries``, decides
+how long a failing store is waited for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import hashlib
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fastpipe._optional import require
+from fastpipe.data.remote.options import RemoteOptions
+from fastpipe.data.remote.retry import Cancelled, attempt
+from fastpipe.data.remote.urls import protocol, redact
+
+__all__ = ["EXTRAS", "ObjectInfo", "filesystem", "info", "list_objects", "read_range"]
+
+# protocol -> (module the backend is, pip name, fastpipe's extra)
+EXTRAS = {
+    "s3": ("s3fs", "s3fs", "s3"), "s3a": ("s3fs", "s3fs", "s3"),
+    "gs": ("gcsfs", "gcsfs", "gcs"), "gcs": ("gcsfs", "gcsfs", "gcs"),
+    "hf": ("huggingface_hub", "huggingface_hub", "hf"),
+    "http": ("aiohttp", "aiohttp", "remote"), "https": ("aiohttp", "aiohttp", "remote"),
+}
+# How often a wait for a request looks at the stop event.
+_POLL_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What identifies an object's bytes: its size and ETag (or the store's content hash), and
+    its MD5 where the store states it (a plain S3 ETag, GCS's md5Hash)."""
+
+    url: str
+    size: int
+    etag: str | None = None
+    md5: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"size": self.size, "etag": self.etag, "md5": self.md5}
+
+
+def _extra(proto: str) -> str:
+    return EXTRAS.get(proto, (None, None, "remote"))[2]
+
+
+def _fsspec(proto: str) -> Any:
+    return require("fsspec", extra=_extra(proto), feature=f"reading {proto}:// URLs")
+
+
+def _backend_class(proto: str) -> Any:
+    fsspec = _fsspec(proto)
+    module, package, extra = EXTRAS.get(proto, (None, None, "remote"))
+    if module is not None:
+        require(module, extra=extra, package=package, feature=f"reading {proto}:// URLs")
+    try:
+        return fsspec.get_filesystem_class(proto)
+    except (ImportError, ValueError) as exc:
+        raise ImportError(f"reading {proto}:// URLs needs fsspec's backend for {proto!r}, which "
+                          f"is not available ({exc}); install it (pip install 'fastpipe[remote]' "
+                          "and the package fsspec names)") from None
+
+
+def _with_defaults(proto: str, given: Mapping[str, Any], options: RemoteOptions) -> dict:
+    """The storage options with fastpipe's defaults where the user set none: requests bounded
+    by ``options.timeout``, and the backend's own retries off (fastpipe retries)."""
+    so = copy.deepcopy(dict(given))
+    if proto in ("s3", "s3a"):
+        config = dict(so.get("config_kwargs") or {})
+        config.setdefault("retries", {"max_attempts": 1})
+        config.setdefault("connect_timeout", options.timeout)
+        config.setdefault("read_timeout", options.timeout)
+        so["config_kwargs"] = config
+    elif proto in ("http", "https"):
+        client = dict(so.get("client_kwargs") or {})
+        if "timeout" not in client:
+            aiohttp = require("aiohttp", extra="remote", feature="reading http(s):// URLs")
+            client["timeout"] = aiohttp.ClientTimeout(total=None, sock_connect=options.timeout,
+                                                      sock_read=options.timeout)
+        so["client_kwargs"] = client
+    return so
+
+
+class _Instances:
+    """This process's file systems, one per protocol and options (a child of a fork makes its
+    own: the parent's event loop does not run in it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._made: dict[tuple[str, str], Any] = {}
+
+    def get(self, proto: str, options: RemoteOptions) -> Any:
+        key = (proto, _token(options.storage_options, options.timeout))
+        fs = self._made.get(key)
+        if fs is not None:
+            return fs
+        with self._lock:
+            fs = self._made.get(key)
+            if fs is None:
+                cls = _backend_class(proto)
+                so = _with_defaults(proto, options.storage_options, options)
+                fs = self._made[key] = cls(skip_instance_cache=True, **so)
+            return fs
+
+    def after_fork(self) -> None:
+        self._lock = threading.Lock()
+        self._made = {}
+
+
+def _token(storage_options: Mapping[str, Any], timeout: float) -> str:
+    return hashlib.sha256(repr((sorted((str(k), repr(v)) for k, v in storage_options.items()),
+                                timeout)).encode()).hexdigest()
+
+
+_INSTANCES = _Instances()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_INSTANCES.after_fork)
+
+
+def filesystem(url: str, options: RemoteOptions) -> tuple[Any, str]:
+    """The file system of ``url`` and the path it takes (``bucket/key`` for ``s3://``)."""
+    proto = protocol(url)
+    fs = _INSTANCES.get(proto, options)
+    return fs, _fsspec(proto).core.strip_protocol(url)
+
+
+def _run(fs: Any, name: str, *args: Any, options: RemoteOptions,
+         stop: threading.Event | None = None, **kwargs: Any) -> Any:
+    """``fs.<name>(*args, **kwargs)``: on an async file system, its coroutine on fsspec's loop,
+    cancelled after ``options.timeout`` seconds, when ``stop`` is set, or on Ctrl-C; on any
+    other, the call itself."""
+    coroutine = getattr(fs, "_" + name, None) if getattr(fs, "async_impl", False) else None
+    if coroutine is None:
+        return getattr(fs, name)(*args, **kwargs)
+
+    async def timed() -> Any:
+        return await asyncio.wait_for(coroutine(*args, **kwargs), options.timeout)
+
+    future = asyncio.run_coroutine_threadsafe(timed(), fs.loop)
+    try:
+        while True:
+            try:
+                return future.result(timeout=_POLL_SECONDS)
+            except concurrent.futures.TimeoutError:
+                if stop is not None and stop.is_set():
+                    raise Cancelled() from None
+    finally:
+        if not future.done():
+            future.cancel()
+
+
+def _etag(found: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(ETag or content hash, MD5 in hex) from a backend's info."""
+    etag = found.get("ETag") or found.get("etag")
+    md5 = None
+    if isinstance(etag, str):
+        etag = etag.strip('"')
+        if len(etag) == 32 and all(c in "0123456789abcdef" for c in etag.lower()):
+            md5 = etag.lower()  # a single-part S3 upload's ETag is its MD5
+    if found.get("md5Hash"):  # GCS: base64 of the MD5
+        import base64
+        import binascii
+
+        try:
+            md5 = base64.b64decode(found["md5Hash"]).hex()
+        except (binascii.Error, ValueError):
+            pass
+        etag = etag or found["md5Hash"]
+    if etag is None:
+        lfs = found.get("lfs")
+        etag = (lfs.get("sha256") or lfs.get("oid")) if isinstance(lfs, Mapping) else None
+        etag = etag or found.get("blob_id") or found.get("sha256")
+    return (str(etag) if etag else None), md5
+
+
+def _object_info(url: str, found: Mapping[str, Any]) -> ObjectInfo:
+    size = found.get("size")
+    if size is None:
+        raise OSError(f"{redact(url)}: the server gives no size for it (no Content-Length); "
+                      "fastpipe reads objects whose size is known")
+    etag, md5 = _etag(found)
+    return ObjectInfo(url, int(size), etag, md5)
+
+
+def info(url: str, options: RemoteOptions, stop: threading.Event | None = None) -> ObjectInfo:
+    """The size and ETag of the object ``url`` (retried; a missing one is FileNotFoundError)."""
+    fs, path = filesystem(url, options)
+    found = attempt(lambda: _run(fs, "info", path, options=options, stop=stop), url,
+                    "asking for its size", options, stop)
+    if found.get("type") == "directory":
+        raise IsADirectoryError(f"{redact(url)} is a folder, not an object")
+    return _object_info(url, found)
+
+
+def read_range(url: str, start: int, end: int, options: RemoteOptions,
+               stop: threading.Event | None = None) -> bytes:
+    """Bytes ``[start, end)`` of ``url``, in one request (not retried here: the caller decides
+    what a failure means)."""
+    fs, path = filesystem(url, options)
+    return _run(fs, "cat_file", path, start=start, end=end, options=options, stop=stop)
+
+
+def list_objects(url: str, options: RemoteOptions, *, glob: bool = False
+                 ) -> dict[str, ObjectInfo]:
+    """The objects under the folder ``url`` (recursively), or matching the pattern ``url``
+    (``glob=True``): URL -> info, sorted by URL."""
+    fs, path = filesystem(url, options)
+    if glob:
+        found = attempt(lambda: _run(fs, "glob", path, detail=True, options=options), url,
+                        "listing the objects it matches", options)
+    else:
+        found = attempt(lambda: _run(fs, "find", path, detail=True, options=options), url,
+                        "listing the objects under it", options)
+    out = {}
+    for name, entry in sorted(found.items()):
+        if entry.get("type") == "directory":
+            continue
+        object_url = name if "://" in name else fs.unstrip_protocol(name)
+        if entry.get("size") is None:  # an HTTP listing: ask each object
+            out[object_url] = info(object_url, options)
+        else:
+            out[object_url] = _object_info(object_url, entry)
+    return out

@@ -1,0 +1,149 @@
+"""``Prefetch``: objects downloaded into the cache in a given order, a few ahead of the reader.
+
+A reader of the node marks an entry when it starts reading it (``ShardCache.used_since``), in
+any process; the prefetch keeps the objects up to ``ahead`` places past the last one marked
+since it started downloaded (the first ``ahead + 1`` before anything is read), so that it never
+fills the cache with objects read much later, which would evict those read sooner. Objects it
+downloaded and nobody read yet are the last the cache evicts.
+
+Its threads (one that follows the reader, ``downloads`` that download) end when the order is
+done, on :meth:`Prefetch.close` (within the poll interval: a request under way is cancelled),
+when the handle is dropped, and before the interpreter exits; a ``.part`` file of a download
+they stopped is removed.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from fastpipe._compat import register_before_thread_join
+from fastpipe.data.remote.retry import Cancelled
+
+__all__ = ["Prefetch"]
+
+# How often the reader's position is looked at.
+_POLL_SECONDS = 0.02
+# How long close() waits for the threads (each stops within a poll interval).
+_JOIN_SECONDS = 5.0
+_EXIT_JOIN_SECONDS = 1.0
+
+
+def _follow(cache: Any, urls: list[str], stop: threading.Event, work: queue.SimpleQueue,
+            done: dict[int, bool], downloads: int) -> None:
+    """Hands the downloaders the objects in order, ``ahead`` past the reader's position."""
+    ahead = cache.options.ahead
+    started = time.time_ns()
+    position = -1  # the last object a reader started since the prefetch began
+    handed = 0
+    try:
+        while handed < len(urls) and not stop.is_set():
+            for k in range(max(position + 1, 0), handed):
+                if cache.used_since(urls[k], started):
+                    position = k
+            while handed < len(urls) and handed <= position + ahead:
+                work.put(handed)
+                handed += 1
+            if handed < len(urls):
+                stop.wait(_POLL_SECONDS)
+    finally:
+        for _ in range(downloads):
+            work.put(None)
+
+
+def _download(cache: Any, urls: list[str], stop: threading.Event, work: queue.SimpleQueue,
+              done: dict[int, bool], errors: list) -> None:
+    while not stop.is_set():
+        try:
+            k = work.get(timeout=_POLL_SECONDS)
+        except queue.Empty:
+            continue
+        if k is None:
+            return
+        try:
+            with cache.pinned([urls[k]], stop=stop):
+                pass
+            done[k] = True
+        except Cancelled:
+            return
+        except Exception as exc:  # noqa: BLE001 - the reader meets it again and raises it
+            done[k] = False
+            errors.append((urls[k], exc))
+
+
+def _stop(stop: threading.Event, threads: list[threading.Thread], wait: float) -> None:
+    stop.set()
+    deadline = time.monotonic() + wait
+    for thread in threads:
+        if thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+_live: weakref.WeakSet = weakref.WeakSet()
+
+
+def _stop_all_at_exit() -> None:
+    live = list(_live)
+    for p in live:
+        p._stop.set()
+    deadline = time.monotonic() + _EXIT_JOIN_SECONDS
+    for p in live:
+        for thread in p._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+
+register_before_thread_join(_stop_all_at_exit)
+
+
+class Prefetch:
+    """Downloads ``urls`` into ``cache`` in this order (see the module): ``done`` maps each
+    position finished to whether it succeeded, ``errors`` lists ``(url, error)`` of the failed
+    ones (their reader retries and raises). ``close()`` stops it; so does leaving a ``with``
+    block, dropping it, or the interpreter's exit."""
+
+    def __init__(self, cache: Any, urls: Sequence[str]) -> None:
+        self.urls = list(urls)
+        self.done: dict[int, bool] = {}
+        self.errors: list[tuple[str, BaseException]] = []
+        self._stop = threading.Event()
+        work: queue.SimpleQueue = queue.SimpleQueue()
+        downloads = cache.options.downloads
+        self._threads = [threading.Thread(
+            target=_follow, args=(cache, self.urls, self._stop, work, self.done, downloads),
+            name="fastpipe-prefetch", daemon=True)]
+        self._threads += [threading.Thread(
+            target=_download, args=(cache, self.urls, self._stop, work, self.done, self.errors),
+            name=f"fastpipe-download-{k}", daemon=True) for k in range(downloads)]
+        for thread in self._threads:
+            thread.start()
+        self._finalizer = weakref.finalize(self, _stop, self._stop, self._threads, 0.0)
+        self._finalizer.atexit = False
+        _live.add(self)
+
+    @property
+    def alive(self) -> bool:
+        """Whether any of its threads still runs."""
+        return any(t.is_alive() for t in self._threads)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Waits until every object is handled (or ``timeout`` seconds); whether they are."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not self.alive
+
+    def close(self) -> None:
+        """Stops the downloads (a request under way is cancelled, its ``.part`` removed) and
+        waits for the threads."""
+        if self._finalizer.detach() is not None:
+            _stop(self._stop, self._threads, _JOIN_SECONDS)
+
+    def __enter__(self) -> Prefetch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

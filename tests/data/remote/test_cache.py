@@ -1,0 +1,290 @@
+"""The node's cache against moto's S3 server (through a proxy that counts requests): one download
+per object per node across threads and processes (fork and spawn), whole files only, damaged or
+truncated entries fetched again, least recently used objects evicted under the limit, downloads
+ahead of the reader, a killed download that leaves nothing half-written and Ctrl-C within a
+second."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from fastpipe.data import RemoteError, ShardCache
+from fastpipe.data.remote.cache import PART
+from tests.helpers.remote import MotoServer
+
+REPO = Path(__file__).resolve().parents[3]
+SIZE = 40_000
+
+
+@pytest.fixture(scope="module")
+def objects(moto_server, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("objects")
+    rng = random.Random(5)
+    for k in range(4):
+        (folder / f"obj-{k}.bin").write_bytes(rng.randbytes(SIZE + k))
+    urls = moto_server.upload(folder, "cachetest")
+    return {url: (folder / url.rsplit("/", 1)[1]).read_bytes() for url in urls}
+
+
+@pytest.fixture
+def proxied(moto_server, fault_proxy, cache_dir):
+    """Options reaching moto through a proxy (which counts the requests)."""
+    proxy = fault_proxy(moto_server.endpoint)
+    return proxy, moto_server.options(proxy.url, cache_dir=cache_dir, chunk_size=8192,
+                                      backoff=0.01)
+
+
+def _md5(data: bytes) -> str:
+    return hashlib.md5(data).hexdigest()
+
+
+def test_downloaded_once_whole_then_read_from_disk(objects, proxied):
+    proxy, options = proxied
+    cache = ShardCache(options)
+    url, data = next(iter(objects.items()))
+    path = cache.local_path(url)
+    assert Path(path).read_bytes() == data and Path(path).name == "obj-0.bin"
+    assert proxy.gets("obj-0.bin") == -(-len(data) // 8192)  # one range request per chunk
+    assert ShardCache(options).local_path(url) == path  # another instance, same node
+    assert proxy.gets("obj-0.bin") == -(-len(data) // 8192)
+    assert cache.holds(url) and not list(Path(path).parent.glob("*" + PART))
+
+
+def _read_all(options, urls, threads):
+    """Every object through a fresh cache in ``threads`` threads, each in its own order."""
+    results = {}
+
+    def run(seed):
+        cache = ShardCache(options)
+        order = list(urls)
+        random.Random(seed).shuffle(order)
+        for url in order:
+            results[(seed, url)] = _md5(Path(cache.local_path(url)).read_bytes())
+
+    workers = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return sorted(set(results.values()))
+
+
+@pytest.mark.slow
+def test_one_download_per_object_across_threads_and_processes(objects, proxied):
+    proxy, options = proxied
+    urls = sorted(objects)
+    ctx = [multiprocessing.get_context("spawn"), multiprocessing.get_context("fork")]
+    with ctx[0].Pool(2) as spawned, ctx[1].Pool(2) as forked:
+        waiting = [pool.apply_async(_read_all, (options, urls, 3)) for pool in
+                   (spawned, spawned, forked, forked)]
+        here = _read_all(options, urls, 3)
+        results = [w.get(120) for w in waiting]
+    expected = sorted(_md5(objects[u]) for u in urls)
+    assert here == expected and all(r == expected for r in results)
+    for url, data in objects.items():
+        assert proxy.gets(url.rsplit("/", 1)[1]) == -(-len(data) // 8192), url
+
+
+def test_damaged_or_truncated_entries_are_fetched_again(objects, proxied):
+    proxy, options = proxied
+    cache = ShardCache(options)
+    url, data = next(iter(objects.items()))
+    path = Path(cache.local_path(url))
+    gets = proxy.gets("obj-0.bin")
+    with open(path, "r+b") as f:  # cut short
+        f.truncate(1000)
+    assert not cache.holds(url)
+    assert Path(cache.local_path(url)).read_bytes() == data
+    assert proxy.gets("obj-0.bin") == 2 * gets
+    with open(path, "r+b") as f:  # the same size, bytes changed
+        f.seek(500)
+        f.write(b"\xff" * 16)
+    assert Path(cache.local_path(url)).read_bytes() == data
+    assert proxy.gets("obj-0.bin") == 3 * gets
+
+
+def test_content_check_finds_damage_that_keeps_size_and_time(objects, proxied):
+    proxy, options = proxied
+    from dataclasses import replace
+
+    cache = ShardCache(replace(options, check="content"))
+    url, data = next(iter(objects.items()))
+    path = Path(cache.local_path(url))
+    st = path.stat()
+    with open(path, "r+b") as f:
+        f.seek(100)
+        f.write(bytes([data[100] ^ 1]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert not ShardCache(replace(options, check="content")).holds(url)
+    assert ShardCache(options).holds(url)  # the stat check cannot see it: why "content" exists
+    # the check runs when a process first reads the entry: a worker process here
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply(_md5_through, (replace(options, check="content"), url)) == _md5(data)
+    assert Path(cache.path_of(url)).read_bytes() == data
+
+
+def _md5_through(options, url):
+    return _md5(Path(ShardCache(options).local_path(url)).read_bytes())
+
+
+def test_an_object_rewritten_at_the_source_is_fetched_again(moto_server, proxied):
+    _, options = proxied
+    client = moto_server.client()
+    client.create_bucket(Bucket="rewritten")
+    client.put_object(Bucket="rewritten", Key="x.bin", Body=b"first version")
+    url = "s3://rewritten/x.bin"
+    assert Path(ShardCache(options).local_path(url)).read_bytes() == b"first version"
+    client.put_object(Bucket="rewritten", Key="x.bin", Body=b"second, longer version")
+    assert Path(ShardCache(options).local_path(url)).read_bytes() == b"second, longer version"
+
+
+def test_least_recently_used_objects_are_evicted_under_the_limit(objects, proxied):
+    proxy, options = proxied
+    from dataclasses import replace
+
+    cache = ShardCache(replace(options, cache_limit=int(2.5 * SIZE)))
+    urls = sorted(objects)
+    for url in urls[:2]:
+        cache.local_path(url)
+    cache.local_path(urls[0])  # urls[1] is now the least recently used
+    # pins of the last reads are dropped only when newer reads replace them
+    for url in urls[2:]:
+        assert Path(cache.local_path(url)).read_bytes() == objects[url]
+    assert cache.usage() <= 2.5 * SIZE
+    assert not cache.holds(urls[1]) and not cache.holds(urls[0])
+    assert cache.holds(urls[2]) and cache.holds(urls[3])
+    # what is evicted is fetched again, whole and right
+    assert Path(cache.local_path(urls[1])).read_bytes() == objects[urls[1]]
+
+
+def _fastpipe_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("fastpipe-")]
+
+
+def test_prefetch_downloads_ahead_of_the_reader_in_order(objects, proxied):
+    proxy, options = proxied
+    from dataclasses import replace
+
+    cache = ShardCache(replace(options, ahead=1, downloads=2))
+    urls = sorted(objects)
+    with cache.prefetch(urls) as prefetch:
+        deadline = time.monotonic() + 20
+        while len(prefetch.done) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)
+        assert sorted(prefetch.done) == [0, 1]  # the first `ahead + 1`, nothing further
+        assert not cache.holds(urls[2])
+        for url in urls:  # the reader moves on: the prefetch follows
+            assert Path(cache.local_path(url)).read_bytes() == objects[url]
+        assert prefetch.wait(20)
+    assert all(prefetch.done.values()) and not prefetch.errors and not _fastpipe_threads()
+    for url in urls:
+        assert proxy.gets(url.rsplit("/", 1)[1]) == -(-len(objects[url]) // 8192)
+
+
+def test_a_failed_download_is_named_and_left_to_the_reader(moto_server, proxied):
+    proxy, options = proxied
+    from dataclasses import replace
+
+    cache = ShardCache(replace(options, retries=1))
+    with pytest.raises(FileNotFoundError, match="s3://cachetest/missing.bin does not exist"):
+        cache.local_path("s3://cachetest/missing.bin")
+    with cache.prefetch(["s3://cachetest/missing.bin"]) as prefetch:
+        assert prefetch.wait(20)
+    assert prefetch.done == {0: False} and "missing.bin" in str(prefetch.errors[0][1])
+
+
+_KILLED = """
+import sys, os
+sys.path[:0] = [{repo!r}]
+from fastpipe.data import ShardCache
+from tests.helpers.remote import MotoServer
+options = MotoServer.options(MotoServer.__new__(MotoServer), {endpoint!r}, cache_dir={cache!r},
+                             chunk_size=4096)
+print("start", flush=True)
+ShardCache(options).local_path({url!r})
+print("done", flush=True)
+"""
+
+
+def _downloading(tmp_path, endpoint, cache_dir, url) -> subprocess.Popen:
+    script = tmp_path / "download.py"
+    script.write_text(_KILLED.format(repo=str(REPO), endpoint=endpoint, cache=str(cache_dir),
+                                     url=url))
+    process = subprocess.Popen([sys.executable, str(script)], cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert process.stdout.readline().strip() == "start"
+    return process
+
+
+def _wait_for_part(cache: ShardCache, url: str, timeout: float = 20) -> Path:
+    folder = Path(cache.path_of(url)).parent
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        parts = [p for p in folder.glob("*" + PART) if p.stat().st_size]
+        if parts:
+            return parts[0]
+        time.sleep(0.02)
+    raise AssertionError("the download never started")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["SIGKILL", "Ctrl-C"])
+def test_a_stopped_download_leaves_nothing_half_written(objects, moto_server, fault_proxy,
+                                                        cache_dir, tmp_path, how):
+    proxy = fault_proxy(moto_server.endpoint)
+    proxy.set_delay(0.2)  # ten chunks: two seconds of download
+    url = sorted(objects)[1]
+    cache = ShardCache(moto_server.options(proxy.url, cache_dir=cache_dir))
+    process = _downloading(tmp_path, proxy.url, cache_dir, url)
+    try:
+        part = _wait_for_part(cache, url)
+        sent = time.monotonic()
+        process.send_signal(signal.SIGKILL if how == "SIGKILL" else signal.SIGINT)
+        _, stderr = process.communicate(timeout=10)
+        took = time.monotonic() - sent
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    data = Path(cache.path_of(url))
+    assert not data.exists(), "a partial download became the entry"
+    if how == "Ctrl-C":
+        assert took < 1.0, f"Ctrl-C took {took:.2f} s to end the download"
+        assert "KeyboardInterrupt" in stderr and not part.exists()
+    proxy.set_delay(0)
+    # the next process to take the entry finds it empty, downloads it whole, and the .part of
+    # the dead download is gone
+    assert Path(cache.local_path(url)).read_bytes() == objects[url]
+    assert not list(data.parent.glob("*" + PART))
+
+
+def test_after_the_retries_the_error_names_the_object(objects, fault_proxy, cache_dir):
+    server = MotoServer()
+    try:
+        client = server.client()
+        client.create_bucket(Bucket="gone")
+        client.put_object(Bucket="gone", Key="x.bin", Body=b"x" * 1000)
+        options = server.options(cache_dir=cache_dir, retries=2, backoff=0.01, timeout=2)
+        cache = ShardCache(options)
+        cache.info_of("s3://gone/x.bin")  # known, then the store goes away
+        server.stop()
+        started = time.monotonic()
+        with pytest.raises(RemoteError, match=r"s3://gone/x.bin: .* failed 3 times") as caught:
+            cache.local_path("s3://gone/x.bin")
+        assert time.monotonic() - started < 30
+        assert "fastpipe-test-secret" not in str(caught.value)
+        assert not list(Path(cache.path_of("s3://gone/x.bin")).parent.glob("*" + PART))
+    finally:
+        server.stop()

@@ -1,0 +1,327 @@
+"""Real servers on the loopback for the tests of data in object storage (fastpipe.data.remote),
+started and stopped by the tests (the fixtures of tests/data/remote/conftest.py build on them):
+
+* :class:`MotoServer`: moto's standalone S3-compatible server (``python -m moto.server``), the
+  server s3fs tests itself against; :meth:`MotoServer.upload` puts a folder's files in a
+  bucket, :meth:`MotoServer.options` gives the ``RemoteOptions`` that reach it.
+* :class:`Nginx`: nginx from the distribution serving a folder over HTTP with range requests
+  (its access log says how many bytes of each object were sent: :meth:`Nginx.bytes_sent`).
+  :func:`nginx_binary` is None where nginx is not installed (the tests then skip, saying so).
+* :class:`FaultProxy`: an HTTP server in this process that forwards to either of them and
+  injects faults on request: answers of a status (503), slow answers, bodies cut short, a
+  server that is down (connections refused) and back.
+
+Every server is a process or thread the test ends (``stop()``; the fixtures do it), on a port
+of its own.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+ACCESS_KEY = "fastpipe-test-access"
+SECRET_KEY = "fastpipe-test-secret-9f8e7d"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout: float = 20.0, process: subprocess.Popen | None = None
+                  ) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            if process is not None and process.poll() is not None:
+                raise RuntimeError(f"the server exited with {process.returncode} before it "
+                                   "listened") from None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nothing listens on port {port} after {timeout} s") from None
+            time.sleep(0.05)
+
+
+def _end(process: subprocess.Popen | None) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+class MotoServer:
+    """moto's S3 server in a process of its own on ``port`` (one of its own by default)."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.process: subprocess.Popen | None = None
+        self.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        wait_for_port(self.port, process=self.process)
+
+    def stop(self) -> None:
+        _end(self.process)
+
+    def client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                            aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
+
+    def upload(self, folder: Path, bucket: str, prefix: str = "") -> list[str]:
+        """Puts every file under ``folder`` in ``bucket`` (made if needed) under ``prefix``;
+        the URLs, sorted."""
+        client = self.client()
+        try:
+            client.create_bucket(Bucket=bucket)
+        except client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+        urls = []
+        for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+            key = prefix + path.relative_to(folder).as_posix()
+            client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
+            urls.append(f"s3://{bucket}/{key}")
+        return urls
+
+    def options(self, endpoint: str | None = None, **kwargs):
+        """RemoteOptions that reach this server (or ``endpoint``, a proxy in front of it)."""
+        from fastpipe.data.remote.options import RemoteOptions
+
+        storage = {"key": ACCESS_KEY, "secret": SECRET_KEY,
+                   "client_kwargs": {"endpoint_url": endpoint or self.endpoint,
+                                     "region_name": "us-east-1"}}
+        return RemoteOptions(storage_options=storage, **kwargs)
+
+
+def nginx_binary() -> str | None:
+    found = shutil.which("nginx")
+    if found is None and os.path.exists("/usr/sbin/nginx"):
+        found = "/usr/sbin/nginx"
+    return found
+
+
+_NGINX_CONF = """daemon off;
+worker_processes 1;
+{user}
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log;
+events {{ worker_connections 256; }}
+http {{
+  log_format bytes '$request_uri $status $body_bytes_sent';
+  access_log {prefix}/access.log bytes;
+  client_body_temp_path {prefix}/tmp; proxy_temp_path {prefix}/tmp;
+  fastcgi_temp_path {prefix}/tmp; uwsgi_temp_path {prefix}/tmp; scgi_temp_path {prefix}/tmp;
+  server {{
+    listen 127.0.0.1:{port};
+    root {root};
+    autoindex on;
+    location /slow/ {{ alias {root}/; limit_rate {slow_rate}; }}
+  }}
+}}
+"""
+
+
+class Nginx:
+    """nginx serving ``root`` on ``port`` (``/slow/...``: the same files at ``slow_rate``
+    bytes a second); stop() and start() again keep the port and the files."""
+
+    def __init__(self, root: Path, prefix: Path, port: int | None = None,
+                 slow_rate: int = 200_000) -> None:
+        binary = nginx_binary()
+        if binary is None:
+            raise FileNotFoundError("nginx is not installed")
+        self.binary, self.root, self.prefix = binary, Path(root), Path(prefix)
+        self.port = port or free_port()
+        (self.prefix / "tmp").mkdir(parents=True, exist_ok=True)
+        user = f"user {os.getpwuid(0).pw_name};" if os.geteuid() == 0 else ""
+        self.conf = self.prefix / "nginx.conf"
+        self.conf.write_text(_NGINX_CONF.format(user=user, prefix=self.prefix, port=self.port,
+                                                root=self.root, slow_rate=slow_rate))
+        self.process: subprocess.Popen | None = None
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [self.binary, "-c", str(self.conf), "-p", str(self.prefix)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        wait_for_port(self.port, process=self.process)
+
+    def stop(self) -> None:
+        _end(self.process)
+
+    def bytes_sent(self) -> Counter:
+        """Bytes of each path sent so far (successful answers), from the access log."""
+        sent: Counter = Counter()
+        log = self.prefix / "access.log"
+        if not log.exists():
+            return sent
+        for line in log.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[1] in ("200", "206"):
+                sent[parts[0].split("?", 1)[0]] += int(parts[2])
+        return sent
+
+
+class _Faults:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.status: list[tuple[str, int]] = []  # (path pattern, status) answered once each
+        self.delay = 0.0
+        self.truncate: dict[str, int] = {}  # path pattern -> bytes of the body sent
+        self.requests: Counter = Counter()
+
+    def take_status(self, path: str) -> int | None:
+        with self.lock:
+            for k, (pattern, status) in enumerate(self.status):
+                if re.search(pattern, path):
+                    del self.status[k]
+                    return status
+        return None
+
+
+class FaultProxy:
+    """An HTTP server on the loopback forwarding every request to ``upstream``
+    (``http://127.0.0.1:PORT``), with faults injected on request: :meth:`fail_next`,
+    ``delay`` (seconds before each answer), :meth:`truncate`, :meth:`down` and :meth:`up`."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream.split("://", 1)[1].rstrip("/")
+        self.faults = _Faults()
+        self.port = free_port()
+        self._server: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self.up()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def requests(self) -> Counter:
+        """Requests so far, by ``"METHOD /path"``."""
+        return self.faults.requests
+
+    def gets(self, suffix: str) -> int:
+        """GET requests so far of paths ending in ``suffix``."""
+        return sum(n for key, n in self.faults.requests.items()
+                   if key.startswith("GET ") and key.split("?", 1)[0].endswith(suffix))
+
+    def fail_next(self, count: int, status: int = 503, pattern: str = "") -> None:
+        """The next ``count`` requests whose path matches ``pattern`` get ``status``."""
+        with self.faults.lock:
+            self.faults.status += [(pattern, status)] * count
+
+    def set_delay(self, seconds: float) -> None:
+        self.faults.delay = seconds
+
+    def truncate(self, pattern: str, sent: int) -> None:
+        """Answers to paths matching ``pattern`` stop after ``sent`` bytes of their body (the
+        Content-Length promising all of it), until cleared with ``sent=-1``."""
+        with self.faults.lock:
+            if sent < 0:
+                self.faults.truncate.pop(pattern, None)
+            else:
+                self.faults.truncate[pattern] = sent
+
+    def up(self) -> None:
+        handler = _handler(self.upstream, self.faults)
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.port), handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.05},
+                                        name="fault-proxy", daemon=True)
+        self._thread.start()
+
+    def down(self) -> None:
+        """Stops listening: new connections are refused until :meth:`up`."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(5)
+            self._server = None
+
+    stop = down
+
+
+def _handler(upstream: str, faults: _Faults) -> type:
+    class Forward(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _forward(self) -> None:
+            faults.requests[f"{self.command} {self.path.split('?', 1)[0]}"] += 1
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            if faults.delay:
+                time.sleep(faults.delay)
+            status = faults.take_status(self.path)
+            if status is not None:
+                payload = b"<Error><Code>SlowDown</Code></Error>" if status == 503 else b""
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+                return
+            connection = http.client.HTTPConnection(upstream, timeout=30)
+            try:
+                headers = {k: v for k, v in self.headers.items()}
+                connection.request(self.command, self.path, body=body, headers=headers)
+                answer = connection.getresponse()
+                data = answer.read()
+            finally:
+                connection.close()
+            cut = next((n for p, n in list(faults.truncate.items())
+                        if re.search(p, self.path)), None)
+            self.send_response(answer.status, answer.reason)
+            for key, value in answer.getheaders():
+                if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                    self.send_header(key, value)
+            length = answer.getheader("Content-Length") if self.command == "HEAD" else None
+            self.send_header("Content-Length", length or str(len(data)))
+            if cut is not None and self.command == "GET":
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(data[:cut])
+                self.wfile.flush()
+                self.close_connection = True
+                return
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(data)
+
+        do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _forward
+
+    return Forward
