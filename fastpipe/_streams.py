@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from fastpipe._batch import tensors
+from fastpipe._batch import replace_at, tensors
+from fastpipe.gpu_decode._batches import encoded_paths
 
 __all__ = ["CudaStreams", "copy_on_side", "hand_to_current", "streams_for"]
 
@@ -91,7 +92,7 @@ def copy_on_side(
     # Tensors already on the GPU were written on the stream current when they arrived (DALI's,
     # or a loader's own copy): the side stream waits for it before reading them, and they are
     # recorded on it so their memory is not reused while it reads.
-    inputs = [tensor for tensor in tensors(batch) if streams.on_device(tensor)]
+    inputs = [tensor for tensor in tensors(_without_encoded(batch)) if streams.on_device(tensor)]
     if inputs:
         streams.wait_event(side, streams.record_event(streams.current_stream(device)))
     with streams.use(side):
@@ -111,3 +112,11 @@ def hand_to_current(streams: CudaStreams, device: torch.device, batch: Any, copi
         # in the batch, such as a weight or a target a batch_transform returns, is left as is.
         if streams.on_device(tensor):
             streams.record_stream(tensor, current)
+
+
+def _without_encoded(batch: Any) -> Any:
+    """``batch`` with its encoded images (GPU decode's bytes, on the host, decoded by ``prepare``)
+    left out of the walk for tensors already on the GPU."""
+    for path in encoded_paths(batch):
+        batch = replace_at(batch, path, None)
+    return batch

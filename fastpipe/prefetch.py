@@ -2,8 +2,9 @@
 trains.
 
 Its parts live beside it: the batch structures in ``fastpipe._batch``, the CUDA stream hand-off in
-``fastpipe._streams``, Lightning and accelerate in ``fastpipe._frameworks``, and what resume
-shares with the other loaders in ``fastpipe.data.sampling.resume``.
+``fastpipe._streams``, GPU decode in ``fastpipe.gpu_decode``, Lightning and accelerate in
+``fastpipe._frameworks``, and what resume shares with the other loaders in
+``fastpipe.data.sampling.resume``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ from fastpipe._frameworks import (
 from fastpipe._hardware import resolve_device
 from fastpipe._streams import copy_on_side, hand_to_current, streams_for
 from fastpipe.data.sampling.resume import STATE_VERSION, WrappedHandOff
+from fastpipe.data.sampling.skip import SkipRecord, Skipped
+from fastpipe.gpu_decode import GpuDecode, GpuDecoder
+from fastpipe.gpu_decode._batches import encoded_paths, without_rows
 from fastpipe.ops import normalize
 
 __all__ = ["DataPrefetcher"]
@@ -44,6 +48,8 @@ __all__ = ["DataPrefetcher"]
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Float images a hair outside [0, 1] (rounding in a resize) are still 0-1 images.
 _RANGE_SLACK = 1e-3
+# What _prepare returns for a batch whose every sample a GPU decode left out (on_error="skip").
+_NOTHING = object()
 
 
 class DataPrefetcher(LoaderAttributes):
@@ -104,6 +110,19 @@ class DataPrefetcher(LoaderAttributes):
     end-of-data state on exactly the last batch. It pickles and deep-copies without its running
     epoch.
 
+    GPU decode: batches of a dataset built with ``decode="gpu"`` hold encoded images (each
+    sample's bytes and the recipe's draw for it: the CPU path's crop box and flip) where the
+    images would be. They are decoded here, on the side stream, before the batch is normalized
+    and handed over: one batched decode (nvImageCodec; only each crop's region where it can),
+    one resize of every crop (``fastpipe.ops.resize_crops``, the CPU path's filters), the flips.
+    ``gpu_decode`` (a :class:`~fastpipe.gpu_decode.GpuDecode`) sets the decoder, the hardware
+    engine and the cap on the buffers kept between batches. An image the GPU decoder does not
+    decode is decoded by the CPU path's decoder (the CPU path's pixels), counted in
+    :attr:`gpu_decode_stats` and reported once; one that the CPU decoder refuses too is corrupt:
+    raised, or, when the wrapped loader has ``on_error="skip"``, left out of its batch, counted
+    and reported at the end of the epoch, and listed in :attr:`skipped`, as the loader does.
+    :meth:`close` lets go of the decoder and its buffers.
+
     Use it as ``for batch in prefetcher:`` (each loop is one epoch) or, as in apex,
     ``batch = prefetcher.next()`` until it returns None; the call after that starts a new epoch.
     """
@@ -121,6 +140,7 @@ class DataPrefetcher(LoaderAttributes):
         image_key: Any = None,
         batch_transform: Callable[[Any, Any], tuple[Any, Any]] | None = None,
         target_key: Any = None,
+        gpu_decode: GpuDecode | None = None,
     ) -> None:
         if (mean is None) != (std is None):
             raise ValueError("pass both mean and std to normalize, or neither")
@@ -142,7 +162,11 @@ class DataPrefetcher(LoaderAttributes):
                 "target_key names the entry passed to batch_transform as its targets, and no "
                 "batch_transform was given; pass batch_transform=..., or leave target_key unset"
             )
+        if gpu_decode is not None and not isinstance(gpu_decode, GpuDecode):
+            raise TypeError(f"gpu_decode must be a fastpipe.gpu_decode.GpuDecode or None, got "
+                            f"{type(gpu_decode).__name__}")
         self.loader = loader
+        self.gpu_decode = gpu_decode or GpuDecode()
         self.device = resolve_device(device, where="DataPrefetcher")
         self.mean = None if mean is None else torch.as_tensor(mean, dtype=torch.float32).flatten()
         self.std = None if std is None else torch.as_tensor(std, dtype=torch.float32).flatten()
@@ -168,6 +192,10 @@ class DataPrefetcher(LoaderAttributes):
         self._range_checked = False
         self._epoch: weakref.ref[Iterator[Any]] | None = None
         self._next_epoch: Iterator[Any] | None = None
+        # GPU decode: one decoder per device, made at the first encoded batch there.
+        self._decoders: dict[torch.device, GpuDecoder] = {}
+        self._decode_skips = SkipRecord()
+        self._warned_fallback = False
 
     @property
     def normalizes(self) -> bool:
@@ -180,6 +208,7 @@ class DataPrefetcher(LoaderAttributes):
         state["_next_epoch"] = None
         state["_side_streams"] = {}
         state["_device_stats"] = {}
+        state["_decoders"] = {}
         return state
 
     def __iter__(self) -> Iterator[Any]:
@@ -187,11 +216,13 @@ class DataPrefetcher(LoaderAttributes):
         self._close_epoch()
         check_sharded(self.loader)
         self._range_checked = False
+        self._decode_skips = self._restored_decode_skips or SkipRecord()
+        self._restored_decode_skips = None
         self._handed_out = WrappedHandOff(self.loader, self.batch_transform)
         tracked = accelerate_tracking(self.loader)
         if self._streams is None and tracked is None:
             epoch: Iterator[Any] = BackgroundIterator(
-                (self._prepare(batch, self.device) for batch in self._handed_out.read()),
+                self._prepared_epoch(self._handed_out.read()),
                 prefetch_depth=self.prefetch_depth,
                 name="fastpipe-DataPrefetcher",
             )
@@ -214,12 +245,36 @@ class DataPrefetcher(LoaderAttributes):
             return None
 
     def close(self) -> None:
-        """Stops the current epoch's prefetching, releases what it holds, and closes the wrapped
-        loader when it can be closed (DataLoaderX: its thread and persistent workers)."""
+        """Stops the current epoch's prefetching, releases what it holds (the GPU decoder and its
+        buffers included), and closes the wrapped loader when it can be closed (DataLoaderX: its
+        thread and persistent workers)."""
         self._close_epoch()
+        decoders, self._decoders = self._decoders, {}
+        for decoder in decoders.values():
+            decoder.close()
         close = getattr(self.loader, "close", None)
         if callable(close):
             close()
+
+    @property
+    def skipped(self) -> list[dict[str, Any]]:
+        """The samples left out in the current (or last) epoch with ``on_error="skip"``: the
+        wrapped loader's, then those the GPU decode found corrupt."""
+        if not self._decode_skips.entries:
+            return self._loader_attribute("skipped")
+        skipped = getattr(self.loader, "skipped", None)
+        return list(skipped or []) + self._decode_skips.state()
+
+    @property
+    def gpu_decode_stats(self) -> dict[str, Any] | None:
+        """What GPU decode did (None before any encoded batch): batches, images decoded on the
+        GPU and on the CPU instead (with the reasons counted), corrupt images skipped, buffer
+        releases at the cap, the decoder used, and the buffer bytes it keeps now."""
+        if not self._decoders:
+            return None
+        decoder = next(iter(self._decoders.values()))
+        return {**decoder.stats.to_dict(), "backend": decoder.backend_name,
+                "kept_bytes": decoder.kept_bytes()}
 
     def _close_epoch(self) -> None:
         self._next_epoch = None
@@ -266,6 +321,9 @@ class DataPrefetcher(LoaderAttributes):
                 pass
             while ready:
                 batch, copied = ready.popleft()
+                if batch is _NOTHING:  # every sample of it left out by the GPU decode
+                    load_one()
+                    continue
                 if streams is not None:
                     # Before the next copy is queued, so the step waits for this batch only.
                     hand_to_current(streams, device, batch, copied)
@@ -275,6 +333,7 @@ class DataPrefetcher(LoaderAttributes):
                 yield batch
             if failed:
                 raise failed[0]
+            self._end_of_decode_epoch()
         finally:
             if tracked is not None:
                 tracked.close()
@@ -282,9 +341,23 @@ class DataPrefetcher(LoaderAttributes):
             if callable(close):
                 close()
 
+    def _prepared_epoch(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """The epoch's batches prepared on the device (the CPU path's background thread), those
+        whose every sample the GPU decode left out passed over."""
+        for batch in batches:
+            prepared = self._prepare(batch, self.device)
+            if prepared is not _NOTHING:
+                yield prepared
+        self._end_of_decode_epoch()
+
     def _prepare(self, batch: Any, device: torch.device) -> Any:
-        """Moves every tensor of ``batch`` to ``device``, normalizes its images there and runs
-        ``batch_transform``."""
+        """Decodes the batch's encoded images (GPU decode), moves every tensor of ``batch`` to
+        ``device``, normalizes its images there and runs ``batch_transform``."""
+        paths = encoded_paths(batch)
+        if paths:
+            batch = self._decoded(batch, paths, device)
+            if batch is _NOTHING:
+                return _NOTHING
 
         def move(tensor: torch.Tensor) -> torch.Tensor:
             if self._streams is not None:
@@ -340,6 +413,64 @@ class DataPrefetcher(LoaderAttributes):
             for where, new in zip(paths, values):
                 batch = replace_at(batch, where, new)
         return batch
+
+    # GPU decode: the encoded images of a dataset built with decode="gpu".
+
+    _restored_decode_skips: SkipRecord | None = None
+
+    def _decoded(self, batch: Any, paths: list[tuple[Any, ...]], device: torch.device) -> Any:
+        """``batch`` with each encoded entry decoded on ``device`` (on the stream current here:
+        the side stream on CUDA), and without the rows a corrupt image left out (``on_error=
+        "skip"`` of the wrapped loader); :data:`_NOTHING` when no row is left."""
+        decoder = self._decoders.get(device)
+        if decoder is None:
+            decoder = self._decoders[device] = GpuDecoder(self.gpu_decode, device)
+        stream = self._streams.current_stream(device) if self._streams is not None else None
+        on_error = getattr(self.loader, "on_error", "raise")
+        count = len(get_at(batch, paths[0]))
+        results = [decoder.decode(get_at(batch, path), stream, on_error) for path in paths]
+        self._record_decode_skips([s for result in results for s in result.skipped])
+        keep: list[int] | None = None
+        for result in results:
+            if result.kept is not None:
+                keep = [i for i in (keep if keep is not None else range(count))
+                        if i in set(result.kept)]
+        if keep is not None and not keep:
+            return _NOTHING
+        for path, result in zip(paths, results):
+            images = result.images
+            if keep is not None:
+                rows = result.kept if result.kept is not None else list(range(count))
+                if rows != keep:
+                    where = {row: k for k, row in enumerate(rows)}
+                    images = images.index_select(0, torch.tensor(
+                        [where[i] for i in keep], device=images.device))
+            batch = replace_at(batch, path, images)
+        if keep is not None:
+            batch = without_rows(batch, keep, count, paths)
+        self._report_fallbacks(decoder)
+        return batch
+
+    def _record_decode_skips(self, skipped: list[Skipped]) -> None:
+        # A batch decoded again after a restore does not count its skips twice.
+        seen = {entry.index for entry in self._decode_skips.entries}
+        self._decode_skips.entries.extend(s for s in skipped if s.index not in seen)
+
+    def _report_fallbacks(self, decoder: GpuDecoder) -> None:
+        if self._warned_fallback or not decoder.stats.cpu:
+            return
+        self._warned_fallback = True
+        reasons = "; ".join(f"{count}: {reason}" for reason, count in
+                            decoder.stats.fallback_reasons.most_common(3))
+        warnings.warn(
+            f"DataPrefetcher: GPU decode decoded {decoder.stats.cpu} image(s) on the CPU instead "
+            f"of the GPU so far ({reasons}); their pixels are the CPU path's. "
+            "prefetcher.gpu_decode_stats counts them; this warning is shown once",
+            RuntimeWarning, stacklevel=2)
+
+    def _end_of_decode_epoch(self) -> None:
+        """Warns, once at the end of the epoch, about the samples GPU decode left out."""
+        self._decode_skips.report("DataPrefetcher")
 
     def _normalize_entry(self, batch: Any, where: tuple[Any, ...], device: torch.device,
                          unchecked: list[tuple[torch.Tensor, str]]) -> Any:
@@ -466,6 +597,8 @@ class DataPrefetcher(LoaderAttributes):
         if loader_state is None:
             loader_state = _loader_method(self.loader, "state_dict")()
         state = {"version": STATE_VERSION, "loader": loader_state}
+        if self._decode_skips.entries:
+            state["gpu_decode_skipped"] = self._decode_skips.state()
         if callable(getattr(self.batch_transform, "state_dict", None)):
             transform_state = handed.transform_state() if handed is not None else None
             if transform_state is None:
@@ -497,6 +630,8 @@ class DataPrefetcher(LoaderAttributes):
         _loader_method(self.loader, "load_state_dict")(state["loader"])
         if "batch_transform" in state:
             self.batch_transform.load_state_dict(state["batch_transform"])
+        skipped = state.get("gpu_decode_skipped")
+        self._restored_decode_skips = SkipRecord.from_state(skipped) if skipped else None
         self._close_epoch()
         self._handed_out = None
 

@@ -274,16 +274,20 @@ class Recipe:
         argument (an int: the shorter side; a pair: each side)."""
         return eval_resize_to(self.size, self.crop_pct)
 
-    def draw(self, height: int, width: int,
-             generator: torch.Generator | None = None) -> Draw:
+    def draw(self, height: int, width: int, uniforms: Sequence[float] | None = None) -> Draw:
         """The geometry of one ``height x width`` image: train, a crop drawn like torchvision's
-        ``RandomResizedCrop`` and a flip, from :data:`~fastpipe._geometry.UNIFORMS_PER_CROP`
-        uniforms of ``generator`` (torch's default one when None); eval, the resize and centre
-        crop (nothing drawn). The one draw of every path: the CPU decoder crops this box, and
-        the GPU decode receives it with the sample's bytes."""
+        ``RandomResizedCrop`` and a flip, from ``uniforms`` (the
+        :data:`~fastpipe._geometry.UNIFORMS_PER_CROP` numbers in [0, 1) of
+        ``fastpipe._geometry.draw_uniforms``, from the sample's generator); eval, the resize and
+        the centre crop (nothing drawn: ``uniforms`` unused). A pure function of its arguments,
+        the one draw of every path: the CPU decoder crops this box, and the GPU decode receives
+        it with the sample's bytes."""
         if self.train:
-            uniforms = geometry.draw_uniforms(generator)
-            box = geometry.random_resized_crop_box(height, width, uniforms, self.scale,
+            if uniforms is None or len(uniforms) < geometry.UNIFORMS_PER_CROP:
+                raise ValueError(f"Recipe.draw in train mode needs the "
+                                 f"{geometry.UNIFORMS_PER_CROP} uniforms of "
+                                 "fastpipe._geometry.draw_uniforms(generator)")
+            box = geometry.random_resized_crop_box(height, width, list(uniforms), self.scale,
                                                    self.ratio)
             return Draw(box, None, uniforms[22] < self.hflip)
         resize = geometry.eval_resize(height, width, self.resize_to)

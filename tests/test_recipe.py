@@ -12,7 +12,7 @@ import torch
 
 from fastpipe import Recipe, image_loader
 from fastpipe import factory as factory_module
-from fastpipe._geometry import centre_box, eval_resize, eval_resize_to
+from fastpipe._geometry import centre_box, draw_uniforms, eval_resize, eval_resize_to
 from fastpipe.data import ImageDecoder, ImageFolder
 from fastpipe.recipe import Policy
 
@@ -316,16 +316,20 @@ def test_the_draw_is_the_cpu_decoders_plan_for_every_seed():
         decoder = ImageDecoder(recipe=recipe)
         for seed, (h, w) in enumerate([(480, 640), (640, 480), (37, 2000), (224, 224), (5, 9)]):
             plan = decoder._plan(h, w, generator=reseeded(seed))
-            box, resize, flip = recipe.draw(h, w, reseeded(seed))
+            uniforms = draw_uniforms(reseeded(seed)) if recipe.train else None
+            box, resize, flip = recipe.draw(h, w, uniforms)
             assert (plan.box, plan.resize, plan.flip) == (box, resize, flip)
 
 
 def test_the_draw_flips_as_often_as_hflip_and_never_in_eval():
     from fastpipe.data.sampling.seeds import reseeded
 
-    flips = [Recipe(train=True, hflip=0.3).draw(100, 100, reseeded(s)).flip for s in range(2000)]
+    recipe = Recipe(train=True, hflip=0.3)
+    flips = [recipe.draw(100, 100, draw_uniforms(reseeded(s))).flip for s in range(2000)]
     assert 0.25 < sum(flips) / len(flips) < 0.35
     assert not any(Recipe(train=False).draw(100, 120).flip for _ in range(3))
+    with pytest.raises(ValueError, match="needs the 23 uniforms"):
+        recipe.draw(100, 100)
 
 
 def test_gpu_decode_refuses_auto_augment_naming_the_fix():

@@ -16,7 +16,7 @@ import torch
 from fastpipe import _validate as check
 from fastpipe.ops import _extension, _reference
 
-__all__ = ["PLAN_COLUMNS", "resize_crops"]
+__all__ = ["PLAN_COLUMNS", "input_span", "resize_crops"]
 
 FILTERS = {"bilinear": 0, "bicubic": 1}
 # What each of a plan row's 9 values is.
@@ -102,3 +102,15 @@ def _plan_problem(h: int, w: int, row: list[int], height: int, width: int,
             return ("the image does not hold every input pixel the output reads "
                     "(fastpipe._resize.input_box gives them)")
     return None
+
+
+def input_span(in_size: int, resized: int, first: int, count: int,
+               interpolation: int | str = "bilinear") -> tuple[int, int]:
+    """``(start, length)``: the input pixels along one axis that outputs ``first`` to
+    ``first + count - 1`` of the axis resized from ``in_size`` to ``resized`` read (what
+    ``fastpipe._resize.input_box`` gives per axis). Taps only move forward with the output, so
+    the first and last outputs bound them."""
+    filter_ = interpolation if isinstance(interpolation, int) else FILTERS[interpolation]
+    start = _reference.resize_taps(in_size, resized, first, filter_)[0]
+    last, weights, _ = _reference.resize_taps(in_size, resized, first + count - 1, filter_)
+    return start, last + len(weights) - start

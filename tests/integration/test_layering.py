@@ -28,7 +28,7 @@ FLOORS = {
     "data": ["fastpipe.data"],
     "pack": ["fastpipe.pack"],
     "loading": ["fastpipe.loader", "fastpipe.prefetch", "fastpipe._batch", "fastpipe._streams",
-                "fastpipe._frameworks"],
+                "fastpipe._frameworks", "fastpipe.gpu_decode"],
     "dali": ["fastpipe.dali"],
     "profiling": ["fastpipe.profiling"],
     "top": ["fastpipe.factory", "fastpipe.bench", "fastpipe._doctor"],

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastpipe.data.collate.encoded import EncodedImage, collate_encoded
 from fastpipe.data.collate.records import (
     Memory,
     collate_records,
@@ -154,6 +155,8 @@ def fast_collate(
             f"{type(batch[0]).__name__}"
         ) from exc
     first = images[0]
+    if isinstance(first, EncodedImage):  # decode="gpu": DataPrefetcher decodes the batch
+        return collate_encoded(images, _memory(pin_memory).empty), _labels_tensor(labels)
     if not isinstance(first, torch.Tensor):
         raise TypeError(f"fast_collate expects image tensors, got {type(first).__name__}")
     for i, image in enumerate(images):

@@ -14,6 +14,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from fastpipe.data.collate.encoded import EncodedImage, collate_encoded
+
 Allocate = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
 
 
@@ -153,6 +155,8 @@ def _collate_field(name: str, values: list[Any], pad: bool, memory: Memory,
     first = values[0]
     if isinstance(first, (str, bytes)):
         return list(values)
+    if isinstance(first, EncodedImage):  # decode="gpu": DataPrefetcher decodes the field
+        return collate_encoded(values, memory.empty)
     if isinstance(first, np.ndarray):
         values = [torch.from_numpy(np.ascontiguousarray(v)) for v in values]
         first = values[0]

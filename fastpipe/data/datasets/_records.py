@@ -19,9 +19,11 @@ from torch.utils.data import Dataset
 
 from fastpipe._constants import DEFAULT_INTERPOLATION
 from fastpipe.data.collate.batch import batch_empty
+from fastpipe.data.collate.encoded import EncodedImage
 from fastpipe.data.collate.records import Rows
 from fastpipe.data.datasets.per_sample import PerSample
 from fastpipe.data.decode.budget import CorruptImageError
+from fastpipe.data.decode.gpu import gpu_plan
 from fastpipe.data.decode.image import ImageDecoder, decode_rgb
 from fastpipe.data.format.roles import Image, Mask
 from fastpipe.data.joint.crop import JOINT_STREAM, JointCrop
@@ -60,6 +62,12 @@ class RecordDataset(PerSample, Dataset):
     together (and moves its box fields), instead of the decoder. Every random draw of sample
     ``i`` is a pure function of ``(seed, epoch, i)``.
 
+    ``decode="gpu"`` leaves the image fields encoded: each is an
+    :class:`~fastpipe.data.collate.encoded.EncodedImage`, the stored bytes and the recipe's draw
+    for that sample (the crop box and flip the CPU path would use, from the same seed), which
+    :func:`~fastpipe.data.fast_collate` batches and ``DataPrefetcher`` decodes on the GPU. It
+    needs a recipe, and no ``auto_augment`` or ``transform`` (they need decoded pixels here).
+
     Safe with DataLoader workers under fork and spawn and with threads: the source opens its
     handles in each process on first use.
     """
@@ -75,6 +83,7 @@ class RecordDataset(PerSample, Dataset):
         recipe: Recipe | None = None,
         fields: Sequence[str] | None = None,
         joint: JointCrop | None = None,
+        decode: str = "cpu",
     ) -> None:
         where = type(self).__name__
         self.source = source
@@ -93,6 +102,7 @@ class RecordDataset(PerSample, Dataset):
         elif isinstance(decoder, ImageDecoder):
             recipe = decoder.recipe.replace(auto_augment=auto_augment)
         self.decoder = decoder
+        self.decode = _check_decode(decode, where, decoder, transform, recipe)
         # Without a recipe, auto_augment's geometric ops resize with the decoder's filter.
         self._init_per_sample(transform, recipe, seed, auto_augment,
                               getattr(decoder, "interpolation", DEFAULT_INTERPOLATION))
@@ -292,6 +302,10 @@ class RecordDataset(PerSample, Dataset):
         try:
             if isinstance(self.fields[name].role, Mask):
                 return decode_stored(data, source)  # a mask: as stored, never resampled
+            if self.decode == "gpu":  # the bytes and the draw; DataPrefetcher decodes
+                seed = sample_seed(self.seed, epoch, index)
+                data, plan = gpu_plan(self.decoder, data, source, seed)
+                return EncodedImage(data, plan, seed, index, self._naming(index), self.decoder)
             if isinstance(self.decoder, ImageDecoder):
                 return self.decoder._from_seed(data, source, sample_seed(self.seed, epoch, index))
             return (self.decoder or decode_chw)(data, source)
@@ -308,6 +322,29 @@ class RecordDataset(PerSample, Dataset):
             return f"sample {index} of {self.source.where} (packed from {packed})"
         except Exception:  # noqa: BLE001 - a message must not fail on a damaged path index
             return f"sample {index} of {self.source.where}"
+
+
+def _check_decode(decode: Any, where: str, decoder: Any, transform: Any,
+                  recipe: Recipe | None) -> str:
+    """``decode`` as given; "gpu" only where the GPU decode can run what the dataset would."""
+    if decode not in ("cpu", "gpu"):
+        raise ValueError(f"{where}: decode must be 'cpu' (the workers decode) or 'gpu' "
+                         "(DataPrefetcher decodes on the GPU), got "
+                         f"{decode!r}" + ("; 'auto' is image_loader's, which measures and picks"
+                                          if decode == "auto" else ""))
+    if decode == "cpu":
+        return decode
+    if not isinstance(decoder, ImageDecoder):
+        raise ValueError(f"{where}(decode='gpu') needs recipe= (or the image keywords of "
+                         "ImageFolder): the GPU decode crops, resizes and flips as a recipe says, "
+                         "and a decoder of your own (or a full decode) runs on the CPU")
+    if transform is not None:
+        raise ValueError(f"{where}(decode='gpu'): transform= runs on decoded pixels in the "
+                         "dataset, and the GPU decode decodes in DataPrefetcher: pass "
+                         "decode='cpu', or move the transform to DataPrefetcher's "
+                         "batch_transform (it runs on the device)")
+    (recipe or decoder.recipe).check("gpu")
+    return decode
 
 
 def _check_joint(joint: Any, where: str, **others: Any) -> None:

@@ -46,6 +46,9 @@ class ImageFolder(RecordDataset):
     tensor, e.g. torchvision.transforms.v2 ops) run on the result. The recipe's batch part
     (``mean``, ``std``, ``dtype``, ``channels_last``) is the loader's: collate batches with
     :func:`~fastpipe.data.fast_collate` and normalize on the device (``DataPrefetcher``).
+    ``decode="gpu"`` hands each sample's bytes and drawn geometry to ``DataPrefetcher``, which
+    decodes, crops, resizes and flips the batch on the GPU (see
+    :class:`~fastpipe.data.datasets._records.RecordDataset`).
 
     Every random draw of sample ``i`` (crop, flip, auto_augment, torch draws of ``transform``) is
     a pure function of ``(seed, epoch, i)``: the same batches whatever ``num_workers``.
@@ -78,6 +81,7 @@ class ImageFolder(RecordDataset):
         extensions: Iterable[str] = IMG_EXTENSIONS,
         *,
         recipe: Recipe | None = None,
+        decode: str = "cpu",
     ) -> None:
         self.root = Path(root)
         recipe = Recipe.resolve(
@@ -88,7 +92,7 @@ class ImageFolder(RecordDataset):
         decoder = ImageDecoder(recipe=recipe, reducing_gap=reducing_gap,
                                fast_upsample=fast_upsample)
         super().__init__(FolderSource(self.root, extensions), decoder, transform,
-                         recipe.auto_augment, seed)
+                         recipe.auto_augment, seed, decode=decode)
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
 
     def path(self, index: int) -> str:

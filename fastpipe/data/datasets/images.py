@@ -23,18 +23,18 @@ CLASSIFICATION_KINDS = ("folder", "list", "hdf5", "lmdb", "tar", "parquet")
 
 
 def image_dataset(path: str | os.PathLike, *, recipe: Recipe | None = None,
-                  seed: int | None = None) -> RecordDataset:
+                  seed: int | None = None, decode: str = "cpu") -> RecordDataset:
     """The ``(uint8 (3, H, W), int label)`` samples of what ``path`` names, with ``recipe``'s
-    per-sample part (fastpipe's fast decode; a full decode without one). A path that holds no
-    labelled images (a folder without class folders, arrays) is a ValueError saying what it
-    holds."""
+    per-sample part (fastpipe's fast decode; a full decode without one; ``decode="gpu"``: the
+    bytes and the draw, for DataPrefetcher to decode). A path that holds no labelled images (a
+    folder without class folders, arrays) is a ValueError saying what it holds."""
     kind = kind_of(path)
     if kind not in CLASSIFICATION_KINDS:
         raise ValueError(f"{path} holds {_WHAT[kind]}, not labelled images: image_loader reads an "
                          "image folder (root/<class>/<image>), a list file of 'path label' lines, "
                          "a fastpipe pack of (image, label) samples, tar shards (image and "
                          "label members) or Parquet files (image and label columns)")
-    options: dict[str, Any] = {"recipe": recipe, "seed": seed}
+    options: dict[str, Any] = {"recipe": recipe, "seed": seed, "decode": decode}
     if kind == "folder":
         from fastpipe.data.datasets.folders import ImageFolder
 

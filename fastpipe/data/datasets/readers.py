@@ -39,7 +39,10 @@ class H5Dataset(RecordDataset):
     docs/your-data.md).
 
     Bytes storage: ``decoder(data, source)`` turns the stored bytes (uint8 1-D array) into the
-    image; the default decodes fully to a uint8 ``(3, H, W)`` tensor. Array storage: the stored
+    image; the default decodes fully to a uint8 ``(3, H, W)`` tensor; with ``recipe=`` and
+    ``decode="gpu"`` the image fields stay encoded, for ``DataPrefetcher`` to decode on the GPU
+    (the same crop and flip per sample; see
+    :class:`~fastpipe.data.datasets._records.RecordDataset`). Array storage: the stored
     array as a tensor (images as uint8 ``(3, H, W)``).
 
     Safe with DataLoader workers under fork and spawn (the file opens lazily in each process) and
@@ -67,13 +70,14 @@ class H5Dataset(RecordDataset):
         recipe: Recipe | None = None,
         fields: Sequence[str] | None = None,
         joint: JointCrop | None = None,
+        decode: str = "cpu",
     ) -> None:
         from fastpipe.data.sources.h5 import H5Source
 
         self.file = Path(path)
         _check_kind(self.file, "hdf5", "H5Dataset")
         super().__init__(H5Source(self.file, fields), decoder, transform, auto_augment, seed,
-                         recipe=recipe, fields=fields, joint=joint)
+                         recipe=recipe, fields=fields, joint=joint, decode=decode)
 
 
 class LMDBDataset(RecordDataset):
@@ -95,13 +99,14 @@ class LMDBDataset(RecordDataset):
         recipe: Recipe | None = None,
         fields: Sequence[str] | None = None,
         joint: JointCrop | None = None,
+        decode: str = "cpu",
     ) -> None:
         from fastpipe.data.sources.lmdb import LMDBSource
 
         self.file = Path(path)
         _check_kind(self.file, "lmdb", "LMDBDataset")
         super().__init__(LMDBSource(self.file), decoder, transform, auto_augment, seed,
-                         recipe=recipe, fields=fields, joint=joint)
+                         recipe=recipe, fields=fields, joint=joint, decode=decode)
 
 
 class TarDataset(RecordDataset):
@@ -129,6 +134,7 @@ class TarDataset(RecordDataset):
         recipe: Any = None,
         fields: Sequence[str] | None = None,
         joint: Any = None,
+        decode: str = "cpu",
     ) -> None:
         from fastpipe.data.sources.tar import TarSource
 
@@ -136,7 +142,7 @@ class TarDataset(RecordDataset):
         self.file = Path(shards) if isinstance(shards, (str, os.PathLike)) else source.shards[0]
         self._shards = source.shards
         super().__init__(source, decoder, transform, auto_augment, seed, recipe=recipe,
-                         fields=fields, joint=joint)
+                         fields=fields, joint=joint, decode=decode)
 
     def __repr__(self) -> str:
         return (f"TarDataset({len(self._shards)} shards, samples={len(self)}, "
@@ -177,6 +183,7 @@ class ParquetDataset(RecordDataset):
         joint: Any = None,
         split: str | None = None,
         row_group_cache: int | None = None,
+        decode: str = "cpu",
     ) -> None:
         from fastpipe.data.sources.parquet import ROW_GROUP_CACHE, ParquetSource
 
@@ -185,7 +192,7 @@ class ParquetDataset(RecordDataset):
         self.file = source.root if source.root is not None else source.files[0]
         self.files = list(source.files)
         super().__init__(source, decoder, transform, auto_augment, seed, recipe=recipe,
-                         fields=fields, joint=joint)
+                         fields=fields, joint=joint, decode=decode)
 
     def shard_sizes(self) -> np.ndarray:
         """Samples per file, in index order (the shards of ``window=``)."""

@@ -427,7 +427,8 @@ class ImageDecoder:
 
     def _plan(self, height: int, width: int, generator: torch.Generator | None = None) -> _Plan:
         # The recipe's draw (the one the GPU decode receives too), and the DCT scale for it.
-        box, resize, flip = self.recipe.draw(height, width, generator)
+        uniforms = geometry.draw_uniforms(generator) if self.train else None
+        box, resize, flip = self.recipe.draw(height, width, uniforms)
         if resize is None:
             need = (height * self._out[0] / box.height, width * self._out[1] / box.width)
             return _Plan(box, None, flip, self._dct_scale(height, width, need))
