@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -160,7 +161,8 @@ class Nginx:
         self.binary, self.root, self.prefix = binary, Path(root), Path(prefix)
         self.port = port or free_port()
         (self.prefix / "tmp").mkdir(parents=True, exist_ok=True)
-        user = f"user {os.getpwuid(0).pw_name};" if os.geteuid() == 0 else ""
+        # Run by root, nginx's worker would be nobody, who may not read a test's folder.
+        user = f"user {pwd.getpwuid(0).pw_name};" if os.geteuid() == 0 else ""
         self.conf = self.prefix / "nginx.conf"
         self.conf.write_text(_NGINX_CONF.format(user=user, prefix=self.prefix, port=self.port,
                                                 root=self.root, slow_rate=slow_rate))

@@ -119,8 +119,16 @@ class TarDataset(RecordDataset):
     pickles are refused. ``fields=["jpg", "cls"]`` picks and orders them and returns a tuple;
     ``joint=`` crops the image fields together, as in :class:`~fastpipe.data.H5Dataset`.
 
-    The index is built once per shard and cached beside it; workers (fork, spawn, threads) open
-    their own file descriptors.
+    The index is built once per shard and cached beside it (in the cache folder where the
+    shards' folder is read-only); workers (fork, spawn, threads) open their own file
+    descriptors.
+
+    Shards in object storage are named by URL: ``"s3://bucket/train/"`` (its ``*.tar``),
+    ``"s3://bucket/train/shard-{000000..000099}.tar"``, ``"gs://..."``, ``"https://..."``,
+    ``"hf://datasets/..."`` or a list of URLs; ``remote=`` (a
+    :class:`~fastpipe.data.RemoteOptions`: credentials and endpoint, the cache's folder and
+    size, retries) says how they are read: through a cache on the node's disk that every rank and
+    worker of the node shares, each shard downloaded once per node (docs/object-storage.md).
     """
 
     def __init__(
@@ -134,12 +142,17 @@ class TarDataset(RecordDataset):
         recipe: Any = None,
         fields: Sequence[str] | None = None,
         joint: Any = None,
+        remote: Any = None,
         decode: str = "cpu",
     ) -> None:
         from fastpipe.data.sources.tar import TarSource
 
-        source = TarSource(shards, fields)
-        self.file = Path(shards) if isinstance(shards, (str, os.PathLike)) else source.shards[0]
+        source = TarSource(shards, fields, remote)
+        if source.remote is not None:
+            self.file = source.where
+        else:
+            self.file = Path(shards) if isinstance(shards, (str, os.PathLike)) \
+                else source.shards[0]
         self._shards = source.shards
         super().__init__(source, decoder, transform, auto_augment, seed, recipe=recipe,
                          fields=fields, joint=joint, decode=decode)

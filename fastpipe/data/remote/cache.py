@@ -24,8 +24,7 @@ modification time it was written with and the object's size and ETag are still t
 again.
 
 While a process reads an entry it holds the entry's shared lock (a pin): eviction, which needs
-the exclusive lock and never waits for it, passes over it. A process keeps the few entries it
-read last pinned, so that reading one shard batch after batch costs a ``stat``; older ones are
+the exclusive lock and never waits for it, passes over it. When the read is done the entry is
 unpinned, and the hooks of :func:`add_unpin_hook` are told (the reader engine then unmaps the
 file, so an evicted file's space is given back).
 """
@@ -58,9 +57,10 @@ __all__ = ["Entry", "ShardCache", "add_unpin_hook"]
 META = ".entry.json"
 USED = ".used"
 PART = ".part"
-# Entries a process keeps pinned after it stopped reading them (the most recently read): the
-# next batch of the same shard then costs a stat. Dropped when the process must make room.
-IDLE_PINS = 1
+# Entries a process keeps pinned after it stopped reading them (the most recently read). None:
+# a pin held between batches would keep a shard from eviction in every worker that read it
+# last, and pinning again costs tens of microseconds a batch.
+IDLE_PINS = 0
 # The check run on a downloaded file before it becomes the entry: raises where it is damaged.
 Check = Callable[[str], None]
 

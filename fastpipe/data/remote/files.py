@@ -123,6 +123,15 @@ class RemoteFiles:
         """The local file each object has in the cache (whether or not it is there now)."""
         return [self.cache.path_of(u) for u in self.urls]
 
+    def at_once(self) -> int:
+        """How many of the objects to download at once: ``options.downloads``, at most as many
+        as the cache holds (several of the largest)."""
+        limit = self.options.cache_limit
+        if limit is None or not self.infos:
+            return self.options.downloads
+        largest = max(1, max(i.size for i in self.infos))
+        return max(1, min(self.options.downloads, limit // largest))
+
     def names(self) -> list[str]:
         """The objects as messages name them (no credentials)."""
         return [redact(u) for u in self.urls]

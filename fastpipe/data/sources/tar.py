@@ -4,9 +4,16 @@ A shard is a plain tar file; consecutive members sharing a key (the path up to t
 the file name) are one sample, and each member's extension names its field (``xxx.jpg`` +
 ``xxx.cls`` is a sample with fields ``jpg`` and ``cls``), as the webdataset package groups them.
 An index of every member's offset and size is built once per shard (a scan of the tar headers)
-and cached beside it as ``<shard>.fastpipe-index.npz``; the source reads it when built and keeps
-it (worker processes do not read it again), and a batch's members are read through the reader
+and cached beside it as ``<shard>.fastpipe-index.npz``, or, where the shard's folder cannot be
+written (a read-only mount), in the cache folder (``RemoteOptions.cache_dir``: built once per
+node, under a lock, and shared by every process); the source reads it when built and keeps it
+(worker processes do not read it again), and a batch's members are read through the reader
 engine, one pread each, without the GIL.
+
+Shards named by URLs (``s3://bucket/train/shard-{000000..000099}.tar``, a folder, a pattern)
+are read through the node's cache (fastpipe.data.remote): their indexes are built once per node
+into the cache folder, and each batch's shards are downloaded where the cache does not hold
+them, and kept from eviction while read.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import hashlib
 import io
 import os
 import tarfile
+import threading
 import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,6 +33,11 @@ import numpy as np
 
 from fastpipe.data.format import fields as F
 from fastpipe.data.format.layout import PackFormatError
+from fastpipe.data.remote import locks
+from fastpipe.data.remote.cache import add_unpin_hook
+from fastpipe.data.remote.files import RemoteFiles, in_threads, is_remote
+from fastpipe.data.remote.options import RemoteOptions
+from fastpipe.data.remote.urls import entry_key, redact
 from fastpipe.data.sources._base import Schema, Source
 from fastpipe.data.sources._engine import (
     Extents,
@@ -34,7 +47,7 @@ from fastpipe.data.sources._engine import (
     read_pieces,
 )
 
-__all__ = ["INDEX_SUFFIX", "TarSource", "list_shards", "shard_index"]
+__all__ = ["INDEX_SUFFIX", "TarSource", "index_folder", "list_shards", "shard_index"]
 
 INDEX_SUFFIX = ".fastpipe-index.npz"
 INDEX_VERSION = 1
@@ -97,21 +110,23 @@ def _split(name: str) -> tuple[str, str] | None:
     return (f"{directory}/{stem}" if directory else stem), extension
 
 
-def _scan(shard: Path) -> dict[str, np.ndarray]:
+def _scan(shard: Path, name: str | None = None) -> dict[str, np.ndarray]:
     """Every sample of a shard: keys, and per member its sample, field, data offset and size.
 
     Bounded: a member whose size is negative (base-256) or reaches past the end of the file, or
     whose header does not move forward (on which tarfile would seek back to the same header for
     ever), ends the scan with an error naming the shard and the member; a sparse member (GNU
-    sparse: its data is a map plus the blocks it lists, not the file's bytes) is refused."""
+    sparse: its data is a map plus the blocks it lists, not the file's bytes) is refused.
+    Messages name the shard ``name`` (its URL), or its path."""
     keys: list[str] = []
+    shown = name or str(shard)
     samples, fields, offsets, sizes = [], [], [], []
     end = shard.stat().st_size
     last = -1
     try:
         with tarfile.open(shard, "r:") as tar:
             for member in tar:
-                where = f"{shard}: member {member.name!r}"
+                where = f"{shown}: member {member.name!r}"
                 if member.offset <= last:
                     raise PackFormatError(f"{where} does not follow the one before it (header at "
                                           f"byte {member.offset}); the tar file is damaged")
@@ -136,18 +151,18 @@ def _scan(shard: Path) -> dict[str, np.ndarray]:
                 fields.append(field)
                 offsets.append(member.offset_data)
                 sizes.append(member.size)
-            _check_end(shard, tar.offset, end)
+            _check_end(shard, tar.offset, end, shown)
     except (tarfile.TarError, OSError, ValueError, EOFError) as exc:
         if isinstance(exc, PackFormatError):
             raise
-        raise PackFormatError(f"{shard} is not a readable tar file ({type(exc).__name__}: "
+        raise PackFormatError(f"{shown} is not a readable tar file ({type(exc).__name__}: "
                               f"{exc})") from exc
     return {"keys": np.array(keys, dtype=str), "sample": np.array(samples, np.int64),
             "field": np.array(fields, dtype=str), "offset": np.array(offsets, np.int64),
             "size": np.array(sizes, np.int64)}
 
 
-def _check_end(shard: Path, after: int, end: int) -> None:
+def _check_end(shard: Path, after: int, end: int, shown: str) -> None:
     """tarfile stops quietly at a header cut short or damaged past the first member: what
     follows the last member it read must be the end of the archive (zero blocks, padding)."""
     rest = end - after
@@ -158,7 +173,7 @@ def _check_end(shard: Path, after: int, end: int) -> None:
         tail = f.read(min(rest, 1 << 20))
     if rest > len(tail) or tail.count(0) != len(tail):
         raise PackFormatError(
-            f"{shard}: {rest} bytes after byte {after}, where the members tarfile can read end, "
+            f"{shown}: {rest} bytes after byte {after}, where the members tarfile can read end, "
             "are not the end of a tar archive: a header there is cut short or damaged, and the "
             "members after it would be lost; the shard is damaged")
 
@@ -166,30 +181,107 @@ def _check_end(shard: Path, after: int, end: int) -> None:
 _INDEX_KEYS = ("keys", "sample", "field", "offset", "size")
 
 
-def shard_index(shard: Path) -> dict[str, np.ndarray]:
+def index_folder(options: RemoteOptions | None = None) -> Path:
+    """Where indexes go that cannot be written beside their shard (a read-only folder, a
+    remote shard): ``indexes/`` in the cache folder."""
+    return Path(RemoteOptions.of(options).cache_dir) / "indexes"
+
+
+def shard_index(shard: Path, remote: RemoteOptions | None = None) -> dict[str, np.ndarray]:
     """The shard's index: from its cache when the cache is one of this shard (same size and
     mtime, and every member header at its recorded offset says the name and size recorded:
     a shard rewritten with its size and mtime kept, or a forged cache, is scanned again), else
-    scanned and cached."""
+    scanned and cached: beside the shard, or, where its folder cannot be written, in
+    :func:`index_folder` (built there once per node: other processes wait for it)."""
     st = shard.stat()
     stamp = np.array([INDEX_VERSION, st.st_size, st.st_mtime_ns], np.int64)
-    cache = shard.with_name(shard.name + INDEX_SUFFIX)
+    beside = shard.with_name(shard.name + INDEX_SUFFIX)
+    real = os.path.realpath(shard)
+    elsewhere = index_folder(remote) / (entry_key("file://" + real) + INDEX_SUFFIX)
+    for cache in (beside, elsewhere):
+        index = _load_index(cache, stamp, None)
+        if index is not None and _index_fits(shard, index, st.st_size):
+            return index
+    if os.access(shard.parent, os.W_OK):
+        index = _scan(shard)
+        if _save_index(beside, stamp, index, None):
+            return index
+    else:
+        index = None
+    # A read-only folder: the index goes to the cache folder, built by one process of the node.
+    os.makedirs(elsewhere.parent, exist_ok=True)
+    fd = locks.lock(str(elsewhere) + ".lock", shared=False)
     try:
-        with np.load(cache, allow_pickle=False) as saved:
-            if np.array_equal(saved["stamp"], stamp):
-                index = {k: saved[k] for k in _INDEX_KEYS}
-                if _index_fits(shard, index, st.st_size):
-                    return index
+        found = _load_index(elsewhere, stamp, None)
+        if found is not None and _index_fits(shard, found, st.st_size):
+            return found
+        index = index if index is not None else _scan(shard)
+        _save_index(elsewhere, stamp, index, None)
+    finally:
+        locks.unlock(fd)
+    return index
+
+
+def _load_index(path: Path, stamp: np.ndarray, etag: str | None) -> dict[str, np.ndarray] | None:
+    """The index saved at ``path`` where its stamp (and the object's ETag) is ``stamp``."""
+    try:
+        with np.load(path, allow_pickle=False) as saved:
+            if not np.array_equal(saved["stamp"], stamp):
+                return None
+            if etag is not None and str(saved["etag"]) != etag:
+                return None
+            return {k: saved[k] for k in _INDEX_KEYS}
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
-        pass  # no cache yet, one of another shard state, or damaged: rebuild
-    index = _scan(shard)
-    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+        return None  # no cache yet, one of another shard state, or damaged: rebuild
+
+
+def _save_index(path: Path, stamp: np.ndarray, index: dict[str, np.ndarray],
+                etag: str | None) -> bool:
+    """Writes the index (whole, then renamed into place); False where the folder refuses."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    extra = {} if etag is None else {"etag": np.array(etag)}
     try:
         with open(tmp, "wb") as f:
-            np.savez(f, stamp=stamp, **index)
-        os.replace(tmp, cache)
-    except OSError:  # a read-only folder: the index lives in memory only
-        tmp.unlink(missing_ok=True)
+            np.savez(f, stamp=stamp, **extra, **index)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # a read-only file system refuses even the unlink of nothing
+            pass
+        return False
+    return True
+
+
+def _remote_index(files: RemoteFiles, k: int, stop: threading.Event | None = None
+                  ) -> dict[str, np.ndarray]:
+    """The index of remote shard ``k``: from the cache folder (keyed by the object's URL, size
+    and ETag; checked against the shard's member headers when the shard is in the cache), else
+    built from the shard, downloaded into the cache, by one process of the node."""
+    found = files.infos[k]
+    url = found.url
+    path = index_folder(files.options) / (entry_key(url, files.options.endpoint())
+                                          + INDEX_SUFFIX)
+    stamp = np.array([INDEX_VERSION, found.size, 0], np.int64)
+    etag = found.etag or ""
+    cache = files.cache
+    index = _load_index(path, stamp, etag)
+    if index is not None and not cache.holds(url):
+        return index  # the size and ETag name the bytes it was built from
+    if index is not None:
+        with files.pinned([k], stop=stop) as (local,):
+            if _index_fits(Path(local), index, found.size):
+                return index
+    os.makedirs(path.parent, exist_ok=True)
+    fd = locks.lock(str(path) + ".lock", shared=False, stop=stop)
+    try:
+        index = _load_index(path, stamp, etag)
+        with files.pinned([k], stop=stop) as (local,):
+            if index is None or not _index_fits(Path(local), index, found.size):
+                index = _scan(Path(local), redact(url))
+                _save_index(path, stamp, index, etag)
+    finally:
+        locks.unlock(fd)
     return index
 
 
@@ -266,17 +358,30 @@ class TarSource(Source):
     first sample's by default); every sample needs each of them once."""
 
     def __init__(self, shards: str | os.PathLike | Sequence[str | os.PathLike],
-                 names: Sequence[str] | None = None) -> None:
-        self.shards = list_shards(shards)
-        self.where = str(shards) if isinstance(shards, (str, os.PathLike)) else str(self.shards[0])
+                 names: Sequence[str] | None = None,
+                 remote: RemoteOptions | None = None) -> None:
         if isinstance(names, str):
             raise TypeError(f"fields must be a list of field names, got the string {names!r}")
+        self.remote: RemoteFiles | None = None
+        if is_remote(shards):
+            options = RemoteOptions.of(remote)
+            self.remote = RemoteFiles.listed(shards, options, (".tar",), "tar shards")
+            self.shards = [Path(p) for p in self.remote.paths]
+            self.names = self.remote.names()
+            self.where = redact(str(shards)) if isinstance(shards, str) else self.names[0]
+            indexes = in_threads(lambda k, stop: _remote_index(self.remote, k, stop),
+                                 range(len(self.shards)), self.remote.at_once())
+        else:
+            self.shards = list_shards(shards)
+            self.names = [str(s) for s in self.shards]
+            self.where = str(shards) if isinstance(shards, (str, os.PathLike)) else str(
+                self.shards[0])
+            indexes = (shard_index(s, remote) for s in self.shards)
         starts = [0]
         per_field: dict[str, list[tuple[np.ndarray, np.ndarray, int]]] = {}
         found: dict[str, Any] = {}
         keys, key_offsets = [], [np.zeros(1, np.int64)]
-        for k, shard in enumerate(self.shards):
-            index = shard_index(shard)
+        for k, (shard, index) in enumerate(zip(self.names, indexes)):
             n = len(index["keys"])
             wanted = list(names) if names is not None else (
                 sorted(set(index["field"][index["sample"] == 0].tolist())) if not found and n
@@ -325,7 +430,9 @@ class TarSource(Source):
             if field is None:
                 fields[name] = self._npy_field(name)
         plan = hashlib.sha256()
-        for shard in self.shards:
+        if self.remote is not None:
+            self.remote.digest(plan)
+        for shard in self.shards if self.remote is None else ():
             st = shard.stat()
             plan.update(f"{shard.resolve()}\0{st.st_size}\0{st.st_mtime_ns}\1".encode())
         self.meta = {"count": self.count, "order": order, "record": "dict", "tar": True,
@@ -359,11 +466,16 @@ class TarSource(Source):
         sizes = stop - first
         dest = np.cumsum(sizes) - sizes
         flat = np.empty(int(sizes.sum()), np.uint8)
+        pieces = extents.pieces(first, stop, dest)
         try:
-            read_pieces(self._handles(), extents.pieces(first, stop, dest), flat)
+            if self.remote is None:
+                read_pieces(self._handles(), pieces, flat)
+            else:  # the batch's shards in the cache, kept there while they are read
+                with self.remote.pinned(np.unique(pieces.files).tolist()):
+                    read_pieces(self._handles(), pieces, flat)
         except ShortRead as exc:
-            raise PackFormatError(f"{exc.path} is truncated: a member of it runs past its end "
-                                  "(short read)") from None
+            raise PackFormatError(f"{self._name_of(exc.path)} is truncated: a member of it runs "
+                                  "past its end (short read)") from None
         return [flat[a:a + n] for a, n in zip(dest.tolist(), sizes.tolist(), strict=True)]
 
     def _read(self, index: int, names: Sequence[str]) -> dict[str, Any]:
@@ -411,10 +523,36 @@ class TarSource(Source):
                 raise PackFormatError(str(exc)) from exc
         return raw
 
+    def _name_of(self, path: str) -> str:
+        """The shard (its URL, for a remote one) whose local file is ``path``."""
+        for shard, name in zip(self.shards, self.names):
+            if os.path.realpath(shard) == path:
+                return name
+        return path
+
+    def shard_sizes(self) -> np.ndarray:
+        """Samples per shard, in index order."""
+        return np.diff(self._starts)
+
+    def prefetch(self, shards: Sequence[int]):
+        """Downloads remote shards ``shards`` (positions in ``self.shards``) into the node's
+        cache in this order, ``ahead`` of the readers (:meth:`ShardCache.prefetch`); returns
+        the prefetch (``close()`` stops it). Local shards: None."""
+        return None if self.remote is None else self.remote.prefetch(list(shards))
+
     def describe(self, index: int) -> str:
         k = int(np.searchsorted(self._starts, index, side="right")) - 1
         key = self._keys[self._key_offsets[index]:self._key_offsets[index + 1]].tobytes()
-        return f"{self.shards[k]}:{key.decode('utf-8', 'surrogateescape')}"
+        return f"{self.names[k]}:{key.decode('utf-8', 'surrogateescape')}"
 
     def fingerprint(self) -> str:
         return hashlib.sha256(str(self.meta["plan"]).encode()).hexdigest()[:16]
+
+
+def _forget_mapping(path: str) -> None:
+    """The reader engine drops its mapping and descriptor of a cached file this process no
+    longer pins, so that the file's space is given back when it is evicted."""
+    FilePool([os.path.realpath(path)]).close()
+
+
+add_unpin_hook(_forget_mapping)

@@ -1,0 +1,120 @@
+"""Tar shards read over S3 (moto) and HTTP (nginx) through the node's cache: every sample
+bit-exact against the local copy, through DataLoaderX with worker processes (fork, spawn) and
+threads, the indexes built once per node, and a cache smaller than the dataset streaming two
+epochs with every sample once in each."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+
+import numpy as np
+import pytest
+
+from fastpipe import DataLoaderX, Recipe
+from fastpipe.data import RemoteOptions, TarDataset
+from fastpipe.data.sources.tar import TarSource
+from tests.helpers.pack import write_shards
+
+FIELDS = ["jpg", "cls", "txt"]
+
+
+@pytest.fixture(params=["s3", "http"])
+def served(request, shards, moto_server, fault_proxy, cache_dir):
+    """(URL of the shards, options, proxy counting the requests) over S3 or HTTP."""
+    if request.param == "s3":
+        proxy = fault_proxy(moto_server.endpoint)
+        return shards.s3, moto_server.options(proxy.url, cache_dir=cache_dir), proxy
+    server = request.getfixturevalue("nginx_server")
+    proxy = fault_proxy(server.url)
+    return (f"{proxy.url}/train/", RemoteOptions(cache_dir=cache_dir), proxy)
+
+
+def test_every_sample_bit_exact_against_the_local_shards(served, shards):
+    url, options, proxy = served
+    remote, local = TarSource(url, remote=options), TarSource(shards.folder)
+    assert len(remote) == len(local) == 30
+    assert remote.schema.names == local.schema.names
+    for i in range(len(local)):
+        a, b = remote.read(i), local.read(i)
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+    for a, b in zip(remote.read_batch([29, 0, 11, 12, 5]), local.read_batch([29, 0, 11, 12, 5])):
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert remote.describe(12).endswith("000001.tar:00012") and "://" in remote.describe(12)
+    # the indexes are the cache's now: a second source downloads no shard
+    gets = sum(proxy.gets(f"{k:06d}.tar") for k in range(3))
+    again = TarSource(url, remote=options)
+    assert again.fingerprint() == remote.fingerprint()
+    assert sum(proxy.gets(f"{k:06d}.tar") for k in range(3)) == gets == 3
+
+
+def _epoch(loader) -> list[tuple[str, int, str]]:
+    seen = []
+    for images, labels, texts in loader:
+        for k in range(len(labels)):
+            seen.append((hashlib.sha256(images[k].numpy().tobytes()).hexdigest(),
+                         int(labels[k]), texts[k]))
+    return seen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", ["fork", "spawn", "thread"])
+def test_through_dataloaderx_workers_every_sample_once_as_local(served, shards, workers):
+    url, options, _ = served
+    recipe = Recipe(train=False, size=16)
+    options_kw = ({"worker_method": "thread"} if workers == "thread" else
+                  {"multiprocessing_context": workers})
+    remote = TarDataset(url, fields=FIELDS, recipe=recipe, remote=options)
+    local = TarDataset(shards.folder, fields=FIELDS, recipe=recipe)
+    # 30 samples in batches of 8: a partial last batch of 6
+    loader = DataLoaderX(remote, batch_size=8, num_workers=2, **options_kw)
+    got = _epoch(loader)
+    want = _epoch(DataLoaderX(local, batch_size=8, num_workers=0))
+    assert got == want  # the same samples, pixels and order as the local shards
+    assert sorted(t for _, _, t in got) == sorted(f"sample {k}" for k in range(30))
+
+
+@pytest.mark.slow
+def test_a_cache_smaller_than_the_dataset_streams_two_epochs(moto_server, fault_proxy,
+                                                               cache_dir, tmp_path):
+    write_shards(tmp_path / "six", shards=6, per_shard=10)
+    moto_server.upload(tmp_path / "six", "six")
+    proxy = fault_proxy(moto_server.endpoint)
+    size = max(p.stat().st_size for p in (tmp_path / "six").glob("*.tar"))
+    # room for what 2 workers read at once (a batch may span 2 shards), not for the 6 shards
+    options = moto_server.options(proxy.url, cache_dir=cache_dir, cache_limit=4 * size)
+    dataset = TarDataset("s3://six/", fields=FIELDS, recipe=Recipe(train=False, size=16),
+                         remote=options)
+    loader = DataLoaderX(dataset, batch_size=4, num_workers=2)
+    expected = sorted(f"sample {k}" for k in range(60))
+    for _ in range(2):
+        seen = [t for _, _, t in _epoch(loader)]
+        assert sorted(seen) == expected  # each sample once, none skipped
+        assert dataset.source.remote.cache.usage() <= 4 * size
+    # two shards did not fit: each epoch downloaded them again
+    assert sum(proxy.gets(f"{k:06d}.tar") for k in range(6)) >= 6 + 2 * 2
+
+
+def test_prefetch_in_the_order_of_the_shards(shards, moto_server, fault_proxy, cache_dir):
+    proxy = fault_proxy(moto_server.endpoint)
+    options = moto_server.options(proxy.url, cache_dir=cache_dir, ahead=3)
+    source = TarSource(shards.s3, remote=options)
+    shutil.rmtree(cache_dir / "objects")  # evicted since: the indexes stay
+    with source.prefetch([2, 0, 1]) as prefetch:
+        assert prefetch.wait(30)
+    assert prefetch.done == {0: True, 1: True, 2: True} and not prefetch.errors
+    gets = [proxy.gets(f"{k:06d}.tar") for k in range(3)]
+    assert gets == [2, 2, 2]  # the index builds, then the prefetch
+    assert len(source.read_batch(list(range(30)))) == 30
+    assert [proxy.gets(f"{k:06d}.tar") for k in range(3)] == gets  # read from the cache
+    assert TarSource(shards.folder).prefetch([0]) is None  # local shards: nothing to fetch
+
+
+def test_a_url_that_names_nothing_says_so(moto_server, shards, cache_dir):
+    options = moto_server.options(cache_dir=cache_dir)
+    with pytest.raises(FileNotFoundError, match="s3://shards/nothing/"):
+        TarSource("s3://shards/nothing/", remote=options)
+    with pytest.raises(FileNotFoundError, match="no tar shards match"):
+        TarSource("s3://shards/train/*.tgz", remote=options)
+    with pytest.raises(ValueError, match="both URLs and local paths"):
+        TarSource([shards.s3_urls[0], str(next(shards.folder.glob("*.tar")))], remote=options)
