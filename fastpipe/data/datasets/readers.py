@@ -176,6 +176,12 @@ class ParquetDataset(RecordDataset):
     numbers are scalars, lists arrays, strings str. ``fields=["image", "label"]`` picks and
     orders them and returns a tuple.
 
+    Files in object storage are named by URL (``"hf://datasets/ORG/NAME"`` as the Hub holds it,
+    ``"s3://bucket/train/"``, a pattern, a list of URLs); ``remote=`` (a
+    :class:`~fastpipe.data.RemoteOptions`) says how they are read: their footers by ranges when
+    the dataset is built, then each file through the node's cache, downloaded once per node,
+    fetched ahead in the order fastpipe's samplers read them (docs/object-storage.md).
+
     Rows are read a row group at a time (Parquet's smallest readable part); each process keeps
     the row groups it decoded up to ``row_group_cache`` bytes. Read it in a shard-aware order
     (``window=`` of fastpipe's samplers, docs/object-storage.md), so that a row group is read
@@ -196,13 +202,15 @@ class ParquetDataset(RecordDataset):
         joint: Any = None,
         split: str | None = None,
         row_group_cache: int | None = None,
+        remote: Any = None,
         decode: str = "cpu",
     ) -> None:
         from fastpipe.data.sources.parquet import ROW_GROUP_CACHE, ParquetSource
 
         source = ParquetSource(path, fields, split=split, cache_bytes=ROW_GROUP_CACHE
-                               if row_group_cache is None else row_group_cache)
-        self.file = source.root if source.root is not None else source.files[0]
+                               if row_group_cache is None else row_group_cache, remote=remote)
+        self.file = source.root if source.root is not None else (
+            source.where if source.remote is not None else source.files[0])
         self.files = list(source.files)
         super().__init__(source, decoder, transform, auto_augment, seed, recipe=recipe,
                          fields=fields, joint=joint, decode=decode)

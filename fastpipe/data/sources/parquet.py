@@ -18,6 +18,7 @@ spawn and threads; pyarrow is imported on first use (``pip install 'fastpipe[par
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -26,7 +27,7 @@ import re
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,24 +84,27 @@ def list_parquet(source: str | os.PathLike | Sequence[str | os.PathLike],
         for p in files:
             if not p.is_file():
                 raise FileNotFoundError(f"no such Parquet file: {p}")
-        return _of_split(files, None, split, "the files given"), None
-    path = Path(source)
-    if path.is_file():
-        return _of_split([path], None, split, str(path)), None
-    if path.is_dir():
-        found = sorted(p for p in path.rglob("*.parquet") if p.is_file())
-        if not found:
-            raise FileNotFoundError(f"{path} holds no .parquet files")
-        return _of_split(found, path, split, str(path)), path
-    found = sorted(Path(p) for p in glob.glob(str(source), recursive=True))
-    if not found:
-        raise FileNotFoundError(f"no Parquet files match {source}")
-    return _of_split(found, None, split, str(source)), None
-
-
-def _of_split(files: list[Path], root: Path | None, split: str | None,
-              where: str) -> list[Path]:
+        root = None
+    else:
+        path = Path(source)
+        root = path if path.is_dir() else None
+        if path.is_file():
+            files = [path]
+        elif root is not None:
+            files = sorted(p for p in path.rglob("*.parquet") if p.is_file())
+            if not files:
+                raise FileNotFoundError(f"{path} holds no .parquet files")
+        else:
+            files = sorted(Path(p) for p in glob.glob(str(source), recursive=True))
+            if not files:
+                raise FileNotFoundError(f"no Parquet files match {source}")
+    where = "the files given" if not isinstance(source, (str, os.PathLike)) else str(source)
     relative = [p.relative_to(root) if root is not None else Path(p.name) for p in files]
+    return [files[k] for k in _of_split(relative, split, where)], root
+
+
+def _of_split(relative: list[Path], split: str | None, where: str) -> list[int]:
+    """Which of the files (named relative to the folder given) hold ``split``."""
     splits = [_split_of(r) for r in relative]
     named = sorted({s for s in splits if s is not None})
     if split is None:
@@ -108,21 +112,22 @@ def _of_split(files: list[Path], root: Path | None, split: str | None,
             shown = ", ".join(repr(s) for s in named)
             raise ValueError(f"{where} holds the splits {shown}"
                              f"{' and files of no split' if None in splits else ''}; pick one "
-                             f"with split= (e.g. split={named[0]!r})")
-        chosen = files
+                             f"with split= (e.g. split={named[0]!r}), or name its files (a "
+                             "glob such as 'data/train-*.parquet')")
+        chosen = list(range(len(relative)))
     else:
         if split not in named:
             raise ValueError(f"{where} holds no split {split!r} (found: "
                              f"{', '.join(repr(s) for s in named) or 'none'})")
-        chosen = [p for p, s in zip(files, splits, strict=True) if s == split]
-    _check_complete(chosen, where)
+        chosen = [k for k, s in enumerate(splits) if s == split]
+    _check_complete([relative[k] for k in chosen], where)
     return chosen
 
 
-def _check_complete(files: list[Path], where: str) -> None:
+def _check_complete(relative: list[Path], where: str) -> None:
     """Refuses a Hub split with shards missing (``-00003-of-00010`` names say how many)."""
     groups: dict[tuple[Path, str, int], set[int]] = {}
-    for p in files:
+    for p in relative:
         match = _HUB_NAME.match(p.stem)
         if match:
             key = (p.parent, match["split"], int(match["total"]))
@@ -133,8 +138,67 @@ def _check_complete(files: list[Path], where: str) -> None:
             shown = ", ".join(f"{name}-{i:05d}-of-{total:05d}.parquet" for i in missing[:3])
             more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
             raise FileNotFoundError(
-                f"{where}: {len(missing)} of the {total} files of {folder / name} are missing "
-                f"({shown}{more}); finish the download, or pass the files to read as a list")
+                f"{where}: {len(missing)} of the {total} files of {(folder / name).as_posix()} "
+                f"are missing ({shown}{more}); finish the download, or pass the files to read "
+                "as a list")
+
+
+def _remote_files(source: Any, split: str | None, options: Any) -> tuple[Any, list[str]]:
+    """The remote Parquet objects ``source`` names (URLs: a folder, read recursively as the Hub
+    lays a dataset out; a pattern; a list; one object), one split of them, and their names
+    relative to the folder."""
+    from fastpipe.data.remote.files import RemoteFiles
+    from fastpipe.data.remote.filesystems import list_objects
+    from fastpipe.data.remote.urls import redact
+
+    if isinstance(source, (list, tuple)) or glob.has_magic(os.fspath(source).split("://", 1)[1]) \
+            or os.fspath(source).endswith(".parquet"):
+        files = RemoteFiles.listed(source if isinstance(source, (list, tuple)) else os.fspath(
+            source), options, (".parquet",), "Parquet files")
+        relative = [u.rsplit("/", 1)[-1] for u in files.urls]
+        where = redact(os.fspath(source)) if not isinstance(source, (list, tuple)) \
+            else "the files given"
+    else:
+        folder = os.fspath(source).rstrip("/") + "/"
+        found = {u: i for u, i in list_objects(folder, options).items() if u.endswith(".parquet")}
+        if not found:
+            raise FileNotFoundError(f"{redact(folder)} holds no .parquet files")
+        files = RemoteFiles(list(found.values()), options)
+        relative = [u[len(folder):] for u in files.urls]
+        where = redact(folder)
+    chosen = _of_split([Path(r) for r in relative], split, where)
+    return RemoteFiles([files.infos[k] for k in chosen], options), [relative[k] for k in chosen]
+
+
+def _remote_footer(files: Any, k: int, stop: Any = None) -> Any:
+    """The footer (FileMetaData) of remote Parquet object ``k``, read by ranges: its last bytes
+    say the footer's length, the footer is read, nothing else."""
+    import pyarrow as pa
+
+    from fastpipe.data.remote.filesystems import read_range
+    from fastpipe.data.remote.retry import attempt
+
+    found = files.infos[k]
+    url, size = found.url, found.size
+    if size < 12:
+        raise PackFormatError(f"{files.names()[k]} is not a Parquet file ({size} bytes)")
+    tail_size = min(size, 64 << 10)
+    tail = attempt(lambda: read_range(url, size - tail_size, size, files.options, stop), url,
+                   "reading its footer", files.options, stop)
+    if len(tail) != tail_size or tail[-4:] != b"PAR1":
+        raise PackFormatError(f"{files.names()[k]} is not a Parquet file (no PAR1 at its end)")
+    length = int.from_bytes(tail[-8:-4], "little")
+    if length + 12 > size:
+        raise PackFormatError(f"{files.names()[k]} is not a readable Parquet file (a footer of "
+                              f"{length} bytes in {size})")
+    if length + 8 > len(tail):
+        tail = attempt(lambda: read_range(url, size - length - 8, size, files.options, stop),
+                       url, "reading its footer", files.options, stop)
+    try:
+        return _pq().read_metadata(pa.BufferReader(b"PAR1" + tail[-length - 8:]))
+    except (OSError, ValueError) as exc:
+        raise PackFormatError(f"{files.names()[k]} is not a readable Parquet file "
+                              f"({type(exc).__name__}: {exc})") from exc
 
 
 # ------------------------------------------------------------------------ columns as fields
@@ -361,23 +425,31 @@ class _Reader:
     def _read(self, g: int) -> _Group:
         source = self.source
         k, rg = int(source._group_file[g]), int(source._group_index[g])
-        with self.lock:
-            handle = self.files.pop(k, None)
-        if handle is None:
-            handle = _pq().ParquetFile(source.files[k], memory_map=False, pre_buffer=False)
-        try:
-            table = handle.read_row_group(rg, columns=source._arrow_columns, use_threads=False)
-            group = _Group(table, source._columns)
-        except (OSError, ValueError) as exc:
-            raise PackFormatError(f"{source.files[k]}: row group {rg} cannot be read "
-                                  f"({type(exc).__name__}: {exc}); the file is damaged or "
-                                  "truncated") from exc
-        finally:
+        with source._local(k) as local:
+            # A local file stays open for the next row groups; a remote one's cached copy is
+            # read while pinned and closed, so that the cache may evict it afterwards.
+            keep = source.remote is None
             with self.lock:
-                self.files[k] = handle
-                while len(self.files) > _OPEN_FILES:
-                    _, old = self.files.popitem(last=False)
-                    old.close()
+                handle = self.files.pop(k, None) if keep else None
+            try:
+                if handle is None:
+                    handle = _pq().ParquetFile(local, memory_map=False, pre_buffer=False)
+                table = handle.read_row_group(rg, columns=source._arrow_columns,
+                                              use_threads=False)
+                group = _Group(table, source._columns)
+            except (OSError, ValueError) as exc:
+                raise PackFormatError(f"{source.files[k]}: row group {rg} cannot be read "
+                                      f"({type(exc).__name__}: {exc}); the file is damaged or "
+                                      "truncated") from exc
+            finally:
+                if handle is not None and not keep:
+                    handle.close()
+                elif handle is not None:
+                    with self.lock:
+                        self.files[k] = handle
+                        while len(self.files) > _OPEN_FILES:
+                            _, old = self.files.popitem(last=False)
+                            old.close()
         if group.rows != source._group_rows[g]:
             raise PackFormatError(f"{source.files[k]}: row group {rg} holds {group.rows} rows, "
                                   f"its footer said {source._group_rows[g]}; the file changed "
@@ -419,28 +491,55 @@ class ParquetSource(Source):
     that order as a tuple).
 
     ``source``: a file, a list of files, a glob or a folder (see :func:`list_parquet`; ``split``
-    picks one of a folder's splits). Every file must have the first one's columns.
-    ``cache_bytes``: decoded row groups each process keeps (:data:`ROW_GROUP_CACHE`).
+    picks one of a folder's splits), or the same named by URLs (``s3://``, ``gs://``,
+    ``https://``, ``hf://datasets/...``), read through the node's cache as ``remote`` (a
+    ``RemoteOptions``) says: their footers by ranges when the source is built, each file
+    downloaded whole when a row group of it is first read (``prefetch``, which the samplers
+    drive, fetches them ahead in the order they are read). Every file must have the first one's
+    columns. ``cache_bytes``: decoded row groups each process keeps (:data:`ROW_GROUP_CACHE`).
     """
 
     def __init__(self, source: str | os.PathLike | Sequence[str | os.PathLike],
                  names: Sequence[str] | None = None, *, split: str | None = None,
-                 cache_bytes: int = ROW_GROUP_CACHE) -> None:
+                 cache_bytes: int = ROW_GROUP_CACHE, remote: Any = None) -> None:
         pq = _pq()
+        from fastpipe.data.remote.files import in_threads, is_remote
+        from fastpipe.data.remote.options import RemoteOptions
+        from fastpipe.data.remote.urls import redact
+
         if isinstance(names, str):
             raise TypeError(f"fields must be a list of field names, got the string {names!r}")
         if not isinstance(cache_bytes, int) or isinstance(cache_bytes, bool) or cache_bytes < 0:
             raise ValueError(f"cache_bytes must be an int >= 0, got {cache_bytes!r}")
-        self.files, self.root = list_parquet(source, split)
-        self.where = str(source) if isinstance(source, (str, os.PathLike)) else str(self.files[0])
         self.cache_bytes = cache_bytes
-        metas = []
-        for path in self.files:
-            try:
-                metas.append(pq.read_metadata(path))
-            except (OSError, ValueError) as exc:
-                raise PackFormatError(f"{path} is not a readable Parquet file "
-                                      f"({type(exc).__name__}: {exc})") from exc
+        self.remote = None
+        if is_remote(source):
+            options = RemoteOptions.of(remote)
+            self.remote, self._names = _remote_files(source, split, options)
+            self.files = self.remote.names()
+            self.root = None
+            self.where = redact(os.fspath(source)) if isinstance(source, (str, os.PathLike)) \
+                else self.files[0]
+            metas = in_threads(lambda k, stop: _remote_footer(self.remote, k, stop),
+                               list(range(len(self.files))), options.downloads)
+            sizes = [i.size for i in self.remote.infos]
+        else:
+            if remote is not None:
+                raise ValueError("remote= says how URLs are read; these are local files (give "
+                                 "URLs, or leave remote=None)")
+            self.files, self.root = list_parquet(source, split)
+            self._names = [(p.relative_to(self.root) if self.root is not None else p).as_posix()
+                           for p in self.files]
+            self.where = str(source) if isinstance(source, (str, os.PathLike)) \
+                else str(self.files[0])
+            metas = []
+            for path in self.files:
+                try:
+                    metas.append(pq.read_metadata(path))
+                except (OSError, ValueError) as exc:
+                    raise PackFormatError(f"{path} is not a readable Parquet file "
+                                          f"({type(exc).__name__}: {exc})") from exc
+            sizes = [p.stat().st_size for p in self.files]
         arrow = metas[0].schema.to_arrow_schema()
         for path, meta in zip(self.files[1:], metas[1:], strict=True):
             other = meta.schema.to_arrow_schema()
@@ -472,28 +571,39 @@ class ParquetSource(Source):
         for name in wanted:
             field, column, names_of = _field_of(
                 name, arrow.field(name).type, features.get(name),
-                self._looks_like_image, f"{self.files[0]}")
+                lambda c, child: self._looks_like_image(metas[0], c, child), f"{self.files[0]}")
             fields[name], self._columns[name] = field, column
             if names_of:
                 classes[name] = names_of
         self._arrow_columns = list(wanted)
         self.schema = Schema(fields, "tuple" if names is not None else "dict", classes)
         plan = hashlib.sha256()
-        for path, meta in zip(self.files, metas, strict=True):
-            name = path.relative_to(self.root) if self.root is not None else Path(path.name)
+        if self.remote is not None:
+            self.remote.digest(plan)
+        for name, size, meta in zip(self._names, sizes, metas, strict=True):
+            if self.root is None and self.remote is None:
+                name = Path(name).name  # files given by path: their names, not where they are
             rows = ",".join(str(meta.row_group(i).num_rows) for i in range(meta.num_row_groups))
-            plan.update(f"{name.as_posix()}\0{path.stat().st_size}\0{rows}\1".encode())
+            plan.update(f"{name}\0{size}\0{rows}\1".encode())
         plan.update(str(arrow.remove_metadata()).encode())
         self.meta = {"count": self.count, "order": list(wanted), "record": "dict",
                      "parquet": True, "fields": {n: f.to_json() for n, f in fields.items()},
                      "plan": plan.hexdigest()[:24]}
 
-    def _looks_like_image(self, column: str, child: str | None) -> bool:
+    @contextlib.contextmanager
+    def _local(self, k: int) -> Iterator[str]:
+        """The local file of file ``k``: itself, or a remote one's copy in the node's cache
+        (downloaded where it is not there), kept from eviction while it is read."""
+        if self.remote is None:
+            yield str(self.files[k])
+            return
+        with self.remote.pinned([k]) as (path,):
+            yield path
+
+    def _looks_like_image(self, meta: Any, column: str, child: str | None) -> bool:
         """Whether a binary column holds encoded images: its statistics' smallest and largest
         values, or its first value, start as an image file does."""
-        pq = _pq()
         path = column if child is None else f"{column}.{child}"
-        meta = pq.read_metadata(self.files[0])
         for rg in range(meta.num_row_groups):
             chunk = next((meta.row_group(rg).column(i) for i in range(meta.num_columns)
                           if meta.row_group(rg).column(i).path_in_schema == path), None)
@@ -501,8 +611,9 @@ class ParquetSource(Source):
             if stats is not None and stats.has_min_max:
                 return all(_is_image(bytes(v) if not isinstance(v, str) else v.encode(
                     "latin-1", "replace")) for v in (stats.min, stats.max))
-        table = next(pq.ParquetFile(self.files[0]).iter_batches(batch_size=8, columns=[column]),
-                     None)
+        with self._local(0) as local:
+            table = next(_pq().ParquetFile(local).iter_batches(batch_size=8, columns=[column]),
+                         None)
         if table is None:
             return False
         array = table.column(0)
@@ -510,6 +621,12 @@ class ParquetSource(Source):
             array = array.field(child)
         first = next((v for v in array.to_pylist() if v), None)
         return first is not None and _is_image(first)
+
+    def prefetch(self, shards: Sequence[int]) -> Any:
+        """Downloads remote files ``shards`` (positions in ``files``) into the node's cache in
+        this order, a few ahead of the readers; returns the prefetch (``close()`` stops it).
+        Local files: None."""
+        return None if self.remote is None else self.remote.prefetch(list(shards))
 
     # ------------------------------------------------------------------------------ reading
 
@@ -567,9 +684,9 @@ class ParquetSource(Source):
 
     def labels(self) -> np.ndarray | None:
         """The label column of every file, as int64 (None when it holds nulls or there is
-        none)."""
+        none, and for remote files, whose labels would need every file downloaded)."""
         label = self.schema.label
-        if label is None or self.schema.fields[label].kind != "int":
+        if label is None or self.schema.fields[label].kind != "int" or self.remote is not None:
             return None
         pq = _pq()
         parts = []
@@ -583,8 +700,7 @@ class ParquetSource(Source):
     def describe(self, index: int) -> str:
         k = int(np.searchsorted(self._file_starts, index, side="right")) - 1
         row = index - int(self._file_starts[k])
-        name = self.files[k] if self.root is None else self.files[k].relative_to(self.root)
-        text = f"{name}[row {row}]"
+        text = f"{self._names[k]}[row {row}]"
         g = int(np.searchsorted(self._group_starts, index, side="right")) - 1
         try:
             group = self._handles().group(g)
