@@ -9,7 +9,8 @@ either
   :class:`~fastpipe.data.H5Dataset` / :class:`~fastpipe.data.LMDBDataset` for a pack file),
   :func:`~fastpipe.data.fast_collate`, :class:`~fastpipe.DataLoaderX` and
   :class:`~fastpipe.DataPrefetcher`, which moves the uint8 batch to the device and normalizes it
-  there.
+  there; with ``decode="gpu"`` the workers hand each sample's bytes and drawn geometry to the
+  DataPrefetcher, which decodes the batch on the GPU (nvImageCodec).
 
 Both give the same batches: ``images`` ``(N, 3, H, W)`` of ``dtype`` on ``device`` (with
 ``torch.channels_last`` strides when asked), normalized with ``mean``/``std``; ``labels`` ``(N,)``
@@ -48,6 +49,7 @@ from fastpipe.recipe import Recipe
 __all__ = ["image_loader"]
 
 BACKENDS = ("auto", "cpu", "dali")
+DECODES = (None, "cpu", "gpu", "auto")
 # What DALI's readers take (fastpipe.dali.sources.open_source); the CPU path reads every kind of
 # fastpipe.data.datasets.images.CLASSIFICATION_KINDS.
 _DALI_KINDS = ("folder", "list", "hdf5", "lmdb")
@@ -82,6 +84,7 @@ def image_loader(
     recipe: Recipe | None = None,
     crop_decode: bool | None = None,
     on_error: str = "raise",
+    decode: str | None = None,
 ) -> Any:
     """Image classification batches from ``source``, built on the fastest path available.
 
@@ -140,6 +143,16 @@ def image_loader(
             ``loader.loader.skipped`` lists them; resumable): see ``DataLoaderX``. The CPU
             backend only: DALI decodes inside its pipeline and cannot leave a sample out, so
             ``"auto"`` picks the CPU path and ``backend="dali"`` is an error.
+        decode: where the images decode. ``None`` (the default): as ``backend`` says (DALI's
+            decode, or the CPU path's workers). ``"cpu"``: the CPU path's workers.
+            ``"gpu"``: the CPU path's workers read each image's bytes and draw its crop and
+            flip (the same draws), and ``DataPrefetcher`` decodes the batch on the GPU with
+            nvImageCodec (``pip install 'fastpipe[gpu-decode]'``; torchvision's
+            ``decode_jpeg`` where it is absent): a CUDA device, and no ``auto_augment``.
+            ``"auto"``: measures the decodes that can run here on the first images of
+            ``source`` (the CPU path, GPU decode, DALI) and picks one, saying which and why in a
+            UserWarning and in the loader's ``decode_choice``; without a CUDA device, the CPU
+            path. See docs/gpu.md, "GPU decode".
 
     Returns:
         An iterable of ``(images, labels)`` with ``len``, ``batch_size``, ``drop_last``,
@@ -158,9 +171,13 @@ def image_loader(
         source=source, batch_size=batch_size, recipe=recipe, device=device, backend=backend,
         rank=rank, world_size=world_size, seed=seed, shuffle=shuffle, drop_last=drop_last,
         num_workers=num_workers, worker_method=worker_method, prefetch_depth=prefetch_depth,
-        crop_decode=crop_decode, on_error=on_error,
+        crop_decode=crop_decode, on_error=on_error, decode=decode,
     )
     loader = _build_dali(options) if options.backend == "dali" else _build_cpu(options)
+    if options.decode_choice is not None:
+        loader.decode_choice = options.decode_choice
+        warnings.warn(f"image_loader(decode='auto'): {options.decode_choice}", UserWarning,
+                      stacklevel=2)
     from fastpipe.profiling._workload import check_loader_batches
 
     return check_loader_batches(loader, options.batch_size, options.drop_last,
@@ -198,7 +215,14 @@ class _Options:
 
         o.on_error = check_on_error(given.get("on_error", "raise"))
         o.device = resolve_device(given["device"], where="image_loader")
-        o.backend = _choose_backend(check.choice("backend", given["backend"], BACKENDS), o)
+        backend = check.choice("backend", given["backend"], BACKENDS)
+        o.decode, o.decode_choice = check.choice("decode", given.get("decode"), DECODES), None
+        if o.decode == "auto":
+            backend = _auto_decode(backend, o)
+        _check_decode(backend, o)
+        if o.decode in ("cpu", "gpu") and backend == "auto":
+            backend = "cpu"
+        o.backend = _choose_backend(backend, o)
         o.crop_decode = given.get("crop_decode")
         if o.crop_decode is not None and not isinstance(o.crop_decode, bool):
             raise TypeError(f"crop_decode must be True or False, got {o.crop_decode!r}")
@@ -214,6 +238,58 @@ class _Options:
         o.order_seed = order_seed(o.seed, o.world_size)
         o.augment_seed = draw_seed() if o.seed is None else o.seed
         return o
+
+
+def _check_decode(backend: str, o: _Options) -> None:
+    """Refuses a ``decode`` that the backend or the machine cannot honour, with the fix."""
+    if o.decode is not None and backend == "dali":
+        raise ValueError(
+            f"image_loader: decode={o.decode!r} chooses where the CPU path's images decode, and "
+            "backend='dali' decodes inside DALI: pass backend='cpu' (or 'auto'), or leave decode "
+            "unset")
+    if o.decode != "gpu":
+        return
+    if o.device.type != "cuda":
+        raise ValueError(
+            f"image_loader(decode='gpu'): GPU decode runs in DataPrefetcher on a CUDA device, and "
+            f"the batches go to {o.device}"
+            + ("" if torch.cuda.is_available() else " (no CUDA device here)")
+            + ": pass decode='cpu', or decode='auto' to measure and pick")
+    from fastpipe.gpu_decode import EXTRA, GpuDecodeUnavailable, available_backends
+
+    problems = available_backends()
+    if all(problems.values()):
+        raise GpuDecodeUnavailable(
+            "image_loader(decode='gpu') found no GPU decoder ("
+            + "; ".join(f"{k}: {v}" for k, v in problems.items())
+            + f"): pip install 'fastpipe[{EXTRA}]', or pass decode='cpu'")
+    o.recipe.check("gpu")
+
+
+def _auto_decode(backend: str, o: _Options) -> str:
+    """decode='auto': measures the decodes that can run here and sets ``o.decode`` and
+    ``o.decode_choice``; returns the backend that runs the choice."""
+    if backend != "auto":
+        raise ValueError(f"image_loader(decode='auto') picks the backend as well (DALI is one of "
+                         f"its choices): leave backend='auto', or pass decode='cpu' or 'gpu' with "
+                         f"backend={backend!r}")
+    from fastpipe.data.sources.resolve import kind_of
+    from fastpipe.profiling.decode_choice import choose_decode, decode_candidates, measure_decode
+
+    candidates, unavailable = decode_candidates(o.recipe, o.device, kind_of(o.path))
+    for reason in (("on_error='skip' is the CPU path's" if o.on_error == "skip" else None),
+                   ("worker_method='thread' is the CPU path's" if o.worker_method == "thread"
+                    else None)):
+        if reason and "dali" in candidates:
+            candidates.remove("dali")
+            unavailable["dali"] = reason
+    o.decode_choice = choose_decode(
+        candidates, unavailable,
+        lambda name: measure_decode(name, o.path, o.recipe, o.device, o.num_workers,
+                                    o.batch_size))
+    choice = o.decode_choice.decode
+    o.decode = None if choice == "dali" else choice
+    return "dali" if choice == "dali" else "cpu"
 
 
 def _dali_installed() -> bool:
@@ -313,7 +389,8 @@ def _build_cpu(o: _Options) -> Any:
         worker_method=_cpu_worker_method(o), prefetch_depth=o.prefetch_depth,
         on_error=o.on_error,
     )
-    # The dataset gives uint8 samples; the recipe's batch part happens on the device.
+    # The dataset gives uint8 samples (or, with decode="gpu", the bytes and draws that the
+    # prefetcher decodes); the recipe's batch part happens on the device.
     recipe = o.recipe
     return DataPrefetcher(
         loader, device=o.device, mean=recipe.mean, std=recipe.std,
@@ -338,4 +415,5 @@ def _cpu_worker_method(o: _Options) -> str:
 def _cpu_dataset(o: _Options) -> Any:
     from fastpipe.data.datasets.images import image_dataset
 
-    return image_dataset(o.path, recipe=o.recipe.per_sample(), seed=o.augment_seed)
+    return image_dataset(o.path, recipe=o.recipe.per_sample(), seed=o.augment_seed,
+                         decode="gpu" if o.decode == "gpu" else "cpu")

@@ -38,7 +38,7 @@ from fastpipe._frameworks import (
 from fastpipe._hardware import resolve_device
 from fastpipe._streams import copy_on_side, hand_to_current, streams_for
 from fastpipe.data.sampling.resume import STATE_VERSION, WrappedHandOff
-from fastpipe.data.sampling.skip import SkipRecord, Skipped
+from fastpipe.data.sampling.skip import Skipped, SkipRecord
 from fastpipe.gpu_decode import GpuDecode, GpuDecoder
 from fastpipe.gpu_decode._batches import encoded_paths, without_rows
 from fastpipe.ops import normalize
@@ -417,6 +417,9 @@ class DataPrefetcher(LoaderAttributes):
     # GPU decode: the encoded images of a dataset built with decode="gpu".
 
     _restored_decode_skips: SkipRecord | None = None
+    #: Where ``image_loader(decode="auto")`` chose to decode, and why
+    #: (a ``fastpipe.profiling.decode_choice.DecodeChoice``); None otherwise.
+    decode_choice: Any = None
 
     def _decoded(self, batch: Any, paths: list[tuple[Any, ...]], device: torch.device) -> Any:
         """``batch`` with each encoded entry decoded on ``device`` (on the stream current here:

@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from fastpipe import _geometry as geometry
 from fastpipe import _validate as check
 from fastpipe._constants import (
     DEFAULT_CROP_PCT,
@@ -40,7 +41,6 @@ from fastpipe._constants import (
     DEFAULT_SCALE,
     DEFAULT_SIZE,
 )
-from fastpipe import _geometry as geometry
 from fastpipe._geometry import eval_resize_to
 
 __all__ = ["INTERPOLATIONS", "POLICIES", "Draw", "Policy", "Recipe"]

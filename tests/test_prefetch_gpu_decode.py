@@ -33,8 +33,8 @@ from fastpipe.data.datasets._records import RecordDataset
 from fastpipe.data.decode.budget import CorruptImageError
 from fastpipe.data.decode.gpu import PLAN_FIELDS
 from fastpipe.data.samples import sample_images
-from fastpipe.data.sources.folder import ListSource
 from fastpipe.data.sampling.seeds import reseeded, sample_seed
+from fastpipe.data.sources.folder import ListSource
 from fastpipe.gpu_decode import GpuDecode, GpuDecodeUnavailable, _backends, available_backends
 from tests.helpers.cuda import RecordingStreams
 from tests.helpers.gpu_decode import use_stand_in
@@ -307,8 +307,8 @@ def test_the_options_reach_the_decoder_and_are_checked(mixed_root, monkeypatch):
 
 def _sources(root: Path, tmp: Path) -> dict[str, tuple]:
     """Each source kind holding images and labels (the folder; a list file; HDF5 and LMDB packs
-    of it, as (image, label) pairs and as records; tar shards of its JPEGs), as a (CPU dataset, GPU dataset) pair with
-    the same decoder settings and seed."""
+    of it, as (image, label) pairs and as records; tar shards of its JPEGs), as a (CPU
+    dataset, GPU dataset) pair with the same decoder settings and seed."""
     from fastpipe.data import H5Dataset, TarDataset
     from fastpipe.pack import pack
 

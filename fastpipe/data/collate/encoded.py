@@ -22,10 +22,10 @@ __all__ = ["EncodedBatch", "EncodedImage", "collate_encoded"]
 
 class EncodedImage:
     """One sample's image, not decoded: ``data`` (its encoded bytes), ``plan`` (ten ints:
-    fastpipe.data.decode.gpu.PLAN_FIELDS), the ``seed`` its draws came from (the CPU decoder reproduces the CPU
-    path's pixels from it), its dataset ``index``, ``source`` (how errors name it) and the
-    ``decoder`` (a ``fastpipe.data.ImageDecoder``: the recipe's size and filter). Not a tuple,
-    so that no collate function mistakes it for a record of fields."""
+    fastpipe.data.decode.gpu.PLAN_FIELDS), the ``seed`` its draws came from (the CPU decoder
+    reproduces the CPU path's pixels from it), its dataset ``index``, ``source`` (how errors
+    name it) and the ``decoder`` (a ``fastpipe.data.ImageDecoder``: the recipe's size and
+    filter). Not a tuple, so that no collate function mistakes it for a record of fields."""
 
     __slots__ = ("data", "plan", "seed", "index", "source", "decoder")
 
