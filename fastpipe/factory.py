@@ -273,6 +273,7 @@ def _auto_decode(backend: str, o: _Options) -> str:
         raise ValueError(f"image_loader(decode='auto') picks the backend as well (DALI is one of "
                          f"its choices): leave backend='auto', or pass decode='cpu' or 'gpu' with "
                          f"backend={backend!r}")
+    from fastpipe.data.datasets.images import image_dataset
     from fastpipe.data.sources.resolve import kind_of
     from fastpipe.profiling.decode_choice import choose_decode, decode_candidates, measure_decode
 
@@ -285,8 +286,9 @@ def _auto_decode(backend: str, o: _Options) -> str:
             unavailable["dali"] = reason
     o.decode_choice = choose_decode(
         candidates, unavailable,
-        lambda name: measure_decode(name, o.path, o.recipe, o.device, o.num_workers,
-                                    o.batch_size))
+        lambda name: measure_decode(name, image_dataset(o.path, recipe=o.recipe.per_sample(),
+                                                        seed=0), o.path, o.recipe, o.device,
+                                    o.num_workers, o.batch_size))
     choice = o.decode_choice.decode
     o.decode = None if choice == "dali" else choice
     return "dali" if choice == "dali" else "cpu"

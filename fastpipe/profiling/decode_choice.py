@@ -143,18 +143,27 @@ def choose_decode(
 # ----------------------------------------------------------------- the measurements (on a GPU)
 
 
-def measure_decode(name: str, path: str | os.PathLike, recipe: Recipe, device: torch.device,
-                   num_workers: int, batch_size: int, samples: int = 64) -> float:
-    """Images/s of one decode on ``path``'s first ``samples`` images: ``"cpu"``, the CPU path's
-    per-image time on one core, times ``num_workers``; ``"gpu"``, GPU decode's batches on
-    ``device``; ``"dali"``, DALILoader's batches."""
-    from fastpipe.data.datasets.images import image_dataset
+def image_dataset_recipe(dataset: Any) -> Recipe | None:
+    """The recipe a fastpipe image dataset decodes with (its ImageDecoder's), else None."""
+    from fastpipe.data.decode.image import ImageDecoder
 
-    count = max(1, min(samples, batch_size))
+    decoder = getattr(dataset, "decoder", None)
+    return decoder.recipe if isinstance(decoder, ImageDecoder) else None
+
+
+def measure_decode(name: str, dataset: Any, path: str | os.PathLike | None, recipe: Recipe,
+                   device: torch.device, num_workers: int, batch_size: int,
+                   samples: int = 64) -> float:
+    """Images/s of one decode on the first ``samples`` images of ``dataset`` (a fastpipe image
+    dataset decoding on the CPU path): ``"cpu"``, its per-image time on one core times
+    ``num_workers``; ``"gpu"``, GPU decode's batches of the same samples on ``device``;
+    ``"dali"``, DALILoader's batches of ``path``."""
+    count = max(1, min(samples, batch_size, len(dataset)))
     if name == "dali":
+        if path is None:
+            raise ValueError("DALI reads a path (a folder, a list file or a pack)")
         return _measure_dali(path, recipe, device, count)
-    dataset = image_dataset(path, recipe=recipe.per_sample(), seed=0, decode=name)
-    indices = list(range(min(count, len(dataset))))
+    indices = list(range(count))
     if name == "cpu":
         dataset[indices[0]]  # warm-up: imports, caches
         started = time.perf_counter()
@@ -163,17 +172,23 @@ def measure_decode(name: str, path: str | os.PathLike, recipe: Recipe, device: t
         per_image = (time.perf_counter() - started) / len(indices)
         return max(1, num_workers) / per_image
     from fastpipe.data import fast_collate
+    from fastpipe.data.datasets._records import RecordDataset
     from fastpipe.gpu_decode import GpuDecode, GpuDecoder
 
-    batch, _ = fast_collate([dataset[i] for i in indices])
+    fields = None if dataset.schema is dataset.source.schema else list(dataset.schema.names)
+    encoded = RecordDataset(dataset.source, decoder=dataset.decoder, seed=dataset.seed,
+                            fields=fields, decode="gpu")
+    batch = fast_collate([encoded[i] for i in indices])
+    encoded_batch = batch[0] if isinstance(batch, tuple) else next(
+        v for v in batch.values() if hasattr(v, "plans"))
     decoder = GpuDecoder(GpuDecode(), device)
     try:
         stream = torch.cuda.current_stream(device)
-        decoder.decode(batch, stream)  # warm-up: the library, its buffers
+        decoder.decode(encoded_batch, stream)  # warm-up: the library, its buffers
         torch.cuda.synchronize(device)
         started = time.perf_counter()
         for _ in range(3):
-            decoder.decode(batch, stream)
+            decoder.decode(encoded_batch, stream)
         torch.cuda.synchronize(device)
         return 3 * len(indices) / (time.perf_counter() - started)
     finally:

@@ -36,6 +36,7 @@ from fastpipe.profiling._runner import measure, settings_row
 from fastpipe.profiling._settings import WRAPPERS, LoaderSettings
 from fastpipe.profiling._table import Column, ResultTable, Row
 from fastpipe.profiling._workload import Spelling, check_measurable, suggested_batch_size
+from fastpipe.profiling.decode_choice import DecodeChoice
 
 
 @dataclass
@@ -53,6 +54,9 @@ class TuneResult:
     rounds: int = 3
     short_stages: dict[str, int] = field(default_factory=dict)
     workload_notes: list[str] = field(default_factory=list)
+    #: Where the images should decode (the CPU path, GPU decode, DALI), measured on the dataset
+    #: after the loader settings; None for a dataset that is not a fastpipe image dataset.
+    decode: DecodeChoice | None = None
 
     @property
     def code(self) -> str:
@@ -90,6 +94,11 @@ class TuneResult:
 
     def notes(self) -> list[str]:
         notes = [self.decision_note(), *self.workload_notes]
+        if self.decode is not None:
+            notes.append(f"decode: {self.decode.decode} ({self.decode.why}); "
+                         f"image_loader(decode='{self.decode.decode}') builds it"
+                         if self.decode.decode != "dali" else
+                         f"decode: DALI ({self.decode.why}); image_loader(backend='dali')")
         for stage, done in self.short_stages.items():
             chance = (f"1 time in {math.comb(2 * done, done)}" if done > 1
                       else "with no noise measured")
@@ -158,6 +167,7 @@ class TuneResult:
             "budget_seconds": self.budget,
             "seconds": self.seconds,
             "step_seconds": self.step_seconds,
+            "decode": None if self.decode is None else self.decode.to_dict(),
             "notes": self.notes(),
             "trials": self.result_table().to_dicts(),
         }
@@ -274,8 +284,42 @@ def tune(
             "check that the dataset loads with a plain DataLoader"
         )
     ranked = sorted(trials.values(), key=lambda t: -(t.samples_per_second or -1.0))
+    decode = place_decode(source.dataset, best.settings.num_workers, best.settings.batch_size,
+                          step_seconds)
     return TuneResult(ranked, best, source, budget, time.perf_counter() - started, step_seconds,
-                      batch_size, min_gain, rounds, short_stages, workload_notes)
+                      batch_size, min_gain, rounds, short_stages, workload_notes, decode)
+
+
+def place_decode(dataset: Any, num_workers: int, batch_size: int,
+                 step_seconds: float = 0.0) -> DecodeChoice | None:
+    """Where ``dataset``'s images should decode: the CPU path, GPU decode or DALI, measured on
+    its first images (fastpipe.profiling.decode_choice); None when it is not a fastpipe image
+    dataset (a recipe's ImageDecoder), whose decode is its own."""
+    from fastpipe.profiling.decode_choice import (
+        choose_decode,
+        decode_candidates,
+        image_dataset_recipe,
+        measure_decode,
+    )
+
+    recipe = image_dataset_recipe(dataset)
+    if recipe is None:
+        return None
+    path = getattr(dataset, "root", None) or getattr(dataset, "file", None)
+    kind = None
+    if path is not None:
+        from fastpipe.data.sources.resolve import kind_of
+
+        kind = kind_of(path)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+        else torch.device("cpu")
+    candidates, unavailable = decode_candidates(recipe, device, kind)
+    if path is None and "dali" in candidates:
+        candidates.remove("dali")
+        unavailable["dali"] = "DALI reads a path, and this dataset names none"
+    step_rate = batch_size / step_seconds if step_seconds > 0 else None
+    return choose_decode(candidates, unavailable, lambda name: measure_decode(
+        name, dataset, path, recipe, device, num_workers, batch_size), step_rate=step_rate)
 
 
 def _as_source(dataset: Any, collate_fn: Callable | None) -> DatasetSource:

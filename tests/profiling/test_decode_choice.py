@@ -66,3 +66,30 @@ def test_on_a_gpu_the_candidates_are_what_is_installed_and_what_the_recipe_allow
                         lambda: {"nvimgcodec": "not installed", "torchvision": "CPU build"})
     candidates, unavailable = decode_candidates(Recipe(train=True), cuda)
     assert candidates == ["cpu", "dali"] and "nvimgcodec: not installed" in unavailable["gpu"]
+
+
+def test_the_tuner_places_the_decode_of_a_fastpipe_image_dataset(sample_root):
+    from fastpipe.data import ImageFolder
+    from fastpipe.profiling.tuner import place_decode
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible: the choice is measured")
+    choice = place_decode(ImageFolder(sample_root, train=True, size=32), 2, 8)
+    assert choice.decode == "cpu" and "needs a CUDA device" in choice.why
+    assert place_decode(list(range(10)), 2, 8) is None  # not a fastpipe image dataset
+
+
+@pytest.mark.timeout(60)
+def test_fastpipe_tune_says_where_the_images_decode_and_why(capsys, sample_root, no_thread_leak):
+    from fastpipe._cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible: the choice is measured")
+    code = main(["tune", str(sample_root), "--size", "32", "--batch-size", "8", "--workers", "0",
+                 "--batch-sizes", "8", "--wrappers", "DataLoader", "--budget", "1",
+                 "--no-progress"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert ("note: decode: cpu (the CPU path is the only decode that can run here (dali: needs "
+            "a CUDA device") in out
+    assert "image_loader(decode='cpu') builds it" in out
