@@ -267,6 +267,38 @@ def nvjpeg_state() -> dict[str, Any]:
     return info
 
 
+def _gpu_decode(report: dict[str, Any]) -> dict[str, Any]:
+    """GPU decode's parts: nvImageCodec (its version), each GPU decoder and why it cannot run
+    here, and whether a GPU has the hardware JPEG engine nvImageCodec uses first."""
+    from fastpipe.gpu_decode import available_backends
+
+    nvimgcodec = None
+    for major in (13, 12):
+        nvimgcodec = _version(f"nvidia-nvimgcodec-cu{major}")
+        if nvimgcodec is not None:
+            break
+    return {"nvimgcodec": nvimgcodec, "backends": available_backends(),
+            "hardware_jpeg_decoder": any(g["hardware_jpeg_decoder"] for g in report["gpus"])}
+
+
+def _gpu_decode_pick(report: dict[str, Any]) -> str:
+    """What image_loader(decode='gpu') / DataPrefetcher decode with here."""
+    info, nvjpeg = report["gpu_decode"], report["nvjpeg"]
+    backends = info["backends"]
+    if backends["nvimgcodec"] is None:
+        engine = ("its hardware JPEG engine first" if info["hardware_jpeg_decoder"]
+                  else "no hardware JPEG engine on this GPU")
+        if nvjpeg["loads"] is False:
+            return (f"nvImageCodec {info['nvimgcodec']} on the GPU, but it cannot load nvJPEG: "
+                    "every JPEG would be decoded on the CPU (pip install nvidia-nvjpeg)")
+        return f"nvImageCodec {info['nvimgcodec']} on the GPU ({engine}), nvJPEG"
+    if backends["torchvision"] is None:
+        return ("torchvision's decode_jpeg on the GPU (JPEGs only, whole images: nvImageCodec "
+                f"{backends['nvimgcodec']})")
+    return ("unavailable (" + "; ".join(f"{k}: {v}" for k, v in backends.items())
+            + "): decode='gpu' is refused, decode='auto' picks the CPU path")
+
+
 def _picks(torch: Any, report: dict[str, Any]) -> dict[str, str]:
     """What fastpipe will use by default here."""
     ext, gpus, dali = report["extension"], report["gpus"], report["dali"]
@@ -307,8 +339,19 @@ def _picks(torch: Any, report: dict[str, Any]) -> dict[str, str]:
     else:
         png_pick = ("fastpipe's own rows, inflated by zlib (install libisal-dev and rebuild: "
                     "about twice the inflate speed)")
+    gpu_decode = _gpu_decode_pick(report)
+    if not cuda:
+        auto = "the CPU path (no CUDA device: GPU decode and DALI need one)"
+    else:
+        auto = ("measured when the loader is built, among the CPU path"
+                + (", GPU decode" if not gpu_decode.startswith("unavailable") else "")
+                + (", DALI" if dali_pick.startswith("GPU") else "") + "; the choice is said")
+    default = ("DALI, mixed decode on the GPU (backend='auto' with DALI installed)"
+               if dali_pick.startswith("GPU") else "the fast CPU path: its workers decode")
     return {"ops": ops, "DataPrefetcher": prefetcher, "DALILoader": dali_pick,
-            "CPU image path": decode, "PNG decoding": png_pick}
+            "CPU image path": decode, "PNG decoding": png_pick,
+            "GPU decode (decode='gpu')": gpu_decode,
+            "image_loader()": default, "image_loader(decode='auto')": auto}
 
 
 def environment_report() -> dict[str, Any]:
@@ -338,9 +381,11 @@ def environment_report() -> dict[str, Any]:
         "dali": _dali(),
         "nvjpeg": nvjpeg_state(),
         "pynvml": importlib.util.find_spec("pynvml") is not None,
+        "gpu_decode": None,
         "cores": usable_cores(),
         "logical_cpus": os.cpu_count(),
     }
+    report["gpu_decode"] = _gpu_decode(report)
     report["picks"] = _picks(torch, report)
     return report
 
@@ -409,6 +454,12 @@ def format_report(report: dict[str, Any]) -> str:
                      "decode on the GPU")
     elif nvjpeg["nvimgcodec"] is not None:
         lines.append(f"nvJPEG: NOT LOADED: {nvjpeg['problem']}")
+    gpu_decode = report["gpu_decode"]
+    lines.append("nvImageCodec (GPU decode): " + (
+        f"{gpu_decode['nvimgcodec']}" if gpu_decode["nvimgcodec"] else
+        "not installed: pip install 'fastpipe[gpu-decode]'")
+        + "; hardware JPEG engine: " + _yes(gpu_decode["hardware_jpeg_decoder"] or None,
+                                            "no GPU" if not report["gpus"] else "no"))
     lines += ["", "fastpipe will use:"]
     lines += [f"  {part}: {choice}" for part, choice in report["picks"].items()]
     return "\n".join(lines)

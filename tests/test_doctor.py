@@ -270,3 +270,48 @@ def test_the_candidates_follow_nvimagecodecs_search_order(monkeypatch, tmp_path)
     monkeypatch.setenv("LD_LIBRARY_PATH", f"{tmp_path / 'missing'}:{extra}")
     assert _doctor._nvjpeg_candidates(13, str(package)) == [
         str(wheel / "libnvjpeg.so.13"), str(extra / "libnvjpeg.so.13"), "libnvjpeg.so.13"]
+
+
+# ------------------------------------------------------------------------------- GPU decode
+
+
+def test_doctor_reports_gpu_decode_and_which_decode_each_loader_uses_here(capsys):
+    assert main(["doctor", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    nvimgcodec = importlib.util.find_spec("nvidia.nvimgcodec") is not None
+    assert (report["gpu_decode"]["nvimgcodec"] is not None) == nvimgcodec
+    assert set(report["gpu_decode"]["backends"]) == {"nvimgcodec", "torchvision"}
+    picks = report["picks"]
+    assert {"GPU decode (decode='gpu')", "image_loader()", "image_loader(decode='auto')"} <= set(
+        picks)
+    if not torch.cuda.is_available():
+        assert picks["GPU decode (decode='gpu')"].startswith("unavailable (nvimgcodec: ")
+        assert "decode='gpu' is refused" in picks["GPU decode (decode='gpu')"]
+        assert picks["image_loader(decode='auto')"].startswith("the CPU path (no CUDA device")
+        assert main(["doctor"]) == 0
+        assert "nvImageCodec (GPU decode): " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("backends, nvjpeg_loads, pick", [
+    ({"nvimgcodec": None, "torchvision": None}, True,
+     "nvImageCodec 0.9.0.20 on the GPU (its hardware JPEG engine first), nvJPEG"),
+    ({"nvimgcodec": None, "torchvision": None}, False, "cannot load nvJPEG: every JPEG would be "
+                                                       "decoded on the CPU"),
+    ({"nvimgcodec": "not installed: pip install 'fastpipe[gpu-decode]'", "torchvision": None},
+     True, "torchvision's decode_jpeg on the GPU"),
+])
+def test_doctor_on_a_gpu_says_what_gpu_decode_decodes_with(fake_gpu, monkeypatch, backends,
+                                                           nvjpeg_loads, pick):
+    import fastpipe.gpu_decode as gpu_decode
+
+    monkeypatch.setattr(gpu_decode, "available_backends", lambda: backends)
+    monkeypatch.setattr(_doctor, "_version",
+                        lambda name: "0.9.0.20" if "nvimgcodec" in name else None)
+    state = {"nvimgcodec": "0.9.0.20", "loads": nvjpeg_loads, "version": "13.3.2",
+             "problem": None, "library": "libnvjpeg.so.13"}
+    monkeypatch.setattr(_doctor, "nvjpeg_state", lambda: state)
+    report = _doctor.environment_report()
+    assert pick in report["picks"]["GPU decode (decode='gpu')"]
+    assert report["gpu_decode"]["hardware_jpeg_decoder"] is True
+    assert "GPU decode" in report["picks"]["image_loader(decode='auto')"]
+    assert "hardware JPEG engine: yes" in _doctor.format_report(report)
