@@ -85,6 +85,7 @@ def image_loader(
     crop_decode: bool | None = None,
     on_error: str = "raise",
     decode: str | None = None,
+    remote: Any = None,
 ) -> Any:
     """Image classification batches from ``source``, built on the fastest path available.
 
@@ -93,6 +94,8 @@ def image_loader(
             ``path label`` lines, a fastpipe pack of (image, label) samples (HDF5 or LMDB, told
             by its content; see ``fastpipe pack``), or WebDataset tar shards (a folder of
             ``.tar`` files, a shard, a glob; their image and label members; the CPU backend).
+            Or any of them in object storage, by URL (``s3://``, ``gs://``, ``https://``,
+            ``hf://``; the CPU backend), read through the node's cache.
         batch_size: samples per batch.
         train: random-resized crop (``scale``, ``ratio``), flip (``hflip``) and ``auto_augment``;
             else eval: for a square ``size``, resize the shorter side to ``size / crop_pct`` and
@@ -153,6 +156,9 @@ def image_loader(
             ``source`` (the CPU path, GPU decode, DALI) and picks one, saying which and why in a
             UserWarning and in the loader's ``decode_choice``; without a CUDA device, the CPU
             path. See docs/gpu.md, "GPU decode".
+        remote: how a URL ``source`` is read (a :class:`~fastpipe.data.RemoteOptions`:
+            credentials, endpoint, the cache's folder and size, retries;
+            docs/object-storage.md).
 
     Returns:
         An iterable of ``(images, labels)`` with ``len``, ``batch_size``, ``drop_last``,
@@ -171,7 +177,7 @@ def image_loader(
         source=source, batch_size=batch_size, recipe=recipe, device=device, backend=backend,
         rank=rank, world_size=world_size, seed=seed, shuffle=shuffle, drop_last=drop_last,
         num_workers=num_workers, worker_method=worker_method, prefetch_depth=prefetch_depth,
-        crop_decode=crop_decode, on_error=on_error, decode=decode,
+        crop_decode=crop_decode, on_error=on_error, decode=decode, remote=remote,
     )
     loader = _build_dali(options) if options.backend == "dali" else _build_cpu(options)
     if options.decode_choice is not None:
@@ -197,7 +203,10 @@ class _Options:
                 f"{type(o.source).__name__}; for a dataset object, build DataLoaderX + "
                 "DataPrefetcher (or DALILoader) directly"
             )
-        o.path = Path(o.source)
+        from fastpipe.data.remote.urls import is_url
+
+        o.path = o.source if is_url(o.source) else Path(o.source)
+        o.remote = given.get("remote")
         o.batch_size = check.positive_int("batch_size", given["batch_size"])
         o.recipe = given["recipe"]
         o.seed = checked_seed(given["seed"], where="image_loader")
@@ -311,11 +320,17 @@ def _dali_sees_a_gpu() -> bool:
 
 
 def _choose_backend(backend: str, o: _Options) -> str:
+    from fastpipe.data.remote.urls import is_url
+
+    if backend == "dali" and is_url(o.path):
+        raise ValueError("the DALI backend reads local files; a URL source is read by the CPU "
+                         "backend through the node's cache: pass backend='cpu' (or 'auto')")
     if backend == "auto":
         backend = "cpu"
-        # DALI cannot leave a sample out of a batch: on_error="skip" is the CPU path's.
+        # DALI cannot leave a sample out of a batch: on_error="skip" is the CPU path's; nor
+        # read a URL.
         if (o.device.type == "cuda" and _dali_installed() and o.worker_method != "thread"
-                and o.on_error == "raise"):
+                and o.on_error == "raise" and not is_url(o.path)):
             if not _dali_sees_a_gpu():
                 warnings.warn(
                     "image_loader: DALI is installed but sees no GPU (a wheel for another CUDA "
@@ -418,4 +433,4 @@ def _cpu_dataset(o: _Options) -> Any:
     from fastpipe.data.datasets.images import image_dataset
 
     return image_dataset(o.path, recipe=o.recipe.per_sample(), seed=o.augment_seed,
-                         decode="gpu" if o.decode == "gpu" else "cpu")
+                         decode="gpu" if o.decode == "gpu" else "cpu", remote=o.remote)

@@ -59,6 +59,11 @@ class ImageFolder(RecordDataset):
     labels), not Python lists, so DataLoader workers do not copy it page by page as reference
     counts change (pytorch#13246).
 
+    ``root`` may be a folder URL (``"s3://bucket/train/"``, ``"https://..."``; ``remote=``: a
+    :class:`~fastpipe.data.RemoteOptions`): listed once, in the same order, and each image read
+    through the node's cache (an object per image: tar shards or a pack read much faster from
+    object storage, docs/object-storage.md).
+
     Attributes:
         classes: class names, sorted. class_to_idx: name -> label. targets: int64 labels (N,).
     """
@@ -82,8 +87,11 @@ class ImageFolder(RecordDataset):
         *,
         recipe: Recipe | None = None,
         decode: str = "cpu",
+        remote: Any = None,
     ) -> None:
-        self.root = Path(root)
+        from fastpipe.data.remote.urls import is_url
+
+        self.root = root if is_url(root) else Path(root)
         recipe = Recipe.resolve(
             recipe, ImageFolder.__init__, "ImageFolder", train=train, size=size, scale=scale,
             ratio=ratio, hflip=hflip, crop_pct=crop_pct, interpolation=interpolation,
@@ -91,7 +99,7 @@ class ImageFolder(RecordDataset):
         recipe.check("cpu")
         decoder = ImageDecoder(recipe=recipe, reducing_gap=reducing_gap,
                                fast_upsample=fast_upsample)
-        super().__init__(FolderSource(self.root, extensions), decoder, transform,
+        super().__init__(FolderSource(self.root, extensions, remote), decoder, transform,
                          recipe.auto_augment, seed, decode=decode)
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
 
@@ -105,7 +113,7 @@ class ImageFolder(RecordDataset):
         return check_index(index, len(self.source), "an ImageFolder")
 
     def __repr__(self) -> str:
-        return (f"ImageFolder(root={str(self.root)!r}, {len(self)} images, "
+        return (f"ImageFolder(root={self.source.where!r}, {len(self)} images, "
                 f"{len(self.classes)} classes, decoder={self.decoder!r}, "
                 f"auto_augment={self.auto_augment!r}, transform={self.transform!r}, "
                 f"seed={self.seed})")

@@ -23,18 +23,24 @@ CLASSIFICATION_KINDS = ("folder", "list", "hdf5", "lmdb", "tar", "parquet")
 
 
 def image_dataset(path: str | os.PathLike, *, recipe: Recipe | None = None,
-                  seed: int | None = None, decode: str = "cpu") -> RecordDataset:
+                  seed: int | None = None, decode: str = "cpu",
+                  remote: Any = None) -> RecordDataset:
     """The ``(uint8 (3, H, W), int label)`` samples of what ``path`` names, with ``recipe``'s
     per-sample part (fastpipe's fast decode; a full decode without one; ``decode="gpu"``: the
     bytes and the draw, for DataPrefetcher to decode). A path that holds no labelled images (a
-    folder without class folders, arrays) is a ValueError saying what it holds."""
-    kind = kind_of(path)
+    folder without class folders, arrays) is a ValueError saying what it holds. A URL is read
+    through the node's cache as ``remote`` (a :class:`~fastpipe.data.RemoteOptions`) says."""
+    from fastpipe.data.remote.urls import is_url
+
+    kind = kind_of(path, remote)
     if kind not in CLASSIFICATION_KINDS:
         raise ValueError(f"{path} holds {_WHAT[kind]}, not labelled images: image_loader reads an "
                          "image folder (root/<class>/<image>), a list file of 'path label' lines, "
                          "a fastpipe pack of (image, label) samples, tar shards (image and "
                          "label members) or Parquet files (image and label columns)")
     options: dict[str, Any] = {"recipe": recipe, "seed": seed, "decode": decode}
+    if is_url(path):
+        options["remote"] = remote
     if kind == "folder":
         from fastpipe.data.datasets.folders import ImageFolder
 
@@ -42,31 +48,32 @@ def image_dataset(path: str | os.PathLike, *, recipe: Recipe | None = None,
     if kind == "list":
         from fastpipe.data.sources.folder import ListSource
 
-        return RecordDataset(ListSource(path), **options)
+        listed = ListSource(path, remote=options.pop("remote", None))
+        return RecordDataset(listed, **options)
     if kind == "hdf5":
         from fastpipe.data.datasets.readers import H5Dataset
 
-        dataset: RecordDataset = H5Dataset(path, **options, fields=_pair_of(path, kind))
+        dataset: RecordDataset = H5Dataset(path, **options, fields=_pair_of(path, kind, remote))
     elif kind == "lmdb":
         from fastpipe.data.datasets.readers import LMDBDataset
 
-        dataset = LMDBDataset(path, **options, fields=_pair_of(path, kind))
+        dataset = LMDBDataset(path, **options, fields=_pair_of(path, kind, remote))
     elif kind == "parquet":
         from fastpipe.data.datasets.readers import ParquetDataset
 
-        dataset = ParquetDataset(path, **options, fields=_pair_of(path, kind))
+        dataset = ParquetDataset(path, **options, fields=_pair_of(path, kind, remote))
     else:
         from fastpipe.data.datasets.readers import TarDataset
 
-        dataset = TarDataset(path, **options, fields=_pair_of(path, kind))
+        dataset = TarDataset(path, **options, fields=_pair_of(path, kind, remote))
     return dataset
 
 
-def _pair_of(path: str | os.PathLike, kind: str) -> list[str] | None:
+def _pair_of(path: str | os.PathLike, kind: str, remote: Any) -> list[str] | None:
     """The image and label fields of a source that is not already a pair (None for a pair)."""
     from fastpipe.data.sources.resolve import resolve
 
-    with resolve(path) as source:
+    with resolve(path, remote=remote) as source:
         schema = source.schema
     if schema.record == "pair":
         return None

@@ -20,6 +20,23 @@ __all__ = ["H5Dataset", "LMDBDataset", "ParquetDataset", "TarDataset"]
 _KINDS = {"hdf5": ("HDF5", "H5Dataset"), "lmdb": ("LMDB", "LMDBDataset")}
 
 
+def _local(path: str | os.PathLike, kind: str, remote: Any) -> tuple[Path, Any, str | Path]:
+    """(the pack's local file, what holds a remote pack's copy in the node's cache or None, how
+    the dataset names the pack)."""
+    from fastpipe.data.remote.options import RemoteOptions
+    from fastpipe.data.remote.urls import is_url, redact
+
+    if not is_url(path):
+        if remote is not None:
+            raise ValueError("remote= says how URLs are read; this is a local path (give a URL, "
+                             "or leave remote=None)")
+        return Path(path), None, Path(path)
+    from fastpipe.data.sources.cached import pack_copy
+
+    local, files = pack_copy(str(path), kind, RemoteOptions.of(remote))
+    return Path(local), files, redact(str(path))
+
+
 def _check_kind(path: Path, wanted: str, owner: str) -> None:
     """Refuses a pack of the other kind with the class that reads it."""
     try:
@@ -50,6 +67,11 @@ class H5Dataset(RecordDataset):
     uncompressed) is read straight from the file, a batch's rows in one call without the GIL;
     anything else through h5py with the chunk cache off.
 
+    A pack in object storage is named by URL (``"s3://bucket/train.h5"``, ``"https://..."``;
+    ``remote=``: a :class:`~fastpipe.data.RemoteOptions`): it is downloaded whole into the
+    node's cache once per node, every field of every sample checked against the checksums the
+    pack stores before it is used, and read from there (docs/object-storage.md).
+
     ``auto_augment`` and ``transform`` follow, with every random draw of sample ``i`` a pure
     function of ``(seed, epoch, i)`` (``set_epoch``), as in :class:`~fastpipe.data.ImageFolder`.
 
@@ -71,12 +93,16 @@ class H5Dataset(RecordDataset):
         fields: Sequence[str] | None = None,
         joint: JointCrop | None = None,
         decode: str = "cpu",
+        remote: Any = None,
     ) -> None:
         from fastpipe.data.sources.h5 import H5Source
 
-        self.file = Path(path)
-        _check_kind(self.file, "hdf5", "H5Dataset")
-        super().__init__(H5Source(self.file, fields), decoder, transform, auto_augment, seed,
+        local, held, self.file = _local(path, "hdf5", remote)
+        _check_kind(local, "hdf5", "H5Dataset")
+        source = H5Source(local, fields)
+        if held is not None:
+            source.where, source.remote = str(self.file), held
+        super().__init__(source, decoder, transform, auto_augment, seed,
                          recipe=recipe, fields=fields, joint=joint, decode=decode)
 
 
@@ -85,7 +111,9 @@ class LMDBDataset(RecordDataset):
 
     The environment opens lazily in each process with ``readonly=True, lock=False,
     readahead=False`` and one long read transaction per thread, so DataLoader workers under fork
-    or spawn each hold their own handle.
+    or spawn each hold their own handle. A pack in object storage (its URL, or an LMDB folder's
+    with its ``data.mdb``; ``remote=``) is read as an HDF5 one is: downloaded whole into the
+    node's cache and checked once per node.
     """
 
     def __init__(
@@ -100,12 +128,16 @@ class LMDBDataset(RecordDataset):
         fields: Sequence[str] | None = None,
         joint: JointCrop | None = None,
         decode: str = "cpu",
+        remote: Any = None,
     ) -> None:
         from fastpipe.data.sources.lmdb import LMDBSource
 
-        self.file = Path(path)
-        _check_kind(self.file, "lmdb", "LMDBDataset")
-        super().__init__(LMDBSource(self.file), decoder, transform, auto_augment, seed,
+        local, held, self.file = _local(path, "lmdb", remote)
+        _check_kind(local, "lmdb", "LMDBDataset")
+        source = LMDBSource(local)
+        if held is not None:
+            source.where, source.remote = str(self.file), held
+        super().__init__(source, decoder, transform, auto_augment, seed,
                          recipe=recipe, fields=fields, joint=joint, decode=decode)
 
 

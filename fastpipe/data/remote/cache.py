@@ -123,7 +123,9 @@ class _Pins:
 
     def release(self, path: str) -> None:
         with self._lock:
-            held = self._held[path]
+            held = self._held.get(path)
+            if held is None:  # held in the process this one was forked from
+                return
             held[1] -= 1
             if held[1]:
                 return
@@ -254,6 +256,15 @@ class ShardCache:
         finally:
             for e in taken:
                 _PINS.release(e.lock)
+
+    def hold(self, url: str, check: Check | None = None) -> str:
+        """The local file of ``url`` (downloaded where needed), kept from eviction until
+        :meth:`release` in this process (a pack read for as long as its dataset lives)."""
+        return self._ensure(url, check, None).data
+
+    def release(self, url: str) -> None:
+        """Ends one :meth:`hold` of ``url`` in this process."""
+        _PINS.release(self.entry(url).lock)
 
     def holds(self, url: str) -> bool:
         """Whether the cache holds ``url`` whole and valid now (no download, no wait)."""

@@ -13,6 +13,7 @@ import contextlib
 import glob as globbing
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -24,6 +25,12 @@ from fastpipe.data.remote.prefetch import Prefetch
 from fastpipe.data.remote.urls import expand_braces, is_url, redact
 
 __all__ = ["RemoteFiles", "in_threads", "is_remote"]
+
+
+def _release(cache: ShardCache, pid: int, urls: list[str]) -> None:
+    if os.getpid() == pid:
+        for url in urls:
+            cache.release(url)
 
 T = TypeVar("T")
 
@@ -60,13 +67,14 @@ def in_threads(call: Callable[[T, threading.Event], Any], items: Sequence[T],
 
 
 class RemoteFiles:
-    """Remote objects (``infos``: their URLs, sizes and ETags, in order) read through the cache
-    of ``options`` (see the module)."""
+    """Remote objects read through the cache of ``options`` (see the module): ``infos``, in
+    order, each an :class:`ObjectInfo` (URL, size, ETag) or a URL whose size and ETag are asked
+    for when it is first read (the files a list names, too many to ask for up front)."""
 
-    def __init__(self, infos: Sequence[ObjectInfo], options: RemoteOptions) -> None:
-        self.infos = list(infos)
+    def __init__(self, infos: Sequence[ObjectInfo | str], options: RemoteOptions) -> None:
+        self.infos: list[ObjectInfo | None] = [None if isinstance(i, str) else i for i in infos]
         self.options = options
-        self.urls = [i.url for i in self.infos]
+        self.urls = [i if isinstance(i, str) else i.url for i in infos]
 
     @classmethod
     def listed(cls, spec: str | Sequence[str], options: RemoteOptions,
@@ -111,7 +119,7 @@ class RemoteFiles:
         state = self.__dict__.get("_cache")
         if state is None or state[0] != os.getpid():
             cache = ShardCache(self.options)
-            cache.learn(self.infos)
+            cache.learn(i for i in self.infos if i is not None)
             state = self.__dict__["_cache"] = (os.getpid(), cache)
         return state[1]
 
@@ -127,9 +135,10 @@ class RemoteFiles:
         """How many of the objects to download at once: ``options.downloads``, at most as many
         as the cache holds (several of the largest)."""
         limit = self.options.cache_limit
-        if limit is None or not self.infos:
+        sizes = [i.size for i in self.infos if i is not None]
+        if limit is None or not sizes:
             return self.options.downloads
-        largest = max(1, max(i.size for i in self.infos))
+        largest = max(1, max(sizes))
         return max(1, min(self.options.downloads, limit // largest))
 
     def names(self) -> list[str]:
@@ -152,13 +161,34 @@ class RemoteFiles:
     def digest(self, h: Any) -> None:
         """Adds what identifies the objects (URLs without credentials, sizes, ETags) to
         ``h``."""
-        for i in self.infos:
-            h.update(f"{redact(i.url)}\0{i.size}\0{i.etag}\1".encode())
+        for url, i in zip(self.urls, self.infos):
+            known = "" if i is None else f"{i.size}\0{i.etag}"
+            h.update(f"{redact(url)}\0{known}\1".encode())
+
+    def keep(self, k: int, check: Check | None = None) -> str:
+        """The local file of object ``k`` (downloaded where needed, ``check``-ed when it is),
+        kept from eviction as long as this object lives: in this process, and in those it is
+        sent to (a spawned worker downloads it again where the cache lost it)."""
+        path = self.cache.hold(self.urls[k], check)
+        kept = self.__dict__.setdefault("_kept", {})
+        kept[k] = check
+        holding = self.__dict__.get("_holding")
+        if holding is None or holding[0] != os.getpid():
+            holding = self.__dict__["_holding"] = (os.getpid(), [])
+            weakref.finalize(self, _release, self.cache, os.getpid(), holding[1])
+        holding[1].append(self.urls[k])
+        return path
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_cache", None)
+        state.pop("_holding", None)
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        for k, check in list(state.get("_kept", {}).items()):
+            self.keep(k, check)
 
     def __repr__(self) -> str:
         first = redact(self.urls[0]) if self.urls else ""

@@ -25,7 +25,8 @@ from fastpipe.data.remote.options import RemoteOptions
 from fastpipe.data.remote.retry import Cancelled, attempt
 from fastpipe.data.remote.urls import protocol, redact
 
-__all__ = ["EXTRAS", "ObjectInfo", "filesystem", "info", "list_objects", "read_range"]
+__all__ = ["EXTRAS", "ObjectInfo", "children", "filesystem", "head", "info", "list_objects",
+           "read_range"]
 
 # protocol -> (module the backend is, pip name, fastpipe's extra)
 EXTRAS = {
@@ -199,7 +200,8 @@ def info(url: str, options: RemoteOptions, stop: threading.Event | None = None) 
     fs, path = filesystem(url, options)
     found = attempt(lambda: _run(fs, "info", path, options=options, stop=stop), url,
                     "asking for its size", options, stop)
-    if found.get("type") == "directory":
+    if found.get("type") == "directory" or (  # an HTTP server's index page of a folder
+            found.get("size") is None and str(found.get("url", "")).endswith("/")):
         raise IsADirectoryError(f"{redact(url)} is a folder, not an object")
     return _object_info(url, found)
 
@@ -233,3 +235,35 @@ def list_objects(url: str, options: RemoteOptions, *, glob: bool = False
         else:
             out[object_url] = _object_info(object_url, entry)
     return out
+
+
+def children(url: str, options: RemoteOptions) -> tuple[dict[str, ObjectInfo | None], list[str]]:
+    """One level under the folder ``url``: its objects (URL -> info, None where the listing
+    gives no size) and its sub-folders (URLs ending in ``/``), each sorted; nothing where
+    ``url`` names no folder."""
+    fs, path = filesystem(url, options)
+    try:
+        found = attempt(lambda: _run(fs, "ls", path, detail=True, options=options), url,
+                        "listing what it holds", options)
+    except (FileNotFoundError, NotADirectoryError):
+        return {}, []
+    objects: dict[str, ObjectInfo | None] = {}
+    folders = []
+    for entry in found:
+        name = entry["name"]
+        entry_url = name if "://" in name else fs.unstrip_protocol(name)
+        if entry.get("type") == "directory":
+            folders.append(entry_url.rstrip("/") + "/")
+        elif entry.get("size") is not None:
+            objects[entry_url] = _object_info(entry_url, entry)
+        else:
+            objects[entry_url] = None
+    return dict(sorted(objects.items())), sorted(set(folders))
+
+
+def head(url: str, size: int, options: RemoteOptions) -> bytes:
+    """The first ``size`` bytes of the object ``url`` (fewer where it is shorter; retried)."""
+    found = info(url, options)
+    end = min(size, found.size)
+    return attempt(lambda: read_range(url, 0, end, options) if end else b"", url,
+                   "reading its first bytes", options)

@@ -5,6 +5,9 @@ they are, and its label.
 Paths live in one byte buffer plus offsets and the labels in an int64 array, not Python lists, so
 DataLoader workers do not copy them page by page as reference counts change (pytorch#13246), and
 a million files cost their names' bytes, not a Python object each.
+
+A tree or a list file in object storage (a URL; ``remote=`` says how it is read) is read through
+the node's cache, file by file (fastpipe.data.remote); the paths are then URLs.
 """
 
 from __future__ import annotations
@@ -18,8 +21,15 @@ from typing import Any
 import numpy as np
 
 from fastpipe.data.format import fields as F
+from fastpipe.data.remote.files import RemoteFiles
+from fastpipe.data.remote.options import RemoteOptions
+from fastpipe.data.remote.urls import is_url, join, parent, redact
 from fastpipe.data.sources._base import Schema, Source
-from fastpipe.data.sources.listing import IMG_EXTENSIONS, list_image_folder
+from fastpipe.data.sources.listing import (
+    IMG_EXTENSIONS,
+    list_image_folder,
+    list_remote_image_folder,
+)
 
 __all__ = ["FolderSource", "ListSource", "PathTable", "read_file"]
 
@@ -77,24 +87,30 @@ class _Files(Source):
 
     files: PathTable
     labels_array: np.ndarray
+    remote: RemoteFiles | None = None  # the files' objects, for a tree or list behind a URL
 
     def _read(self, index: int, names: Sequence[str]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for name in names:
             if name == IMAGE:
-                path = self.files[index]
-                try:
-                    data = read_file(path)
-                except FileNotFoundError:
-                    raise FileNotFoundError(f"{path} ({self.where}, sample {index}) does not "
-                                            "exist") from None
-                out[name] = np.frombuffer(data, np.uint8)
+                out[name] = np.frombuffer(self._bytes(index), np.uint8)
             else:
                 out[name] = self.labels_array[index]
         return out
 
+    def _bytes(self, index: int) -> bytes:
+        if self.remote is not None:
+            with self.remote.pinned([index]) as (local,):
+                return read_file(local)
+        path = self.files[index]
+        try:
+            return read_file(path)
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{path} ({self.where}, sample {index}) does not "
+                                    "exist") from None
+
     def describe(self, index: int) -> str:
-        return self.files[index]
+        return self.files[index] if self.remote is None else redact(self.files[index])
 
     def paths(self, start: int, stop: int) -> list[str]:
         """The files of samples ``[start, stop)``, relative to the root."""
@@ -111,15 +127,28 @@ class FolderSource(_Files):
     every fastpipe loader."""
 
     def __init__(self, root: str | os.PathLike,
-                 extensions: Iterable[str] = IMG_EXTENSIONS) -> None:
-        self.root = Path(root)
-        self.where = str(self.root)
+                 extensions: Iterable[str] = IMG_EXTENSIONS,
+                 remote: RemoteOptions | None = None) -> None:
         extensions = tuple(e.lower() if e.startswith(".") else "." + e.lower() for e in extensions)
-        if not self.root.is_dir():
-            raise FileNotFoundError(
-                f"ImageFolder root {str(self.root)!r} is not a folder; pass the folder that holds "
-                "one sub-folder per class")
-        classes, paths, labels = list_image_folder(self.root, extensions)
+        if is_url(root):
+            self.root = str(root).rstrip("/") + "/"
+            self.where = redact(self.root)
+            options = RemoteOptions.of(remote)
+            classes, paths, labels, infos = list_remote_image_folder(self.root, extensions,
+                                                                     options)
+            if not classes:
+                raise FileNotFoundError(
+                    f"ImageFolder root {self.where!r} holds no class folders (or does not "
+                    "exist); expected root/<class>/<image> (e.g. root/cat/001.jpg)")
+            self.remote = RemoteFiles(infos, options)
+        else:
+            self.root = Path(root)
+            self.where = str(self.root)
+            if not self.root.is_dir():
+                raise FileNotFoundError(
+                    f"ImageFolder root {str(self.root)!r} is not a folder; pass the folder that "
+                    "holds one sub-folder per class")
+            classes, paths, labels = list_image_folder(self.root, extensions)
         if not classes:
             raise FileNotFoundError(
                 f"ImageFolder root {str(self.root)!r} has no class sub-folders; expected "
@@ -138,7 +167,7 @@ class FolderSource(_Files):
 
     def fingerprint(self) -> str:
         """The root, the files and their labels (as ImageFolder hashed them)."""
-        digest = hashlib.sha256(os.fsencode(self.root))
+        digest = hashlib.sha256(os.fsencode(self.root if self.remote is None else self.where))
         self.files.digest(digest)
         digest.update(self.labels_array.tobytes())
         return digest.hexdigest()[:16]
@@ -151,13 +180,22 @@ class ListSource(_Files):
     line has one or none does (all -1). Relative paths are relative to ``root``, or to the list
     file's folder."""
 
-    def __init__(self, path: str | os.PathLike, root: str | os.PathLike | None = None) -> None:
-        self.path = Path(path)
-        self.where = str(self.path)
-        names, raw = parse_list(self.path)
+    def __init__(self, path: str | os.PathLike, root: str | os.PathLike | None = None,
+                 remote: RemoteOptions | None = None) -> None:
+        listed = None
+        if is_url(path):  # the list itself read through the cache; its files are URLs
+            listed = RemoteFiles.listed(str(path), RemoteOptions.of(remote), (), "list file")
+            self.path = str(path)
+            self.where = redact(self.path)
+            with listed.pinned([0]) as (local,):
+                names, raw = parse_list(Path(local), self.where)
+        else:
+            self.path = Path(path)
+            self.where = str(self.path)
+            names, raw = parse_list(self.path)
         given = [lab for lab in raw if lab is not None]
         if given and len(given) != len(raw):
-            raise ValueError(f"{self.path}: some lines have a label and some do not; give every "
+            raise ValueError(f"{self.where}: some lines have a label and some do not; give every "
                              "line a label or none")
         classes: list[str] = []
         if not given:
@@ -165,14 +203,21 @@ class ListSource(_Files):
         elif all(_is_int(lab) for lab in given):
             labels = np.asarray([int(lab) for lab in given], np.int64)
             if (bad := np.flatnonzero(labels < NO_LABEL)).size:
-                raise ValueError(f"{self.path}: sample {int(bad[0])} has label "
+                raise ValueError(f"{self.where}: sample {int(bad[0])} has label "
                                  f"{int(labels[bad[0]])}; {LABEL_RANGE}")
         else:
             classes = sorted(set(given))
             index = {name: k for k, name in enumerate(classes)}
             labels = np.asarray([index[lab] for lab in given], np.int64)
-        base = Path(root) if root is not None else self.path.parent
-        self.files = PathTable(base, names)  # absolute names stay absolute (os.path.join)
+        if listed is not None or is_url(root):
+            base = str(root) if root is not None else parent(self.path)
+            urls = [join(base, name) for name in names]
+            self.files = PathTable("", urls)
+            self.remote = RemoteFiles(urls, listed.options if listed else RemoteOptions.of(
+                remote))
+        else:
+            base = Path(root) if root is not None else self.path.parent
+            self.files = PathTable(base, names)  # absolute names stay absolute (os.path.join)
         self.labels_array = labels
         self.count = len(names)
         self.classes = classes
@@ -181,7 +226,8 @@ class ListSource(_Files):
                              {LABEL: classes})
 
     def fingerprint(self) -> str:
-        digest = hashlib.sha256(os.fsencode(os.path.abspath(self.path)))
+        where = self.where if self.remote is not None else os.path.abspath(self.path)
+        digest = hashlib.sha256(os.fsencode(where))
         self.files.digest(digest)
         digest.update(self.labels_array.tobytes())
         return digest.hexdigest()[:16]
@@ -190,15 +236,17 @@ class ListSource(_Files):
 COLUMNS_HEADER = "#fields:"
 
 
-def parse_list(path: Path) -> tuple[list[str], list[str | None]]:
-    """The paths and raw labels (None where a line has none) of a list file."""
+def parse_list(path: Path, where: str | None = None) -> tuple[list[str], list[str | None]]:
+    """The paths and raw labels (None where a line has none) of a list file (named ``where`` in
+    messages, its path by default)."""
     names: list[str] = []
     labels: list[str | None] = []
+    shown = where or path
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             line = line.strip()
             if line.startswith(COLUMNS_HEADER):
-                raise ValueError(f"{path}:{number}: a '{COLUMNS_HEADER}' list names columns of "
+                raise ValueError(f"{shown}:{number}: a '{COLUMNS_HEADER}' list names columns of "
                                  "several files per sample: read it as records (fastpipe pack "
                                  "packs it; fastpipe.data.sources.resolve opens it)")
             if not line or line.startswith("#"):
@@ -206,11 +254,11 @@ def parse_list(path: Path) -> tuple[list[str], list[str | None]]:
             parts = line.rsplit("\t", 1) if "\t" in line else line.rsplit(None, 1)
             parts = [p.strip() for p in parts]
             if not parts[0]:
-                raise ValueError(f"{path}:{number}: empty path")
+                raise ValueError(f"{shown}:{number}: empty path")
             names.append(parts[0])
             labels.append(parts[1] if len(parts) == 2 else None)
     if not names:
-        raise ValueError(f"{path} lists no files (expected 'path [label]' per line)")
+        raise ValueError(f"{shown} lists no files (expected 'path [label]' per line)")
     return names, labels
 
 

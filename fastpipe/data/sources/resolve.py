@@ -3,7 +3,8 @@ datasets' readers, ``image_loader``, DALI's readers, the profiler, ``pack`` and 
 line).
 
 Decided from what is there, never from a name alone: an HDF5 or LMDB file by its first bytes, a
-folder by what it holds, a text file by its lines.
+folder by what it holds, a text file by its lines. A URL is answered the same way, from its
+store (fastpipe.data.sources.cached).
 """
 
 from __future__ import annotations
@@ -25,10 +26,18 @@ __all__ = ["KINDS", "kind_of", "resolve"]
 KINDS = ("hdf5", "lmdb", "tar", "parquet", "folder", "images", "arrays", "list", "columns")
 
 
-def kind_of(path: str | os.PathLike) -> str:
+def kind_of(path: str | os.PathLike, remote: Any = None) -> str:
     """The kind of source ``path`` names (one of :data:`KINDS`), or FileNotFoundError /
-    ValueError saying what it is not."""
-    text = os.fspath(path)
+    ValueError saying what it is not. A URL is asked of its store (``remote``: a
+    :class:`~fastpipe.data.RemoteOptions`; fastpipe.data.sources.cached)."""
+    from fastpipe.data.remote.urls import is_url, local_path_of
+
+    if is_url(path):
+        from fastpipe.data.remote.options import RemoteOptions
+        from fastpipe.data.sources.cached import kind_of_url
+
+        return kind_of_url(str(path), RemoteOptions.of(remote))
+    text = os.fspath(local_path_of(path))
     path = Path(text)
     if not path.exists():
         if glob.has_magic(text) and (found := glob.glob(text, recursive=True)):
@@ -101,20 +110,29 @@ def _list_kind(path: Path) -> str:
     raise ValueError(f"{path} lists no files (expected 'path [label]' per line)")
 
 
-def resolve(source: Any, *, fields: Mapping[str, Any] | Sequence[str] | None = None) -> Source:
+def resolve(source: Any, *, fields: Mapping[str, Any] | Sequence[str] | None = None,
+            remote: Any = None) -> Source:
     """``source`` as a :class:`~fastpipe.data.sources._base.Source`: a source as it is; a path
-    (see :func:`kind_of`); a list of tar shards; or a map-style dataset (a Hugging Face dataset
-    included). ``fields`` picks the fields of a file's records (an HDF5 file's datasets), or
-    declares those of a dataset's."""
+    or a URL (see :func:`kind_of`; ``remote``: how URLs are read); a list of tar shards; or a
+    map-style dataset (a Hugging Face dataset included). ``fields`` picks the fields of a file's
+    records (an HDF5 file's datasets), or declares those of a dataset's."""
+    from fastpipe.data.remote.urls import is_url
+
     if isinstance(source, Source):
         return source
+    if is_url(source):
+        from fastpipe.data.remote.options import RemoteOptions
+        from fastpipe.data.sources.cached import open_url
+
+        names = fields if fields is None or isinstance(fields, Sequence) else list(fields)
+        return open_url(source, kind_of(source, remote), names, RemoteOptions.of(remote))
     if isinstance(source, (str, os.PathLike)):
         return _open(source, kind_of(source), fields)
     if isinstance(source, (list, tuple)) and source and all(
             isinstance(p, (str, os.PathLike)) for p in source):
         from fastpipe.data.sources.tar import TarSource
 
-        return TarSource(source, fields)
+        return TarSource(source, fields, remote)
     if hasattr(source, "__getitem__") and hasattr(source, "__len__"):
         from fastpipe.data.sources.dataset import DatasetSource
 
