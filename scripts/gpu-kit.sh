@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # fastpipe's GPU kit in one command, for a CUDA machine without network access (docs/gpu.md).
 #
-#   bash scripts/gpu-kit.sh [RESULTS_DIR] [--quick] [--no-build]
+#   bash scripts/gpu-kit.sh [RESULTS_DIR] [--quick] [--no-build] [--gpu-decode]
 #
 # Run from the repository root, in an environment with a CUDA build of torch, nvcc of the same
 # CUDA major version, setuptools and pytest. When the bundle of ../shared/gpu-offline/prepare.sh
 # is there (.gpu/whl/*.whl, .gpu/deb/*.deb: the small wheels such machines lack, libjpeg-turbo's
-# headers), it is installed into /tmp/fp-site and /tmp/fp-jpeg first, without network.
+# headers), it is installed into /tmp/fp-site and /tmp/fp-jpeg first, without network; so are
+# nvImageCodec and nvJPEG from .gpu-nvimg/*.whl (the same script bundles them there), which GPU
+# decode (decode="gpu") needs.
 #
 # RESULTS_DIR (default gpu-results) receives two files, rewritten after every step, so that a run
 # cut short still returns what it did: summary.txt (one line per step: ok, failed (exit code),
@@ -26,17 +28,21 @@
 # Every step has its own time limit, and the whole kit a deadline of KIT_SECONDS (default 570,
 # for a machine lent 10 minutes per command): a step gets at most the time left, the bench the
 # time left after the steps before it, the CPU checks (last) what remains. --quick runs the lane
-# only (no bench, no CPU checks); --no-build uses the installed fastpipe. Without a GPU the CUDA
+# only (no bench, no CPU checks); --no-build uses the installed fastpipe; --gpu-decode narrows the
+# lane to GPU decode's tests (tests/cuda/test_gpu_decode.py) and the bench to its rows beside the
+# fast CPU path, DALI and DataLoader (dataloader,fast-cpu,gpu-decode,gpu-decode-4,dali), for a
+# run that checks GPU decode alone (docs/gpu.md, "GPU decode"). Without a GPU the CUDA
 # steps (build, lane, bench) report "no GPU" and the kit still runs to the end (exit 0): that is
 # what the CPU test of the kit checks (tests/cuda/test_gpu_kit.py). The exit code is the first
 # failed step's.
 set -uo pipefail
 
-out=gpu-results; quick=0; build=1
+out=gpu-results; quick=0; build=1; gpu_decode=0
 for arg in "$@"; do
   case $arg in
     --quick) quick=1 ;;
     --no-build) build=0 ;;
+    --gpu-decode) gpu_decode=1 ;;
     -*) echo "gpu-kit.sh: unknown option $arg" >&2; exit 2 ;;
     *) out=$arg ;;
   esac
@@ -106,6 +112,14 @@ if ls .gpu/whl/*.whl > /dev/null 2>&1; then
 else
   skipped bundle "no offline bundle (.gpu/whl) here"
 fi
+# nvImageCodec and nvJPEG for GPU decode, when the bundle has them (part of the bundle step's log).
+if ls .gpu-nvimg/*.whl > /dev/null 2>&1; then
+  mkdir -p /tmp/fp-site
+  "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/fp-site \
+    .gpu-nvimg/*.whl >> "$logs/bundle.log" 2>&1 || echo "nvImageCodec bundle: install failed" \
+    >> "$logs/bundle.log"
+  [[ ":${PYTHONPATH:-}:" == *":/tmp/fp-site:"* ]] || export PYTHONPATH=/tmp/fp-site${PYTHONPATH:+:$PYTHONPATH}
+fi
 if ls .gpu/deb/*.deb > /dev/null 2>&1; then
   mkdir -p /tmp/fp-jpeg
   for deb in .gpu/deb/*.deb; do dpkg -x "$deb" /tmp/fp-jpeg; done
@@ -152,9 +166,11 @@ step doctor 60 - bash -c "'$py' -m fastpipe doctor --json > '$logs/doctor.json' 
 if [[ -z $archs ]]; then
   no_gpu cuda-lane
 else
+  lane=tests/cuda
+  [[ $gpu_decode == 1 ]] && lane=tests/cuda/test_gpu_decode.py
   step cuda-lane 240 cuda-lane.log env FASTPIPE_REQUIRE_CUDA=1 FASTPIPE_REQUIRE_EXTENSION=1 \
-    "$py" -m pytest -m cuda -p no:cacheprovider -rA -v --junitxml="$logs/cuda-lane.xml" \
-    tests/cuda
+    "$py" -m pytest -m cuda -p no:cacheprovider -rA -v -s --junitxml="$logs/cuda-lane.xml" \
+    $lane
 fi
 
 if [[ $quick == 1 ]]; then
@@ -169,9 +185,11 @@ else
   if (( limit < 120 )); then
     skipped bench "$(left) s left of the kit's ${KIT_SECONDS:-570} s; the bench needs 150"
   else
+    rows=()
+    [[ $gpu_decode == 1 ]] && rows=(--variants dataloader,fast-cpu,gpu-decode,gpu-decode-4,dali)
     # shellcheck disable=SC2086 # KIT_BENCH_ARGS holds several options
     step bench "$limit" bench.log "$py" -m fastpipe bench --device cuda --no-progress \
-      --save "$logs/bench.json" --budget $((limit - 90)) ${KIT_BENCH_ARGS:-}
+      --save "$logs/bench.json" --budget $((limit - 90)) ${rows[@]+"${rows[@]}"} ${KIT_BENCH_ARGS:-}
   fi
 fi
 
@@ -180,7 +198,7 @@ if [[ $quick == 1 ]]; then
 else
   step cpu-checks "${KIT_CPU_CHECKS_SECONDS:-300}" cpu-checks.log "$py" -m pytest \
     -p no:cacheprovider -q -ra tests/ops/test_cuda_build.py tests/ops/test_cuda_fast_path.py \
-    tests/ops/test_cuda_archs.py
+    tests/ops/test_cuda_archs.py tests/ops/test_resize.py
 fi
 
 echo

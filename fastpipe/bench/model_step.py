@@ -159,9 +159,43 @@ def _build_dali_gpu(config: BenchConfig) -> Any:
                       crop_decode=False)
 
 
+# The CPU cores GPU decode's second row gives its workers: the issue's goal is that GPU decode
+# with 4 cores feeds 90% of what the CPU path feeds with all of them.
+GPU_DECODE_FEW_WORKERS = 4
+GPU_DECODE_KEYS = ("gpu-decode", "gpu-decode-4")
+
+
+def _build_gpu_decode(config: BenchConfig, workers: int | None = None) -> Any:
+    """The fast CPU path with decode='gpu': the workers read bytes and draw crops, the
+    DataPrefetcher decodes, resizes and flips on the GPU with nvImageCodec. Skipped where
+    nvImageCodec is missing or cannot load nvJPEG: the row would time CPU decodes under the GPU
+    decode's name."""
+    from fastpipe._constants import IMAGENET_MEAN, IMAGENET_STD
+    from fastpipe._doctor import nvjpeg_state
+    from fastpipe.data import ImageFolder, fast_collate
+    from fastpipe.gpu_decode import GpuDecode, available_backends
+    from fastpipe.loader import DataLoaderX
+    from fastpipe.prefetch import DataPrefetcher
+
+    problem = available_backends()["nvimgcodec"]
+    if problem is not None:
+        raise Skip(f"nvImageCodec: {problem}")
+    nvjpeg = nvjpeg_state()
+    if nvjpeg["loads"] is False:
+        raise Skip(nvjpeg["problem"])
+    num_workers = config.num_workers if workers is None else min(workers, config.num_workers)
+    dataset = ImageFolder(str(config.root), train=True, size=config.size, decode="gpu")
+    loader = DataLoaderX(dataset, collate_fn=fast_collate, batch_size=config.batch_size,
+                         shuffle=True, num_workers=num_workers,
+                         persistent_workers=num_workers > 0, pin_memory=True)
+    return DataPrefetcher(loader, device="cuda", mean=IMAGENET_MEAN, std=IMAGENET_STD,
+                          gpu_decode=GpuDecode(backend="nvimgcodec"))
+
+
 def model_variants(device: torch.device) -> list[Variant]:
     """The loaders of the suite (the factory ``fastpipe.image_loader`` among them) for
-    ``device``: DALI decodes on the GPU on CUDA."""
+    ``device``: on CUDA, DALI decodes on the GPU, and the two rows of GPU decode (nvImageCodec
+    in DataPrefetcher: every worker, and 4) come after the fast CPU path."""
     chosen = []
     for variant in VARIANTS:
         if variant.key == "dali" and device.type == "cuda":
@@ -169,6 +203,17 @@ def model_variants(device: torch.device) -> list[Variant]:
                               "fastpipe.dali.DALILoader(device='cuda', crop_decode=False): "
                               "nvJPEG decode and augmentation on the GPU", _build_dali_gpu)
         chosen.append(variant)
+        if variant.key == "fast-cpu" and device.type == "cuda":
+            chosen.append(Variant(
+                "gpu-decode", "GPU decode (nvImageCodec)",
+                "fastpipe.data.ImageFolder(decode='gpu') + fast_collate, DataLoaderX + "
+                "DataPrefetcher: the workers read bytes and draw crops, nvImageCodec decodes "
+                "and fastpipe's kernel resizes on the GPU", _build_gpu_decode))
+            chosen.append(Variant(
+                "gpu-decode-4", f"GPU decode (nvImageCodec), {GPU_DECODE_FEW_WORKERS} workers",
+                f"the same with {GPU_DECODE_FEW_WORKERS} workers (or fewer if fewer are asked): "
+                "what GPU decode feeds from a few cores",
+                lambda config: _build_gpu_decode(config, GPU_DECODE_FEW_WORKERS)))
     return chosen
 
 
@@ -312,6 +357,9 @@ def run_model_bench(
                          f"warmup={warmup}")
     known = {v.key: v for v in model_variants(device)}
     chosen = list(variants) if variants is not None else list(known)
+    if device.type != "cuda" and any(k in GPU_DECODE_KEYS for k in chosen):
+        raise ValueError("the GPU decode rows (gpu-decode, gpu-decode-4) decode on a CUDA GPU: "
+                         "run them with --device cuda on a machine with one")
     unknown = [k for k in chosen if k not in known]
     if unknown or not chosen:
         raise ValueError(f"unknown variant(s) {unknown}; choose from {', '.join(known)}")

@@ -86,8 +86,8 @@ class GpuDecoder:
         count = len(plans)
         on_gpu = [i for i in range(count) if plans[i][9] == ROUTE_GPU]
         fallback = {i: "only the CPU path decodes it as the CPU path does (a CMYK or YCCK "
-                       "JPEG, or a header only PIL reads)" for i in range(count)
-                    if plans[i][9] != ROUTE_GPU}
+                       "JPEG, one cut short or with bytes after its end, or a header only PIL "
+                       "reads)" for i in range(count) if plans[i][9] != ROUTE_GPU}
         requests, resize_rows = [], []
         for i in on_gpu:
             region, row = _region_and_plan(plans[i], recipe)

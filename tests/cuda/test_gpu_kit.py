@@ -115,3 +115,17 @@ def test_the_whole_kit_runs_to_the_end_on_the_cpu(tmp_path):
     steps = _summary(out)
     assert steps["cpu-checks"].startswith("ok") and steps["bench"].startswith("no GPU")
     assert " passed" in (logs / "cpu-checks.log").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_gpu_decode_kit_runs_to_the_end_on_the_cpu(tmp_path):
+    """--gpu-decode narrows the lane and the bench to GPU decode; here it still runs to the
+    end and says no GPU."""
+    out = tmp_path / "results"
+    done = _kit(out, "--quick", "--gpu-decode", timeout=290)
+    assert done.returncode == 0, done.stdout + done.stderr
+    steps = _summary(out)
+    assert list(steps) == STEPS and steps["cuda-lane"].startswith("no GPU")
+    text = KIT.read_text()
+    assert "tests/cuda/test_gpu_decode.py" in text and "gpu-decode,gpu-decode-4" in text

@@ -22,7 +22,7 @@ from fastpipe.data.decode.budget import (
     _bytes_of,
     _check_pixels,
 )
-from fastpipe.data.decode.image import _JPEG_MAGIC, ImageDecoder, _jpeg_size
+from fastpipe.data.decode.image import _JPEG_END, _JPEG_MAGIC, ImageDecoder, _jpeg_size
 from fastpipe.data.sampling.seeds import reseeded
 
 __all__ = ["PLAN_FIELDS", "ROUTE_CPU", "ROUTE_GPU", "gpu_plan"]
@@ -30,7 +30,8 @@ __all__ = ["PLAN_FIELDS", "ROUTE_CPU", "ROUTE_GPU", "gpu_plan"]
 # A plan: the image's full size, the crop box in full-size pixels, the size the whole image is
 # resized to first (0, 0 in train, where the box is resized to the output size), the flip, and
 # where it decodes: ROUTE_GPU, or ROUTE_CPU for images only the CPU path decodes as the CPU path
-# does (CMYK and YCCK JPEGs, whose colours PIL converts).
+# does (CMYK and YCCK JPEGs, whose colours PIL converts; JPEGs that do not end with their
+# end-of-image marker, which it decodes strictly).
 PLAN_FIELDS = ("height", "width", "top", "left", "box_height", "box_width", "resize_height",
                "resize_width", "flip", "route")
 ROUTE_GPU = 0
@@ -49,6 +50,10 @@ def gpu_plan(decoder: ImageDecoder, data: ImageBytes, source: str,
         size = _header_size(data, source)
         if bytes(data[:3]) == _JPEG_MAGIC:
             route = ROUTE_CPU  # CMYK/YCCK, or a header only PIL reads: the CPU path's decode
+    elif bytes(data[-2:]) != _JPEG_END:
+        # Truncated, or bytes after the image: the CPU path decodes these strictly (a truncated
+        # file is an error for every crop), where a GPU decoder might pad it without a word.
+        route = ROUTE_CPU
     height, width = size
     _check_pixels(height, width, source)
     uniforms = draw_uniforms(reseeded(seed)) if decoder.recipe.train else None

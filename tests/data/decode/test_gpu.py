@@ -53,3 +53,13 @@ def test_what_the_cpu_path_refuses_is_refused_in_the_worker(monkeypatch):
     monkeypatch.setattr(budget, "MAX_IMAGE_PIXELS", 100)
     with pytest.raises(ImageTooLargeError, match="big.png"):
         gpu_plan(decoder, encode(_image(20, 20), "PNG"), "big.png", 1)
+
+
+def test_jpegs_cut_short_or_with_bytes_after_their_end_go_to_the_cpu_decoder():
+    """The CPU path decodes them strictly (a truncated JPEG is an error for every crop); a GPU
+    decoder might pad one without a word."""
+    decoder = ImageDecoder(recipe=Recipe(train=True, size=32))
+    data = encode(_image(60, 80), "JPEG")
+    assert gpu_plan(decoder, data, "whole.jpg", 1)[1][-1] == ROUTE_GPU
+    assert gpu_plan(decoder, data[:len(data) // 2], "cut.jpg", 1)[1][-1] == ROUTE_CPU
+    assert gpu_plan(decoder, data + b"trailing", "appended.jpg", 1)[1][-1] == ROUTE_CPU
