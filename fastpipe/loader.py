@@ -20,6 +20,7 @@ from fastpipe._background import BackgroundIterator, deferred_interrupt
 from fastpipe._compat import shutdown_dataloader_workers
 from fastpipe._seed import order_seed
 from fastpipe._threads import thread_batches
+from fastpipe.data.collate import arena
 from fastpipe.data.collate.batch import fast_collate
 from fastpipe.data.sampling.resume import (
     STATE_VERSION,
@@ -31,6 +32,7 @@ from fastpipe.data.sampling.resume import (
 )
 from fastpipe.data.sampling.sampler import RandomSampler, SequentialSampler, _ResumableSampler
 from fastpipe.data.sampling.skip import (
+    Outcome,
     SkippingCollate,
     SkippingDataset,
     SkipRecord,
@@ -174,10 +176,11 @@ class DataLoaderX(DataLoader):
             )
         else:
             # Ctrl-C is held back while the workers start (see deferred_interrupt), then raised.
-            with deferred_interrupt(), self._skipping_fetch(skipping):
+            with deferred_interrupt(), self._arena_fetch(), self._skipping_fetch(skipping):
                 base = super().__iter__()
         epoch = BackgroundIterator(
-            _batches(base, shut_down_workers=not self.persistent_workers),
+            _batches(base, shut_down_workers=not self.persistent_workers,
+                     arenas=self.worker_method == "process" and self.num_workers > 0),
             prefetch_depth=self.prefetch_depth,
             name="fastpipe-DataLoaderX",
         )
@@ -219,6 +222,28 @@ class DataLoaderX(DataLoader):
             yield
         finally:
             self.__dict__["dataset"], self.__dict__["collate_fn"] = own
+
+    @contextlib.contextmanager
+    def _arena_fetch(self) -> Iterator[None]:
+        """While DataLoader's iterator is built (and its worker processes with it): an arena per
+        worker (fastpipe.data.collate.arena), which each worker attaches to when it starts and
+        its batches cross through. Persistent workers keep theirs."""
+        if (self.num_workers == 0 or not arena.available()
+                or (self.persistent_workers and getattr(self, "_iterator", None) is not None)):
+            yield
+            return
+        try:
+            arenas = arena.ArenaSet(self.num_workers)
+        except OSError:  # no memfd here (a sandbox's filter, the descriptor limit): as before
+            yield
+            return
+        own = self.__dict__["collate_fn"], self.__dict__["worker_init_fn"]
+        self.__dict__["collate_fn"] = arena.ArenaCollate(own[0])
+        self.__dict__["worker_init_fn"] = arena.ArenaWorkerInit(arenas, own[1])
+        try:
+            yield
+        finally:
+            self.__dict__["collate_fn"], self.__dict__["worker_init_fn"] = own
 
     def close(self) -> None:
         """Stops the background thread of the current epoch, if one is running. (Persistent
@@ -392,9 +417,16 @@ def _warn_if_rebuilt_by_accelerate() -> None:
         )
 
 
-def _batches(base: Iterator[Any], shut_down_workers: bool) -> Iterator[Any]:
+def _batches(base: Iterator[Any], shut_down_workers: bool, arenas: bool) -> Iterator[Any]:
     try:
-        yield from base
+        if not arenas:
+            yield from base
+            return
+        for batch in base:  # the workers' batches come as references into their arenas
+            if isinstance(batch, Outcome):
+                yield Outcome(arena.materialize(batch.batch), batch.skipped)
+            else:
+                yield arena.materialize(batch)
     finally:
         # Without this, workers live on until the base iterator is garbage collected; when an
         # exception's traceback puts it in a reference cycle, that is a gc pass later, and torch's

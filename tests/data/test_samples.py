@@ -68,8 +68,9 @@ def test_a_failing_worker_stops_the_others_and_names_its_error(tmp_path, monkeyp
     monkeypatch.setattr(sys, "executable", str(fake))
     root = tmp_path / "images"
     root.mkdir()
+    before = set(psutil.Process().children())  # servers other tests of the session keep
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="exited with 3: disk full"):
         samples._generate(root, 8, 2, 0, 90, processes=2)
     assert time.monotonic() - started < 30
-    assert psutil.Process().children() == [], "a worker outlived the failure"
+    assert set(psutil.Process().children()) <= before, "a worker outlived the failure"

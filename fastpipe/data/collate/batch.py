@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import sys
 import threading
@@ -13,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from fastpipe.data.collate.arena import MADV_POPULATE_WRITE, madvise, worker_arena
 from fastpipe.data.collate.encoded import EncodedImage, collate_encoded
 from fastpipe.data.collate.records import (
     Memory,
@@ -43,31 +43,15 @@ def _empty_shared(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return out
 
 
-_MADV_POPULATE_WRITE = 23  # Linux >= 5.14
-_PAGE = mmap.PAGESIZE
-_madvise = None
-
-
 def _populate(tensor: torch.Tensor) -> None:
     """Maps all pages of a fresh shared-memory tensor in one ``madvise(MADV_POPULATE_WRITE)``
     call instead of one page fault per 4 KiB page while the batch is written (the collate's time
     is in docs/cpu-path.md, "Batches"). Best effort: other systems just fault as usual."""
-    global _madvise
     if not sys.platform.startswith("linux") or tensor.numel() == 0:
         return
-    if _madvise is None:
-        try:
-            madvise = ctypes.CDLL(None, use_errno=True).madvise
-        except (OSError, AttributeError):
-            madvise = False
-        else:
-            madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-            madvise.restype = ctypes.c_int
-        _madvise = madvise
-    if _madvise:
-        start = tensor.data_ptr() & ~(_PAGE - 1)
-        end = tensor.data_ptr() + tensor.numel() * tensor.element_size()
-        _madvise(start, end - start, _MADV_POPULATE_WRITE)  # EINVAL on older kernels: ignored
+    start = tensor.data_ptr() & ~(mmap.PAGESIZE - 1)
+    end = tensor.data_ptr() + tensor.numel() * tensor.element_size()
+    madvise(start, end - start, MADV_POPULATE_WRITE)
 
 
 class _KeptBatches:
@@ -193,8 +177,9 @@ _KEPT = Memory(lambda shape, dtype: _kept.empty(shape, dtype), lambda tensor: Tr
 
 
 def _memory(pin_memory: bool) -> Memory:
-    """Where a batch's tensors go: pinned memory (asked for, in the main process), shared memory
-    (in a DataLoader worker), or memory kept from earlier batches (in this process)."""
+    """Where a batch's tensors go: pinned memory (asked for, in the main process), the worker's
+    arena or shared memory (in a DataLoader worker), or memory kept from earlier batches (in this
+    process)."""
     in_worker = torch.utils.data.get_worker_info() is not None
     if pin_memory and in_worker:
         raise ValueError(
@@ -211,8 +196,25 @@ def _memory(pin_memory: bool) -> Memory:
     if pin_memory:
         return _PINNED
     if in_worker:
-        return _SHARED
+        arena = worker_arena()
+        return _SHARED if arena is None else _arena_memory(arena)
     return _KEPT
+
+
+_ARENA_MEMORY: tuple[Any, Memory] | None = None
+
+
+def _arena_memory(arena: Any) -> Memory:
+    """A worker's batches in its arena (fastpipe.data.collate.arena), in shared memory where the
+    arena has no room."""
+    global _ARENA_MEMORY
+    if _ARENA_MEMORY is None or _ARENA_MEMORY[0] is not arena:
+        def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+            tensor = arena.empty(shape, dtype)
+            return tensor if tensor is not None else _empty_shared(shape, dtype)
+
+        _ARENA_MEMORY = (arena, Memory(empty, lambda t: arena.holds(t) or t.is_shared()))
+    return _ARENA_MEMORY[1]
 
 
 def _labels_tensor(labels: list[Any]) -> torch.Tensor:

@@ -130,7 +130,9 @@ class Outcome:
             return self
         import torch
 
-        pinned = tree_map_only(torch.Tensor, lambda t: t.pin_memory(), self.batch)
+        from fastpipe.data.collate.arena import ArenaRef
+
+        pinned = tree_map_only((torch.Tensor, ArenaRef), lambda t: t.pin_memory(), self.batch)
         return Outcome(pinned, self.skipped)
 
 
