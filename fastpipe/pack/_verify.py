@@ -96,7 +96,7 @@ def missing_parts(path: Path) -> tuple[str | None, list[Path]]:
     # The folder named is the one that is missing, wherever the merge put the parts: a pack's
     # own <pack>.shards, or the .shards folders of the packs merge_packs combined.
     fix = ("put it back at that path (the pack reads its part files where it recorded them, "
-           f"relative to the pack's own folder), or pack the source again with merge='copy' for "
+           "relative to the pack's own folder), or pack the source again with merge='copy' for "
            "one self-contained file")
     if gone:
         more = f" (and {len(gone) - 1} more folders)" if len(gone) > 1 else ""
