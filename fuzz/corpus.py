@@ -1,5 +1,6 @@
 """Writes the seed corpus: a JPEG of every layout the decoders accept, a PNG of every kind
-(plain, interlaced, seekable), and the shared findings.
+(plain, interlaced, seekable), WebDataset tar shards of every tar format, and the shared
+findings.
 
 4:2:0, 4:2:2, 4:4:4 (PIL), 4:4:0, 4:1:1, 4:1:0, 4:4:1 and 3x1 (tests/jpeg/sampling_encoder.c),
 greyscale, RGB-coded (Adobe), CMYK, progressive, arithmetic-coded and restart-marked (jpegtran),
@@ -175,6 +176,38 @@ def png_seeds() -> dict[str, bytes]:
     return out
 
 
+def tar_seeds(images: list[bytes]) -> dict[str, bytes]:
+    """WebDataset shards of a few samples each (an image member, a class, a caption, raw bytes),
+    in each format tarfile writes (GNU with long names, POSIX pax, ustar with a name prefix),
+    one of them ending without its end-of-archive blocks: the tar_shard target's seeds."""
+    import tarfile
+
+    def shard(format: int, prefix: str, members: int, end: bool = True) -> bytes:
+        out = io.BytesIO()
+        with tarfile.open(fileobj=out, mode="w", format=format) as tar:
+            for i in range(members):
+                key = f"{prefix}{i:06d}"
+                for ext, body in (("png" if images[i % len(images)][:1] == b"\x89" else "jpg",
+                                   images[i % len(images)]),
+                                  ("cls", str(i % 3).encode()),
+                                  ("txt", f"sample {i} \u00e9t\u00e9".encode()),
+                                  ("bin", bytes(range(i, i + 37)))):
+                    info = tarfile.TarInfo(f"{key}.{ext}")
+                    info.size, info.mtime, info.mode = len(body), 1_700_000_000, 0o644
+                    tar.addfile(info, io.BytesIO(body))
+            members_end = tar.offset
+        return out.getvalue() if end else out.getvalue()[:members_end]
+
+    long_prefix = "a-folder-name-long-enough-that-the-member-names-pass-the-100-bytes-of-a-header/"
+    return {
+        "tar-gnu": shard(tarfile.GNU_FORMAT, "", 4),
+        "tar-gnu-long": shard(tarfile.GNU_FORMAT, long_prefix + "x" * 30 + "/", 3),
+        "tar-pax": shard(tarfile.PAX_FORMAT, "pax/", 3),
+        "tar-ustar": shard(tarfile.USTAR_FORMAT, long_prefix, 3),
+        "tar-unended": shard(tarfile.GNU_FORMAT, "", 2, end=False),
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
@@ -188,8 +221,14 @@ def main(argv: list[str] | None = None) -> None:
     for name, data in seeds(args.jpegtran).items():
         (args.out / f"{name}.jpg").write_bytes(data)
         written += 1
-    for name, data in png_seeds().items():
+    pngs = png_seeds()
+    for name, data in pngs.items():
         (args.out / f"{name}.png").write_bytes(data)
+        written += 1
+    small = sorted((d for d in pngs.values() if len(d) < 600), key=len)[:3]
+    small += [_pil(_image(9, 11, 3), quality=90)]
+    for name, data in tar_seeds(small).items():
+        (args.out / f"{name}.tar").write_bytes(data)
         written += 1
     for folder in args.extra:
         for path in sorted(folder.glob("*")):

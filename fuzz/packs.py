@@ -11,8 +11,11 @@ replaced by the mutated input), then opens it, reads every sample and runs ``ver
 What a damaged pack may give: :class:`~fastpipe.data.PackFormatError` (at open or at a read),
 :class:`~fastpipe.data.CorruptImageError` (a sample that does not decode) or
 :class:`~fastpipe.data.format.fields.FieldError`. A finding is any other exception, ``verify``
-raising or reporting an ``unexpected`` error, or samples read without an error that differ from the
-pristine pack's while ``verify`` calls the pack sound (silently wrong data).
+raising or reporting an ``unexpected`` error, samples read without an error that differ from the
+pristine pack's while ``verify`` calls the pack sound (silently wrong data), or metadata that
+reads other than the pristine pack's while ``verify`` calls the pack sound without noting its
+metadata unchecked (the metadata's checksum, which every pack written now carries, catches an
+edit; with the checksum's own key removed, verify says the metadata is unchecked).
 """
 
 from __future__ import annotations
@@ -90,6 +93,7 @@ class Workspace:
         atexit.register(shutil.rmtree, self.root, ignore_errors=True)
         self.pristine: dict[str, Path] = {}
         self.expected: dict[str, list[Any]] = {}
+        self.meta: dict[str, dict[str, Any]] = {}
         self._make(seeds)
 
     def _make(self, seeds: list[bytes]) -> None:
@@ -116,6 +120,7 @@ class Workspace:
             pack(source, path, progress=False, **options)
             self.pristine[name] = path
             self.expected[name] = read_all(path)
+            self.meta[name] = _meta(path)
 
     def copy(self, name: str, into: Path) -> Path:
         if into.exists():
@@ -163,6 +168,17 @@ def _stored(ds, i: int) -> Any:
         return bytes(np.asarray(data)), int(label)
     image, label = ds[i]
     return np.asarray(image).tobytes(), int(label)
+
+
+def _meta(path: Path) -> dict[str, Any] | None:
+    """The pack's checked metadata, or None where it does not read."""
+    from fastpipe.data import PackFormatError
+    from fastpipe.pack._write import read_meta
+
+    try:
+        return read_meta(path)
+    except (PackFormatError, OSError):
+        return None
 
 
 def read_all(path: Path) -> list[Any]:
@@ -446,6 +462,10 @@ def _run(name: str, damage: Callable[[Path, bytes, np.random.Generator], str], d
     if read is not None and _payload(read) != _payload(_workspace.expected[name]) and report.ok:
         raise Finding(f"{name}, {what}: the damaged pack reads other samples than the pristine "
                       "one, and verify calls it sound")
+    meta = _meta(path)
+    if meta is not None and meta != _workspace.meta[name] and report.ok and not report.notes:
+        raise Finding(f"{name}, {what}: the metadata reads other than the pristine pack's, and "
+                      "verify calls it sound without a note that it is unchecked")
 
 
 def _payload(samples: list[Any]) -> list[Any]:

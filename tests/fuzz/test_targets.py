@@ -1,0 +1,123 @@
+"""The fuzz lane's Python targets (fuzz/images.py, fuzz/sources.py): they find nothing on fixed
+argument seeds (what the lane's bounded run draws at random), and each finds the defect it is
+there for when one is planted (a target that cannot fail checks nothing)."""
+
+from __future__ import annotations
+
+import io
+import zlib
+
+import numpy as np
+import pytest
+
+pytest.importorskip("h5py", exc_type=ImportError)
+
+from fuzz import KnownIssue, images, sources  # noqa: E402
+from fuzz.corpus import png_seeds, tar_seeds  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def pngs() -> list[bytes]:
+    return [data for name, data in sorted(png_seeds().items())
+            if not name.startswith("seekable")][::3]
+
+
+@pytest.fixture(scope="module")
+def tars(pngs) -> list[bytes]:
+    return list(tar_seeds(pngs[:3]).values())
+
+
+def _run(function, inputs: list[bytes], seeds: range) -> list[str]:
+    findings = []
+    for call_seed in seeds:
+        data = inputs[call_seed % len(inputs)]
+        try:
+            function(data, np.random.default_rng(call_seed))
+        except KnownIssue:
+            pass  # listed in docs/fuzzing.md, counted by the driver
+        except (images.Finding, sources.Finding) as exc:
+            findings.append(f"seed {call_seed}: {exc}")
+    return findings
+
+
+def test_the_png_paths_find_nothing_on_the_seeds(pngs):
+    assert not _run(images.png_paths, pngs, range(len(pngs)))
+
+
+def test_the_source_targets_find_nothing_on_fixed_seeds(tars, pngs):
+    assert not _run(sources.tar_shard, tars, range(30))
+    assert not _run(sources.hdf5_plain, pngs, range(30))
+
+
+def _damaged(png: bytes) -> bytes:
+    """``png`` with a byte of its first IDAT's data changed (its CRC no longer matching)."""
+    data = bytearray(png)
+    data[data.index(b"IDAT") + 8] ^= 0x01
+    return bytes(data)
+
+
+def test_the_png_paths_find_pillow_asked_behind_a_damage_verdict(monkeypatch):
+    """The old fallback (Pillow decoding what fastpipe._png called damaged) is a finding."""
+    pytest.importorskip("fastpipe._png")
+    from PIL import Image
+
+    from fastpipe.data.decode import png
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(buffer, format="PNG")
+    raw = b"".join(b"\0" + bytes(48) for _ in range(16)) + bytes(64)
+    stored = zlib.compress(raw, 0)  # Pillow stops after the last row: it decodes the damage
+    good = buffer.getvalue()
+    start = good.index(b"IDAT") - 4
+    end = good.index(b"IEND") - 4
+    good = (good[:start] + len(stored).to_bytes(4, "big") + b"IDAT" + stored
+            + zlib.crc32(b"IDAT" + stored).to_bytes(4, "big") + good[end:])
+    damaged = bytearray(good)
+    damaged[start + 8 + 2 + 5 + 20] ^= 0x01
+    images.png_paths(good, np.random.default_rng(0))
+    images.png_paths(bytes(damaged), np.random.default_rng(0))  # refused: nothing to find
+
+    def old(data, source, header, rows, seekable=False):
+        try:
+            return png._decode_native(data, header, rows, seekable), None
+        except ValueError as exc:
+            return None, exc
+
+    monkeypatch.setattr(png, "_judged", old)
+    with pytest.raises(images.Finding, match="calls the file damaged"):
+        images.png_paths(bytes(damaged), np.random.default_rng(0))
+
+
+def test_the_tar_target_finds_another_members_bytes(tars, monkeypatch):
+    from fastpipe.data.sources import tar
+
+    scan = tar._scan
+
+    def swapped(shard, name=None):
+        """Samples 0 and 1 read each other's members (a field's bytes of the other sample)."""
+        index = scan(shard, name)
+        first, second = (np.flatnonzero(index["sample"] == k) for k in (0, 1))
+        if len(first) == len(second) and len(first):
+            for key in ("offset", "size"):
+                index[key][first], index[key][second] = (index[key][second].copy(),
+                                                          index[key][first].copy())
+        return index
+
+    monkeypatch.setattr(tar, "_scan", swapped)
+    with pytest.raises(sources.Finding, match="differs from tarfile's bytes|tarfile's is"):
+        for call_seed in range(30):  # a draw that scans afresh
+            sources.tar_shard(tars[0], np.random.default_rng(call_seed))
+
+
+def test_the_hdf5_target_finds_rows_that_differ_from_h5pys(monkeypatch):
+    from fastpipe.data.sources.h5 import H5Source
+
+    read = H5Source._read_batch
+
+    def off_by_one(self, indices, names, blocks):
+        return read(self, np.minimum(np.asarray(indices) + 1, len(self) - 1), names, blocks)
+
+    monkeypatch.setattr(H5Source, "_read_batch", off_by_one)
+    with pytest.raises(sources.Finding, match="differs from h5py's rows"):
+        for call_seed in range(30):
+            sources.hdf5_plain(bytes(range(256)), np.random.default_rng(call_seed))
