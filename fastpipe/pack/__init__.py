@@ -8,7 +8,7 @@ version as the current one, :func:`verify` checks one. The readers are
 ``lmdb`` for LMDB output), imported when a function runs, not with this package.
 """
 
-from fastpipe.pack._errors import CorruptInputError, PackError
+from fastpipe.pack._errors import CorruptInputError, PackError, SourceError
 from fastpipe.pack._merge import merge_packs, upgrade
 from fastpipe.pack._options import PackOptions
 from fastpipe.pack._pack import pack
@@ -20,6 +20,7 @@ __all__ = [
     "PackError",
     "PackOptions",
     "PackReport",
+    "SourceError",
     "VerifyReport",
     "merge_packs",
     "pack",
