@@ -152,6 +152,10 @@ class RecordDataset(PerSample, Dataset):
                 dtype = _torch_dtype(np.dtype(f.stored_dtype))
                 if dtype is not None:
                     self._blocks[name] = dtype
+        # Every field a block and nothing done per sample (no images, no transform): a batch's
+        # samples are the blocks' rows as they are.
+        self._rows_only = (not self._pair and joint is None and bool(self._names)
+                           and all(n in self._blocks for n in self._names))
         # Written with transcode=True: its PNGs are fastpipe's seekable rewrites, whose index
         # a crop may follow (fastpipe/pack/_transcode.py); never for a file of unknown origin.
         options = source.meta.get("options")
@@ -242,6 +246,13 @@ class RecordDataset(PerSample, Dataset):
                   for name, dtype in self._blocks.items()}
         records = self.source.read_batch(checked, {n: b.numpy() for n, b in blocks.items()},
                                          self._names)
+        if self._rows_only and not self._needs_fork():
+            columns = [block.unbind(0) for block in blocks.values()]
+            out = (list(zip(*columns)) if self._as_tuple
+                   else [dict(zip(blocks, row)) for row in zip(*columns)])
+            key = {n: self._names.index(n) if self._as_tuple else n for n in blocks}
+            return Rows(out, {key[n]: block for n, block in blocks.items()},
+                        {key[n]: column for n, column in zip(blocks, columns, strict=True)})
         rows = {}
         for name, block in blocks.items():
             rows[name] = block.unbind(0)  # one call for every row's view

@@ -199,3 +199,30 @@ def test_a_pack_rewritten_with_compression_still_reads(array_pack, bytes_pack, t
     for i in range(0, len(original), 5):
         assert torch.equal(gz[i][0], original[i][0]) and gz[i][1] == original[i][1]
     assert verify(rewritten).ok
+
+
+def test_a_batch_of_array_records_is_the_samples_one_by_one(tmp_path):
+    from fastpipe.data import fast_collate
+
+    path = tmp_path / "plain.h5"
+    rng = np.random.default_rng(0)
+    with h5py.File(path, "w") as f:
+        f["x"] = rng.standard_normal((30, 3, 5)).astype(np.float32)
+        f["y"] = rng.integers(0, 9, (30, 2)).astype(np.int16)
+    indices = [7, 0, 29, 3, 3]
+    # Tuples in the order asked (fields=[...]); dicts of every field otherwise.
+    for ds, keys in ((H5Dataset(path, fields=["y", "x"]), [0, 1]),
+                     (H5Dataset(path), ["x", "y"])):
+        for transform in (None, lambda r: (r[0], r[1] * 2) if isinstance(r, tuple)
+                          else {**r, "x": r["x"] * 2}):
+            ds.transform = transform
+            batch = ds.__getitems__(indices)
+            one_by_one = [ds[i] for i in indices]
+            assert all(type(got) is type(want) for got, want in zip(batch, one_by_one,
+                                                                      strict=True))
+            for got, want in zip(batch, one_by_one, strict=True):
+                assert all(torch.equal(got[k], want[k]) and got[k].dtype == want[k].dtype
+                           for k in keys)
+            collated = fast_collate(batch)
+            for k in keys:
+                assert torch.equal(collated[k], torch.stack([s[k] for s in one_by_one]))
