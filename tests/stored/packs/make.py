@@ -5,10 +5,13 @@ rows, the labels, the checksums, the source paths), and ``datasets.json``, what 
 ``H5Dataset``/``LMDBDataset`` said of each pack (length, classes, targets, fields, sources).
 
 Kept for provenance: the packs are committed, and tests/data/sources/test_stored_packs.py reads them
-with today's reader and compares with ``expected.npz``. Running this again with a later fastpipe
-writes that version's format, which is not what the test guards.
+with today's reader and compares with ``expected.npz``. It runs against the fastpipe of commit
+01183b3 only (its imports are that commit's modules, which later commits moved or removed; a later
+fastpipe writes its own format, which is not what the test guards):
 
-    python tests/stored/packs/make.py tests/stored/packs
+    git worktree add /tmp/fastpipe-01183b3 01183b3
+    (cd /tmp/fastpipe-01183b3 && pip install --no-build-isolation -e . &&
+     python /path/to/tests/stored/packs/make.py OUT)
 """
 
 from __future__ import annotations
@@ -21,11 +24,11 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from fastpipe.data._format import open_pack
 from PIL import Image
 
 import fastpipe.pack as fp
-from fastpipe.data.format import fields as F
-from fastpipe.data.format.layout import open_pack
+from fastpipe.data import fields as F  # 01183b3's modules (see above)
 
 N = 6  # samples per pack: two shards of 3 for the merges
 
