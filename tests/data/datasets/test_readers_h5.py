@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
 
 from fastpipe._cli import main  # noqa: E402
 from fastpipe.data import H5Dataset, ImageDecoder, PackFormatError  # noqa: E402
+from fastpipe.data.format import layout as fmt  # noqa: E402
 from fastpipe.pack import pack, verify  # noqa: E402
 from tests.helpers.pack import ArrayDataset, flip_byte, hflip  # noqa: E402
 
@@ -189,8 +190,10 @@ def test_a_pack_rewritten_with_compression_still_reads(array_pack, bytes_pack, t
                 return
             options = {"compression": "gzip", "chunks": True} if key == "image" else {}
             data = ds[()]
-            if key == "_fastpipe/meta":  # every sample copied in: no part files any more
-                data = json.dumps(dict(json.loads(data), merge="copy", parts=None))
+            if key == "_fastpipe/meta":  # every sample copied in: no part files any more,
+                # and the metadata sealed again (verify checks it against its checksum)
+                data = fmt.meta_json(fmt.sealed(dict(json.loads(data), merge="copy",
+                                                     parts=None)))
             dst.create_dataset(key, data=data, dtype=ds.dtype, **options)
 
         src.visititems(copy)
