@@ -434,10 +434,10 @@ class DataPrefetcher(LoaderAttributes):
         results = [decoder.decode(get_at(batch, path), stream, on_error) for path in paths]
         self._record_decode_skips([s for result in results for s in result.skipped])
         keep: list[int] | None = None
-        for result in results:
+        for result in results:  # rows every encoded entry kept (several image fields: all)
             if result.kept is not None:
-                keep = [i for i in (keep if keep is not None else range(count))
-                        if i in set(result.kept)]
+                kept = set(result.kept)
+                keep = [i for i in (keep if keep is not None else range(count)) if i in kept]
         if keep is not None and not keep:
             return _NOTHING
         for path, result in zip(paths, results):
