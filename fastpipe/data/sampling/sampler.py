@@ -166,11 +166,10 @@ class _ResumableSampler:
     def _prefetch_shards(self, order: list[int], start: int) -> None:
         """Tells a dataset whose shards stream through a cache (its, or its source's,
         ``prefetch(shards)``: remote tar shards and Parquet files) the shards this iteration
-        reads, in the order it first needs them, so that they are fetched ahead in that order;
-        the previous iteration's prefetch is stopped first."""
-        previous = self.__dict__.pop("_prefetch", None)
-        if previous is not None:
-            previous.close()
+        reads, in the order it first needs them, so that they are fetched ahead in that order
+        until every index of the iteration is handed out; the previous iteration's prefetch is
+        stopped first."""
+        self._stop_prefetch()
         dataset = self.data_source  # type: ignore[attr-defined]
         prefetch = next((getattr(o, "prefetch", None) for o in (dataset, getattr(
             dataset, "source", None)) if callable(getattr(o, "prefetch", None))), None)
@@ -185,6 +184,11 @@ class _ResumableSampler:
         handle = prefetch(shard_sequence(order[start:], shard_starts(sizes)))
         if handle is not None:
             self.__dict__["_prefetch"] = handle
+
+    def _stop_prefetch(self) -> None:
+        previous = self.__dict__.pop("_prefetch", None)
+        if previous is not None:
+            previous.close()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -204,6 +208,10 @@ class _ResumableSampler:
         finally:
             if self._live is live:
                 self._live = None
+            # Every index is handed out: what is left of the epoch the readers fetch on demand.
+            # Stopped here, before the next epoch's DataLoader forks its workers, so that no
+            # process is forked while these download threads are in a request.
+            self._stop_prefetch()
         # Only an iteration run to its end moves on (an abandoned one restarts its epoch, as
         # torch's DistributedSampler does), and only if set_epoch did not move it meanwhile.
         if self.epoch == epoch and self._start == start:

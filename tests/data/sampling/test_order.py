@@ -204,11 +204,12 @@ def test_samplers_tell_the_dataset_the_shards_in_the_order_they_are_first_needed
     sampler = DistributedSampler(dataset, world_size=2, rank=1, seed=3, window=2)
     share = [int(i) for i in sampler]
     assert dataset.asked == [list(dict.fromkeys(_shard_of(share).tolist()))]
+    assert dataset.handles[0].closed  # every index handed out: the rest is fetched on demand
     it = iter(sampler)  # epoch 1; stopped after 5 indices, its state saved
     for _ in range(5):
         next(it)
     state = sampler.state_dict()
-    assert dataset.handles[0].closed and not dataset.handles[1].closed
+    assert not dataset.handles[1].closed
     clone = pickle.loads(pickle.dumps(sampler))  # the prefetch stays with this process
     assert "_prefetch" not in clone.__dict__
     resumed = DistributedSampler(dataset, world_size=2, rank=1, seed=3, window=2)
