@@ -8,11 +8,11 @@ fixed-shape arrays, read at memory speed) that page traffic is most of the cost.
 Here each worker gets an *arena*: a memory file (``memfd``) the training process creates before
 the workers start, mapped by both, its pages allocated once and reused. A worker allocates its
 batch blocks there (:func:`fastpipe.data.collate.batch.batch_empty` and fast_collate's outputs),
-and the batch crosses to the training process as :class:`ArenaRef` s (where the tensor lies in
-the arena, its shape and dtype) instead of tensors. DataLoaderX turns them back into tensors over
-its own mapping of the arena; when every tensor over an allocation is gone, it tells the worker
-through a pipe, and the worker reuses the memory. Nothing a batch holds is ever written to before
-it is released: a batch the training loop keeps stays as it was.
+and the batch crosses to the training process as an :class:`ArenaBatch` of :class:`ArenaRef` s
+(where each tensor lies in the arena, its shape and dtype) instead of tensors. DataLoaderX turns
+them back into tensors over its own mapping of the arena; when every tensor over an allocation is
+gone, it tells the worker through a pipe, and the worker reuses the memory. Nothing a batch holds is
+ever written to before it is released: a batch the training loop keeps stays as it was.
 
 What an arena cannot take (it is full: the training loop holds more batches than it has room for;
 a tensor of a type numpy lacks) goes through shared memory as before. An arena's pages are taken
@@ -42,8 +42,8 @@ import torch
 
 from fastpipe._compat import tree_map_only
 
-__all__ = ["ArenaCollate", "ArenaRef", "ArenaSet", "ArenaWorkerInit", "materialize",
-           "worker_arena"]
+__all__ = ["ArenaBatch", "ArenaCollate", "ArenaRef", "ArenaSet", "ArenaWorkerInit",
+           "materialize", "worker_arena"]
 
 # Address space per worker, not memory: pages are taken as batches are written.
 CAPACITY = 2 << 30
@@ -109,7 +109,7 @@ def _tensor(array: np.ndarray, dtype: torch.dtype, size: tuple[int, ...],
 class ArenaRef:
     """A tensor a worker wrote in its arena, as it crosses to the training process."""
 
-    arena: tuple[int, int]  # (ArenaSet key, worker)
+    arena: tuple[tuple[int, int], int]  # (the ArenaSet's key, the worker)
     offset: int  # the allocation's, in the arena
     nbytes: int
     dtype: torch.dtype
@@ -117,10 +117,32 @@ class ArenaRef:
     stride: tuple[int, ...]
     storage_offset: int
 
-    def pin_memory(self, device: Any = None) -> torch.Tensor:
-        """DataLoader's pinning thread meets the reference before DataLoaderX does."""
-        tensor = materialize(self)
-        return tensor.pin_memory() if device is None else tensor.pin_memory(device)
+
+class ArenaBatch:
+    """A worker's batch whose tensors in its arena are :class:`ArenaRef` s. The training process
+    turns it back into the batch all at once (:func:`materialize`), so that the tensors over one
+    allocation share one lease: released when the last of them is gone, never before."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch: Any) -> None:
+        self.batch = batch
+
+    def pin_memory(self, device: Any = None) -> Any:
+        """DataLoader's pinning thread meets the batch before DataLoaderX does."""
+        from torch.utils.data._utils.pin_memory import pin_memory
+
+        return pin_memory(materialize(self), device)
+
+
+@dataclass
+class _Block:
+    """One allocation of a worker's arena."""
+
+    nbytes: int
+    sent_in: int = -1  # the batch it crossed in (-1: not sent)
+    worker_done: bool = False  # the worker's arrays over it are gone
+    released: bool = False  # the training process's are
 
 
 class _Worker:
@@ -133,8 +155,8 @@ class _Worker:
         self.view = np.frombuffer(self.mapping, np.uint8)
         self.address = self.view.ctypes.data
         self.free: list[tuple[int, int]] = [(0, capacity)]  # (start, end), sorted, merged
-        # offset -> [size, sent, the worker's arrays gone, released by the training process]
-        self.live: dict[int, list[Any]] = {}
+        self.live: dict[int, _Block] = {}  # by offset
+        self.batch = 0  # the serial of the batch being sent
         self.touched = 0  # pages below are populated
         self.largest = 0
         # A finalizer can run in any thread, and in this one while it allocates.
@@ -159,23 +181,28 @@ class _Worker:
         with self.lock:
             return self._allocation_of(tensor) is not None
 
-    def reference(self, tensor: torch.Tensor, key: tuple[int, int]) -> ArenaRef | None:
-        """The tensor as a reference, its allocation now the training process's to release."""
+    def reference(self, tensor: torch.Tensor, key: tuple[tuple[int, int], int]
+                  ) -> ArenaRef | None:
+        """The tensor as a reference, its allocation now the training process's to release
+        (other tensors of the same batch may refer to it too)."""
         with self.lock:
-            offset = self._allocation_of(tensor)
+            offset = self._allocation_of(tensor, self.batch)
             if offset is None:
                 return None
-            entry = self.live[offset]
-            entry[1] = True
-        return ArenaRef(key, offset, entry[0], tensor.dtype, tuple(tensor.shape),
+            block = self.live[offset]
+            block.sent_in = self.batch
+        return ArenaRef(key, offset, block.nbytes, tensor.dtype, tuple(tensor.shape),
                         tuple(tensor.stride()), tensor.storage_offset())
 
-    def _allocation_of(self, tensor: torch.Tensor) -> int | None:  # with the lock held
+    def _allocation_of(self, tensor: torch.Tensor, batch: int = -2) -> int | None:
+        """The allocation ``tensor`` lies in, if not sent in an earlier batch (lock held)."""
         if tensor.device.type != "cpu":
             return None
         offset = tensor.untyped_storage().data_ptr() - self.address
-        entry = self.live.get(offset)
-        return offset if entry is not None and not entry[1] else None
+        block = self.live.get(offset)
+        if block is None or block.sent_in not in (-1, batch):
+            return None
+        return offset
 
     def _allocate(self, nbytes: int) -> int | None:
         with self.lock:
@@ -189,7 +216,7 @@ class _Worker:
                 del self.free[k]
             else:
                 self.free[k] = (start + size, end)
-            self.live[start] = [nbytes, False, False, False]
+            self.live[start] = _Block(nbytes)
             self.largest = max(self.largest, size)
             if start + size > self.touched:  # populate fresh pages in one call, not a fault each
                 first = max(start, self.touched)
@@ -199,31 +226,29 @@ class _Worker:
 
     def _worker_done(self, offset: int) -> None:
         with self.lock:
-            entry = self.live.get(offset)
-            if entry is not None:
-                entry[2] = True
-                if not entry[1] or entry[3]:
+            block = self.live.get(offset)
+            if block is not None:
+                block.worker_done = True
+                if block.sent_in == -1 or block.released:
                     self._release(offset)
 
     def _drain(self) -> None:
         while True:
             try:
                 data = os.read(self.release_fd, _RELEASE.size * 512)
-            except BlockingIOError:
-                return
-            except OSError:
+            except OSError:  # nothing to read (BlockingIOError), or the pipe is gone
                 return
             if not data:
                 return
             for (offset,) in _RELEASE.iter_unpack(data):
-                entry = self.live.get(offset)
-                if entry is not None:
-                    entry[3] = True
-                    if entry[2]:
+                block = self.live.get(offset)
+                if block is not None and block.sent_in != -1:
+                    block.released = True
+                    if block.worker_done:
                         self._release(offset)
 
     def _release(self, offset: int) -> None:
-        size = -(-self.live.pop(offset)[0] // _ALIGN) * _ALIGN
+        size = -(-self.live.pop(offset).nbytes // _ALIGN) * _ALIGN
         start, end = offset, offset + size
         k = bisect.bisect_left(self.free, (start, end))
         if k > 0 and self.free[k - 1][1] == start:
@@ -363,8 +388,8 @@ class ArenaWorkerInit:
 
 
 class ArenaCollate:
-    """The collate_fn DataLoaderX gives a DataLoader: the user's, then every tensor it returns
-    that lies in the worker's arena as an :class:`ArenaRef`."""
+    """The collate_fn DataLoaderX gives a DataLoader: the user's, then, when tensors it returns lie
+    in the worker's arena, the batch as an :class:`ArenaBatch` of references."""
 
     def __init__(self, collate_fn: Callable[[Any], Any]) -> None:
         self.collate_fn = collate_fn
@@ -374,13 +399,26 @@ class ArenaCollate:
         if _WORKER is None:
             return out
         arena, key = _WORKER
-        return tree_map_only(torch.Tensor, lambda t: arena.reference(t, key) or t, out)
+        arena.batch += 1
+        sent = []
+
+        def reference(tensor: torch.Tensor) -> Any:
+            ref = arena.reference(tensor, key)
+            if ref is None:
+                return tensor
+            sent.append(ref)
+            return ref
+
+        out = tree_map_only(torch.Tensor, reference, out)
+        return ArenaBatch(out) if sent else out
 
 
 def materialize(batch: Any) -> Any:
-    """In the training process: every :class:`ArenaRef` of ``batch`` as a tensor over this
-    process's mapping of the arena (the tensors of one allocation share one lease)."""
-    leases: dict[tuple[tuple[int, int], int], np.ndarray] = {}
+    """In the training process: an :class:`ArenaBatch` as the batch, each reference a tensor over
+    this process's mapping of the arena; anything else as it is."""
+    if not isinstance(batch, ArenaBatch):
+        return batch
+    leases: dict[tuple[tuple[tuple[int, int], int], int], np.ndarray] = {}
 
     def tensor(ref: ArenaRef) -> torch.Tensor:
         found = leases.get((ref.arena, ref.offset))
@@ -392,6 +430,4 @@ def materialize(batch: Any) -> Any:
             found = leases[(ref.arena, ref.offset)] = arenas.mains[ref.arena[1]].array(ref)
         return _tensor(found, ref.dtype, ref.size, ref.stride, ref.storage_offset)
 
-    if isinstance(batch, ArenaRef):
-        return tensor(batch)
-    return tree_map_only(ArenaRef, tensor, batch)
+    return tree_map_only(ArenaRef, tensor, batch.batch)

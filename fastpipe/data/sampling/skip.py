@@ -130,9 +130,11 @@ class Outcome:
             return self
         import torch
 
-        from fastpipe.data.collate.arena import ArenaRef
+        from fastpipe.data.collate.arena import ArenaBatch
 
-        pinned = tree_map_only((torch.Tensor, ArenaRef), lambda t: t.pin_memory(), self.batch)
+        if isinstance(self.batch, ArenaBatch):  # a worker's batch in its arena
+            return Outcome(self.batch.pin_memory(device), self.skipped)
+        pinned = tree_map_only(torch.Tensor, lambda t: t.pin_memory(), self.batch)
         return Outcome(pinned, self.skipped)
 
 

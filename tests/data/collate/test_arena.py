@@ -66,7 +66,8 @@ def refs(monkeypatch):
     real = arena.materialize
 
     def recording(batch):
-        torch.utils._pytree.tree_map_only(arena.ArenaRef, seen.append, batch)
+        if isinstance(batch, arena.ArenaBatch):
+            torch.utils._pytree.tree_map_only(arena.ArenaRef, seen.append, batch.batch)
         return real(batch)
 
     monkeypatch.setattr(arena, "materialize", recording)
@@ -174,28 +175,52 @@ def _in_process_worker(monkeypatch, capacity: int):
     """This process playing a worker of a one-worker ArenaSet."""
     arenas = arena.ArenaSet(1, capacity=capacity)
     monkeypatch.setattr(arena, "_WORKER", None)
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
     arenas.attach(0)
     worker, key = arena._WORKER
     return arenas, worker, key
 
 
-def test_the_pinning_thread_pins_references_as_tensors(monkeypatch):
+def test_the_pinning_thread_pins_the_batch_as_tensors(monkeypatch):
     from torch.utils.data._utils.pin_memory import pin_memory
 
     from fastpipe.data.sampling.skip import Outcome
 
     arenas, worker, key = _in_process_worker(monkeypatch, 16 * arena._ALIGN)
-    block = worker.empty((2, 3), torch.int32)
-    block.copy_(torch.arange(6, dtype=torch.int32).view(2, 3))
-    ref = worker.reference(block, key)
+    collate = arena.ArenaCollate(lambda samples: fast_collate(samples))
+    want = [torch.arange(6, dtype=torch.int32).view(2, 3) + k for k in range(2)]
     pinned = []  # recording stand-in: pinning needs CUDA
     monkeypatch.setattr(torch.Tensor, "pin_memory",
                         lambda self, *a: pinned.append(self) or self.clone())
-    plain = pin_memory((ref, 1))  # DataLoader's pinning thread
-    outcome = Outcome({"x": ref}, []).pin_memory()  # with on_error="skip"
-    for got in (plain[0], outcome.batch["x"]):
-        assert torch.equal(got, torch.arange(6, dtype=torch.int32).view(2, 3))
-    assert len(pinned) == 2
+    for wrap in (lambda b: b, lambda b: Outcome(b, [])):  # on_error="raise" and "skip"
+        batch = collate([{"x": w, "y": w[0]} for w in want])
+        assert isinstance(batch, arena.ArenaBatch)
+        got = pin_memory(wrap(batch))  # DataLoader's pinning thread
+        got = got.batch if isinstance(got, Outcome) else got
+        assert torch.equal(got["x"], torch.stack(want)) and torch.equal(
+            got["y"], torch.stack([w[0] for w in want]))
+    assert len(pinned) == 4
+
+
+def test_tensors_of_one_allocation_in_a_batch_share_their_release(monkeypatch):
+    arenas, worker, key = _in_process_worker(monkeypatch, 16 * arena._ALIGN)
+    collate = arena.ArenaCollate(lambda samples: (lambda b: (b["x"], b["x"][1:]))(
+        fast_collate(samples)))
+    batch = collate([{"x": torch.full((1000,), k, dtype=torch.float32)} for k in range(3)])
+    gc.collect()
+    whole, tail = arena.materialize(batch)
+    del batch
+    gc.collect()
+    del whole  # the view still needs the allocation: not released, not reused
+    gc.collect()
+    worker._drain()
+    again = worker.empty((3, 1000), torch.float32)
+    assert again.untyped_storage().data_ptr() != tail.untyped_storage().data_ptr() - 4000
+    assert torch.equal(tail, torch.tensor([[1.0] * 1000, [2.0] * 1000]))
+    del tail, again
+    gc.collect()
+    worker._drain()
+    assert worker.live == {}
 
 
 def _arena_maps() -> int:
@@ -222,12 +247,13 @@ def test_the_allocator_frees_an_allocation_once_both_sides_are_done(monkeypatch)
     a = worker.empty((arena._ALIGN // 4,), torch.float32)
     b = worker.empty((10,), torch.int64)
     assert worker.holds(a) and worker.holds(b) and not worker.holds(torch.zeros(3))
+    worker.batch += 1
     ref = worker.reference(a, key)
     assert ref.offset == 0 and not worker.holds(a)  # sent: the training process's now
     del a, b
     gc.collect()
     assert list(worker.live) == [0]  # b was never sent: free at once; a waits for its release
-    tensor = arena.materialize(ref)
+    tensor = arena.materialize(arena.ArenaBatch(ref))
     c = worker.empty((arena._ALIGN // 4,), torch.float32)
     assert c.untyped_storage().data_ptr() != tensor.untyped_storage().data_ptr()
     view = tensor[10:]
