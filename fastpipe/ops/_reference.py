@@ -199,6 +199,16 @@ def resize_max_taps(in_size: int, out_size: int, filter: int) -> int:
     return math.ceil(support) * 2 + 1
 
 
+def resize_tap_span(in_size: int, out_size: int, index: int, filter: int) -> tuple[int, int]:
+    """``(first, end)``: the inputs output ``index`` reads (resize_taps' without the weights)."""
+    scale = in_size / out_size
+    support = (2.0 if filter == 1 else 1.0) * (scale if scale >= 1.0 else 1.0)
+    center = scale * (index + 0.5)
+    lo = max(int(center - support + 0.5), 0)
+    hi = min(int(center + support + 0.5), in_size)
+    return lo, lo + min(hi - lo, math.ceil(support) * 2 + 1)
+
+
 def resize_taps(in_size: int, out_size: int, index: int, filter: int
                 ) -> tuple[int, list[float], list[int] | None]:
     """The taps of output ``index`` of an axis resized from ``in_size`` to ``out_size``: the first

@@ -96,9 +96,8 @@ def _plan_problem(h: int, w: int, row: list[int], height: int, width: int,
                 f"image of {resized_h}x{resized_w}")
     for full, resized, first, count, lo, size in ((full_h, resized_h, out_top, height, top, h),
                                                   (full_w, resized_w, out_left, width, left, w)):
-        start = _reference.resize_taps(full, resized, first, filter_)[0]
-        last, weights, _ = _reference.resize_taps(full, resized, first + count - 1, filter_)
-        if start < lo or last + len(weights) > lo + size:
+        start, length = input_span(full, resized, first, count, filter_)
+        if start < lo or start + length > lo + size:
             return ("the image does not hold every input pixel the output reads "
                     "(fastpipe._resize.input_box gives them)")
     return None
@@ -111,6 +110,6 @@ def input_span(in_size: int, resized: int, first: int, count: int,
     ``fastpipe._resize.input_box`` gives per axis). Taps only move forward with the output, so
     the first and last outputs bound them."""
     filter_ = interpolation if isinstance(interpolation, int) else FILTERS[interpolation]
-    start = _reference.resize_taps(in_size, resized, first, filter_)[0]
-    last, weights, _ = _reference.resize_taps(in_size, resized, first + count - 1, filter_)
-    return start, last + len(weights) - start
+    start = _reference.resize_tap_span(in_size, resized, first, filter_)[0]
+    end = _reference.resize_tap_span(in_size, resized, first + count - 1, filter_)[1]
+    return start, end - start

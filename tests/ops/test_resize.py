@@ -218,3 +218,25 @@ def test_the_compiled_kernel_checks_what_the_wrapper_checks():
                                         4, 4, 0)
     with pytest.raises(RuntimeError, match="plan must be an"):
         torch.ops.fastpipe.resize_crops([image], torch.zeros((1, 8), dtype=torch.int64), 4, 4, 0)
+
+
+def test_input_span_is_what_fastpipe_resize_reads():
+    """The span of inputs an output box reads, per axis, is fastpipe._resize.input_box's (and the
+    taps' own first and last inputs): GPU decode's eval regions are made from it."""
+    from fastpipe.ops._resize import input_span
+
+    rng = np.random.default_rng(6)
+    for trial in range(300):
+        filter_ = trial % 2
+        full = (int(rng.integers(1, 3000)), int(rng.integers(1, 3000)))
+        resized = (int(rng.integers(1, 600)), int(rng.integers(1, 600)))
+        out = (int(rng.integers(1, resized[0] + 1)), int(rng.integers(1, resized[1] + 1)))
+        at = (int(rng.integers(0, resized[0] - out[0] + 1)),
+              int(rng.integers(0, resized[1] - out[1] + 1)))
+        top, left, height, width = _resize.input_box(full, resized, at, out, filter_)
+        assert input_span(full[0], resized[0], at[0], out[0], filter_) == (top, height)
+        assert input_span(full[1], resized[1], at[1], out[1], filter_) == (left, width)
+        for index in (0, resized[1] - 1):
+            first, weights, _ = _reference.resize_taps(full[1], resized[1], index, filter_)
+            assert _reference.resize_tap_span(full[1], resized[1], index, filter_) == (
+                first, first + len(weights))
