@@ -435,11 +435,6 @@ def hdf5_plain(data: bytes, rng: np.random.Generator) -> None:
         raise Finding(f"hdf5 ({what}): a virtual dataset with a missing source read (h5py "
                       "gives its fill value)")
     if expected is None:
-        if layout == "virtual" and "replaced" in what:
-            raise KnownIssue(
-                "hdf5_plain: a user's virtual dataset whose source file was replaced by one of "
-                "another shape or dtype is read, where h5py refuses it (the sources are checked "
-                f"for being there, not for their shape) [{what}]")
         raise Finding(f"hdf5 ({what}): {len(one)} rows read from a file h5py cannot read")
     for name in names:
         want = expected[name]

@@ -229,21 +229,43 @@ def _chunk_offsets(ds, chunk_rows: int, row_bytes: int) -> np.ndarray | None:
 
 def check_virtual_sources(ds, where: str) -> None:
     """A user's virtual dataset reads its source files by name, and HDF5 gives the fill value
-    (zeros) for a source that is missing: refuse one whose sources are not all there."""
+    (zeros) for a source that is missing, and maps a source replaced by one of another size
+    element by element (h5py then refuses to read the whole dataset): refuse one whose sources
+    are not all there, or not of the size it maps."""
     if not ds.is_virtual:
         return
+    import h5py
+
     base = Path(ds.file.filename).parent
-    missing = []
+    missing, changed = [], []
     for source in ds.virtual_sources():
         name = source.file_name
-        if name == ".":  # the same file
-            continue
-        path = Path(name) if os.path.isabs(name) else base / name
+        path = Path(ds.file.filename) if name == "." else (
+            Path(name) if os.path.isabs(name) else base / name)
         if not path.exists():
             missing.append(str(path))
+            continue
+        if source.src_space.get_select_type() != h5py.h5s.SEL_ALL:
+            continue  # a hyperslab of the source: HDF5 checks it against the source's shape
+        try:
+            with h5py.File(path, "r") as f:
+                held = f[source.dset_name].size
+        except (OSError, KeyError, ValueError):
+            changed.append(f"{path} (no dataset {source.dset_name!r})")
+            continue
+        mapped = source.vspace.get_select_npoints()
+        if held != mapped:
+            changed.append(f"{path} ({source.dset_name!r} holds {held} values where "
+                           f"{mapped} are mapped)")
     if missing:
         raise PackFormatError(
             f"{where}: the virtual dataset {ds.name!r} maps source files that are missing "
             f"({', '.join(sorted(set(missing))[:3])}{' ...' if len(set(missing)) > 3 else ''}); "
             "HDF5 would read their rows as zeros: restore them (HDF5 looks for them relative to "
             "the file, or in HDF5_VDS_PREFIX)")
+    if changed:
+        raise PackFormatError(
+            f"{where}: the virtual dataset {ds.name!r} maps source files that changed since it "
+            f"was made ({'; '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}); their "
+            "values would land in the wrong rows (h5py refuses to read the dataset whole): "
+            "restore the sources, or make the virtual dataset again")

@@ -344,6 +344,28 @@ def test_a_users_virtual_dataset_with_a_missing_source_is_refused(tmp_path):
     assert [float(source.read(i)["x"]) for i in range(8)] == list(range(8))
 
 
+def test_a_users_virtual_dataset_whose_source_changed_size_is_refused(tmp_path):
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f["x"] = np.arange(8, dtype=np.float32).reshape(4, 2)
+    layout = h5py.VirtualLayout(shape=(4, 2), dtype=np.float32)
+    layout[:] = h5py.VirtualSource("a.h5", "x", shape=(4, 2))
+    with h5py.File(tmp_path / "v.h5", "w") as f:
+        f.create_virtual_dataset("x", layout, fillvalue=0)
+    # Another dtype is HDF5's to convert, as h5py does.
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f["x"] = np.arange(8, dtype=np.int16).reshape(4, 2)
+    assert H5Source(tmp_path / "v.h5").read(3)["x"].tolist() == [6.0, 7.0]
+    # Another size: HDF5 would map its values element by element into the wrong rows.
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f["x"] = np.full((8, 3), 7, np.int16)
+    with pytest.raises(PackFormatError, match=r"a\.h5 \('x' holds 24 values where 8 are mapped\)"):
+        H5Source(tmp_path / "v.h5")
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f["y"] = np.zeros(8, np.float32)
+    with pytest.raises(PackFormatError, match="no dataset 'x'"):
+        H5Source(tmp_path / "v.h5")
+
+
 def test_a_huge_declared_chunked_shape_is_not_allocated(tmp_path):
     with h5py.File(tmp_path / "huge.h5", "w") as f:
         ds = f.create_dataset("x", shape=(2**40, 6), dtype=np.float32, chunks=(64, 6))
