@@ -563,11 +563,18 @@ def _pack_meta(f, name: str, where: str) -> dict[str, Any]:
 
 
 def _require_part(file: Path, where: str) -> None:
-    if not file.exists():
-        raise PackFormatError(
-            f"{where} is a virtual pack whose part file {file} is missing: keep the .shards "
-            f"folder ({Path(where).name}.shards) next to the pack (or pack with merge='copy' for "
-            "one self-contained file)")
+    if file.exists():
+        return
+    # What is gone: the part file, or the folder it lived in (the pack's own <pack>.shards, or,
+    # for packs merge_packs combined, the .shards folder of the pack it came from).
+    gone = file
+    while not gone.parent.exists() and gone.parent != gone.parent.parent:
+        gone = gone.parent
+    what = f"the folder {gone}" if gone != file else f"the part file {file}"
+    raise PackFormatError(
+        f"{where} is a virtual pack whose part file {file} is missing: put {what} back where it "
+        "was (a pack reads its part files where it recorded them), or pack again with "
+        "merge='copy' for one self-contained file")
 
 
 def _version1_ranges(part: dict[str, Any], k: int, count: int, offsets: np.ndarray | None,

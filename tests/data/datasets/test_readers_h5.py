@@ -160,7 +160,12 @@ def test_verify_catches_a_missing_part_and_a_truncated_file(array_pack, bytes_pa
     report = verify(folder / "v.h5")
     assert (not report.ok and "part files are missing" in report.problems[0]
             and part.name in report.problems[0])
-    with pytest.raises(PackFormatError, match="keep the .shards folder"):
+    with pytest.raises(PackFormatError, match=f"put the part file {part} back"):
+        H5Dataset(folder / "v.h5")
+    import shutil
+
+    shutil.rmtree(folder / "v.h5.shards")  # the whole folder gone: named, not its file
+    with pytest.raises(PackFormatError, match=r"put the folder \S*v\.h5\.shards back"):
         H5Dataset(folder / "v.h5")
     truncated = tmp_path / "truncated.h5"
     truncated.write_bytes(bytes_pack.read_bytes()[: bytes_pack.stat().st_size // 2])
