@@ -74,7 +74,8 @@ def _image_as_bytes(meta: dict) -> None:
     _image_as_bytes,
     lambda meta: meta["fields"]["image"].update(role={"name": "mask"}),
     lambda meta: meta["classes"].update(label=["dog", "cat"]),
-], ids=["kind", "role", "classes"])
+    lambda meta: meta.update(meta_crc32=None),  # null is not an absent key
+], ids=["kind", "role", "classes", "null checksum"])
 def test_an_edited_metadata_value_fails_verify(tmp_path, capsys, edit):
     path = tmp_path / "edited.h5"
     pack(Records(), path, progress=False, merge="copy")

@@ -338,9 +338,9 @@ def sealed(meta: Mapping[str, Any]) -> dict[str, Any]:
 def unsealed_reason(meta: Mapping[str, Any], where: str) -> str | None:
     """Why the checked metadata ``meta`` fails its checksum, or None when it holds (or has
     none: :func:`has_checksum` says which)."""
-    stored = meta.get(META_CRC32)
-    if stored is None:
-        return None
+    if META_CRC32 not in meta:
+        return None  # null (or any non-int) is damage, not an absent key
+    stored = meta[META_CRC32]
     if not _is_int(stored) or stored != _meta_crc32(meta):
         return (f"{where}: its metadata does not match the checksum fastpipe stored with it "
                 f"({META_CRC32!r}): a value was edited or damaged after the pack was written, and "
