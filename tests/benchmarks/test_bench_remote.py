@@ -1,0 +1,54 @@
+"""benchmarks/bench_remote.py's own parts: its server (moto's application) counts the bytes of
+the objects it sends (what the table reports per epoch), and the shards it writes hold every
+image once with its label."""
+
+from __future__ import annotations
+
+import tarfile
+
+import pytest
+
+pytest.importorskip("moto", exc_type=ImportError)
+boto3 = pytest.importorskip("boto3")
+
+from benchmarks import bench_remote  # noqa: E402
+
+
+@pytest.mark.slow
+def test_the_server_counts_the_bytes_it_sends(tmp_path):
+    (tmp_path / "up").mkdir()
+    (tmp_path / "up" / "a.bin").write_bytes(b"x" * 300_000)
+    (tmp_path / "up" / "b.bin").write_bytes(b"y" * 1234)
+    server = bench_remote.Server()
+    try:
+        assert server.upload(tmp_path / "up", "data/") == 301_234
+        client = boto3.client("s3", endpoint_url=server.endpoint, region_name="us-east-1",
+                              aws_access_key_id=bench_remote.ACCESS_KEY,
+                              aws_secret_access_key=bench_remote.SECRET_KEY)
+        before = bench_remote.bytes_served(server.endpoint)
+        body = client.get_object(Bucket=bench_remote.BUCKET, Key="data/a.bin")["Body"].read()
+        assert body == b"x" * 300_000
+        part = client.get_object(Bucket=bench_remote.BUCKET, Key="data/b.bin",
+                                 Range="bytes=0-99")["Body"].read()
+        assert part == b"y" * 100
+        assert bench_remote.bytes_served(server.endpoint) - before == 300_100
+    finally:
+        server.close()
+
+
+def test_the_shards_hold_every_image_once_with_its_label(tmp_path):
+    root = tmp_path / "photos"
+    for label, names in (("a", ["1.jpg", "2.jpg"]), ("b", ["3.jpg"])):
+        (root / label).mkdir(parents=True)
+        for name in names:
+            (root / label / name).write_bytes(name.encode() * 10)
+    labelled = bench_remote.write_shards(root, tmp_path / "tar")
+    assert [(p.name, label) for p, label in labelled] == [("1.jpg", 0), ("2.jpg", 0), ("3.jpg", 1)]
+    members = {}
+    for shard in sorted((tmp_path / "tar").glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            for member in tar:
+                members[member.name] = tar.extractfile(member).read()
+    assert members == {"0000000.jpg": b"1.jpg" * 10, "0000000.cls": b"0",
+                       "0000001.jpg": b"2.jpg" * 10, "0000001.cls": b"0",
+                       "0000002.jpg": b"3.jpg" * 10, "0000002.cls": b"1"}
