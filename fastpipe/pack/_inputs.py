@@ -252,38 +252,29 @@ class Inputs:
         return transcoded(data, source)
 
     def _encoded(self, data: bytes, source: str) -> bytes:
+        """The image's stored bytes: as they are, or re-encoded at ``max_side``. fastpipe's
+        decoder judges the file (its damage verdict, the pixel budget, the bound on a PNG's
+        declared size): Pillow, which decodes damaged files through (a PNG cut short comes back
+        with zero rows, then would be re-encoded as a valid file), only resizes and re-encodes
+        the pixels it gave."""
         max_side = self.shaping.max_side
-        if max_side is None:
+        if max_side is None or not self.shaping.check and _fits(data, max_side):
             if self.shaping.check:
                 decode(data, source)
-            return data
+            return data  # check=False trusts an input it need not decode
+        pixels = decode(data, source)
+        height, width = pixels.shape[:2]
+        short = min(height, width)
+        if short <= max_side:
+            return data  # already small enough: keep the original bytes, bit for bit
         from PIL import Image as PILImage
 
-        try:
-            with PILImage.open(io.BytesIO(data)) as image:
-                width, height = image.size
-                fmt = image.format
-                short = min(width, height)
-                if short <= max_side:
-                    if self.shaping.check:
-                        image.load()
-                    return data  # already small enough: keep the original bytes, bit for bit
-                scale = max_side / short
-                size = (max(1, round(width * scale)), max(1, round(height * scale)))
-                if fmt == "JPEG":
-                    image.draft("RGB", size)  # decode at a reduced DCT scale when it is >= size
-                rgb = image.convert("RGB")
-                resized = rgb.resize(size, PILImage.Resampling.BICUBIC, reducing_gap=3.0)
-        except (KeyboardInterrupt, MemoryError):
-            raise
-        except PILImage.UnidentifiedImageError as exc:
-            # Pillow names the buffer it read (<_io.BytesIO object at 0x...>), not the file.
-            raise SkipInput(f"corrupt image: cannot decode {source}: not a format Pillow "
-                            "recognises") from exc
-        except Exception as exc:  # noqa: BLE001 - PIL raises many types for bad data
-            raise SkipInput(f"corrupt image: cannot decode {source}: {exc}") from exc
+        scale = max_side / short
+        size = (max(1, round(width * scale)), max(1, round(height * scale)))
+        resized = PILImage.fromarray(pixels).resize(size, PILImage.Resampling.BICUBIC,
+                                                    reducing_gap=3.0)
         out = io.BytesIO()
-        if fmt == "JPEG":
+        if bytes(data[:3]) == b"\xff\xd8\xff":
             resized.save(out, format="JPEG", quality=self.shaping.quality)
         else:
             resized.save(out, format="PNG")
@@ -605,6 +596,20 @@ def decode(data: bytes, source: str) -> np.ndarray:
         raise SkipInput(f"too large: {exc}") from exc
     except CorruptImageError as exc:
         raise SkipInput(f"corrupt image: {exc}") from exc
+
+
+def _fits(data: bytes, max_side: int) -> bool:
+    """Whether the image's header says its short side is at most ``max_side`` (False when it
+    cannot tell: the decode then says what is wrong)."""
+    from PIL import Image as PILImage
+
+    try:
+        with PILImage.open(io.BytesIO(data)) as image:  # reads the header only
+            return min(image.size) <= max_side
+    except (KeyboardInterrupt, MemoryError):
+        raise
+    except Exception:  # noqa: BLE001 - PIL raises many types for bad data
+        return False
 
 
 def _as_array(value: Any) -> np.ndarray | bytes:
