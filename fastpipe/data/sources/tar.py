@@ -25,6 +25,7 @@ import os
 import tarfile
 import threading
 import zipfile
+import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,7 @@ from fastpipe.data.sources._engine import (
 __all__ = ["INDEX_SUFFIX", "TarSource", "index_folder", "list_shards", "shard_index"]
 
 INDEX_SUFFIX = ".fastpipe-index.npz"
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: every header chain tarfile reads, with its CRC-32 (1 is rescanned)
 
 _IMAGES = {"jpg", "jpeg", "png", "webp", "ppm", "pgm", "bmp", "tif", "tiff", "gif"}
 _INTS = {"cls", "cls2", "index", "id", "label"}
@@ -111,23 +112,28 @@ def _split(name: str) -> tuple[str, str] | None:
 
 
 def _scan(shard: Path, name: str | None = None) -> dict[str, np.ndarray]:
-    """Every sample of a shard: keys, and per member its sample, field, data offset and size.
+    """Every sample of a shard: keys, and per member its sample, field, data offset and size;
+    and every header chain tarfile reads (see :func:`_index_fits`).
 
     Bounded: a member whose size is negative (base-256) or reaches past the end of the file, or
     whose header does not move forward (on which tarfile would seek back to the same header for
-    ever), ends the scan with an error naming the shard and the member; a sparse member (GNU
-    sparse: its data is a map plus the blocks it lists, not the file's bytes) is refused.
-    Messages name the shard ``name`` (its URL), or its path."""
+    ever), a long-name or pax header declaring more bytes than the file holds (tarfile would
+    read that many), ends the scan with an error naming the shard and the member; a sparse
+    member (GNU sparse: its data is a map plus the blocks it lists, not the file's bytes) is
+    refused. Messages name the shard ``name`` (its URL), or its path."""
     keys: list[str] = []
     shown = name or str(shard)
-    samples, fields, offsets, sizes = [], [], [], []
+    samples, fields, offsets, sizes, chain_of = [], [], [], [], []
+    chain_start, chain_len = [], []
     end = shard.stat().st_size
     last = -1
+    start = 0  # where tarfile reads the next member's headers (its L, K, x and g headers first)
     try:
-        with tarfile.open(shard, "r:") as tar:
+        with open(shard, "rb") as f, tarfile.open(fileobj=_Bounded(f, end, shown),
+                                                  mode="r:") as tar:
             for member in tar:
                 where = f"{shown}: member {member.name!r}"
-                if member.offset <= last:
+                if member.offset <= last or member.offset < start:
                     raise PackFormatError(f"{where} does not follow the one before it (header at "
                                           f"byte {member.offset}); the tar file is damaged")
                 last = member.offset
@@ -139,6 +145,9 @@ def _scan(shard: Path, name: str | None = None) -> dict[str, np.ndarray]:
                     raise PackFormatError(f"{where} is a sparse file, stored as a map of its "
                                           "blocks: fastpipe reads members as they are stored; "
                                           "write the shard without sparse files (tar without -S)")
+                chain_start.append(start)
+                chain_len.append(member.offset_data - start)
+                start = tar.offset
                 if not member.isfile():
                     continue
                 split = _split(member.name)
@@ -151,15 +160,85 @@ def _scan(shard: Path, name: str | None = None) -> dict[str, np.ndarray]:
                 fields.append(field)
                 offsets.append(member.offset_data)
                 sizes.append(member.size)
-            _check_end(shard, tar.offset, end, shown)
-    except (tarfile.TarError, OSError, ValueError, EOFError) as exc:
+                chain_of.append(len(chain_start) - 1)
+            after = tar.offset
+            _check_end(shard, after, end, shown)
+    except (tarfile.TarError, OSError, ValueError, EOFError, OverflowError,
+            MemoryError) as exc:
         if isinstance(exc, PackFormatError):
             raise
-        raise PackFormatError(f"{shown} is not a readable tar file ({type(exc).__name__}: "
-                              f"{exc})") from exc
+        # OverflowError, MemoryError: a size tarfile took from a header (a long-name or pax
+        # header's) past what a read can ask for or this machine can hold.
+        raise PackFormatError(f"{shown} is not a readable tar file: reading the member headers "
+                              f"at byte {start} raised {type(exc).__name__}: {exc}; the tar "
+                              "file is damaged") from exc
+    starts = np.array(chain_start, np.int64)
+    lengths = np.array(chain_len, np.int64)
+    crcs = _chain_crcs(shard, starts, lengths)
+    if crcs is None:
+        raise PackFormatError(f"{shown} changed while it was scanned (a short read); scan it "
+                              "again once it is written")
     return {"keys": np.array(keys, dtype=str), "sample": np.array(samples, np.int64),
             "field": np.array(fields, dtype=str), "offset": np.array(offsets, np.int64),
-            "size": np.array(sizes, np.int64)}
+            "size": np.array(sizes, np.int64), "chain": np.array(chain_of, np.int64),
+            "chain_start": starts, "chain_len": lengths, "chain_crc": crcs,
+            "end": np.array([after], np.int64)}
+
+
+class _Bounded:
+    """The shard's file as tarfile reads it: a read of more than the file holds past a block
+    (a long-name or pax header's declared size, which tarfile reads whole, allocating it first),
+    or of a negative size (read to the end), is damage, refused before anything is allocated."""
+
+    def __init__(self, f: Any, size: int, shown: str) -> None:
+        self._f, self._size, self._shown = f, size, shown
+
+    def read(self, n: int = -1) -> bytes:
+        at = self._f.tell()
+        if n is None or n < 0 or n > tarfile.BLOCKSIZE and n > self._size - at:
+            raise PackFormatError(
+                f"{self._shown}: the header before byte {at} declares {n} bytes of extended "
+                f"header data (a long name or pax records), past the end of the {self._size}-"
+                "byte file; the tar file is damaged or cut short")
+        return self._f.read(n)
+
+    def seek(self, *args: int) -> int:
+        return self._f.seek(*args)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+
+# Header chains are read and checked this many bytes at a time.
+_CHAIN_READ = 8 << 20
+
+
+def _chain_crcs(shard: Path, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray | None:
+    """The CRC-32 of each byte range ``[starts[k], starts[k] + lengths[k])`` of ``shard`` (the
+    ranges in order, not overlapping), read through the reader engine a few MiB at a time; None
+    where the file ends first."""
+    out = np.zeros(len(starts), np.int64)
+    pool = FilePool([os.path.realpath(shard)])
+    pool.close()  # a descriptor or mapping of an earlier file at this path is not this one's
+    try:
+        first = 0
+        while first < len(starts):
+            ends = np.cumsum(lengths[first:])
+            stop = first + max(1, int(np.searchsorted(ends, _CHAIN_READ, side="right")))
+            sizes = lengths[first:stop]
+            dest = np.cumsum(sizes) - sizes
+            buf = np.empty(int(sizes.sum()), np.uint8)
+            read_pieces(pool, Pieces(np.zeros(len(sizes), np.int64), starts[first:stop], sizes,
+                                     dest), buf)
+            view = memoryview(buf)
+            out[first:stop] = [zlib.crc32(view[a:a + n]) for a, n in zip(
+                dest.tolist(), sizes.tolist(), strict=True)]
+            first = stop
+    except ShortRead:
+        return None
+    finally:
+        pool.close()
+    return out
 
 
 def _check_end(shard: Path, after: int, end: int, shown: str) -> None:
@@ -178,7 +257,12 @@ def _check_end(shard: Path, after: int, end: int, shown: str) -> None:
             "members after it would be lost; the shard is damaged")
 
 
-_INDEX_KEYS = ("keys", "sample", "field", "offset", "size")
+# Per member: "sample", "field", "offset" (of its data), "size", "chain" (its header chain);
+# per header chain (every member tarfile reads, skipped ones too): "chain_start", "chain_len"
+# (the bytes from where tarfile reads its first header to where its data begins) and
+# "chain_crc"; "end", where tarfile stopped (zero blocks from there on).
+_INDEX_KEYS = ("keys", "sample", "field", "offset", "size", "chain", "chain_start", "chain_len",
+               "chain_crc", "end")
 
 
 def index_folder(options: RemoteOptions | None = None) -> Path:
@@ -188,9 +272,10 @@ def index_folder(options: RemoteOptions | None = None) -> Path:
 
 
 def shard_index(shard: Path, remote: RemoteOptions | None = None) -> dict[str, np.ndarray]:
-    """The shard's index: from its cache when the cache is one of this shard (same size and
-    mtime, and every member header at its recorded offset says the name and size recorded:
-    a shard rewritten with its size and mtime kept, or a forged cache, is scanned again), else
+    """The shard's index: from its cache when the cache is one of this shard (this index
+    version, same size and mtime, unedited, and every header tarfile read at the same place with
+    the same bytes: :func:`_index_fits`; a shard rewritten with its size and mtime kept, or a
+    forged cache, is scanned again), else
     scanned and cached: beside the shard, or, where its folder cannot be written, in
     :func:`index_folder` (built there once per node: other processes wait for it)."""
     st = shard.stat()
@@ -230,9 +315,23 @@ def _load_index(path: Path, stamp: np.ndarray, etag: str | None) -> dict[str, np
                 return None
             if etag is not None and str(saved["etag"]) != etag:
                 return None
-            return {k: saved[k] for k in _INDEX_KEYS}
+            index = {k: saved[k] for k in _INDEX_KEYS}
+            if str(saved["digest"]) != _digest(index):
+                return None  # edited or damaged since it was written
+            return index
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
         return None  # no cache yet, one of another shard state, or damaged: rebuild
+
+
+def _digest(index: dict[str, np.ndarray]) -> str:
+    """A hash of the index's arrays as the scan made them: what the shard's headers cannot
+    vouch for (a member's exact size within its last block) is vouched for by the scan."""
+    digest = hashlib.sha256()
+    for key in _INDEX_KEYS:
+        array = np.ascontiguousarray(index[key])
+        digest.update(f"{key}\0{array.dtype.str}\0{array.shape}\0".encode())
+        digest.update(array.tobytes())
+    return digest.hexdigest()
 
 
 def _save_index(path: Path, stamp: np.ndarray, index: dict[str, np.ndarray],
@@ -240,6 +339,7 @@ def _save_index(path: Path, stamp: np.ndarray, index: dict[str, np.ndarray],
     """Writes the index (whole, then renamed into place); False where the folder refuses."""
     tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     extra = {} if etag is None else {"etag": np.array(etag)}
+    extra["digest"] = np.array(_digest(index))
     try:
         with open(tmp, "wb") as f:
             np.savez(f, stamp=stamp, **extra, **index)
@@ -286,69 +386,54 @@ def _remote_index(files: RemoteFiles, k: int, stop: threading.Event | None = Non
 
 
 def _index_fits(shard: Path, index: dict[str, np.ndarray], size: int) -> bool:
-    """Whether a cached index describes ``shard``: consistent arrays, members inside the file,
-    and each member's header (the 512 bytes before its data) holding a valid checksum, the size
-    recorded and, for names that fit the header, the name recorded."""
+    """Whether a cached index describes ``shard`` (of ``size`` bytes) as a scan of it would: the
+    arrays consistent, every header chain tarfile read when it was built (long-name, pax and
+    global headers, the member's own, skipped members' too) holding the same bytes at the same
+    place (its CRC-32; all read a few MiB at a time), each member's data right after its chain
+    and, for the members indexed, the next chain right after their data (so that their sizes
+    are the file's, without parsing a size field), and zero blocks from where tarfile stopped
+    to the end of the file. The same header bytes at the same places are read the same way by
+    tarfile: the scan would find what the index holds."""
     keys, sample, field = index["keys"], index["sample"], index["field"]
-    offset, length = index["offset"], index["size"]
-    n = len(sample)
-    if not (keys.dtype.kind == field.dtype.kind == "U" and sample.dtype.kind == "i"
-            and offset.dtype.kind == "i" and length.dtype.kind == "i"
-            and keys.ndim == sample.ndim == field.ndim == offset.ndim == length.ndim == 1
-            and len(field) == len(offset) == len(length) == n):
+    offset, length, chain = index["offset"], index["size"], index["chain"]
+    start, span, crc, end = (index["chain_start"], index["chain_len"], index["chain_crc"],
+                             index["end"])
+    ints = (sample, offset, length, chain, start, span, crc, end)
+    n, m = len(sample), len(start)
+    if not (keys.dtype.kind == field.dtype.kind == "U" and all(a.dtype.kind == "i" for a in ints)
+            and all(a.ndim == 1 for a in (keys, field, *ints))
+            and len(field) == len(offset) == len(length) == len(chain) == n
+            and len(span) == len(crc) == m and len(end) == 1):
+        return False
+    stop = int(end[0])
+    if not m:
+        return n == 0 and len(keys) == 0 and stop == 0 and _zeros_after(shard, 0, size)
+    chain_end = start + span
+    if not (start[0] == 0 and (span >= 512).all() and (start % 512 == 0).all()
+            and (span % 512 == 0).all() and (start[1:] >= chain_end[:-1]).all()
+            and chain_end[-1] <= stop <= size):
         return False
     if n and not (sample[0] == 0 and (np.diff(sample) >= 0).all()
                   and (np.diff(sample) <= 1).all() and sample[-1] == len(keys) - 1
-                  and (offset >= 512).all() and (length >= 0).all()
-                  and (offset + length <= size).all() and (offset % 512 == 0).all()):
+                  and (chain >= 0).all() and (chain < m).all() and (np.diff(chain) > 0).all()
+                  and (length >= 0).all() and (length <= size).all()):
         return False
-    if not n:
-        return len(keys) == 0
-    pool = FilePool([os.path.realpath(shard)])
-    headers = np.empty((n, 512), np.uint8)
+    if not n and len(keys):
+        return False
+    following = np.append(start[1:], stop)
+    if n and not ((offset == chain_end[chain]).all()
+                  and (following[chain] == offset + (length + 511) // 512 * 512).all()):
+        return False
+    found = _chain_crcs(shard, start, span)
+    return found is not None and np.array_equal(found, crc) and _zeros_after(shard, stop, size)
+
+
+def _zeros_after(shard: Path, stop: int, size: int) -> bool:
     try:
-        read_pieces(pool, Pieces(np.zeros(n, np.int64), offset - 512, np.full(n, 512, np.int64),
-                                 np.arange(n, dtype=np.int64) * 512), headers)
-    except ShortRead:
+        _check_end(shard, stop, size, str(shard))
+    except (PackFormatError, OSError):
         return False
-    finally:
-        pool.close()
-    # Checksum: the sum of the header's bytes with its checksum field counted as spaces.
-    stored_sum = _octal(headers[:, 148:156])
-    computed = headers.sum(axis=1, dtype=np.int64) - headers[:, 148:156].sum(
-        axis=1, dtype=np.int64) + 8 * 32
-    if (stored_sum != computed).any():
-        return False
-    sizes = _octal(headers[:, 124:136])
-    base256 = headers[:, 124] & 0x80 != 0
-    for k in np.flatnonzero(base256):  # sizes past 8 GiB are stored as base-256 numbers
-        sizes[k] = tarfile.nti(headers[k, 124:136].tobytes())
-    if (sizes != length).any():
-        return False
-    names = [f"{keys[s]}.{f}".encode("utf-8", "surrogateescape") for s, f in zip(
-        sample.tolist(), field.tolist(), strict=True)]
-    for k, name in enumerate(names):
-        if len(name) < 100 and not headers[k, 345]:  # no ustar prefix: the name is all here
-            if headers[k, :len(name) + 1].tobytes() != name + b"\0":
-                return False
     return True
-
-
-def _octal(fields: np.ndarray) -> np.ndarray:
-    """The octal numbers of tar header fields (rows of ASCII digits, then NUL or space);
-    -1 where a row starts with something else."""
-    digits = (fields >= 48) & (fields <= 55)
-    width = fields.shape[1]
-    # Leading spaces are allowed before the digits.
-    lead = np.argmax(fields != 32, axis=1)
-    positions = np.arange(width)
-    after = positions >= lead[:, None]
-    run_end = np.where(digits | ~after, True, False)
-    stop = np.where(run_end.all(axis=1), width, np.argmin(run_end, axis=1))
-    inside = after & (positions < stop[:, None])
-    power = np.where(inside, stop[:, None] - 1 - positions, 0)
-    values = np.where(inside, (fields.astype(np.int64) - 48) << (3 * power), 0).sum(axis=1)
-    return np.where(stop > lead, values, -1)
 
 
 class TarSource(Source):

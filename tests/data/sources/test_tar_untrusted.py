@@ -152,3 +152,139 @@ def test_a_text_member_that_is_not_utf8_is_an_error_naming_it(tmp_path):
     assert source.read(0)["txt"].tobytes() == b"fine"
     with pytest.raises(PackFormatError, match=r"'txt' member of .*t\.tar:b is not UTF-8"):
         source.read(1)
+
+
+# --- names past a header's 100 bytes, and sizes no int64 holds (issue 40 review) ---------------
+
+_LONG = "d" * 120  # a folder name: every member name is past 100 bytes
+
+
+def _long_shard(path, members, format) -> None:
+    with tarfile.open(path, "w", format=format) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def _tarfile_samples(path) -> list[tuple[str, bytes]]:
+    with tarfile.open(path) as tar:
+        return [(m.name.rsplit(".", 1)[0], tar.extractfile(m).read())
+                for m in tar if m.isfile() and m.name.endswith(".bin")]
+
+
+def _fastpipe_samples(path) -> list[tuple[str, bytes]]:
+    with TarSource(path, ["bin"]) as source:
+        return [(source.describe(i).split(":", 1)[1], source.read(i)["bin"].tobytes())
+                for i in range(len(source))]
+
+
+@pytest.mark.parametrize("format", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT,
+                                    tarfile.USTAR_FORMAT], ids=["gnu", "pax", "ustar-prefix"])
+def test_a_rewritten_shard_with_long_names_swapped_is_scanned_again(tmp_path, format):
+    """Two members of long names (a GNU long-name header, a pax path, a ustar prefix) swapped
+    in a shard rewritten with its size and mtime kept: the cached index's names were compared
+    only below 100 bytes without a prefix, and it gave each name the other member's bytes."""
+    first, second = f"{_LONG}/0000.bin", f"{_LONG}/0001.bin"
+    a, b = b"a" * 700, b"b" * 700
+    shard = tmp_path / "s.tar"
+    _long_shard(shard, [(first, a), (second, b)], format)
+    assert _fastpipe_samples(shard) == [(f"{_LONG}/0000", a), (f"{_LONG}/0001", b)]
+    stat = shard.stat()
+    _long_shard(tmp_path / "o.tar", [(second, a), (first, b)], format)
+    assert (tmp_path / "o.tar").stat().st_size == stat.st_size
+    shutil.copyfile(tmp_path / "o.tar", shard)
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert _fastpipe_samples(shard) == _tarfile_samples(shard) == [
+        (f"{_LONG}/0001", a), (f"{_LONG}/0000", b)]
+
+
+def _set_field(raw: bytearray, header: int, at: int, value: bytes) -> None:
+    raw[header + at:header + at + len(value)] = value
+    raw[header + 148:header + 156] = b" " * 8
+    raw[header + 148:header + 156] = b"%06o\x00 " % sum(raw[header:header + 512])
+
+
+@pytest.mark.parametrize("size", [b"\x80" + b"\xff" * 11, b"\x80" + b"\x7f" * 11,
+                                  b"77777777777\x00"],
+                         ids=["base-256 2**88", "base-256 past 2**63", "octal 8 GiB"])
+def test_a_long_name_header_of_an_absurd_size_is_an_error_naming_the_shard(tmp_path, size):
+    """The GNU long-name header's size: tarfile reads that many bytes (OverflowError past 2**63,
+    MemoryError for 8 GiB where memory is short: here 2 GiB more address space than the child
+    holds once it has imported fastpipe)."""
+    shard = tmp_path / "ln.tar"
+    _long_shard(shard, [(f"{_LONG}/0000.bin", b"x" * 10), (f"{_LONG}/0001.bin", b"y")],
+                tarfile.GNU_FORMAT)
+    raw = bytearray(shard.read_bytes())
+    assert raw[156:157] == b"L"
+    _set_field(raw, 0, 124, size)
+    shard.write_bytes(bytes(raw))
+    result = _run(f"""
+        import resource
+        from fastpipe.data.sources.tar import TarSource
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[0])
+        limit = pages * resource.getpagesize() + (2 << 30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        try:
+            TarSource({str(shard)!r})
+        except Exception as exc:
+            print(type(exc).__name__, exc)
+    """)
+    assert result.stdout.startswith("PackFormatError"), result.stdout + result.stderr
+    assert "ln.tar" in result.stdout
+
+
+def test_a_cached_index_over_a_base_256_size_is_checked_without_overflow(tmp_path):
+    """The shard rewritten (size and mtime kept) with a member's size a base-256 number past
+    2**63: the index check converted it into an int64 array (a raw OverflowError)."""
+    shard = tmp_path / "s.tar"
+    _shard(shard, _members(5, 2))
+    _read_all(shard)  # caches the index
+    stat = shard.stat()
+    raw = bytearray(shard.read_bytes())
+    _set_field(raw, 0, 124, b"\x80" + b"\x7f" * 11)
+    shard.write_bytes(bytes(raw))
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(PackFormatError, match=r"s\.tar"):
+        _read_all(shard)
+
+
+@pytest.mark.parametrize("edit", ["type", "prefix", "skipped member", "global header"])
+def test_headers_the_index_does_not_hold_are_checked_too(tmp_path, edit):
+    """What the index never recorded still decides what tarfile reads: a member made a
+    directory, a name prefix set, a member without an extension (skipped) renamed into the
+    samples, a pax global header's path; each rewrite keeps the shard's size and mtime."""
+    members = [("0000.bin", b"a" * 600), ("0000.cls", b"1"), ("0001.bin", b"b" * 600),
+               ("0001.cls", b"2"), ("README", b"c" * 600)]
+    shard = tmp_path / "s.tar"
+    fmt = tarfile.PAX_FORMAT if edit == "global header" else tarfile.USTAR_FORMAT
+    with tarfile.open(shard, "w", format=fmt,
+                      pax_headers={"comment": "x" * 20} if fmt == tarfile.PAX_FORMAT else None
+                      ) as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    want = _read_all(shard)
+    stat = shard.stat()
+    raw = bytearray(shard.read_bytes())
+    with tarfile.open(shard) as tar:
+        infos = tar.getmembers()
+    if edit == "type":
+        _set_field(raw, infos[0].offset, 156, b"5")
+    elif edit == "prefix":
+        _set_field(raw, infos[2].offset, 345, b"p")
+    elif edit == "skipped member":
+        _set_field(raw, infos[4].offset, 0, b"0002.bin\0")
+    else:
+        at = raw.index(b"comment=")
+        raw[at:at + 8] = b"path=zz/"  # the global header's path: every member named zz/
+        _set_field(raw, 0, 0, b"")  # its checksum again
+    shard.write_bytes(bytes(raw))
+    os.utime(shard, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    try:
+        got = _fastpipe_samples(shard)
+    except PackFormatError:
+        return  # refused: allowed
+    assert got == _tarfile_samples(shard) != list(zip(["0000", "0001"], want))
