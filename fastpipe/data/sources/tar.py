@@ -532,11 +532,7 @@ class TarSource(Source):
             return F.ArrayField("uint8", (None,))
         self.schema = Schema({name: F.BytesField()})
         raw = self._read_members(np.array([0], np.int64), name)[0]
-        try:
-            array = np.load(io.BytesIO(raw.tobytes()), allow_pickle=False)
-        except ValueError as exc:
-            raise PackFormatError(f"the {name!r} member of {self.describe(0)} is not a .npy "
-                                  f"array ({exc})") from exc
+        array = _npy(raw, f"the {name!r} member of {self.describe(0)}")
         return F.ArrayField(array.dtype.name, (None, *array.shape[1:]) if array.ndim else ())
 
     def _open(self) -> FilePool:
@@ -592,16 +588,16 @@ class TarSource(Source):
         if field.kind == "int":
             text = raw.tobytes().strip()
             try:
-                return np.asarray(int(text), "<i8")
+                value = int(text)
             except ValueError as exc:
                 raise PackFormatError(f"the {name!r} member of {self.describe(index)} is "
                                       f"{text[:40]!r}, not an integer") from exc
+            if not -(1 << 63) <= value < 1 << 63:
+                raise PackFormatError(f"the {name!r} member of {self.describe(index)} is "
+                                      f"{text[:40]!r}, not an integer an int64 holds")
+            return np.asarray(value, "<i8")
         if field.kind == "array":
-            try:
-                array = np.load(io.BytesIO(raw.tobytes()), allow_pickle=False)
-            except ValueError as exc:
-                raise PackFormatError(f"the {name!r} member of {self.describe(index)} is not a "
-                                      f".npy array ({exc})") from exc
+            array = _npy(raw, f"the {name!r} member of {self.describe(index)}")
             try:
                 return field.encode(array, f"the {name!r} member of {self.describe(index)}")
             except F.FieldError as exc:
@@ -632,6 +628,34 @@ class TarSource(Source):
 
     def fingerprint(self) -> str:
         return hashlib.sha256(str(self.meta["plan"]).encode()).hexdigest()[:16]
+
+
+_NPY_MAGIC = b"\x93NUMPY"
+
+
+def _npy(raw: np.ndarray, where: str) -> np.ndarray:
+    """The array of a ``.npy`` member; anything else (empty, cut short, a zip: np.load would
+    open an ``.npz``) is an error naming it."""
+    data = raw.tobytes()
+    if not data.startswith(_NPY_MAGIC):
+        raise PackFormatError(f"{where} is not a .npy array (it does not start with the .npy "
+                              f"magic: {data[:8]!r})")
+    fmt = np.lib.format
+    try:
+        f = io.BytesIO(data)
+        version = fmt.read_magic(f)
+        # Version 3's header is version 2's in UTF-8: its shape and itemsize read alike.
+        read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        shape, _, dtype = read(f)
+        # np.load allocates the declared shape before it reads: a few bytes may declare any.
+        need = int(np.prod(shape, dtype=object)) * dtype.itemsize
+        if need > len(data) - f.tell():
+            raise ValueError(f"its header declares {dtype} {shape} ({need} bytes), more than "
+                             f"the {len(data) - f.tell()} bytes after it")
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    except (ValueError, EOFError, OverflowError, zipfile.BadZipFile) as exc:
+        raise PackFormatError(f"{where} is not a .npy array ({type(exc).__name__}: "
+                              f"{exc})") from exc
 
 
 def _forget_mapping(path: str) -> None:

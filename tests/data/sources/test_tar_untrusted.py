@@ -288,3 +288,40 @@ def test_headers_the_index_does_not_hold_are_checked_too(tmp_path, edit):
     except PackFormatError:
         return  # refused: allowed
     assert got == _tarfile_samples(shard) != list(zip(["0000", "0001"], want))
+
+
+@pytest.mark.parametrize("text", [b"9" * 20, b"-" + b"9" * 20, b"9223372036854775808"])
+def test_an_int_member_past_int64_is_an_error_naming_it(tmp_path, text):
+    shard = tmp_path / "i.tar"
+    _shard(shard, [("a.bin", b"x"), ("a.cls", b"9223372036854775807"),
+                   ("b.bin", b"y"), ("b.cls", text)])
+    source = TarSource(shard)
+    assert int(source.read(0)["cls"]) == 2**63 - 1
+    with pytest.raises(PackFormatError, match=r"'cls' member of .*i\.tar:b .*not an integer"):
+        source.read(1)
+
+
+def _npy_header(shape) -> bytes:
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(out, {"descr": "<f8", "fortran_order": False,
+                                               "shape": shape})
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("data", [b"", b"PK\x03\x04" + bytes(60), b"\x93NUMPY\x01",
+                                  _npy_header((1 << 40,)) + bytes(8)],
+                         ids=["empty", "zip", "cut header", "huge shape"])
+@pytest.mark.parametrize("which", ["first", "second"])
+def test_an_npy_member_that_is_not_an_array_is_an_error_naming_it(tmp_path, data, which):
+    """An empty member (np.load: EOFError), one that starts as a zip (BadZipFile), one whose
+    header declares 8 TiB (np.load allocates it first): the first sample's gives the field, a
+    later one is read."""
+    good = io.BytesIO()
+    np.save(good, np.arange(6, dtype=np.int16))
+    members = [good.getvalue(), data] if which == "second" else [data, good.getvalue()]
+    shard = tmp_path / "n.tar"
+    _shard(shard, [("a.npy", members[0]), ("b.npy", members[1])])
+    with pytest.raises(PackFormatError, match=r"'npy' member of .*n\.tar:(a|b) is not a \.npy"):
+        source = TarSource(shard)
+        np.testing.assert_array_equal(source.read(0)["npy"], np.arange(6))
+        source.read(1)
