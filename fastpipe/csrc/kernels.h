@@ -424,69 +424,155 @@ FP_HD bool resize_integer(int64_t in_h, int64_t in_w, int64_t out_h, int64_t out
 // the box at (out_top, out_left), of the batch's output size, of that image resized to
 // resized_height x resized_width, mirrored left-right when flip. A row of resize_crops' table:
 // the pixels' address, these 14 values, then 1 where the integer forms apply (resize_integer)
-// and 0 where not: kResizeTableColumns int64 in all.
+// and 0 where not, then where the image's taps are (resize_taps_layout): kResizeTableColumns
+// int64 in all.
 struct ResizeImage {
   int64_t stride_y, stride_x, stride_c;
   int64_t top, left, height, width, full_height, full_width;
   int64_t out_top, out_left, resized_height, resized_width, flip;
 };
-constexpr int kResizeTableColumns = 16;
+constexpr int kResizeTableColumns = 19;
+constexpr int kResizeInteger = 15;      // the table column: 1 where the integer forms apply
+constexpr int kResizeWeightsAt = 16;    // the first of the image's weights
+constexpr int kResizeRowStride = 17;    // weights per output row (the rows' most taps)
+constexpr int kResizeColumnStride = 18; // weights per output column
 
 FP_HD ResizeImage resize_image(const int64_t* row) {
   return ResizeImage{row[1], row[2], row[3], row[4], row[5], row[6], row[7],
                      row[8], row[9], row[10], row[11], row[12], row[13], row[14]};
 }
 
+// The taps of a batch, computed once per image and output row or column (resize_crops_taps), then
+// read by every pixel of that row or column (resize_crops_element). Entry n * (height + width) + e
+// of image n: e < height is output row e (resized row out_top + e), the rest output column
+// e - height (resized column out_left + e - height, before the flip). An entry is its first input
+// and tap count in `spans` (two int32), and its weights in `weights`: the 14-bit fixed-point
+// weights (held in floats, exactly: they are integers far below 2^24) where its sums are integer
+// (rows: at most kResizeMaxFixedTaps taps; columns: the integer forms), the float weights where
+// they are not. The weights of an image follow each other in the entries' order, each entry
+// given its axis' most taps (table columns kResizeWeightsAt to kResizeColumnStride).
+struct ResizeSpan {
+  int64_t start, count;
+  const float* weights;
+  bool fixed;
+};
+
+// Fills table columns kResizeWeightsAt to kResizeColumnStride of each of the n rows (the other
+// columns filled); returns the weights the batch needs. Host code: a prefix sum over the images.
+inline int64_t resize_taps_layout(int64_t* table, int64_t n, int64_t height, int64_t width,
+                                  int filter) {
+  int64_t total = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t* row = table + i * kResizeTableColumns;
+    const ResizeImage im = resize_image(row);
+    // The axes' most taps (resize_taps' max_taps: the rows' decides whether their sums are
+    // integer, as in resize_integer).
+    row[kResizeWeightsAt] = total;
+    row[kResizeRowStride] = resize_max_taps(im.full_height, im.resized_height, filter);
+    row[kResizeColumnStride] = resize_max_taps(im.full_width, im.resized_width, filter);
+    total += height * row[kResizeRowStride] + width * row[kResizeColumnStride];
+  }
+  return total;
+}
+
+// Entry i of the batch's taps (see ResizeSpan): the body of the CUDA taps kernel (a thread per
+// entry) and of the CPU kernel's first pass.
+template <typename Index>
+FP_HD void resize_crops_taps(Index i, const int64_t* table, int64_t height, int64_t width,
+                             int filter, int32_t* spans, float* weights) {
+  const Index per_image = static_cast<Index>(height + width);
+  const Index n = i / per_image;
+  const int64_t e = static_cast<int64_t>(i % per_image);
+  const int64_t* row = table + static_cast<int64_t>(n) * kResizeTableColumns;
+  const ResizeImage im = resize_image(row);
+  ResizeTaps t;
+  bool fixed;
+  float* w = weights + row[kResizeWeightsAt];
+  if (e < height) {
+    t = resize_taps(im.full_height, im.resized_height, im.out_top + e, filter);
+    fixed = row[kResizeRowStride] <= kResizeMaxFixedTaps;
+    w += e * row[kResizeRowStride];
+  } else {
+    t = resize_taps(im.full_width, im.resized_width, im.out_left + (e - height), filter);
+    fixed = row[kResizeInteger] != 0;
+    w += height * row[kResizeRowStride] + (e - height) * row[kResizeColumnStride];
+  }
+  spans[2 * static_cast<int64_t>(i)] = static_cast<int32_t>(t.start);
+  spans[2 * static_cast<int64_t>(i) + 1] = static_cast<int32_t>(t.count);
+  for (int64_t k = 0; k < t.count; ++k) {
+    w[k] = fixed ? static_cast<float>(t.fixed[k]) : resize_weight(t, k);
+  }
+}
+
+// Entry e (of resize_crops_taps' numbering, within image n's) as a span.
+FP_HD ResizeSpan resize_span(const int64_t* row, const int32_t* spans, const float* weights,
+                             int64_t n, int64_t e, int64_t height, int64_t width) {
+  const int64_t entry = n * (height + width) + e;
+  ResizeSpan s;
+  s.start = spans[2 * entry];
+  s.count = spans[2 * entry + 1];
+  s.weights = weights + row[kResizeWeightsAt];
+  if (e < height) {
+    s.weights += e * row[kResizeRowStride];
+    s.fixed = row[kResizeRowStride] <= kResizeMaxFixedTaps;
+  } else {
+    s.weights += height * row[kResizeRowStride] + (e - height) * row[kResizeColumnStride];
+    s.fixed = row[kResizeInteger] != 0;
+  }
+  return s;
+}
+
 // The int16 row value of one input column and channel: the rows' exact weighted sum, 6
 // fraction bits kept, rounded half up (an arithmetic shift: floor).
-FP_HD int32_t resize_row_fixed(const uint8_t* pixels, const ResizeImage& im, const ResizeTaps& rows,
+FP_HD int32_t resize_row_fixed(const uint8_t* pixels, const ResizeImage& im, const ResizeSpan& rows,
                                int64_t column, int64_t channel) {
   const uint8_t* p = pixels + (rows.start - im.top) * im.stride_y + (column - im.left) * im.stride_x +
                      channel * im.stride_c;
   int32_t sum = 0;
   for (int64_t k = 0; k < rows.count; ++k) {
-    sum += rows.fixed[k] * static_cast<int32_t>(p[k * im.stride_y]);
+    sum += static_cast<int32_t>(rows.weights[k]) * static_cast<int32_t>(p[k * im.stride_y]);
   }
   return static_cast<int16_t>((sum + (1 << (kResizeRowShift - 1))) >> kResizeRowShift);
 }
 
 // The float row value of the float forms: the exact fixed sum scaled, or (more than
 // kResizeMaxFixedTaps row taps) float weights summed in order.
-FP_HD float resize_row_float(const uint8_t* pixels, const ResizeImage& im, const ResizeTaps& rows,
+FP_HD float resize_row_float(const uint8_t* pixels, const ResizeImage& im, const ResizeSpan& rows,
                              int64_t column, int64_t channel) {
   const uint8_t* p = pixels + (rows.start - im.top) * im.stride_y + (column - im.left) * im.stride_x +
                      channel * im.stride_c;
-  if (rows.max_taps <= kResizeMaxFixedTaps) {
+  if (rows.fixed) {
     int32_t sum = 0;
     for (int64_t k = 0; k < rows.count; ++k) {
-      sum += rows.fixed[k] * static_cast<int32_t>(p[k * im.stride_y]);
+      sum += static_cast<int32_t>(rows.weights[k]) * static_cast<int32_t>(p[k * im.stride_y]);
     }
     return static_cast<float>(sum) * (1.0f / static_cast<float>(1 << kResizeFractionBits));
   }
   float value = 0.0f;
   for (int64_t k = 0; k < rows.count; ++k) {
-    const float term = resize_weight(rows, k) * static_cast<float>(p[k * im.stride_y]);
+    const float term = rows.weights[k] * static_cast<float>(p[k * im.stride_y]);
     value = k == 0 ? term : value + term;
   }
   return value;
 }
 
 // Output pixel (y, x) of one image, its three channels into rgb, from the taps of its line
-// (rows) and of the column it shows (cols: column out_left + x, or the mirrored one).
-FP_HD void resize_pixel(const uint8_t* pixels, const ResizeImage& im, const ResizeTaps& rows,
-                        const ResizeTaps& cols, bool integer, uint8_t rgb[3]) {
+// (rows) and of the column it shows (cols); integer: the integer forms (cols' weights fixed).
+FP_HD void resize_pixel(const uint8_t* pixels, const ResizeImage& im, const ResizeSpan& rows,
+                        const ResizeSpan& cols, bool integer, uint8_t rgb[3]) {
   for (int64_t c = 0; c < 3; ++c) {
     int32_t value;
     if (integer) {
       int32_t sum = 1 << (kResizeOutShift - 1);
       for (int64_t k = 0; k < cols.count; ++k) {
-        sum += cols.fixed[k] * resize_row_fixed(pixels, im, rows, cols.start + k, c);
+        sum += static_cast<int32_t>(cols.weights[k]) *
+               resize_row_fixed(pixels, im, rows, cols.start + k, c);
       }
       value = sum >> kResizeOutShift;
     } else {
       float sum = 0.5f;
       for (int64_t k = 0; k < cols.count; ++k) {
-        const float term = resize_weight(cols, k) * resize_row_float(pixels, im, rows, cols.start + k, c);
+        const float term = cols.weights[k] * resize_row_float(pixels, im, rows, cols.start + k, c);
         sum = sum + term;
       }
       sum = sum < 0.0f ? 0.0f : (sum > 255.0f ? 255.0f : sum);
@@ -496,9 +582,9 @@ FP_HD void resize_pixel(const uint8_t* pixels, const ResizeImage& im, const Resi
   }
 }
 
-// The column of the resized image that output x of a width-out_w box shows.
+// The column of the output box that output x of a width-out_w box shows (0 to out_w - 1).
 FP_HD int64_t resize_column(const ResizeImage& im, int64_t x, int64_t out_w) {
-  return im.out_left + (im.flip ? out_w - 1 - x : x);
+  return im.flip ? out_w - 1 - x : x;
 }
 
 // Whether every tap of the output box lies inside the pixels' box (taps' starts and ends only
@@ -511,26 +597,29 @@ FP_HD bool resize_axis_inside(int64_t full_in, int64_t resized, int64_t first, i
   return a.start >= lo && b.start + b.count <= lo + size;
 }
 
-// Output pixel i of a resize_crops batch, in (n, y, x) order, from its table row to the three
-// planes of out ((N, 3, height, width) uint8): the body of the CUDA kernel (a thread per pixel),
-// which the tests also run on the CPU. Index is uint32_t where the batch's pixels fit in 32 bits
-// (32-bit division on the GPU), else int64_t.
+// Output pixel i of a resize_crops batch, in (n, y, x) order, from its table row and the batch's
+// taps (resize_crops_taps, run before) to the three planes of out ((N, 3, height, width) uint8):
+// the body of the CUDA kernel (a thread per pixel) and of the CPU kernel's second pass. Index is
+// uint32_t where the batch's pixels fit in 32 bits (32-bit division on the GPU), else int64_t.
 template <typename Index>
-FP_HD void resize_crops_element(Index i, const int64_t* table, int64_t height, int64_t width,
-                                int filter, uint8_t* out) {
+FP_HD void resize_crops_element(Index i, const int64_t* table, const int32_t* spans,
+                                const float* weights, int64_t height, int64_t width,
+                                uint8_t* out) {
   const Index plane = static_cast<Index>(height * width), w = static_cast<Index>(width);
   const Index n = i / plane, rest = i % plane;
   const Index y = rest / w, x = rest % w;
   const int64_t* row = table + static_cast<int64_t>(n) * kResizeTableColumns;
   const uint8_t* pixels = reinterpret_cast<const uint8_t*>(row[0]);
   const ResizeImage im = resize_image(row);
-  const ResizeTaps rows = resize_taps(im.full_height, im.resized_height,
-                                      im.out_top + static_cast<int64_t>(y), filter);
-  const ResizeTaps cols = resize_taps(im.full_width, im.resized_width,
-                                      resize_column(im, static_cast<int64_t>(x), width), filter);
+  const int64_t image = static_cast<int64_t>(n);
+  const ResizeSpan rows = resize_span(row, spans, weights, image, static_cast<int64_t>(y), height,
+                                      width);
+  const ResizeSpan cols = resize_span(
+      row, spans, weights, image, height + resize_column(im, static_cast<int64_t>(x), width),
+      height, width);
   uint8_t rgb[3];
-  resize_pixel(pixels, im, rows, cols, row[15] != 0, rgb);
-  uint8_t* o = out + static_cast<int64_t>(n) * 3 * static_cast<int64_t>(plane) + rest;
+  resize_pixel(pixels, im, rows, cols, row[kResizeInteger] != 0, rgb);
+  uint8_t* o = out + image * 3 * static_cast<int64_t>(plane) + rest;
   o[0] = rgb[0];
   o[plane] = rgb[1];
   o[2 * static_cast<int64_t>(plane)] = rgb[2];

@@ -6,6 +6,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 
+#include <utility>
 #include <vector>
 
 #include "kernels.h"
@@ -45,11 +46,17 @@ inline void check_resize_args(const at::TensorList& images, const at::Tensor& pl
   }
 }
 
-// One row per image: the pixels' address, kernels.h's ResizeImage (14 values), and whether the
-// integer forms apply; every box checked against the image it belongs to, and every tap of the
-// output inside the pixels.
-inline std::vector<int64_t> resize_table(const at::TensorList& images, const at::Tensor& plan,
-                                         int64_t height, int64_t width, int64_t filter) {
+// The table of a batch (kernels.h's kResizeTableColumns per image) and the weights its taps take.
+struct ResizeTable {
+  std::vector<int64_t> rows;
+  int64_t weights;
+};
+
+// One row per image: the pixels' address, kernels.h's ResizeImage (14 values), whether the
+// integer forms apply, and where its taps go (resize_taps_layout); every box checked against the
+// image it belongs to, and every tap of the output inside the pixels.
+inline ResizeTable resize_table(const at::TensorList& images, const at::Tensor& plan,
+                                int64_t height, int64_t width, int64_t filter) {
   const at::Tensor p = plan.contiguous();
   const int64_t* v = p.const_data_ptr<int64_t>();
   std::vector<int64_t> table(images.size() * kResizeTableColumns, 0);
@@ -96,9 +103,12 @@ inline std::vector<int64_t> resize_table(const at::TensorList& images, const at:
     row[12] = resized_h;
     row[13] = resized_w;
     row[14] = r[8];
-    row[15] = resize_integer(full_h, full_w, resized_h, resized_w, static_cast<int>(filter));
+    row[kResizeInteger] =
+        resize_integer(full_h, full_w, resized_h, resized_w, static_cast<int>(filter));
   }
-  return table;
+  const int64_t weights = resize_taps_layout(table.data(), static_cast<int64_t>(images.size()),
+                                             height, width, static_cast<int>(filter));
+  return ResizeTable{std::move(table), weights};
 }
 
 }  // namespace fastpipe

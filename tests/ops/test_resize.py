@@ -92,21 +92,33 @@ def test_a_batch_of_images_of_their_own_sizes_equals_one_call_per_image(backend)
     assert torch.equal(got, torch.stack(expected))
 
 
-# The CUDA kernel's body for the host: one loop over the batch's pixels in place of the grid.
+# The CUDA kernels' bodies for the host: kernels.h's layout of the taps, then one loop over the
+# batch's rows and columns in place of the taps kernel's grid, and one over its pixels in place of
+# the pixel kernel's.
 _EMULATION = r"""
 #include <cstdint>
+#include <vector>
 #include "kernels.h"
 using namespace fastpipe;
 #define EXPORT extern "C" __attribute__((visibility("default")))
-EXPORT void resize_crops_u32(const int64_t* table, int64_t n, int64_t height, int64_t width,
-                             int filter, uint8_t* out) {
-  for (uint32_t i = 0; i < static_cast<uint32_t>(n * height * width); ++i)
-    resize_crops_element<uint32_t>(i, table, height, width, filter, out);
+template <typename Index>
+static void run(int64_t* table, int64_t n, int64_t height, int64_t width, int filter,
+                uint8_t* out) {
+  const int64_t weights = resize_taps_layout(table, n, height, width, filter);
+  std::vector<int32_t> spans(n * (height + width) * 2);
+  std::vector<float> taps(weights);
+  for (Index i = 0; i < static_cast<Index>(n * (height + width)); ++i)
+    resize_crops_taps<Index>(i, table, height, width, filter, spans.data(), taps.data());
+  for (Index i = 0; i < static_cast<Index>(n * height * width); ++i)
+    resize_crops_element<Index>(i, table, spans.data(), taps.data(), height, width, out);
 }
-EXPORT void resize_crops_i64(const int64_t* table, int64_t n, int64_t height, int64_t width,
+EXPORT void resize_crops_u32(int64_t* table, int64_t n, int64_t height, int64_t width,
                              int filter, uint8_t* out) {
-  for (int64_t i = 0; i < n * height * width; ++i)
-    resize_crops_element<int64_t>(i, table, height, width, filter, out);
+  run<uint32_t>(table, n, height, width, filter, out);
+}
+EXPORT void resize_crops_i64(int64_t* table, int64_t n, int64_t height, int64_t width,
+                             int filter, uint8_t* out) {
+  run<int64_t>(table, n, height, width, filter, out);
 }
 """
 
@@ -125,14 +137,16 @@ def emulated(tmp_path_factory):
 
 
 def _table(images: list[torch.Tensor], plans: list[list[int]], interpolation: str) -> np.ndarray:
-    """resize_crops.h's table, built as the glue builds it."""
+    """resize_crops.h's table, built as the glue builds it (the taps' columns left to
+    kernels.h's resize_taps_layout, which the emulation calls)."""
     filter_ = FILTERS.index(interpolation)
-    table = np.zeros((len(images), 16), np.int64)
+    table = np.zeros((len(images), 19), np.int64)
     for n, (image, plan) in enumerate(zip(images, plans)):
         top, left, full_h, full_w, out_top, out_left, resized_h, resized_w, flip = plan
         integer = _reference.resize_integer((full_h, full_w), (resized_h, resized_w), filter_)
-        table[n] = [image.data_ptr(), *image.stride(), top, left, image.shape[0], image.shape[1],
-                    full_h, full_w, out_top, out_left, resized_h, resized_w, flip, int(integer)]
+        table[n, :16] = [image.data_ptr(), *image.stride(), top, left, image.shape[0],
+                         image.shape[1], full_h, full_w, out_top, out_left, resized_h, resized_w,
+                         flip, int(integer)]
     return table
 
 
@@ -152,6 +166,33 @@ def test_the_cuda_kernel_body_equals_the_reference_when_run_on_the_cpu(emulated,
                                             FILTERS.index(interpolation))
         assert torch.equal(torch.from_numpy(out), reference), (trial, plan, interpolation)
         assert torch.equal(reference[0], expected)
+
+
+@pytest.mark.extension
+@pytest.mark.parametrize("interpolation", FILTERS)
+def test_the_cuda_kernel_bodies_place_each_images_taps_in_a_batch(emulated, interpolation):
+    """Images of their own sizes in one batch, some shrunk past 8x (float sums, long taps) and
+    some integer: each image's rows and columns find their own taps in the batch's table."""
+    rng = np.random.default_rng(5)
+    height, width = 9, 13
+    images, plans = [], []
+    for k in range(7):
+        full_h, full_w = (int(v) for v in rng.integers(10, 260, 2))
+        resized_h = int(rng.integers(height, 40)) if k % 3 else height
+        resized_w = int(rng.integers(width, 40)) if k % 2 else width
+        out_top = int(rng.integers(0, resized_h - height + 1))
+        out_left = int(rng.integers(0, resized_w - width + 1))
+        images.append(torch.from_numpy(rng.integers(0, 256, (full_h, full_w, 3), dtype=np.uint8)))
+        plans.append([0, 0, full_h, full_w, out_top, out_left, resized_h, resized_w, k % 2])
+    table = _table(images, plans, interpolation)
+    out = np.zeros((len(images), 3, height, width), np.uint8)
+    emulated.resize_crops_u32(
+        table.ctypes.data_as(ctypes.c_void_p), ctypes.c_int64(len(images)),
+        ctypes.c_int64(height), ctypes.c_int64(width),
+        ctypes.c_int(FILTERS.index(interpolation)), out.ctypes.data_as(ctypes.c_void_p))
+    expected = _reference.resize_crops(images, torch.tensor(plans), height, width,
+                                       FILTERS.index(interpolation))
+    assert torch.equal(torch.from_numpy(out), expected)
 
 
 @pytest.mark.extension

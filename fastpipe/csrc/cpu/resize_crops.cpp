@@ -1,6 +1,7 @@
-// resize_crops on the CPU: kernels.h's resize_pixel for every output pixel, the taps of each
-// output row and column computed once per image. (The CPU image path itself resizes with
-// fastpipe._resize, a row at a time; this kernel is the op's CPU form, the same bits.)
+// resize_crops on the CPU: the CUDA kernel's two passes (kernels.h), in loops: the taps of each
+// image's output rows and columns once (resize_crops_taps), then every output pixel from them
+// (resize_crops_element). (The CPU image path itself resizes with fastpipe._resize, a row at a
+// time; this kernel is the op's CPU form, the same bits.)
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
@@ -18,37 +19,24 @@ at::Tensor resize_crops_cpu(at::TensorList images, const at::Tensor& plan, int64
   check_resize_args(images, plan, height, width, filter);
   TORCH_CHECK(images[0].device().is_cpu(), "fastpipe::resize_crops: CPU kernel called with ",
               images[0].device());
-  const std::vector<int64_t> table = resize_table(images, plan, height, width, filter);
+  const ResizeTable table = resize_table(images, plan, height, width, filter);
   const int64_t n = static_cast<int64_t>(images.size());
+  const int64_t entries = n * (height + width);
+  std::vector<int32_t> spans(static_cast<size_t>(entries) * 2);
+  std::vector<float> weights(static_cast<size_t>(table.weights));
+  const int f = static_cast<int>(filter);
+  at::parallel_for(0, entries, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      resize_crops_taps<int64_t>(i, table.rows.data(), height, width, f, spans.data(),
+                                 weights.data());
+    }
+  });
   at::Tensor out = at::empty({n, 3, height, width}, images[0].options());
   uint8_t* dst = out.mutable_data_ptr<uint8_t>();
-  const int f = static_cast<int>(filter);
-  const int64_t plane = height * width;
   at::parallel_for(0, n * height, 1, [&](int64_t begin, int64_t end) {
-    std::vector<ResizeTaps> cols;
-    int64_t cols_of = -1;
-    for (int64_t line = begin; line < end; ++line) {
-      const int64_t i = line / height, y = line % height;
-      const int64_t* row = table.data() + i * kResizeTableColumns;
-      const auto* pixels = reinterpret_cast<const uint8_t*>(row[0]);
-      const ResizeImage im = resize_image(row);
-      if (cols_of != i) {
-        cols.clear();
-        for (int64_t x = 0; x < width; ++x) {
-          cols.push_back(resize_taps(im.full_width, im.resized_width,
-                                     resize_column(im, x, width), f));
-        }
-        cols_of = i;
-      }
-      const ResizeTaps rows = resize_taps(im.full_height, im.resized_height, im.out_top + y, f);
-      uint8_t* out_row = dst + i * 3 * plane + y * width;
-      for (int64_t x = 0; x < width; ++x) {
-        uint8_t rgb[3];
-        resize_pixel(pixels, im, rows, cols[x], row[15] != 0, rgb);
-        out_row[x] = rgb[0];
-        out_row[plane + x] = rgb[1];
-        out_row[2 * plane + x] = rgb[2];
-      }
+    for (int64_t i = begin * width; i < end * width; ++i) {
+      resize_crops_element<int64_t>(i, table.rows.data(), spans.data(), weights.data(), height,
+                                    width, dst);
     }
   });
   return out;

@@ -51,9 +51,13 @@ cudaError_t launch_cutmix_inplace(void* images, Strides strides, bool channels_l
                                   cudaStream_t stream);
 
 // resize_crops: table is (n, kResizeTableColumns) int64 on the device (fastpipe/csrc/
-// resize_crops.h's resize_table); out is (n, 3, height, width) uint8, one thread per pixel.
+// resize_crops.h's resize_table); spans (n * (height + width) * 2 int32) and weights (the table's
+// count of floats) device memory for the taps, written by the first kernel (a thread per output
+// row or column of an image), read by the second; out is (n, 3, height, width) uint8, one thread
+// per pixel.
 cudaError_t launch_resize_crops(const int64_t* table, int64_t n, int64_t height, int64_t width,
-                                int filter, uint8_t* out, cudaStream_t stream);
+                                int filter, int32_t* spans, float* weights, uint8_t* out,
+                                cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace fastpipe
