@@ -232,7 +232,8 @@ def _jpeg_extension():
     return Extension(
         "fastpipe._jpeg",
         [os.path.join("fastpipe", "csrc", "jpeg", "region_decode.cpp")],
-        depends=[os.path.join("fastpipe", "csrc", "image", "resize_kernel.h")] + [
+        depends=[os.path.join("fastpipe", "csrc", "image", "resize_kernel.h"),
+                 os.path.join("fastpipe", "csrc", "kernels.h")] + [
             os.path.join("fastpipe", "csrc", "jpeg", name)
             for name in ("decode_core.h", "huffman_decoder.h", "restart_segments.h",
                          "train_plan.h", "transcode.h")],
@@ -258,7 +259,8 @@ def _resize_extension():
     return Extension(
         "fastpipe._resize",
         [os.path.join("fastpipe", "csrc", "image", "resize.cpp")],
-        depends=[os.path.join("fastpipe", "csrc", "image", "resize_kernel.h")],
+        depends=[os.path.join("fastpipe", "csrc", "image", "resize_kernel.h"),
+                 os.path.join("fastpipe", "csrc", "kernels.h")],
         extra_compile_args=["-O3", "-g0", "-ffp-contract=off"],
     )
 

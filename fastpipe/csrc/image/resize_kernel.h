@@ -20,64 +20,52 @@
 #include <immintrin.h>
 #endif
 
+/* The taps themselves (the filters, the weights, their fixed-point form) are kernels.h's, the one
+ * definition the GPU's resize_crops computes too. */
+#include "../kernels.h"
+
 namespace {
 
 constexpr long kMaxSide = 1L << 24;
 
 /* Taps and weights of one axis: output i reads `count[i]` inputs from `start[i]`, with weights
- * `weights[i * max_taps + k]`, which sum to one. */
+ * `weights[i * max_taps + k]`, which sum to one, and, where an output has at most
+ * fastpipe::kResizeMaxFixedTaps taps, their 14-bit fixed-point form `fixed[i * max_taps + k]`,
+ * which sums to exactly 1 << 14. */
 struct Taps {
     std::vector<int> start;
     std::vector<int> count;
     std::vector<float> weights;
+    std::vector<int16_t> fixed;
     int max_taps = 0;
 };
 
 /* The resize filters: PIL's and torch's antialiased bilinear (a triangle, support 1) and bicubic
  * (Keys' cubic with a = -0.5, support 2; PIL's BICUBIC, torch's bicubic with antialias=True). */
-enum Filter { kBilinear = 0, kBicubic = 1 };
-
-double filter_support(int filter) { return filter == kBicubic ? 2.0 : 1.0; }
-
-double filter_weight(int filter, double x) {
-    x = std::fabs(x);
-    if (filter == kBicubic) {
-        constexpr double a = -0.5;
-        if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
-        if (x < 2.0) return (((x - 5.0) * x + 8.0) * x - 4.0) * a;
-        return 0.0;
-    }
-    return x < 1.0 ? 1.0 - x : 0.0;
-}
+enum Filter { kBilinear = fastpipe::kResizeBilinear, kBicubic = fastpipe::kResizeBicubic };
 
 /* The taps of torch's _compute_indices_min_size_weights_aa and PIL's precompute_coeffs for
- * `filter`, align_corners=False, computed in double as both do: the filter stretched by the scale
- * when shrinking, weights normalized to sum to one (bicubic's may be negative). */
+ * `filter`, align_corners=False, computed in double as both do (fastpipe::resize_taps): the filter
+ * stretched by the scale when shrinking, weights normalized to sum to one (bicubic's may be
+ * negative). */
 Taps filter_taps(int in_size, int out_size, int filter) {
-    const double scale = static_cast<double>(in_size) / out_size;
-    const double support = filter_support(filter) * (scale >= 1.0 ? scale : 1.0);
-    const double inv_scale = scale >= 1.0 ? 1.0 / scale : 1.0;
     Taps taps;
-    taps.max_taps = static_cast<int>(std::ceil(support)) * 2 + 1;
+    taps.max_taps = static_cast<int>(fastpipe::resize_max_taps(in_size, out_size, filter));
     taps.start.resize(out_size);
     taps.count.resize(out_size);
-    taps.weights.assign(static_cast<size_t>(out_size) * taps.max_taps, 0.0f);
-    std::vector<double> raw(taps.max_taps);
+    const size_t values = static_cast<size_t>(out_size) * taps.max_taps;
+    taps.weights.assign(values, 0.0f);
+    taps.fixed.assign(values, 0);
     for (int i = 0; i < out_size; ++i) {
-        const double center = scale * (i + 0.5);
-        const int lo = std::max(static_cast<int>(center - support + 0.5), 0);
-        const int hi = std::min(static_cast<int>(center + support + 0.5), in_size);
-        const int count = std::min(hi - lo, taps.max_taps);
-        double total = 0.0;
-        for (int k = 0; k < count; ++k) {
-            raw[k] = filter_weight(filter, (k + lo - center + 0.5) * inv_scale);
-            total += raw[k];
-        }
-        taps.start[i] = lo;
-        taps.count[i] = count;
-        for (int k = 0; k < count; ++k) {
-            taps.weights[static_cast<size_t>(i) * taps.max_taps + k] =
-                static_cast<float>(total != 0.0 ? raw[k] / total : 0.0);
+        const fastpipe::ResizeTaps t = fastpipe::resize_taps(in_size, out_size, i, filter);
+        taps.start[i] = static_cast<int>(t.start);
+        taps.count[i] = static_cast<int>(t.count);
+        const size_t at = static_cast<size_t>(i) * taps.max_taps;
+        for (int k = 0; k < taps.count[i]; ++k) {
+            taps.weights[at + k] = fastpipe::resize_weight(t, k);
+            if (t.count <= fastpipe::kResizeMaxFixedTaps) {
+                taps.fixed[at + k] = static_cast<int16_t>(t.fixed[k]);
+            }
         }
     }
     return taps;
@@ -113,29 +101,14 @@ void with_taps(int taps, Body &&body) {
     }
 }
 
-/* Vertical weights in fixed point: 14 fraction bits, each output row's summing to exactly 1 << 14,
- * so that 16-bit multiply-adds can sum two input rows at a time. Rounding the weights moves a sum
- * by up to about 255 * taps * 2**-15 grey levels (less in practice, the errors cancel), so fixed
- * point is used up to kMaxFixedTaps taps (shrinking rows up to ~8x), float weights beyond. */
-constexpr int kFractionBits = 14;
+/* Vertical weights in fixed point (Taps.fixed): 14 fraction bits, each output row's summing to
+ * exactly 1 << 14, so that 16-bit multiply-adds can sum two input rows at a time. Rounding the
+ * weights moves a sum by up to about 255 * taps * 2**-15 grey levels (less in practice, the errors
+ * cancel), so fixed point is used up to kMaxFixedTaps taps (shrinking rows up to ~8x), float
+ * weights beyond. */
+constexpr int kFractionBits = fastpipe::kResizeFractionBits;
 constexpr float kUnit = 1.0f / (1 << kFractionBits);
-constexpr int kMaxFixedTaps = 17;
-
-std::vector<int16_t> fixed_point(const Taps &taps) {
-    std::vector<int16_t> fixed(taps.weights.size(), 0);
-    for (size_t i = 0; i < taps.count.size(); ++i) {
-        const float *w = &taps.weights[i * taps.max_taps];
-        int16_t *q = &fixed[i * taps.max_taps];
-        int total = 0, largest = 0;
-        for (int k = 0; k < taps.count[i]; ++k) {
-            q[k] = static_cast<int16_t>(std::lround(w[k] * (1 << kFractionBits)));
-            total += q[k];
-            largest = q[k] > q[largest] ? k : largest;
-        }
-        q[largest] = static_cast<int16_t>(q[largest] + ((1 << kFractionBits) - total));
-    }
-    return fixed;
-}
+constexpr int kMaxFixedTaps = fastpipe::kResizeMaxFixedTaps;
 
 /* Weights k and k + 1 as the two 16-bit halves of one 32-bit lane, the operand of a 16-bit
  * multiply-add over input rows k and k + 1 interleaved (k + 1's half is 0 when there is no such
@@ -536,7 +509,7 @@ bool taps_inside(const Taps &rows, const Taps &cols, const Box &in, const Box &o
 /* resize_rgb_to_planes with integer rows and columns (the integer forms above). */
 void resize_integer(const ResizeJob &job, const Taps &rows, const Taps &cols, int col_taps) {
     const Box &in = job.source, &out = job.output;
-    const std::vector<int16_t> row_weights = fixed_point(rows), col_fixed = fixed_point(cols);
+    const std::vector<int16_t> &row_weights = rows.fixed, &col_fixed = cols.fixed;
     const int pairs = (col_taps + 1) / 2;
     // Zeros on both sides of the row: padded taps, and the loads' last 2 values, reach past it.
     const long margin = 6L * pairs + 8;
@@ -595,7 +568,7 @@ void resize_integer(const ResizeJob &job, const Taps &rows, const Taps &cols, in
 void resize_float(const ResizeJob &job, const Taps &rows, const Taps &cols, int col_taps) {
     const Box &in = job.source, &out = job.output;
     const bool fixed = rows.max_taps <= kMaxFixedTaps;
-    const std::vector<int16_t> fixed_weights = fixed ? fixed_point(rows) : std::vector<int16_t>();
+    const std::vector<int16_t> &fixed_weights = rows.fixed;
     // Zeros on both sides of the row: padded taps may reach past the source box.
     const long margin = 3L * col_taps + 1;
     std::vector<int> offsets(out.width);
