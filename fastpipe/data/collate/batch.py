@@ -62,14 +62,20 @@ class _KeptBatches:
 
     Each batch is a tensor over a numpy array kept here; the tensor, and every view of it, holds a
     reference to the array, so an array whose only references are this pool's is free. At most
-    ``limit`` arrays are kept: the batches a thread loader has in flight and the ones the
-    training loop still holds. A free array of another shape is dropped when a batch is asked
-    for, so a change of batch shape does not keep the old batches' memory.
+    ``limit`` arrays are kept: a batch of records is a block per field, and a thread loader has
+    about eight batches in flight (the threads' batches ahead, its queue, the one the training
+    loop holds). A free array of a shape not asked for in the last :attr:`STALE` batches (an
+    epoch's short last batch, a change of batch size) is dropped, so an old shape does not keep
+    its memory; when the pool is full, the free array asked for least recently makes room.
     """
 
-    def __init__(self, limit: int = 8) -> None:
+    STALE = 64
+
+    def __init__(self, limit: int = 32) -> None:
         self.limit = limit
         self._arrays: list[np.ndarray] = []
+        self._asked: dict[tuple[tuple[int, ...], np.dtype], int] = {}  # shape -> when, last
+        self._clock = 0
         self._unused = 0
         self._lock = threading.Lock()
 
@@ -78,14 +84,28 @@ class _KeptBatches:
             np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
         except TypeError:  # bfloat16 and other dtypes numpy lacks
             return torch.empty(shape, dtype=dtype)
+        shape = tuple(shape)
         with self._lock:
+            self._clock += 1
+            self._asked[(shape, np_dtype)] = self._clock
             free = [k for k in range(len(self._arrays)) if self._refs(k) == self._unused]
+            last = {k: self._asked.get((self._arrays[k].shape, self._arrays[k].dtype), 0)
+                    for k in free}
+            stale = [k for k in free if last[k] < self._clock - self.STALE]
+            for k in reversed(stale):
+                del self._arrays[k]
+            if stale:
+                self._asked = {key: when for key, when in self._asked.items()
+                               if when >= self._clock - self.STALE}
+                free = [k for k in range(len(self._arrays)) if self._refs(k) == self._unused]
+                last = {k: self._asked.get((self._arrays[k].shape, self._arrays[k].dtype), 0)
+                        for k in free}
             for k in free:
                 array = self._arrays[k]
                 if array.shape == shape and array.dtype == np_dtype:
                     return torch.from_numpy(array)
-            for k in reversed(free):
-                del self._arrays[k]
+            if len(self._arrays) >= self.limit and free:  # full: the least recently asked goes
+                del self._arrays[min(free, key=last.__getitem__)]
             if len(self._arrays) >= self.limit:
                 return torch.empty(shape, dtype=dtype)
             self._arrays.append(np.empty(shape, np_dtype))

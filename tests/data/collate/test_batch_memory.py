@@ -35,13 +35,33 @@ def test_a_batch_is_not_reused_while_any_view_of_it_lives():
     assert kept.empty((4, 3, 8, 8), torch.uint8).data_ptr() == address
 
 
-def test_free_batches_of_another_shape_are_dropped():
+def test_free_batches_of_a_shape_no_longer_asked_for_are_dropped():
     kept = collate._KeptBatches()
-    kept.empty((4, 3, 8, 8), torch.uint8)
-    kept.empty((2, 3, 8, 8), torch.uint8)
-    held = kept.empty((2, 3, 8, 8), torch.uint8)
+    kept.empty((4, 3, 8, 8), torch.uint8)  # an epoch's last, short batch: asked for once
+    for _ in range(collate._KeptBatches.STALE + 1):
+        held = kept.empty((2, 3, 8, 8), torch.uint8)
+        del held
     assert [array.shape for array in kept._arrays] == [(2, 3, 8, 8)]
-    del held
+
+
+def _served_from_the_pool(kept: collate._KeptBatches, tensor: torch.Tensor) -> bool:
+    return any(tensor.data_ptr() == array.ctypes.data for array in kept._arrays)
+
+
+def test_record_batches_in_flight_reuse_every_field_block():
+    """A records loader: each batch a block per field (two shapes), about eight batches in
+    flight (the threads' batches ahead, the queue, the loop's): after the first round, every block
+    comes from a freed one."""
+    kept = collate._KeptBatches()
+    in_flight, fresh = [], 0
+    for step in range(60):
+        batch = [kept.empty((32, 4, 100), torch.float32), kept.empty((32, 100), torch.float32)]
+        if step >= 8:
+            fresh += sum(not _served_from_the_pool(kept, t) for t in batch)
+        in_flight.append(batch)
+        if len(in_flight) > 7:
+            in_flight.pop(0)  # the loop is done with the oldest batch
+    assert fresh == 0
 
 
 def test_at_most_limit_batches_are_kept_and_more_are_still_served():
