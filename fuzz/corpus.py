@@ -178,8 +178,10 @@ def png_seeds() -> dict[str, bytes]:
 
 def tar_seeds(images: list[bytes]) -> dict[str, bytes]:
     """WebDataset shards of a few samples each (an image member, a class, a caption, raw bytes),
-    in each format tarfile writes (GNU with long names, POSIX pax, ustar with a name prefix),
-    one of them ending without its end-of-archive blocks: the tar_shard target's seeds."""
+    in each format tarfile writes (GNU, and GNU with long-name headers; POSIX pax with extended
+    headers for non-ASCII names and for names past 100 bytes; ustar with names split into a
+    prefix and a name), one of them ending without its end-of-archive blocks: the tar_shard
+    target's seeds."""
     import tarfile
 
     def shard(format: int, prefix: str, members: int, end: bool = True) -> bytes:
@@ -198,11 +200,17 @@ def tar_seeds(images: list[bytes]) -> dict[str, bytes]:
             members_end = tar.offset
         return out.getvalue() if end else out.getvalue()[:members_end]
 
-    long_prefix = "a-folder-name-long-enough-that-the-member-names-pass-the-100-bytes-of-a-header/"
+    # Member names past a header's 100 bytes (the key's folders, then "000000.png"): GNU writes
+    # a long-name header (type L) before the member's, pax an extended header (type x) with
+    # the path, ustar splits the name at a "/" into the prefix (byte 345 on) and the name.
+    # pax writes an extended header for a non-ASCII name too.
+    long_prefix = ("a-folder-name-long-enough-that-the-member-names-pass-the-100-bytes-of-a-header/"
+                   + "x" * 30 + "/")
     return {
         "tar-gnu": shard(tarfile.GNU_FORMAT, "", 4),
-        "tar-gnu-long": shard(tarfile.GNU_FORMAT, long_prefix + "x" * 30 + "/", 3),
-        "tar-pax": shard(tarfile.PAX_FORMAT, "pax/", 3),
+        "tar-gnu-long": shard(tarfile.GNU_FORMAT, long_prefix, 3),
+        "tar-pax": shard(tarfile.PAX_FORMAT, "pax-\u00e9t\u00e9/", 3),
+        "tar-pax-long": shard(tarfile.PAX_FORMAT, long_prefix, 3),
         "tar-ustar": shard(tarfile.USTAR_FORMAT, long_prefix, 3),
         "tar-unended": shard(tarfile.GNU_FORMAT, "", 2, end=False),
     }

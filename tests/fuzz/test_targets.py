@@ -5,6 +5,7 @@ there for when one is planted (a target that cannot fail checks nothing)."""
 from __future__ import annotations
 
 import io
+import tarfile
 import zlib
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 
 pytest.importorskip("h5py", exc_type=ImportError)
 
-from fuzz import KnownIssue, images, sources  # noqa: E402
+from fuzz import images, sources  # noqa: E402
 from fuzz.corpus import png_seeds, tar_seeds  # noqa: E402
 
 
@@ -33,8 +34,6 @@ def _run(function, inputs: list[bytes], seeds: range) -> list[str]:
         data = inputs[call_seed % len(inputs)]
         try:
             function(data, np.random.default_rng(call_seed))
-        except KnownIssue:
-            pass  # listed in docs/fuzzing.md, counted by the driver
         except (images.Finding, sources.Finding) as exc:
             findings.append(f"seed {call_seed}: {exc}")
     return findings
@@ -86,6 +85,32 @@ def test_the_png_paths_find_pillow_asked_behind_a_damage_verdict(monkeypatch):
     monkeypatch.setattr(png, "_judged", old)
     with pytest.raises(images.Finding, match="calls the file damaged"):
         images.png_paths(bytes(damaged), np.random.default_rng(0))
+
+
+def _headers(shard: bytes) -> list[bytes]:
+    """The 512-byte blocks of a seed that are headers (the magic at its place)."""
+    return [shard[at:at + 512] for at in range(0, len(shard) - 511, 512)
+            if shard[at + 257:at + 262] == b"ustar"]
+
+
+def test_the_tar_seeds_hold_each_format_s_long_names(pngs):
+    """Each seed exercises what its format is for: GNU long-name headers (type L), pax
+    extended headers (type x) for names past 100 bytes and for non-ASCII names, a ustar name
+    split into a prefix (byte 345 on) and a name."""
+    seeds = tar_seeds(pngs[:3])
+    assert any(h[156:157] == b"L" for h in _headers(seeds["tar-gnu-long"]))
+    for name in ("tar-pax", "tar-pax-long"):
+        records = b"".join(seeds[name][at + 512:at + 1024] for at in range(
+            0, len(seeds[name]) - 511, 512) if seeds[name][at + 156:at + 157] == b"x"
+            and seeds[name][at + 257:at + 262] == b"ustar")
+        assert b" path=" in records, name
+    assert "\u00e9".encode() in seeds["tar-pax"]
+    ustar = _headers(seeds["tar-ustar"])
+    assert all(h[257:265] == b"ustar\x0000" for h in ustar)
+    assert all(h[345] and h[156:157] == b"0" for h in ustar)
+    with tarfile.open(fileobj=io.BytesIO(seeds["tar-ustar"])) as tar:
+        names = tar.getnames()
+    assert all(len(n.encode()) > 100 and "/" in n for n in names)
 
 
 def test_the_tar_target_finds_another_members_bytes(tars, monkeypatch):

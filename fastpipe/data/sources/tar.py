@@ -408,6 +408,8 @@ def _index_fits(shard: Path, index: dict[str, np.ndarray], size: int) -> bool:
     stop = int(end[0])
     if not m:
         return n == 0 and len(keys) == 0 and stop == 0 and _zeros_after(shard, 0, size)
+    if not ((start >= 0).all() and (start <= size).all() and (span <= size).all()):
+        return False  # (no sum below can overflow)
     chain_end = start + span
     if not (start[0] == 0 and (span >= 512).all() and (start % 512 == 0).all()
             and (span % 512 == 0).all() and (start[1:] >= chain_end[:-1]).all()
