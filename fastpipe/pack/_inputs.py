@@ -32,7 +32,7 @@ import numpy as np
 from fastpipe.data.decode.budget import CorruptImageError, ImageTooLargeError
 from fastpipe.data.decode.image import decode_rgb
 from fastpipe.data.format import fields as F
-from fastpipe.data.format.layout import INTERNAL
+from fastpipe.data.format.layout import INTERNAL, unsealed_reason
 from fastpipe.data.format.roles import Image, Label, Mask
 from fastpipe.data.sources._base import Schema, Source
 from fastpipe.data.sources._engine import resource_error
@@ -398,6 +398,11 @@ def open_inputs(source: Any, fields: Mapping[str, F.Field] | Sequence[str] | Non
     decided (an image pack's image field by the options, from its first readable input for array
     storage)."""
     opened, kind = _open(source, fields)
+    if kind in ("hdf5", "lmdb"):
+        reason = unsealed_reason(opened.meta, opened.where)
+        if reason is not None:  # packed again, the edited metadata would get a new checksum
+            raise SourceError(f"{reason}. pack refuses it as a source: the new pack would "
+                              "store its fields as they now read under a new checksum")
     if not len(opened):
         raise SourceError(f"the source {opened.where} has no inputs")
     schema = opened.schema

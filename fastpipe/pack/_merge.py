@@ -59,6 +59,8 @@ def merge_packs(
     if output.resolve() in {p.resolve() for p in paths}:
         raise ValueError(f"the output {output} is also one of the parts")
     check_output(output, overwrite)
+    for p in paths:
+        _check_sealed(p, "merge_packs")
     described = [_describe(p) for p in paths]
     order = _order_parts(paths, described)
     paths = [paths[k] for k in order]
@@ -96,6 +98,7 @@ def upgrade(old: str | os.PathLike, new: str | os.PathLike, *, format: str | Non
         raise ValueError(f"upgrade writes a new pack: give another path than {old} (then "
                          "replace the old pack with it)")
     check_output(new, overwrite)
+    sealed = _check_sealed(old, "upgrade")
     meta, schema = _describe(old)
     final = output_meta(meta, schema, upgraded_from=int(meta["version"]))
     tmp = new.with_name(new.name + ".partial")
@@ -103,9 +106,27 @@ def upgrade(old: str | os.PathLike, new: str | os.PathLike, *, format: str | Non
     install(tmp, new)
     written = read_meta(new)
     inputs = int(meta.get("inputs", meta["count"]))
-    return PackReport(new, format, storage_of(schema), "copy", inputs, int(written["count"]),
-                      list(meta.get("skipped") or []), 1, 0, time.perf_counter() - started,
-                      size_on_disk(new, written))
+    report = PackReport(new, format, storage_of(schema), "copy", inputs, int(written["count"]),
+                        list(meta.get("skipped") or []), 1, 0, time.perf_counter() - started,
+                        size_on_disk(new, written))
+    if not sealed:
+        report.notes.append(
+            f"{old} had no metadata checksum: the one {new} now stores covers its metadata as "
+            "it stood at the upgrade, unchecked until then (a value edited or damaged before "
+            "it is now sealed as it reads); fastpipe verify NEW checks the samples against "
+            "their checksums, not the metadata against what fastpipe first wrote")
+    return report
+
+
+def _check_sealed(path: Path, doing: str) -> bool:
+    """Refuses a pack whose metadata fails its checksum: written again, it would be sealed with
+    a new one, and verify would call the edited metadata sound. Whether it has one."""
+    meta = read_meta(path)
+    reason = fmt.unsealed_reason(meta, str(path))
+    if reason is not None:
+        raise PackError(f"{reason}. {doing} refuses it: it would store the metadata as it now "
+                        "reads under a new checksum")
+    return fmt.has_checksum(meta)
 
 
 def output_meta(meta: dict[str, Any], schema: Schema, **updates: Any) -> dict[str, Any]:

@@ -29,6 +29,7 @@ class PackReport:
     resumed_shards: int
     seconds: float
     size_bytes: int
+    notes: list[str] = field(default_factory=list)  # what the caller should know: not problems
 
     @property
     def files_per_second(self) -> float:
@@ -54,6 +55,7 @@ class PackReport:
             lines.extend(f"  {s['source']}: {s['reason']}" for s in self.skipped[:_LISTED])
             if len(self.skipped) > _LISTED:
                 lines.append(f"  ... and {len(self.skipped) - _LISTED} more")
+        lines.extend(f"note: {note}" for note in self.notes)
         return "\n".join(lines)
 
 

@@ -21,7 +21,7 @@ lmdb = pytest.importorskip("lmdb", exc_type=ImportError)
 from fastpipe.__main__ import main  # noqa: E402
 from fastpipe.data import H5Dataset, LMDBDataset  # noqa: E402
 from fastpipe.data.format import layout as fmt  # noqa: E402
-from fastpipe.pack import merge_packs, pack, upgrade, verify  # noqa: E402
+from fastpipe.pack import PackError, merge_packs, pack, upgrade, verify  # noqa: E402
 
 pytestmark = pytest.mark.hdf5
 
@@ -154,6 +154,43 @@ def test_a_version_3_pack_without_the_checksum_verifies_with_a_note(tmp_path, ca
     assert "note: the metadata has no checksum" in capsys.readouterr().out
     upgrade(path, tmp_path / "sealed.h5")
     assert verify(tmp_path / "sealed.h5").notes == []
+
+
+@pytest.mark.parametrize("how", ["upgrade", "merge copy", "merge virtual", "merge lmdb",
+                                 "lmdb upgrade", "pack"])
+def test_a_pack_whose_metadata_fails_its_checksum_is_not_sealed_again(tmp_path, how):
+    """upgrade, merge_packs and pack (a pack as its source) wrote an edited pack's metadata, or
+    the fields it describes, with a new checksum: verify then called the output sound. They
+    refuse it, naming the pack and the fix."""
+    lmdb_input = how == "lmdb upgrade"
+    path = tmp_path / ("edited.lmdb" if lmdb_input else "edited.h5")
+    if lmdb_input:
+        pack(Records(), path, progress=False, format="lmdb")
+        _edit_lmdb_meta(path, _image_as_bytes)
+    else:
+        pack(Records(), path, progress=False, merge="copy")
+        _edit_h5_meta(path, _image_as_bytes)
+    good = tmp_path / "good.h5"
+    pack(Records(), good, progress=False, merge="copy")
+    out = tmp_path / ("out.lmdb" if how == "merge lmdb" else "out.h5")
+    with pytest.raises(PackError, match=r"edited\.(h5|lmdb): its metadata does not match the "
+                       r"checksum.*(upgrade|merge_packs|pack) refuses"):
+        if how == "pack":  # the pack as a source of another
+            pack(path, out, progress=False)
+        elif how.endswith("upgrade"):
+            upgrade(path, out)
+        else:
+            merge_packs([good, path], out, merge=how.split()[1] if how != "merge lmdb" else None)
+    assert not out.exists()
+
+
+def test_upgrading_a_pack_without_a_checksum_says_what_the_new_one_covers(tmp_path):
+    report = upgrade(STORED / "v1_bytes_copy.h5", tmp_path / "upgraded.h5")
+    assert len(report.notes) == 1, report.notes
+    assert "covers its metadata as it stood at the upgrade" in report.notes[0]
+    assert report.notes[0] in report.summary()
+    sealed = tmp_path / "sealed.h5"
+    assert upgrade(tmp_path / "upgraded.h5", sealed).notes == []  # it had one: nothing to say
 
 
 def test_the_checksum_covers_the_text_as_stored():
