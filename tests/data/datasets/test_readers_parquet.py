@@ -11,7 +11,7 @@ import pytest
 import torch
 
 pytest.importorskip("pyarrow")
-pytest.importorskip("datasets")
+pytest.importorskip("datasets", exc_type=ImportError)
 
 import fastpipe  # noqa: E402
 from fastpipe import DataLoaderX  # noqa: E402

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 pytest.importorskip("pyarrow")
-pytest.importorskip("datasets")
+pytest.importorskip("datasets", exc_type=ImportError)
 pytest.importorskip("s3fs", exc_type=ImportError)
 pytest.importorskip("moto", exc_type=ImportError)
 
