@@ -70,23 +70,28 @@ def _private_kib(pid: int) -> int:
 
 
 def write_tars(folder: Path, n: int) -> None:
+    """The same samples as :class:`Tiny`'s, as WebDataset shards (a .npy and a .cls member)."""
+    import numpy as np
+
     folder.mkdir(parents=True, exist_ok=True)
     for start in range(0, n, SHARD):
         with tarfile.open(folder / f"{start // SHARD:06d}.tar", "w") as tar:
             for i in range(start, min(n, start + SHARD)):
-                for ext, data in (("bin", b"%016d" % i), ("cls", str(i % 10).encode())):
+                array = io.BytesIO()
+                np.save(array, np.full(4, i, np.float32))
+                for ext, data in (("npy", array.getvalue()), ("cls", str(i % 10).encode())):
                     info = tarfile.TarInfo(f"{i:09d}.{ext}")
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
 
 
-def measure(name: str, cfg: dict[str, Any]) -> dict[str, Any]:
+def measure(name: str, cfg: Any) -> dict[str, Any]:
     n = int(name.split("N=")[1])
-    folder = Path(cfg["folder"]) / str(n)
+    folder = Path(cfg.folder) / str(n)
     if name.startswith("pack"):
         from fastpipe.pack import pack
 
-        out = Path(cfg["folder"]) / f"timed-{n}-{os.getpid()}.h5"
+        out = Path(cfg.folder) / f"timed-{n}-{os.getpid()}.h5"
         cpu, start = _harness.cpu_seconds(), time.perf_counter()
         pack(Tiny(n), out, shard_size=SHARD, progress=False)
         seconds = time.perf_counter() - start
@@ -100,7 +105,7 @@ def measure(name: str, cfg: dict[str, Any]) -> dict[str, Any]:
     if name.startswith("H5Dataset"):
         dataset = H5Dataset(folder / "pack.h5")
     else:
-        dataset = TarDataset(folder / "tars", fields=["bin", "cls"])
+        dataset = TarDataset(folder / "tars", fields=["npy", "cls"])
     opened = time.perf_counter() - start
     start = time.perf_counter()
     dataset[0]
@@ -108,7 +113,7 @@ def measure(name: str, cfg: dict[str, Any]) -> dict[str, Any]:
     loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH, num_workers=2,
                                          persistent_workers=True, collate_fn=fast_collate)
     iterator = iter(loader)
-    seen = sum(len(batch[0]) if isinstance(batch, tuple) else len(batch["x"])
+    seen = sum(len(next(iter(batch.values())) if isinstance(batch, dict) else batch[0])
                for batch in iterator)
     workers = [w.pid for w in iterator._workers]
     private = [_private_kib(pid) / 1024 for pid in workers]

@@ -98,3 +98,21 @@ def test_isolated_run_fails_loudly_on_the_wrong_fastpipe(tmp_path):
     # installed fastpipe answers the import.
     with _harness.Isolated() as isolated, pytest.raises(RuntimeError, match="not the fastpipe"):
         isolated.run("bench_cpu_path", "ceiling", {}, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_bench_scale_measures_every_row_of_a_small_run(tmp_path):
+    """bench_scale's quick run: each size's pack, H5Dataset and TarDataset rows measured in their
+    own processes, with the numbers its table reports."""
+    out = tmp_path / "runs.json"
+    done = subprocess.run([sys.executable, "-m", "benchmarks.bench_scale", "--quick", "--only",
+                           "N=2000", "--json", str(out)], cwd=ROOT, timeout=600,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    measured = {m["name"]: m for m in json.loads(out.read_text())["measurements"] if "rate" in m}
+    assert set(measured) == {"pack N=2000", "H5Dataset N=2000", "TarDataset N=2000"}
+    assert measured["pack N=2000"]["peak_mb"] > 0
+    for name in ("H5Dataset N=2000", "TarDataset N=2000"):
+        assert measured[name]["seen"] == 2000
+        assert measured[name]["worker_private_mb"] > 0 and measured[name]["worker_fds"] > 0
