@@ -151,12 +151,11 @@ def _run(fs: Any, name: str, *args: Any, options: RemoteOptions,
 
     future = asyncio.run_coroutine_threadsafe(timed(), fs.loop)
     try:
-        while True:
-            try:
-                return future.result(timeout=_POLL_SECONDS)
-            except concurrent.futures.TimeoutError:
-                if stop is not None and stop.is_set():
-                    raise Cancelled() from None
+        # Waits without result(timeout=): its TimeoutError is the request's own timeout too.
+        while not concurrent.futures.wait([future], timeout=_POLL_SECONDS).done:
+            if stop is not None and stop.is_set():
+                raise Cancelled()
+        return future.result()
     finally:
         if not future.done():
             future.cancel()
