@@ -229,9 +229,11 @@ def _chunk_offsets(ds, chunk_rows: int, row_bytes: int) -> np.ndarray | None:
 
 def check_virtual_sources(ds, where: str) -> None:
     """A user's virtual dataset reads its source files by name, and HDF5 gives the fill value
-    (zeros) for a source that is missing, and maps a source replaced by one of another size
-    element by element (h5py then refuses to read the whole dataset): refuse one whose sources
-    are not all there, or not of the size it maps."""
+    (zeros) for a source that is missing, maps a source replaced by one of another size element
+    by element (h5py then refuses to read the whole dataset), and reads the fill value where a
+    hyperslab of a source (part of it mapped) lies past a source that shrank, or garbage from a
+    source of another rank: refuse one whose sources are not all there, not of the size mapped
+    whole, or not holding the part mapped, naming each such source file and dataset."""
     if not ds.is_virtual:
         return
     import h5py
@@ -245,18 +247,15 @@ def check_virtual_sources(ds, where: str) -> None:
         if not path.exists():
             missing.append(str(path))
             continue
-        if source.src_space.get_select_type() != h5py.h5s.SEL_ALL:
-            continue  # a hyperslab of the source: HDF5 checks it against the source's shape
         try:
             with h5py.File(path, "r") as f:
-                held = f[source.dset_name].size
-        except (OSError, KeyError, ValueError):
+                shape = f[source.dset_name].shape
+        except (OSError, KeyError, ValueError, AttributeError):  # AttributeError: a group
             changed.append(f"{path} (no dataset {source.dset_name!r})")
             continue
-        mapped = source.vspace.get_select_npoints()
-        if held != mapped:
-            changed.append(f"{path} ({source.dset_name!r} holds {held} values where "
-                           f"{mapped} are mapped)")
+        problem = _source_problem(source, tuple(shape))
+        if problem is not None:
+            changed.append(f"{path} ({source.dset_name!r} {problem})")
     if missing:
         raise PackFormatError(
             f"{where}: the virtual dataset {ds.name!r} maps source files that are missing "
@@ -269,3 +268,26 @@ def check_virtual_sources(ds, where: str) -> None:
             f"was made ({'; '.join(changed[:3])}{' ...' if len(changed) > 3 else ''}); their "
             "values would land in the wrong rows (h5py refuses to read the dataset whole): "
             "restore the sources, or make the virtual dataset again")
+
+
+def _source_problem(source, shape: tuple[int, ...]) -> str | None:
+    """Why a virtual dataset's ``source`` (h5py's VDSmap) does not map the dataset of ``shape``
+    its file now holds as it was made to, or None: a source mapped whole must hold as many
+    values as are mapped; a hyperslab (or points) of one must lie inside it, in as many
+    dimensions. A selection without an end (an unlimited dataset's) is HDF5's to follow."""
+    import h5py
+
+    space = source.src_space
+    if space.get_select_type() == h5py.h5s.SEL_ALL:
+        held, mapped = int(np.prod(shape)), source.vspace.get_select_npoints()
+        return None if held == mapped else f"holds {held} values where {mapped} are mapped"
+    rank = space.get_simple_extent_ndims()
+    if len(shape) != rank:
+        return (f"is {shape} where the mapped selection has {rank} "
+                f"dimension{'s' if rank != 1 else ''}")
+    if space.is_regular_hyperslab() and h5py.h5s.UNLIMITED in space.get_regular_hyperslab()[2]:
+        return None
+    reach = tuple(int(end) + 1 for end in space.get_select_bounds()[1])
+    if any(r > s for r, s in zip(reach, shape)):
+        return f"is {shape} where the mapped selection reaches {reach}"
+    return None
