@@ -19,7 +19,7 @@
  * Every chunk but IDAT is checked against its CRC when the layout is read (a mismatch sends the
  * file to libpng, which reports it); every IDAT chunk read is checked when the inflater takes it;
  * damage inside the stream below the band goes unnoticed, as with any band decode. Decoding the
- * last row also reads the stream to its end.
+ * last row also reads the stream to its end and checks the IDAT chunks after it.
  */
 #pragma once
 
@@ -194,6 +194,18 @@ inline bool read_layout(const uint8_t *data, size_t size, Layout *out) {
 class IdatChunks {
 public:
     const std::string &message() const { return message_; }
+
+    // After the stream's end: the IDAT chunks the inflater never took are checked against their
+    // CRCs too, as libpng checks every chunk up to IEND when it reads a file to its end.
+    bool check_rest() {
+        for (; next_chunk_ < layout_.idat.size(); ++next_chunk_) {
+            const Span span = layout_.idat[next_chunk_];
+            if (!crc_matches(data_, span.offset, span.length)) {
+                return fail("IDAT: CRC error");
+            }
+        }
+        return true;
+    }
 
 protected:
     static constexpr const char *kInputsEnd =
@@ -573,7 +585,7 @@ inline Outcome decode_band(const uint8_t *data, const Layout &layout, uint32_t t
         cur = prev;
         prev = swap;
     }
-    if (bottom == layout.height && !inflater.finish()) {
+    if (bottom == layout.height && (!inflater.finish() || !inflater.check_rest())) {
         *message = inflater.message();
         return failed;
     }

@@ -661,3 +661,27 @@ def test_png_size_does_not_trust_a_header_that_fails_its_crc():
     assert png_size(bytes(data)) is None
     with pytest.raises(CorruptImageError, match="ihdr.png: .*IHDR: CRC error"):
         decode_png(bytes(data), "ihdr.png")
+
+
+@pytest.mark.parametrize("interlaced", [False, True], ids=["own decoder", "libpng"])
+def test_an_idat_chunk_after_the_stream_s_end_is_checked_against_its_crc(native, interlaced):
+    """The zlib stream ends in the first IDAT chunk and a second one follows: libpng checks that
+    chunk's CRC when it reads to the end (a CRC error in a critical chunk), and so must
+    fastpipe's own decoder, which stopped at the stream's end without reading it. A band that
+    ends above the last row reads neither."""
+    samples = np.random.default_rng(16).integers(0, 256, (10, 9, 3), dtype=np.uint8)
+    data = write_png(samples, 8, RGB, interlaced=interlaced)
+    trailing = bytearray(_chunk(b"IDAT", b"\x00\x00\x00\x00"))
+    at = data.index(b"IEND") - 4
+    sound = data[:at] + bytes(trailing) + data[at:]
+    np.testing.assert_array_equal(decode_png(sound), samples)
+    trailing[-1] ^= 1
+    damaged = data[:at] + bytes(trailing) + data[at:]
+    with Image.open(io.BytesIO(damaged)) as image:  # Pillow stops at the last row
+        np.testing.assert_array_equal(np.array(image), samples)
+    for decode in (decode_png, decode_rgb, lambda d, s: decode_png(d, s, rows=(2, 10))):
+        with pytest.raises(CorruptImageError, match="trail.png: (PNG|libpng): IDAT: CRC error"):
+            decode(damaged, "trail.png")
+    if not interlaced:
+        np.testing.assert_array_equal(decode_png(damaged, rows=(2, 5)), samples[2:5])
+
