@@ -8,14 +8,15 @@ decoders measured.
 fastpipe._png judges every PNG it is given: a file it calls damaged (a CRC error in any chunk,
 image data that ends early, an invalid stream or filter) is a CorruptImageError with its reason,
 and no other decoder is asked (Pillow would fill the missing rows with zeros, or ignore the
-IDAT CRCs). PIL decodes only where fastpipe._png is not built, or where it declines a file
-without calling it damaged (a limit of libpng's).
+IDAT CRCs). PIL decodes only where fastpipe._png is not built (a RuntimeWarning says so, once a
+process), or where it declines a file without calling it damaged (a limit of libpng's).
 """
 
 from __future__ import annotations
 
 import io
 import struct
+import warnings
 import zlib
 
 import numpy as np
@@ -28,6 +29,8 @@ except ImportError:  # built without libpng's headers (setup.py says so): PIL de
 # fastpipe._png's verdict that a file is damaged; a module built before it had one raised
 # ValueError for every refusal, all of them damage then.
 _Damaged = getattr(_module, "DamagedError", ValueError)
+# Whether this process has warned that PIL decodes PNGs in place of the missing module.
+_warned_pillow = False
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 # Deflate's largest expansion: a 258-byte match coded in 2 bits (a 1-bit length code and a 1-bit
@@ -143,8 +146,8 @@ def decode_png(data, source: str = "<bytes>", rows: tuple[int, int] | None = Non
     (:data:`MAX_DEFLATE_RATIO`). Damaged, truncated or non-PNG data raise
     :class:`~fastpipe.data.decode.budget.CorruptImageError` naming ``source`` and the reason
     (fastpipe._png's, e.g. ``IDAT: CRC error``); a file fastpipe._png calls damaged is never
-    handed to PIL, which decodes only where the module is not built or declines a file without
-    calling it damaged.
+    handed to PIL, which decodes only where the module is not built (a RuntimeWarning, once a
+    process) or declines a file without calling it damaged.
     """
     from fastpipe.data.decode import budget as _decode
 
@@ -161,6 +164,8 @@ def decode_png(data, source: str = "<bytes>", rows: tuple[int, int] | None = Non
     if pixels is None:
         if declined is not None and header.depth == 16 and header.channels > 1:
             raise _corrupt(source, declined)  # PIL would reduce it to 8 bits
+        if declined is None:
+            _warn_pillow(source)
         pixels = _decode_pil(data, source, header, declined)
         if rows is not None:
             pixels = pixels[rows[0]:rows[1]]
@@ -244,6 +249,20 @@ def _decode_pil(data, source: str, header: _Header, refused: Exception | None = 
     return array
 
 
+def _warn_pillow(source: str) -> None:
+    """Warns, once a process, that PIL decodes PNGs because fastpipe._png is not built."""
+    global _warned_pillow
+    if _warned_pillow:
+        return
+    _warned_pillow = True
+    warnings.warn(
+        f"fastpipe._png is not built, so PNGs decode with Pillow (the first: {source}), which "
+        "checks no IDAT CRC and fills the rows of an image stream that ends early with zeros: "
+        "damaged PNGs can decode to wrong pixels without an error. Install libpng's headers "
+        "(Debian/Ubuntu: apt install libpng-dev; Fedora: libpng-devel) and reinstall fastpipe",
+        RuntimeWarning, stacklevel=3)
+
+
 def _corrupt(source: str, exc: BaseException | str):
     from fastpipe.data.decode.budget import CorruptImageError
 
@@ -255,7 +274,8 @@ def _corrupt(source: str, exc: BaseException | str):
 def decode_rgb_png(data, source: str = "<bytes>") -> np.ndarray | None:
     """A PNG as the ``(H, W, 3)`` uint8 array ``np.array(PIL.Image.open(f).convert("RGB"))``
     gives, pixel for pixel, decoded by fastpipe._png; None when ``data`` is not a PNG, when
-    fastpipe._png is not built, or when it declines the file without calling it damaged: the
+    fastpipe._png is not built (a RuntimeWarning, once a process), or when it declines the file
+    without calling it damaged: the
     caller then decodes it with PIL. A damaged file is a CorruptImageError naming ``source`` and
     the module's reason (PIL is not asked again); the header, the pixel budget and the bytes
     present are checked first, whichever decoder follows. As PIL's conversion does: grey is
@@ -267,8 +287,10 @@ def decode_rgb_png(data, source: str = "<bytes>") -> np.ndarray | None:
     if _read_header(data) is None:
         return None
     header = _checked_header(data, source)
-    pixels, _ = _judged(data, source, header, None)
+    pixels, declined = _judged(data, source, header, None)
     if pixels is None:
+        if declined is None:
+            _warn_pillow(source)
         return None
     if header.color_type == _PALETTE:
         return _palette_colours(data, pixels, source)

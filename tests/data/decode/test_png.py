@@ -457,6 +457,7 @@ def test_grey16_to_rgb_clips_as_pil_does():
     np.testing.assert_array_equal(decode_rgb(data), _pil_rgb(data))
 
 
+@pytest.mark.filterwarnings("ignore:fastpipe._png is not built")
 def test_pil_fallback_gives_the_same_pixels(monkeypatch):
     """Without fastpipe._png, PIL decodes the same arrays; 16-bit colour, which PIL would reduce
     to 8 bits, is an error naming the missing extension."""
@@ -685,3 +686,19 @@ def test_an_idat_chunk_after_the_stream_s_end_is_checked_against_its_crc(native,
     if not interlaced:
         np.testing.assert_array_equal(decode_png(damaged, rows=(2, 5)), samples[2:5])
 
+
+def test_pillow_in_place_of_a_missing_module_is_a_warning_once(monkeypatch):
+    """Without fastpipe._png, Pillow decodes: it checks no IDAT CRC and fills a stream that ends
+    early with zeros, so the first PNG it decodes warns (once a process), naming the fix."""
+    import warnings
+
+    data = write_png(np.arange(12, dtype=np.uint8).reshape(3, 4), 8, GREY)
+    monkeypatch.setattr(_png, "_native_decode", None)
+    for decode in (decode_png, decode_rgb):
+        monkeypatch.setattr(_png, "_warned_pillow", False, raising=False)
+        with pytest.warns(RuntimeWarning, match=r"fastpipe\._png is not built.*first.png.*"
+                                                r"libpng-dev"):
+            decode(data, "first.png")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            decode(data, "second.png")
