@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import importlib
 import importlib.util
 import json
 import sys
 import time
+import tracemalloc
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -42,6 +44,9 @@ from fuzz import KnownIssue
 # The pixel budget the fuzzed calls pass: far below the default, so that mutated frame sizes
 # decode in milliseconds under the sanitizers; the budget check itself is what they exercise.
 FUZZ_MAX_PIXELS = 1 << 22
+# fastpipe.data.decode.png.MAX_DEFLATE_RATIO (a test keeps them equal), not imported: the native
+# targets run under the sanitizers without fastpipe's Python layers (and torch) loaded.
+MAX_DEFLATE_RATIO = 1032
 
 TARGETS: dict[str, Callable[[bytes, np.random.Generator], None]] = {}
 # The seeds a target is fed (a test of a seed's bytes); a target not named here takes any seed.
@@ -259,12 +264,16 @@ _PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
 def _png_decode(data: bytes, rng: np.random.Generator) -> None:
     """fastpipe._png on a band of rows (or all), with the output sized from the IHDR as
     fastpipe.data.decode.png sizes it: fastpipe's own decoder for 8/16-bit files that are not
-    interlaced (seekable ones from their segment), libpng for the rest."""
+    interlaced (seekable ones from their segment), libpng for the rest. A file too short for
+    the image data its header declares is refused there before anything is allocated, so it is
+    not decoded here either; the output's allocation is traced against the file's length."""
     if len(data) < 33 or data[:8] != PNG_SIGNATURE:
         return
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     depth, color_type = data[24], data[25]
     if color_type not in _PNG_CHANNELS or height == 0 or width == 0:
+        return
+    if -(-height * width * _PNG_CHANNELS[color_type] * depth // 8) > MAX_DEFLATE_RATIO * len(data):
         return
     if height * width > FUZZ_MAX_PIXELS:
         try:  # the budget check itself, before any allocation
@@ -277,12 +286,20 @@ def _png_decode(data: bytes, rng: np.random.Generator) -> None:
     top, rows = min(top, height - 1), max(1, min(rows, height - min(top, height - 1)))
     if rng.integers(4) == 0:
         top, rows = 0, height
-    out = bytearray(rows * width * channels * sample)
+    tracemalloc.start()
     try:
-        png.decode(data, out, height, width, channels, sample, top, top + rows, FUZZ_MAX_PIXELS,
-                   bool(rng.integers(2)))  # a seekable file's index followed, or not
-    except ValueError:
-        pass
+        out = bytearray(rows * width * channels * sample)
+        try:
+            png.decode(data, out, height, width, channels, sample, top, top + rows,
+                       FUZZ_MAX_PIXELS, bool(rng.integers(2)))  # a seekable file's index, or not
+        except ValueError:
+            pass
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    bound = 8 * MAX_DEFLATE_RATIO * len(data) + (1 << 20)
+    if peak > bound:
+        raise Finding(f"the decode of a {len(data)}-byte file allocated {peak} bytes, past {bound}")
 
 
 # --- mutations -----------------------------------------------------------------------------
@@ -467,8 +484,6 @@ PYTHON_GROUPS = {"packs": "fuzz.packs", "images": "fuzz.images", "sources": "fuz
 def _python_groups() -> dict[str, list[str]]:
     """Registers every Python target (the groups' modules' TARGETS and SEEDS), with the pixel
     budget of the fuzzed calls for the images they decode; their names by group."""
-    import importlib
-
     import fastpipe.data.decode.budget as decode
 
     decode.MAX_IMAGE_PIXELS = FUZZ_MAX_PIXELS
@@ -502,6 +517,12 @@ def main(argv: list[str] | None = None) -> None:
     native = list(TARGETS)
     wanted = [t for t in args.targets.split(",") if t]
     asked = [g for t in wanted for g in ((*PYTHON_GROUPS,) if t == "python" else (t,))]
+    for group in asked:
+        if group in PYTHON_GROUPS:
+            try:  # a group that would test nothing here (fastpipe._png not built) fails the run
+                getattr(importlib.import_module(PYTHON_GROUPS[group]), "require", lambda: None)()
+            except RuntimeError as exc:
+                raise SystemExit(f"fuzz: the {group} targets cannot run: {exc}") from exc
     python = _python_groups() if set(asked) - {"native", *native} else {}
     groups = [native if t == "native" else python.get(t, [t]) for t in asked]
     unknown = {name for group in groups for name in group} - set(TARGETS)

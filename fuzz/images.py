@@ -13,7 +13,8 @@ file's length (fastpipe.data.decode.png.MAX_DEFLATE_RATIO).
 
 It runs Python over the installed fastpipe._png (and torch, for ImageDecoder), so fuzz/run.sh runs
 it without the sanitizer preload; the module itself is fuzzed under the sanitizers by the
-native ``png_decode`` target.
+native ``png_decode`` target. Without fastpipe._png every path is Pillow's and there is no verdict
+to hold them to: the target, and the driver asked for it, fail naming the module (:func:`require`).
 """
 
 from __future__ import annotations
@@ -99,10 +100,22 @@ def _outcome(call: Callable[[], Any]) -> Any:
         raise Finding(f"{type(exc).__name__}: {exc}") from exc
 
 
+def require() -> None:
+    """RuntimeError where fastpipe._png is not built: every path would then be Pillow's, and the
+    target would compare Pillow with itself (no verdict to hold it to), finding nothing."""
+    from fastpipe.data.decode import png
+
+    if png._native_decode is None:
+        raise RuntimeError(
+            "fastpipe._png is not built, so png_paths would compare Pillow with itself: install "
+            "libpng's headers (apt install libpng-dev) and pip install --no-build-isolation -e .")
+
+
 def png_paths(data: bytes, rng: np.random.Generator) -> None:
     from fastpipe.data.decode import png
     from fastpipe.data.decode.image import ImageDecoder, decode_rgb
 
+    require()
     header = png._read_header(data)
     verdict = _verdict(data) if header is not None else ""
     band = None

@@ -146,3 +146,70 @@ def test_the_hdf5_target_finds_rows_that_differ_from_h5pys(monkeypatch):
     with pytest.raises(sources.Finding, match="differs from h5py's rows"):
         for call_seed in range(30):
             sources.hdf5_plain(bytes(range(256)), np.random.default_rng(call_seed))
+
+
+def _declaring(height: int, width: int) -> bytes:
+    """A short RGBA PNG whose header declares ``height`` x ``width`` (its stream far shorter
+    than the bytes the pixels need)."""
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return (len(body).to_bytes(4, "big") + kind + body
+                + zlib.crc32(kind + body).to_bytes(4, "big"))
+
+    header = height.to_bytes(4, "big")
+    ihdr = width.to_bytes(4, "big") + header + bytes([8, 6, 0, 0, 0])
+    return (images.PNG_SIGNATURE + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
+            + chunk(b"IEND", b""))
+
+
+def test_the_png_paths_find_a_decode_whose_memory_the_file_does_not_bound(monkeypatch):
+    """png_paths traces the decodes' allocations against the file's length: with the check of
+    the length against the declared size taken away, a short file declaring 4 MP is a finding."""
+    pytest.importorskip("fastpipe._png")
+    from fastpipe.data.decode import budget, png
+
+    data = _declaring(2048, 2048)  # 16 MiB of RGBA from about 70 bytes, inside the fuzz budget
+    monkeypatch.setattr(budget, "MAX_IMAGE_PIXELS", 1 << 22)
+    images.png_paths(data, np.random.default_rng(0))  # refused from its length: nothing found
+    monkeypatch.setattr(png, "_checked_header", lambda data, source: png._read_header(data))
+    with pytest.raises(images.Finding, match="allocated"):
+        images.png_paths(data, np.random.default_rng(0))
+
+
+def test_the_native_png_target_sizes_its_output_as_the_decoder_does():
+    """png_decode allocates the output fastpipe.data.decode.png would: none for a file too short
+    for the image its header declares (refused from its length there), so its memory is bounded
+    by the file's length as png_paths' is."""
+    pytest.importorskip("fastpipe._png")
+    import tracemalloc
+
+    from fastpipe.data.decode import png
+    from fuzz import harness
+
+    harness.load(None)
+    assert harness.MAX_DEFLATE_RATIO == png.MAX_DEFLATE_RATIO
+    data = _declaring(2048, 2048)
+    tracemalloc.start()
+    try:
+        for call_seed in range(8):
+            harness.TARGETS["png_decode"](data, np.random.default_rng(call_seed))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * png.MAX_DEFLATE_RATIO * len(data) + (1 << 20)
+
+
+def test_the_png_paths_refuse_to_run_without_fastpipe_png(monkeypatch, tmp_path):
+    """Without fastpipe._png, png_paths would compare Pillow with itself and find nothing: the
+    target and the driver fail, naming the missing module, instead of passing on nothing."""
+    from fastpipe.data.decode import budget, png
+    from fuzz import harness
+
+    seed = next(data for _, data in sorted(png_seeds().items()))
+    monkeypatch.setattr(png, "_native_decode", None)
+    monkeypatch.setattr(budget, "MAX_IMAGE_PIXELS", budget.MAX_IMAGE_PIXELS)
+    with pytest.raises(RuntimeError, match=r"fastpipe\._png is not built"):
+        images.png_paths(seed, np.random.default_rng(0))
+    (tmp_path / "seed.png").write_bytes(seed)
+    with pytest.raises(SystemExit, match=r"fastpipe\._png is not built"):
+        harness.main([str(tmp_path), "--targets", "images", "--seconds", "1",
+                      "--findings", str(tmp_path / "findings")])
