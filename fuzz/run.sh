@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# The fuzz lane: libjpeg-turbo 2.1.5 and fastpipe._jpeg/_resize/_png built with AddressSanitizer
-# and UndefinedBehaviorSanitizer, the seed corpus, a replay of the shared findings and of every
-# seed, then SECONDS_TO_FUZZ seconds of mutational fuzzing (default 120): half on the native
-# targets under the sanitizers, half on the Python layers around them (without the sanitizer
-# preload: Python over h5py, lmdb, tarfile and Pillow), a quarter of that each to damaged packs,
-# the PNG paths around fastpipe._png, tar shards and their indexes, and users' plain HDF5 files.
-# Fails on any finding or sanitizer report (the known issues docs/fuzzing.md lists are counted
-# and named, not failed on); findings land in fuzz/findings/. See docs/fuzzing.md.
+# The fuzz lane (docs/fuzzing.md). It builds libjpeg-turbo 2.1.5 and fastpipe's plain extensions
+# (_jpeg, _resize, _png; _io too, which no target calls) with AddressSanitizer and
+# UndefinedBehaviorSanitizer into fuzz/.build (the installed package untouched), writes the seed
+# corpus (with the shared findings of tests/jpeg/cases), and replays every seed through the
+# native targets. Then SECONDS_TO_FUZZ seconds of mutational fuzzing (default 120), each half
+# run only if all before it passed: half on the native targets (the sanitized _jpeg, _resize and
+# _png) with the sanitizer runtimes preloaded, half on the Python layers around the installed
+# extensions without the preload (Python over h5py, lmdb, tarfile and Pillow). There each
+# execution draws one of three groups, so about a third each goes to damaged packs, to the PNG
+# paths around fastpipe._png (refused at the start if fastpipe._png is not installed: they would
+# compare Pillow with itself), and to the sources (tar shards and their indexes, users' plain
+# HDF5 files). Fails on any finding, sanitizer report or hang; findings land in fuzz/findings/.
 #   fuzz/run.sh                       # CI's bounded run
 #   SECONDS_TO_FUZZ=3600 fuzz/run.sh  # a longer one
 set -euo pipefail
