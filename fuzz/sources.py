@@ -17,15 +17,17 @@ sample that differs from tarfile's, or samples from a file tarfile cannot read w
 
 ``hdf5_plain``: each execution writes a small plain HDF5 file of a layout drawn at random
 (contiguous, chunked with unallocated chunks and partial edge chunks, gzip-compressed,
-variable-length, fixed-length strings, an external link to a second file, a virtual dataset
-over two source files), with the mutated input as the bytes of one dataset, damages it at
-random (stored bytes changed, which both readers must then read alike; the linked file or a
-virtual source removed, cut short or replaced by another of other content), then reads every
-row through H5Source (one by one and as a batch) and with h5py. Undamaged and byte-changed
-files must read, and equal h5py's rows; damaged ones may give PackFormatError (FieldError,
-FileNotFoundError for a missing file), else h5py's rows; a virtual dataset whose source is
-missing (h5py reads HDF5's fill value) must be refused. HDF5's own structures are not damaged
-here, as in fuzz/packs.py (libhdf5 crashes on some of that damage).
+variable-length, fixed-length strings, an external link to a second file, a virtual dataset over two
+source files, each mapped whole or as a hyperslab of its rows), with the mutated input as the
+bytes of one dataset, damages it at random (stored bytes changed, which both readers must then
+read alike; the linked file or a virtual source removed, cut short or replaced by another of
+other content), then reads every row through H5Source (one by one and as a batch) and with h5py.
+Undamaged and byte-changed files must read, and equal h5py's rows; damaged ones may give
+PackFormatError (FieldError, FileNotFoundError for a missing file), else h5py's rows; a virtual
+dataset whose source no longer holds what it maps (missing, cut short, or replaced by a file of
+another size, or too small for the hyperslab: h5py reads HDF5's fill value or other rows there)
+must be refused. HDF5's own structures are not damaged here, as in fuzz/packs.py (libhdf5
+crashes on some of that damage).
 """
 
 from __future__ import annotations
@@ -296,8 +298,10 @@ LAYOUTS = ("contiguous", "chunked", "gzip", "vlen", "strings", "external", "virt
 
 
 def _write_h5(folder: Path, layout: str, data: bytes, rng: np.random.Generator) -> tuple[
-        list[str], list[Path]]:
-    """The file ``folder/main.h5`` of ``layout`` (its fields, and the other files it reads)."""
+        list[str], list[Path], dict[Path, tuple[int | None, int, int]]]:
+    """The file ``folder/main.h5`` of ``layout``: its fields, the other files it reads, and for
+    each virtual source what it maps: ``(first, rows, width)`` of a hyperslab of the source's
+    rows, ``(None, rows, width)`` for a source mapped whole."""
     import h5py
 
     rows = int(rng.integers(1, 9))
@@ -308,6 +312,7 @@ def _write_h5(folder: Path, layout: str, data: bytes, rng: np.random.Generator) 
     if dtype.kind == "f":
         values = np.nan_to_num(values, nan=0.5, posinf=1.0, neginf=-1.0)
     others: list[Path] = []
+    mapped: dict[Path, tuple[int | None, int, int]] = {}
     names = ["x", "label"]
     with h5py.File(folder / "main.h5", "w") as f:
         f["pad"] = np.zeros(int(rng.integers(0, 3000)), np.uint8)  # offsets differ per file
@@ -342,12 +347,36 @@ def _write_h5(folder: Path, layout: str, data: bytes, rng: np.random.Generator) 
             for k, (a, b) in enumerate(((0, half), (half, rows))):
                 if a == b:
                     continue
+                first = int(rng.integers(0, 3)) if rng.integers(2) else None
+                held = values[a:b] if first is None else np.concatenate(
+                    [np.zeros((first, width), dtype), values[a:b], np.zeros((1, width), dtype)])
                 with h5py.File(folder / f"part{k}.h5", "w") as g:
-                    g["x"] = values[a:b]
-                vlayout[a:b] = h5py.VirtualSource(f"part{k}.h5", "x", shape=(b - a, width))
+                    g["x"] = held
+                source = h5py.VirtualSource(f"part{k}.h5", "x", shape=held.shape)
+                # A source mapped whole, or a hyperslab of its rows (rows before and after).
+                vlayout[a:b] = source if first is None else source[first:first + b - a]
                 others.append(folder / f"part{k}.h5")
+                mapped[folder / f"part{k}.h5"] = (first, b - a, width)
             f.create_virtual_dataset("x", vlayout, fillvalue=0)
-    return names, others
+    return names, others, mapped
+
+
+def _unheld(mapped: dict[Path, tuple[int | None, int, int]]) -> str | None:
+    """The first virtual source whose file no longer holds what the dataset maps from it (HDF5
+    reads the fill value or other values there), or None: a source mapped whole must hold as
+    many values, a hyperslab's rows must lie inside a dataset of two dimensions as wide."""
+    import h5py
+
+    for path, (first, rows, width) in mapped.items():
+        try:
+            with h5py.File(path, "r") as f:
+                shape = f["x"].shape
+        except Exception:  # noqa: BLE001 - gone, cut short, no dataset 'x'
+            return path.name
+        if (int(np.prod(shape)) != rows * width if first is None
+                else len(shape) != 2 or shape[0] < first + rows or shape[1] < width):
+            return f"{path.name} {shape}"
+    return None
 
 
 def _flip_stored(path: Path, rng: np.random.Generator) -> str:
@@ -407,7 +436,7 @@ def hdf5_plain(data: bytes, rng: np.random.Generator) -> None:
 
     folder = _work("hdf5")
     layout = LAYOUTS[int(rng.integers(len(LAYOUTS)))]
-    names, others = _write_h5(folder, layout, data, rng)
+    names, others, mapped = _write_h5(folder, layout, data, rng)
     path = folder / "main.h5"
     pick = int(rng.integers(3))
     if pick == 1:
@@ -429,9 +458,10 @@ def hdf5_plain(data: bytes, rng: np.random.Generator) -> None:
         return
     except Exception as exc:  # noqa: BLE001 - the finding
         raise Finding(f"hdf5 ({what}): reading raised {type(exc).__name__}: {exc}") from exc
-    if layout == "virtual" and pick == 2 and "removed" in what:
-        raise Finding(f"hdf5 ({what}): a virtual dataset with a missing source read (h5py "
-                      "gives its fill value)")
+    unheld = _unheld(mapped) if pick == 2 else None
+    if unheld is not None:
+        raise Finding(f"hdf5 ({what}): a virtual dataset read whose source {unheld} no longer "
+                      "holds what it maps (h5py gives its fill value or other rows there)")
     if expected is None:
         raise Finding(f"hdf5 ({what}): {len(one)} rows read from a file h5py cannot read")
     for name in names:

@@ -213,3 +213,26 @@ def test_the_png_paths_refuse_to_run_without_fastpipe_png(monkeypatch, tmp_path)
     with pytest.raises(SystemExit, match=r"fastpipe\._png is not built"):
         harness.main([str(tmp_path), "--targets", "images", "--seconds", "1",
                       "--findings", str(tmp_path / "findings")])
+
+
+def test_the_hdf5_target_finds_a_hyperslab_source_that_no_longer_holds_its_rows(monkeypatch):
+    """With the check of sources mapped in part taken away (as it was: hyperslabs were left to
+    HDF5, which reads its fill value past a shrunk source), the draws that replace such a source
+    by a smaller file are findings. The seeds are two such draws of 600."""
+    import h5py
+
+    from fastpipe.data.sources import _hdf5
+
+    for call_seed in (438, 550):
+        sources.hdf5_plain(bytes(range(256)), np.random.default_rng(call_seed))
+    problem = _hdf5._source_problem
+
+    def whole_only(source, shape):
+        if source.src_space.get_select_type() != h5py.h5s.SEL_ALL:
+            return None
+        return problem(source, shape)
+
+    monkeypatch.setattr(_hdf5, "_source_problem", whole_only)
+    for call_seed in (438, 550):
+        with pytest.raises(sources.Finding, match="no longer holds what it maps"):
+            sources.hdf5_plain(bytes(range(256)), np.random.default_rng(call_seed))
