@@ -28,6 +28,8 @@ class Box(NamedTuple):
 
 # Uniform numbers one train crop consumes: 10 attempts of (area, log-ratio), then row, column, flip.
 UNIFORMS_PER_CROP = 23
+# The flip's: the last of them.
+FLIP_UNIFORM = 22
 
 
 def draw_uniforms(generator: torch.Generator | None = None) -> list[float]:

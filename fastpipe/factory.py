@@ -50,9 +50,6 @@ __all__ = ["image_loader"]
 
 BACKENDS = ("auto", "cpu", "dali")
 DECODES = (None, "cpu", "gpu", "auto")
-# What DALI's readers take (fastpipe.dali.sources.open_source); the CPU path reads every kind of
-# fastpipe.data.datasets.images.CLASSIFICATION_KINDS.
-_DALI_KINDS = ("folder", "list", "hdf5", "lmdb")
 
 
 def image_loader(
@@ -372,9 +369,10 @@ def _choose_backend(backend: str, o: _Options) -> str:
 def _build_dali(o: _Options) -> Any:
     from fastpipe.dali import DALILoader
     from fastpipe.data.sources.resolve import kind_of
+    from fastpipe.profiling.decode_choice import DALI_KINDS
 
     kind = kind_of(o.path)  # FileNotFoundError / ValueError saying what the path is not
-    if kind not in _DALI_KINDS:
+    if kind not in DALI_KINDS:
         raise ValueError(f"{o.path} holds {kind} data; the DALI backend reads an image folder, a "
                          "list file or a pack of encoded images: pass backend='cpu'")
     return DALILoader(

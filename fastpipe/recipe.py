@@ -46,6 +46,8 @@ from fastpipe._geometry import eval_resize_to
 __all__ = ["INTERPOLATIONS", "POLICIES", "Draw", "Policy", "Recipe"]
 
 INTERPOLATIONS = ("bilinear", "bicubic")
+# Each filter's number in the compiled resizes (fastpipe._resize, fastpipe.ops.resize_crops).
+RESIZE_FILTERS = {name: number for number, name in enumerate(INTERPOLATIONS)}
 # torchvision's reference-script names; timm's RandAugment strings ("rand-m9-mstd0.5") besides.
 POLICIES = ("ra", "ta_wide", "augmix", "imagenet")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.uint8)
@@ -289,7 +291,7 @@ class Recipe:
                                  "fastpipe._geometry.draw_uniforms(generator)")
             box = geometry.random_resized_crop_box(height, width, list(uniforms), self.scale,
                                                    self.ratio)
-            return Draw(box, None, uniforms[22] < self.hflip)
+            return Draw(box, None, uniforms[geometry.FLIP_UNIFORM] < self.hflip)
         resize = geometry.eval_resize(height, width, self.resize_to)
         return Draw(geometry.centre_box(resize[0], resize[1], self.size), resize, False)
 

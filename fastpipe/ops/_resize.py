@@ -15,10 +15,10 @@ import torch
 
 from fastpipe import _validate as check
 from fastpipe.ops import _extension, _reference
+from fastpipe.recipe import RESIZE_FILTERS
 
-__all__ = ["PLAN_COLUMNS", "input_span", "resize_crops"]
+__all__ = ["PLAN_COLUMNS", "input_span", "resize_crops", "resize_planned"]
 
-FILTERS = {"bilinear": 0, "bicubic": 1}
 # What each of a plan row's 9 values is.
 PLAN_COLUMNS = ("top", "left", "image_height", "image_width", "out_top", "out_left",
                 "resized_height", "resized_width", "flip")
@@ -42,7 +42,7 @@ def resize_crops(images: Sequence[torch.Tensor], plan: torch.Tensor,
     path's resize (``fastpipe._resize``), bit for bit, on every device.
     """
     height, width = check.size_pair("size", size)
-    filter_ = FILTERS.get(getattr(interpolation, "value", interpolation))
+    filter_ = RESIZE_FILTERS.get(getattr(interpolation, "value", interpolation))
     if filter_ is None:
         raise ValueError(f"interpolation must be 'bilinear' or 'bicubic', got {interpolation!r}")
     images = list(images)
@@ -52,6 +52,19 @@ def resize_crops(images: Sequence[torch.Tensor], plan: torch.Tensor,
         return torch.ops.fastpipe.resize_crops(images, plan, height, width, filter_)
     _extension.warn_fallback("resize_crops", device)
     return _reference.resize_crops(images, plan, height, width, filter_)
+
+
+def resize_planned(images: list[torch.Tensor], plan: torch.Tensor, size: tuple[int, int],
+                   filter_: int) -> torch.Tensor:
+    """:func:`resize_crops` for plans fastpipe drew itself (GPU decode's, once per batch): the
+    compiled kernel checks every image and plan row (csrc/resize_crops.h), so the per-image
+    check in Python runs only where the pure-PyTorch reference resizes instead."""
+    device = images[0].device
+    if _extension.has_kernel("resize_crops", device):
+        return torch.ops.fastpipe.resize_crops(images, plan, size[0], size[1], filter_)
+    _check(images, plan, size[0], size[1], filter_)
+    _extension.warn_fallback("resize_crops", device)
+    return _reference.resize_crops(images, plan, size[0], size[1], filter_)
 
 
 def _check(images: list[torch.Tensor], plan: torch.Tensor, height: int, width: int,
@@ -109,7 +122,7 @@ def input_span(in_size: int, resized: int, first: int, count: int,
     ``first + count - 1`` of the axis resized from ``in_size`` to ``resized`` read (what
     ``fastpipe._resize.input_box`` gives per axis). Taps only move forward with the output, so
     the first and last outputs bound them."""
-    filter_ = interpolation if isinstance(interpolation, int) else FILTERS[interpolation]
+    filter_ = interpolation if isinstance(interpolation, int) else RESIZE_FILTERS[interpolation]
     start = _reference.resize_tap_span(in_size, resized, first, filter_)[0]
     end = _reference.resize_tap_span(in_size, resized, first + count - 1, filter_)[1]
     return start, end - start

@@ -89,7 +89,7 @@ def test_the_pixels_are_the_python_paths(jpeg, options):
     ImageDecoder(...)(data, generator=reseeded(seed))."""
     decoder = ImageDecoder(train=True, **options)
     args = (decoder.scale, decoder.ratio, decoder.hflip, decoder.reducing_gap,
-            decoder.fast_upsample, _decode._FILTERS[decoder.interpolation])
+            decoder.fast_upsample, _decode.RESIZE_FILTERS[decoder.interpolation])
     for kind, data in _sources(jpeg).items():
         for n in range(12):
             seed = sample_seed(n, 0, len(kind))

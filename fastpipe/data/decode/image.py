@@ -39,7 +39,7 @@ from fastpipe.data.decode.budget import (
 )
 from fastpipe.data.decode.png import decode_rgb_png, png_size
 from fastpipe.data.sampling.seeds import reseeded
-from fastpipe.recipe import Recipe
+from fastpipe.recipe import RESIZE_FILTERS, Recipe
 
 try:
     from fastpipe._jpeg import decode_region as _decode_region
@@ -294,10 +294,8 @@ def _check_sides(size: tuple[int, int], source: str) -> None:
 # Columns decoded on each side of an eval region beyond those the resize reads: with smooth chroma
 # upsampling libjpeg-turbo gets the two columns at a region's side edges differently from a whole
 # decode (it has no neighbour outside to interpolate from), so those are decoded but never read.
-_EVAL_REGION_MARGIN = 4
-
-
-_FILTERS = {"bilinear": 0, "bicubic": 1}
+# GPU decode's regions take it on every side (fastpipe.gpu_decode).
+EVAL_REGION_MARGIN = 4
 
 
 class ImageDecoder:
@@ -420,8 +418,8 @@ class ImageDecoder:
             data = _bytes_of(data, source)
             out = np.empty((3, *self._out), dtype=np.uint8)
             if _decode_train(data, seed, out, self.scale, self.ratio, self.hflip,
-                             self.reducing_gap, self.fast_upsample, _FILTERS[self.interpolation],
-                             budget.MAX_IMAGE_PIXELS):
+                             self.reducing_gap, self.fast_upsample,
+                             RESIZE_FILTERS[self.interpolation], budget.MAX_IMAGE_PIXELS):
                 return torch.from_numpy(out)
         return self(data, source, generator=reseeded(seed))
 
@@ -443,16 +441,16 @@ class ImageDecoder:
                 plan: _Plan) -> tuple[geometry.Box, tuple[int, int], tuple[int, int]]:
         """The rectangle of the 1/k-decoded image to decode, and, for the resize, where it sits
         (top, left) in an image of what size: the train crop, an image of its own; or, in eval,
-        the input pixels the centre crop reads, plus :data:`_EVAL_REGION_MARGIN` columns each
+        the input pixels the centre crop reads, plus :data:`EVAL_REGION_MARGIN` columns each
         side (needs fastpipe._resize's input_box)."""
         decoded_size = _decoded_size(*full_size, plan.k)
         if plan.resize is None:
             box = _decoded_box(plan.box, full_size, decoded_size)
             return box, (0, 0), (box.height, box.width)
         top, left, height, width = _input_box(decoded_size, plan.resize, plan.box[:2], plan.box[2:],
-                                              _FILTERS[self.interpolation])
-        right = min(left + width + _EVAL_REGION_MARGIN, decoded_size[1])
-        left = max(left - _EVAL_REGION_MARGIN, 0)
+                                              RESIZE_FILTERS[self.interpolation])
+        right = min(left + width + EVAL_REGION_MARGIN, decoded_size[1])
+        left = max(left - EVAL_REGION_MARGIN, 0)
         return geometry.Box(top, left, height, right - left), (top, left), decoded_size
 
     def _window(self, plan: _Plan) -> tuple[tuple[int, int], geometry.Box]:
@@ -474,8 +472,8 @@ class ImageDecoder:
         out = np.empty((3, window.height, window.width), dtype=np.uint8)
         try:
             _decode_resize(data, plan.k, tuple(box), self.fast_upsample, at, image_size, out,
-                           window[:2], resized_size, plan.flip, _FILTERS[self.interpolation],
-                           budget.MAX_IMAGE_PIXELS)
+                           window[:2], resized_size, plan.flip,
+                           RESIZE_FILTERS[self.interpolation], budget.MAX_IMAGE_PIXELS)
         except ValueError:
             return None
         return torch.from_numpy(out)
@@ -485,7 +483,7 @@ class ImageDecoder:
         """Only the pixels the output needs, through fastpipe._jpeg, or None (decode whole).
 
         Train: the crop. Eval: the input pixels the centre crop of the resized image reads, plus
-        :data:`_EVAL_REGION_MARGIN` columns each side, so the output equals the whole image's
+        :data:`EVAL_REGION_MARGIN` columns each side, so the output equals the whole image's
         pixel for pixel; that needs fastpipe._resize, which resizes from a region.
         """
         if plan.resize is not None and _input_box is None:
@@ -515,7 +513,7 @@ class ImageDecoder:
             return _torch_resized(pixels, resized_size, window, plan.flip, self.interpolation)
         out = np.empty((3, window.height, window.width), dtype=np.uint8)
         _resize_pixels(pixels.array, pixels.at, pixels.image_size, out, window[:2], resized_size,
-                       plan.flip, _FILTERS[self.interpolation])
+                       plan.flip, RESIZE_FILTERS[self.interpolation])
         return torch.from_numpy(out)
 
 
