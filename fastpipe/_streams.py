@@ -53,6 +53,14 @@ class CudaStreams:
     def wait_event(self, waiter: Any, event: Any) -> None:
         waiter.wait_event(event)
 
+    def query(self, event: Any) -> bool:
+        """Whether the work before ``event`` has run (without waiting)."""
+        return event.query()
+
+    def synchronize(self, event: Any) -> None:
+        """Waits (this thread) until the work before ``event`` has run."""
+        event.synchronize()
+
     def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
         tensor.record_stream(stream)
 

@@ -39,8 +39,9 @@ from fastpipe._hardware import resolve_device
 from fastpipe._streams import copy_on_side, hand_to_current, streams_for
 from fastpipe.data.sampling.resume import STATE_VERSION, WrappedHandOff
 from fastpipe.data.sampling.skip import Skipped, SkipRecord
-from fastpipe.gpu_decode import GpuDecode, GpuDecoder
-from fastpipe.gpu_decode._batches import encoded_paths, without_rows
+from fastpipe.gpu_decode import GpuDecode
+from fastpipe.gpu_decode._batches import encoded_paths, index_on, without_rows
+from fastpipe.gpu_decode._decoder import GpuDecoder
 from fastpipe.ops import normalize
 
 __all__ = ["DataPrefetcher"]
@@ -167,6 +168,8 @@ class DataPrefetcher(LoaderAttributes):
                             f"{type(gpu_decode).__name__}")
         self.loader = loader
         self.gpu_decode = gpu_decode or GpuDecode()
+        self._gpu_decode_asked = gpu_decode is not None
+        self._warned_nothing_encoded = False
         self.device = resolve_device(device, where="DataPrefetcher")
         self.mean = None if mean is None else torch.as_tensor(mean, dtype=torch.float32).flatten()
         self.std = None if std is None else torch.as_tensor(std, dtype=torch.float32).flatten()
@@ -298,10 +301,16 @@ class DataPrefetcher(LoaderAttributes):
         ready: deque[tuple[Any, Any]] = deque()  # (batch on the device, event after its copy)
         failed: list[BaseException] = []
         exhausted: list[bool] = []
+        # The encoded images of the batches decoded on the side stream, with the event after
+        # each: the decoder may still read their bytes (host memory) after its call returns, so
+        # they are let go only once the event has passed.
+        encoded: deque[tuple[Any, list[Any]]] = deque()
 
         def load_one() -> bool:
             if failed or exhausted:
                 return False
+            # An error of the loader, or of the decode or the move of a batch, is raised after
+            # the batches before it.
             try:
                 batch = next(source)
             except StopIteration:
@@ -310,10 +319,25 @@ class DataPrefetcher(LoaderAttributes):
             except Exception as error:  # noqa: BLE001 - raised after the batches before it
                 failed.append(error)
                 return False
-            if streams is None:
-                ready.append((self._prepare(batch, device), None))
-            else:
-                ready.append(copy_on_side(streams, side, device, batch, self._prepare))
+            try:
+                if streams is None:
+                    ready.append((self._prepare(batch, device), None))
+                else:
+                    images = [get_at(batch, path) for path in encoded_paths(batch)]
+                    try:
+                        ready.append(copy_on_side(streams, side, device, batch, self._prepare))
+                    except BaseException:
+                        # The decode may have queued work that reads the bytes before it failed.
+                        if images:
+                            encoded.append((streams.record_event(side), images))
+                        raise
+                    if images:
+                        encoded.append((ready[-1][1], images))
+            except Exception as error:  # noqa: BLE001 - raised after the batches before it
+                failed.append(error)
+                return False
+            while encoded and streams.query(encoded[0][0]):
+                encoded.popleft()
             return True
 
         try:
@@ -335,6 +359,8 @@ class DataPrefetcher(LoaderAttributes):
                 raise failed[0]
             self._end_of_decode_epoch()
         finally:
+            while encoded:
+                streams.synchronize(encoded.popleft()[0])
             if tracked is not None:
                 tracked.close()
             close = getattr(source, "close", None)
@@ -358,6 +384,13 @@ class DataPrefetcher(LoaderAttributes):
             batch = self._decoded(batch, paths, device)
             if batch is _NOTHING:
                 return _NOTHING
+        elif self._gpu_decode_asked and not self._decoders and not self._warned_nothing_encoded:
+            self._warned_nothing_encoded = True
+            warnings.warn(
+                "DataPrefetcher(gpu_decode=...) was given, and the batches hold no encoded "
+                "images, so nothing decodes on the GPU: build the dataset with decode='gpu' (and "
+                "collate with fastpipe.data.fast_collate), or leave gpu_decode out",
+                UserWarning, stacklevel=2)
 
         def move(tensor: torch.Tensor) -> torch.Tensor:
             if self._streams is not None:
@@ -446,8 +479,8 @@ class DataPrefetcher(LoaderAttributes):
                 rows = result.kept if result.kept is not None else list(range(count))
                 if rows != keep:
                     where = {row: k for k, row in enumerate(rows)}
-                    images = images.index_select(0, torch.tensor(
-                        [where[i] for i in keep], device=images.device))
+                    images = images.index_select(0, index_on([where[i] for i in keep],
+                                                             images.device))
             batch = replace_at(batch, path, images)
         if keep is not None:
             batch = without_rows(batch, keep, count, paths)

@@ -417,3 +417,338 @@ def test_here_no_gpu_decoder_can_run_and_says_why():
     with pytest.raises(GpuDecodeUnavailable, match="no CUDA device visible"):
         _backends.open_backend("nvimgcodec", torch.device("cuda"), hardware=True,
                                fancy_upsampling=False)
+
+
+# ----------------------------------------------------------------- issue 39's review: the fixes
+
+
+@pytest.fixture(scope="module")
+def twenty_root(tmp_path_factory) -> Path:
+    """20 JPEGs, the 18th cut short: batches of 5 hold it in the fourth."""
+    root = sample_images(tmp_path_factory.mktemp("twenty") / "images", num_images=20,
+                         num_classes=2)
+    victim = sorted(root.rglob("*.jpg"))[17]
+    data = victim.read_bytes()
+    victim.write_bytes(data[:len(data) // 3])
+    return root
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+@pytest.mark.parametrize("path", ["thread", "streams"])
+def test_a_corrupt_image_raises_after_every_batch_before_it(twenty_root, monkeypatch, path,
+                                                            depth, no_thread_leak):
+    """The decode runs inside the side stream's work on CUDA: an error there, as an error of the
+    loader, comes after the batches already prepared, as on the CPU path's thread."""
+    if path == "streams":
+        streams = RecordingStreams()
+        monkeypatch.setattr(prefetch_module, "streams_for", lambda device: streams)
+        use_stand_in(monkeypatch, refuse=_refuse_cut_jpegs, streams=streams)
+    else:
+        use_stand_in(monkeypatch, refuse=_refuse_cut_jpegs)
+    dataset = ImageFolder(twenty_root, train=True, size=SIZE, seed=11, decode="gpu")
+    prefetcher = DataPrefetcher(_loader(dataset), device="cpu", prefetch_depth=depth)
+    got = []
+    with pytest.raises(CorruptImageError, match="CPU decoder refuses it too"):
+        for images, _labels in prefetcher:
+            got.append(images)
+    assert len(got) == 3, f"{len(got)} of the 3 batches before the corrupt one"
+
+
+def test_the_encoded_bytes_live_until_the_side_streams_event_has_passed(mixed_root,
+                                                                        monkeypatch):
+    """nvImageCodec may read a batch's bytes (host memory) after its decode call returns: they
+    are let go only once the event after the batch's work has passed, never before."""
+    import gc
+    import weakref
+
+    streams = RecordingStreams()
+    streams.pending = set()
+    monkeypatch.setattr(prefetch_module, "streams_for", lambda device: streams)
+    use_stand_in(monkeypatch, streams=streams)
+    _, gpu = _pair(mixed_root, train=True)
+    data: list[weakref.ref] = []
+
+    def batches():
+        for batch in _loader(gpu):
+            data.append(weakref.ref(batch[0].data))
+            yield batch
+            del batch
+
+    record_event = streams.record_event
+
+    def pending_event(stream):  # the side stream's events have not run yet
+        event = record_event(stream)
+        if stream != "default":
+            streams.pending.add(event)
+        return event
+
+    streams.record_event = pending_event
+    epoch = iter(DataPrefetcher(batches(), device="cpu"))
+    next(epoch)
+    next(epoch)
+    gc.collect()
+    assert [ref() is not None for ref in data] == [True] * len(data), "freed before the event"
+    streams.pending.clear()  # the work has run
+    next(epoch)
+    gc.collect()
+    alive = [ref() is not None for ref in data]
+    assert alive[0] is False and alive[1] is False, alive
+    for _ in epoch:  # the events recorded from here on are pending again
+        pass
+    assert not streams.pending, "the epoch ended without waiting for the events of its bytes"
+    gc.collect()
+    assert not any(ref() is not None for ref in data)
+
+
+def test_an_epoch_that_ends_waits_for_the_events_of_the_bytes_it_holds(mixed_root, monkeypatch):
+    streams = RecordingStreams()
+    streams.pending = set()
+    monkeypatch.setattr(prefetch_module, "streams_for", lambda device: streams)
+    use_stand_in(monkeypatch, streams=streams)
+    _, gpu = _pair(mixed_root, train=True)
+    record_event = streams.record_event
+
+    def pending_event(stream):
+        event = record_event(stream)
+        if stream != "default":
+            streams.pending.add(event)
+        return event
+
+    streams.record_event = pending_event
+    epoch = iter(DataPrefetcher(_loader(gpu), device="cpu", prefetch_depth=2))
+    next(epoch)
+    epoch.close()  # a loop that breaks early
+    waited = [e[1] for e in streams.log if e[0] == "synchronize"]
+    assert len(waited) == 3 and not streams.pending, (waited, streams.pending)
+
+
+def test_without_rows_cuts_every_list_of_the_batchs_length():
+    from fastpipe.gpu_decode._batches import without_rows
+
+    boxes = [torch.full((k + 1, 4), k) for k in range(4)]
+    meta = [{"name": f"n{k}"} for k in range(4)]
+    batch = {"image": torch.zeros(3), "label": torch.arange(4), "boxes": boxes, "meta": meta,
+             "names": ["a", "b", "c", "d"], "array": np.arange(8).reshape(4, 2),
+             "fields": ("image", "label")}
+    out = without_rows(batch, [0, 2, 3], 4, [("image",)])
+    assert out["label"].tolist() == [0, 2, 3]
+    assert [int(b[0, 0]) for b in out["boxes"]] == [0, 2, 3]
+    assert out["meta"] == [meta[0], meta[2], meta[3]] and out["names"] == ["a", "c", "d"]
+    assert out["array"].tolist() == [[0, 1], [4, 5], [6, 7]]
+    assert out["fields"] == ("image", "label") and out["image"] is batch["image"]
+
+
+def test_without_rows_keeps_the_list_that_holds_the_encoded_entry():
+    from fastpipe.gpu_decode._batches import without_rows
+
+    images, labels = torch.zeros((1, 3)), torch.arange(2)
+    out = without_rows([images, labels], [1], 2, [(0,)])  # a batch of 2 as a list of 2 entries
+    assert isinstance(out, list) and len(out) == 2 and out[0] is images
+    assert out[1].tolist() == [1]
+
+
+@pytest.mark.parametrize("entry, kind", [
+    (("x", "y", "z", "w"), "tuple"),
+    (type("Rows", (), {"__len__": lambda self: 4})(), "Rows"),
+])
+def test_without_rows_refuses_what_it_cannot_cut_naming_it(entry, kind):
+    from fastpipe.gpu_decode._batches import without_rows
+
+    batch = {"image": torch.zeros(3), "label": torch.arange(4), "odd": entry}
+    with pytest.raises(TypeError, match=rf"batch\['odd'\], a {kind} of 4 values.*make it a list"):
+        without_rows(batch, [0, 1, 3], 4, [("image",)])
+
+
+def test_eval_regions_take_the_margin_on_every_side():
+    """A region decode's edge rows may upsample chroma as its edge columns do: the eval region
+    takes EVAL_REGION_MARGIN rows too, and the plan places it in the whole image."""
+    from fastpipe.data.decode.image import EVAL_REGION_MARGIN
+    from fastpipe.gpu_decode._decoder import _region_and_plan
+    from fastpipe.ops._resize import input_span
+
+    recipe = Recipe(train=False, size=SIZE)
+    for interpolation, filter_ in (("bilinear", 0), ("bicubic", 1)):
+        recipe = recipe.replace(interpolation=interpolation)
+        height, width, resize = 300, 400, (60, 80)
+        top, left = 10, 20
+        plan = [height, width, top, left, SIZE, SIZE, *resize, 0, 0]
+        region, row = _region_and_plan(plan, recipe)
+        rows = input_span(height, resize[0], top, SIZE, filter_)
+        cols = input_span(width, resize[1], left, SIZE, filter_)
+        m = EVAL_REGION_MARGIN
+        assert region == (rows[0] - m, cols[0] - m, rows[1] + 2 * m, cols[1] + 2 * m)
+        assert row == [rows[0] - m, cols[0] - m, height, width, top, left, *resize, 0]
+        # At the image's edges the margin stops there.
+        region, _ = _region_and_plan([40, 50, 0, 0, SIZE, SIZE, SIZE, SIZE, 1, 0], recipe)
+        assert region == (0, 0, 40, 50)
+
+
+def test_gpu_decode_resizes_without_the_python_check_of_each_plan(mixed_root, monkeypatch):
+    """resize_crops' Python wrapper checks every image's plan; the kernel checks it again in
+    C++: GPU decode's own call (once per batch) leaves the Python loop out."""
+    from fastpipe.ops import _extension
+    from fastpipe.ops import _resize as resize_module
+
+    if not _extension.has_kernel("resize_crops", torch.device("cpu")):
+        pytest.skip("fastpipe._C is built without resize_crops")
+    use_stand_in(monkeypatch)
+    _, gpu = _pair(mixed_root, train=False)
+    expected = _epochs(DataPrefetcher(_loader(gpu), device="cpu"))
+
+    def checked(*args):
+        raise AssertionError("the plan was checked in Python")
+
+    monkeypatch.setattr(resize_module, "_plan_problem", checked)
+    got = _epochs(DataPrefetcher(_loader(gpu), device="cpu"))
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(got, expected))
+    image = torch.zeros((4, 4, 3), dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="does not fit"):  # the kernel's own check
+        resize_module.resize_planned([image], torch.tensor([[1, 0, 4, 4, 0, 0, 4, 4, 0]]),
+                                     (4, 4), 0)
+
+
+def test_the_counts_add_up_to_every_image(corrupt_root, monkeypatch, no_thread_leak):
+    use_stand_in(monkeypatch, refuse=lambda data: data[:4] == b"\x89PNG" or _refuse_cut_jpegs(
+        data))
+    _, gpu = _pair(corrupt_root, train=True)
+    prefetcher = DataPrefetcher(_loader(gpu, on_error="skip"), device="cpu")
+    with pytest.warns(RuntimeWarning, match=r"decoded \d image\(s\) on the CPU instead"):
+        _epochs(prefetcher)
+    stats = prefetcher.gpu_decode_stats
+    assert stats["gpu"] + stats["cpu"] + stats["skipped"] == len(gpu)
+    assert stats["skipped"] == 1 and stats["cpu"] == 4
+    assert sum(stats["fallback_reasons"].values()) == stats["cpu"]
+
+
+def test_gpu_decode_options_over_batches_without_encoded_images_warn_once(mixed_root,
+                                                                         no_thread_leak):
+    cpu, _ = _pair(mixed_root, train=True)
+    prefetcher = DataPrefetcher(_loader(cpu), device="cpu", gpu_decode=GpuDecode())
+    with pytest.warns(UserWarning, match=r"gpu_decode=.*no encoded images.*decode='gpu'"):
+        _epochs(prefetcher)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _epochs(prefetcher)  # once
+        _epochs(DataPrefetcher(_loader(cpu), device="cpu"))  # not asked for: nothing said
+
+
+def test_each_chroma_upsampling_has_its_backend(mixed_root, monkeypatch, no_thread_leak):
+    """A train batch (chroma replicated, as the CPU path's train decode) and an eval batch
+    (smooth) through one prefetcher: each decoded with its own upsampling."""
+    stand_in = use_stand_in(monkeypatch)
+    cpu_train, gpu_train = _pair(mixed_root, train=True)
+    cpu_eval, gpu_eval = _pair(mixed_root, train=False)
+    encoded = [fast_collate([gpu_train[i] for i in range(6)]),
+               fast_collate([gpu_eval[i] for i in range(6)]),
+               fast_collate([gpu_train[i] for i in range(6, 12)])]
+    expected = [fast_collate([cpu_train[i] for i in range(6)]),
+                fast_collate([cpu_eval[i] for i in range(6)]),
+                fast_collate([cpu_train[i] for i in range(6, 12)])]
+    prefetcher = DataPrefetcher(encoded, device="cpu")
+    got = list(prefetcher)
+    for (images, labels), (want, want_labels) in zip(got, expected):
+        assert torch.equal(images, want) and torch.equal(labels, want_labels)
+    assert [a["fancy_upsampling"] for a in stand_in.asked] == [False, True]
+    assert prefetcher.gpu_decode_stats["kept_bytes"] == sum(d.kept_bytes()
+                                                            for d in stand_in.opened)
+    prefetcher.close()
+    assert all(d.closed for d in stand_in.opened)
+
+
+def test_a_joint_crop_with_gpu_decode_is_refused_naming_the_joint_crop(mixed_root):
+    from fastpipe.data import JointCrop
+    from fastpipe.data.sources.folder import FolderSource
+
+    with pytest.raises(ValueError, match=r"decode='gpu'\): joint= crops.*decode='cpu' with "
+                                         r"joint="):
+        RecordDataset(FolderSource(mixed_root), joint=JointCrop(size=SIZE), decode="gpu")
+
+
+def test_an_error_after_the_decode_queued_its_work_keeps_the_bytes_until_the_side_stream_ran(
+        mixed_root, monkeypatch, no_thread_leak):
+    """An error inside the side stream's work (here batch_transform, after the decode) is raised
+    after the batches before it, and the failed batch's bytes, which the queued decode may still
+    read, are let go only after an event recorded on the side stream has passed."""
+    import gc
+    import weakref
+
+    streams = RecordingStreams()
+    streams.pending = set()
+    monkeypatch.setattr(prefetch_module, "streams_for", lambda device: streams)
+    use_stand_in(monkeypatch, streams=streams)
+    _, gpu = _pair(mixed_root, train=True)
+    record_event = streams.record_event
+
+    def pending_event(stream):
+        event = record_event(stream)
+        if stream != "default":
+            streams.pending.add(event)
+        return event
+
+    streams.record_event = pending_event
+    data: list[weakref.ref] = []
+    calls = []
+
+    def batches():
+        for batch in _loader(gpu):
+            data.append(weakref.ref(batch[0].data))
+            yield batch
+            del batch
+
+    def transform(images, labels):
+        calls.append(len(calls))
+        if len(calls) == 3:
+            raise RuntimeError("the third batch's transform fails")
+        return images, labels
+
+    prefetcher = DataPrefetcher(batches(), device="cpu", prefetch_depth=2,
+                                batch_transform=transform)
+    epoch = iter(prefetcher)
+    got = [next(epoch), next(epoch)]
+    gc.collect()
+    assert data[2]() is not None, "the failed batch's bytes were let go before its event"
+    with pytest.raises(RuntimeError, match="third batch"):
+        next(epoch)
+    assert len(got) == 2 and not streams.pending, "the epoch's end waits for every event"
+    side_events = [e[1] for e in streams.log if e[0] == "event" and e[2] != "default"]
+    waited = [e[1] for e in streams.log if e[0] == "synchronize"]
+    assert len(side_events) == 3, "no event recorded after the failed batch's queued decode"
+    assert side_events[-1] in waited, "the epoch ended before the failed batch's work had run"
+    gc.collect()
+    assert not any(ref() is not None for ref in data)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_torchvisions_backend_end_to_end_on_the_cpu(mixed_root, monkeypatch, train,
+                                                    no_thread_leak):
+    """TorchvisionBackend itself (decode_jpeg decodes on the CPU too) behind DataPrefetcher, in
+    place of the stand-in: the JPEGs decoded by it, whole, then cut to each region; the PNGs and
+    the CMYK JPEG decoded on the CPU, counted with the reason; the batches within the decoder
+    tolerance of the CPU path's (libjpeg-turbo's upsampling and IDCT against torchvision's
+    libjpeg build), with the same labels and order."""
+    pytest.importorskip("torchvision", exc_type=ImportError)
+    opened = []
+
+    def open_backend(name, device, *, hardware, fancy_upsampling):
+        opened.append(_backends.TorchvisionBackend(device))
+        return opened[-1]
+
+    monkeypatch.setattr(_backends, "open_backend", open_backend)
+    cpu, gpu = _pair(mixed_root, train=train)
+    expected = _epochs(DataPrefetcher(_loader(cpu), device="cpu"))
+    prefetcher = DataPrefetcher(_loader(gpu), device="cpu")
+    with pytest.warns(RuntimeWarning, match="torchvision decode_jpeg did not decode it"):
+        got = _epochs(prefetcher)
+    assert len(opened) == 1
+    images, want = torch.cat([b[0] for b in got]), torch.cat([b[0] for b in expected])
+    assert torch.equal(torch.cat([b[1] for b in got]), torch.cat([b[1] for b in expected]))
+    diff = (images.int() - want.int()).abs().float().flatten(1).mean(1)
+    assert diff.max() <= 2.0, diff
+    stats = prefetcher.gpu_decode_stats
+    assert stats["backend"] == "torchvision decode_jpeg"
+    assert stats["gpu"] == 18 and stats["cpu"] == 4 and stats["skipped"] == 0, stats
+    assert stats["fallback_reasons"]["torchvision decode_jpeg did not decode it on the GPU"] == 3
+    # The images it decoded differ from the CPU path's, where the PNGs (decoded on the CPU) do not.
+    names = [Path(gpu.path(i)).suffix for i in range(len(gpu))]
+    pngs = [k for k, suffix in enumerate(names) if suffix == ".png"]
+    assert all(float(diff[k]) == 0 for k in pngs)

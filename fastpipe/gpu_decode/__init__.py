@@ -8,8 +8,6 @@ normalized as any batch. docs/gpu.md ("GPU decode") has what it does and what ha
 from __future__ import annotations
 
 from fastpipe.gpu_decode._backends import EXTRA, GpuDecodeUnavailable, available_backends
-from fastpipe.gpu_decode._decoder import DecodeStats, GpuDecoder
 from fastpipe.gpu_decode._options import GpuDecode
 
-__all__ = ["EXTRA", "DecodeStats", "GpuDecode", "GpuDecodeUnavailable", "GpuDecoder",
-           "available_backends"]
+__all__ = ["EXTRA", "GpuDecode", "GpuDecodeUnavailable", "available_backends"]

@@ -39,7 +39,7 @@ class Request(NamedTuple):
 
 
 class Backend(Protocol):
-    """What :class:`~fastpipe.gpu_decode.GpuDecoder` asks of a decoder library."""
+    """What :class:`~fastpipe.gpu_decode._decoder.GpuDecoder` asks of a decoder library."""
 
     name: str
 
@@ -132,12 +132,19 @@ class NvImageCodecBackend:
         self._decoder = nvimgcodec.Decoder(
             device_id=device.index if device.index is not None else torch.cuda.current_device(),
             backends=[nvimgcodec.Backend(kind) for kind in kinds], options=options)
-        self._params = nvimgcodec.DecodeParams(
-            apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.SRGB,
-            allow_any_depth=False, sample_format=nvimgcodec.SampleFormat.I_RGB)
+        self._decode_params = self._params()
         self._kept: list[Any] = []
 
-    def decode(self, requests: list[Request], stream: Any) -> list[torch.Tensor | None]:
+    def _params(self) -> Any:
+        """The decode parameters: RGB, 8 bits, EXIF orientation not applied (the CPU path does
+        not apply it)."""
+        nvimgcodec = self._nvimgcodec
+        return nvimgcodec.DecodeParams(
+            apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.SRGB,
+            allow_any_depth=False, sample_format=nvimgcodec.SampleFormat.I_RGB)
+
+    def _code_streams(self, requests: list[Request]) -> list[Any]:
+        """A code stream per request: the whole image, or the sub code stream of its region."""
         nvimgcodec = self._nvimgcodec
         code_streams = []
         for request in requests:
@@ -147,13 +154,19 @@ class NvImageCodecBackend:
                 code_stream = code_stream.get_sub_code_stream(
                     region=nvimgcodec.Region(top, left, top + height, left + width))
             code_streams.append(code_stream)
+        return code_streams
+
+    def decode(self, requests: list[Request], stream: Any) -> list[torch.Tensor | None]:
+        # The kept images are passed back only as a whole batch's worth: nvImageCodec takes
+        # exactly one image to reuse per code stream.
         reuse = self._kept[:len(requests)] if len(self._kept) >= len(requests) else None
-        images = self._decoder.decode(code_streams, images=reuse, params=self._params,
+        images = self._decoder.decode(self._code_streams(requests), images=reuse,
+                                      params=self._decode_params,
                                       cuda_stream=_stream_handle(stream))
         kept = list(self._kept)
         out: list[torch.Tensor | None] = []
         for k, image in enumerate(images):
-            if image is None:
+            if image is None:  # slot k keeps its buffer for the next batch
                 out.append(None)
                 continue
             if k < len(kept):

@@ -6,12 +6,13 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
-from fastpipe._batch import Attr, replace_at
+from fastpipe._batch import Attr, place, replace_at
 from fastpipe.data.collate.encoded import EncodedBatch
 
-__all__ = ["encoded_paths", "without_rows"]
+__all__ = ["encoded_paths", "index_on", "without_rows"]
 
 Path = tuple[Any, ...]
 
@@ -44,27 +45,72 @@ def encoded_paths(batch: Any, path: Path = ()) -> list[Path]:
     return found
 
 
+def index_on(rows: list[int], device: torch.device) -> torch.Tensor:
+    """``rows`` as an int64 index on ``device``: to a GPU from page-locked memory, queued without
+    blocking the thread (a copy from pageable memory waits for the device, stalling the training
+    thread when a batch had a fallback or a skip)."""
+    index = torch.tensor(rows, dtype=torch.int64)
+    if device.type != "cuda":
+        return index.to(device)
+    return index.pin_memory().to(device, non_blocking=True)
+
+
 def without_rows(batch: Any, kept: list[int], count: int, skip: list[Path]) -> Any:
-    """``batch`` with only the rows ``kept`` of its ``count``-row entries: tensors whose first
-    axis is ``count`` (index_select), and lists of ``count`` plain values (strings, numbers);
-    the entries at ``skip`` (the decoded images, already of the kept rows) left as they are."""
-    index = torch.tensor(kept, dtype=torch.int64)
+    """``batch`` with only the rows ``kept`` of its ``count``-row entries: tensors and arrays
+    whose first axis is ``count``, and lists of ``count`` values of any kind (strings, numbers,
+    per-sample tensors or dicts; a list that holds an encoded entry is the batch's structure);
+    the entries at ``skip`` (the decoded images, already of the kept rows) left as they are. An
+    entry of ``count`` values that cannot be told from structure (a tuple of ``count`` plain
+    values, an object of length ``count``) is a TypeError naming it: leaving it whole would
+    misalign it with the rest."""
+    indices: dict[torch.device, torch.Tensor] = {}
+    ancestors = {path[:depth] for path in skip for depth in range(len(path))}
+
+    def rows_of(tensor: torch.Tensor) -> torch.Tensor:
+        index = indices.get(tensor.device)
+        if index is None:
+            index = indices[tensor.device] = index_on(kept, tensor.device)
+        return tensor.index_select(0, index)
 
     def select(node: Any, path: Path) -> Any:
         if path in skip:
             return node
         if isinstance(node, torch.Tensor):
-            if node.dim() and node.shape[0] == count:
-                return node.index_select(0, index.to(node.device))
-            return node
-        if isinstance(node, list) and len(node) == count and all(
-                isinstance(v, (str, bytes, int, float, bool)) or v is None for v in node):
+            return rows_of(node) if node.dim() and node.shape[0] == count else node
+        if isinstance(node, np.ndarray):
+            return node[kept] if node.ndim and node.shape[0] == count else node
+        if isinstance(node, list) and len(node) == count and path not in ancestors:
             return [node[k] for k in kept]
+        children = _children(node)
+        if _per_sample_unknown(node, children, count):
+            raise TypeError(
+                f"DataPrefetcher: GPU decode left {count - len(kept)} corrupt sample(s) out of a "
+                f"batch of {count} (on_error='skip'), and cannot leave their rows out of "
+                f"{place(path)}, a {type(node).__name__} of {count} values; make it a list or a "
+                "tensor (one row per sample) in the collate function, so that it stays aligned")
         new = node
-        for step, value in _children(node):
+        for step, value in children:
             changed = select(value, (*path, step))
             if changed is not value:
                 new = replace_at(new, (step,), changed)
         return new
 
     return select(batch, ())
+
+
+def _per_sample_unknown(node: Any, children: list[tuple[Any, Any]], count: int) -> bool:
+    """Whether ``node`` holds ``count`` values that may be one per sample and cannot be cut: a
+    tuple (not a namedtuple) of ``count`` plain values, or an object of length ``count`` that is
+    no container."""
+    if isinstance(node, (str, bytes, Mapping)) or dataclasses.is_dataclass(node):
+        return False
+    if isinstance(node, tuple) and not hasattr(type(node), "_fields"):
+        return len(node) == count and not any(
+            isinstance(value, (torch.Tensor, np.ndarray, list, tuple, Mapping))
+            or dataclasses.is_dataclass(value) for _, value in children)
+    if children or not hasattr(node, "__len__"):
+        return False
+    try:
+        return len(node) == count
+    except TypeError:
+        return False

@@ -21,25 +21,23 @@ import torch
 from fastpipe.data.collate.encoded import EncodedBatch
 from fastpipe.data.decode.budget import CorruptImageError
 from fastpipe.data.decode.gpu import ROUTE_GPU
+from fastpipe.data.decode.image import EVAL_REGION_MARGIN
 from fastpipe.data.sampling.skip import Skipped
 from fastpipe.gpu_decode import _backends
+from fastpipe.gpu_decode._batches import index_on
 from fastpipe.gpu_decode._options import GpuDecode
-from fastpipe.ops import resize_crops
-from fastpipe.ops._resize import input_span
+from fastpipe.ops._resize import input_span, resize_planned
+from fastpipe.recipe import RESIZE_FILTERS
 
 __all__ = ["DecodeStats", "Decoded", "GpuDecoder"]
-
-# Columns decoded on each side of an eval region beyond those the resize reads, as the CPU path
-# does (fastpipe.data.decode.image._EVAL_REGION_MARGIN): a region decode's edge columns may
-# upsample chroma differently from a whole decode's.
-_EVAL_REGION_MARGIN = 4
 
 
 @dataclass
 class DecodeStats:
     """What the GPU decode did: batches, images decoded on the GPU, images decoded on the CPU
-    instead (``cpu``, with the reasons counted in ``fallback_reasons``), corrupt images skipped,
-    and how often the buffers kept for reuse went past the cap and were let go."""
+    instead (``cpu``; the reasons counted in ``fallback_reasons``, which add up to it), corrupt
+    images skipped (neither decoder decoded them: ``gpu + cpu + skipped`` is every image), and how
+    often the buffers kept for reuse went past the cap and were let go."""
 
     batches: int = 0
     gpu: int = 0
@@ -66,16 +64,20 @@ class Decoded(NamedTuple):
 class GpuDecoder:
     """Decodes :class:`~fastpipe.data.collate.encoded.EncodedBatch` es on one device.
 
-    The backend opens at the first batch (its chroma upsampling follows that batch's recipe, as
-    the CPU path's does), keeps its decode buffers between batches up to ``options.memory_cap``
-    bytes (over it, it lets them go and counts it), and holds nothing after :meth:`close`.
+    A backend opens at the first batch that needs it: one per chroma upsampling (a batch's
+    decoder upsamples as the CPU path's does, replicated in train and smooth in eval, so a train
+    and an eval loader may share a prefetcher). Each keeps its decode buffers between batches;
+    past ``options.memory_cap`` bytes kept in all, they are let go (and counted). Nothing is held
+    after :meth:`close`.
     """
 
     def __init__(self, options: GpuDecode, device: torch.device) -> None:
         self.options = options
         self.device = device
         self.stats = DecodeStats()
-        self._backend: _backends.Backend | None = None
+        # Keyed by the batch decoder's fast_upsample.
+        self._backends: dict[bool, _backends.Backend] = {}
+        self._last: _backends.Backend | None = None
         self._warned_all_fell_back = False
 
     def decode(self, batch: EncodedBatch, stream: Any, on_error: str = "raise") -> Decoded:
@@ -93,23 +95,24 @@ class GpuDecoder:
             region, row = _region_and_plan(plans[i], recipe)
             requests.append(_backends.Request(batch.bytes_of(i), region, tuple(plans[i][:2])))
             resize_rows.append(row)
-        results = self._open(batch).decode(requests, stream) if requests else []
+        backend = self._open(batch) if requests else None
+        results = backend.decode(requests, stream) if backend is not None else []
         if len(results) != len(requests):
-            raise RuntimeError(f"GPU decode: {self._backend.name} returned {len(results)} images "
+            raise RuntimeError(f"GPU decode: {backend.name} returned {len(results)} images "
                                f"for a batch of {len(requests)}")
         decoded, images, rows = [], [], []
         for i, image, row in zip(on_gpu, results, resize_rows):
             if image is None:
-                fallback[i] = f"{self._backend.name} did not decode it on the GPU"
+                fallback[i] = f"{backend.name} did not decode it on the GPU"
             else:
                 decoded.append(i)
                 images.append(image)
                 rows.append(row)
         self._warn_if_nothing_decoded(batch, on_gpu, decoded)
-        gpu_out = (resize_crops(images, torch.tensor(rows, dtype=torch.int64), recipe.size,
-                                recipe.interpolation) if images else None)
+        gpu_out = (resize_planned(images, torch.tensor(rows, dtype=torch.int64), recipe.size,
+                                  RESIZE_FILTERS[recipe.interpolation]) if images else None)
         cpu_out, skipped = self._decode_on_cpu(batch, fallback, on_error)
-        self._count(len(decoded), fallback, skipped)
+        self._count(len(decoded), fallback, cpu_out)
         self._keep_within_cap()
         if not cpu_out and not skipped:
             return Decoded(gpu_out, None, [])
@@ -118,33 +121,37 @@ class GpuDecoder:
         out = torch.empty((len(kept), 3, *recipe.size), dtype=torch.uint8, device=device)
         position = {row: k for k, row in enumerate(kept)}
         if gpu_out is not None:
-            out.index_copy_(0, torch.tensor([position[i] for i in decoded], device=device),
-                            gpu_out)
+            out.index_copy_(0, index_on([position[i] for i in decoded], device), gpu_out)
         for i, image in cpu_out.items():
             out[position[i]].copy_(_host_ready(image, device), non_blocking=True)
         return Decoded(out, kept if len(kept) < count else None, skipped)
 
     def close(self) -> None:
-        """Lets go of the backend and every buffer it kept."""
-        backend, self._backend = self._backend, None
-        if backend is not None:
+        """Lets go of the backends and every buffer they kept."""
+        backends, self._backends = self._backends, {}
+        self._last = None
+        for backend in backends.values():
             backend.close()
 
     @property
     def backend_name(self) -> str | None:
-        return None if self._backend is None else self._backend.name
+        """The decoder library of the last batch (None before one)."""
+        return None if self._last is None else self._last.name
 
     def kept_bytes(self) -> int:
-        return 0 if self._backend is None else self._backend.kept_bytes()
+        return sum(backend.kept_bytes() for backend in self._backends.values())
 
     # ------------------------------------------------------------------------------ the parts
 
     def _open(self, batch: EncodedBatch) -> _backends.Backend:
-        if self._backend is None:
-            self._backend = _backends.open_backend(
+        fast_upsample = bool(batch.decoder.fast_upsample)
+        backend = self._backends.get(fast_upsample)
+        if backend is None:
+            backend = self._backends[fast_upsample] = _backends.open_backend(
                 self.options.backend, self.device, hardware=self.options.hardware,
-                fancy_upsampling=not batch.decoder.fast_upsample)
-        return self._backend
+                fancy_upsampling=not fast_upsample)
+        self._last = backend
+        return backend
 
     def _decode_on_cpu(self, batch: EncodedBatch, fallback: dict[int, str],
                        on_error: str) -> tuple[dict[int, torch.Tensor], list[Skipped]]:
@@ -165,18 +172,21 @@ class GpuDecoder:
                 skipped.append(Skipped(int(batch.indices[i]), source, message))
         return out, skipped
 
-    def _count(self, on_gpu: int, fallback: dict[int, str], skipped: list[Skipped]) -> None:
+    def _count(self, on_gpu: int, fallback: dict[int, str],
+               cpu_out: dict[int, torch.Tensor]) -> None:
+        """The batch's images: on the GPU, on the CPU (with why), and the rest of the fallback
+        skipped as corrupt."""
         stats = self.stats
         stats.batches += 1
         stats.gpu += on_gpu
-        stats.cpu += len(fallback) - len(skipped)
-        stats.skipped += len(skipped)
-        stats.fallback_reasons.update(fallback.values())
+        stats.cpu += len(cpu_out)
+        stats.skipped += len(fallback) - len(cpu_out)
+        stats.fallback_reasons.update(fallback[i] for i in cpu_out)
 
     def _keep_within_cap(self) -> None:
-        backend = self._backend
-        if backend is not None and backend.kept_bytes() > self.options.memory_cap:
-            backend.release()
+        if self.kept_bytes() > self.options.memory_cap:
+            for backend in self._backends.values():
+                backend.release()
             self.stats.released += 1
 
     def _warn_if_nothing_decoded(self, batch: EncodedBatch, on_gpu: list[int],
@@ -188,7 +198,7 @@ class GpuDecoder:
             return
         self._warned_all_fell_back = True
         warnings.warn(
-            f"GPU decode: {self._backend.name} decoded none of the batch's {len(jpegs)} JPEGs on "
+            f"GPU decode: {self._last.name} decoded none of the batch's {len(jpegs)} JPEGs on "
             "the GPU, so they were decoded on the CPU (slower, and the CPU path's pixels). "
             "nvImageCodec decodes JPEGs on the GPU only with nvJPEG: pip install nvidia-nvjpeg "
             "(`fastpipe doctor` says whether it loads)", RuntimeWarning, stacklevel=4)
@@ -198,17 +208,20 @@ def _region_and_plan(plan: list[int], recipe: Any) -> tuple[tuple[int, int, int,
                                                             list[int]]:
     """The region to decode (top, left, height, width) and its resize_crops plan row: train, the
     crop box, resized as an image of its own; eval, the pixels the centre crop of the resized
-    image reads (and a margin of columns), as a box of the whole image."""
+    image reads, and :data:`EVAL_REGION_MARGIN` rows and columns on each side (a region decode's
+    edge rows and columns may upsample chroma differently from a whole decode's; the margin is
+    decoded, never read), as a box of the whole image."""
     height, width, top, left, box_h, box_w, resize_h, resize_w, flip, _ = plan
     if resize_h == 0:  # train: the box is the image, resized to the output size
         return (top, left, box_h, box_w), [0, 0, box_h, box_w, 0, 0, *recipe.size, flip]
-    filter_ = 1 if recipe.interpolation == "bicubic" else 0
-    rows = input_span(height, resize_h, top, box_h, filter_)
-    cols = input_span(width, resize_w, left, box_w, filter_)
-    col_lo = max(cols[0] - _EVAL_REGION_MARGIN, 0)
-    col_hi = min(cols[0] + cols[1] + _EVAL_REGION_MARGIN, width)
-    region = (rows[0], col_lo, rows[1], col_hi - col_lo)
-    return region, [rows[0], col_lo, height, width, top, left, resize_h, resize_w, flip]
+    filter_ = RESIZE_FILTERS[recipe.interpolation]
+    spans = (input_span(height, resize_h, top, box_h, filter_),
+             input_span(width, resize_w, left, box_w, filter_))
+    (row_lo, row_hi), (col_lo, col_hi) = (
+        (max(start - EVAL_REGION_MARGIN, 0), min(start + length + EVAL_REGION_MARGIN, full))
+        for (start, length), full in zip(spans, (height, width)))
+    region = (row_lo, col_lo, row_hi - row_lo, col_hi - col_lo)
+    return region, [row_lo, col_lo, height, width, top, left, resize_h, resize_w, flip]
 
 
 def _host_ready(image: torch.Tensor, device: torch.device) -> torch.Tensor:

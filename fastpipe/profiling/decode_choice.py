@@ -25,7 +25,9 @@ __all__ = ["DecodeChoice", "choose_decode", "decode_candidates"]
 
 # A faster decode off the CPU must feed this much more to be worth the GPU time it takes.
 MIN_GAIN = 0.10
-_DALI_KINDS = ("folder", "list", "hdf5", "lmdb")
+# What DALI's readers take (fastpipe.dali.sources.open_source); the CPU path reads every kind of
+# fastpipe.data.datasets.images.CLASSIFICATION_KINDS.
+DALI_KINDS = ("folder", "list", "hdf5", "lmdb")
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ def _dali_problem(recipe: Recipe, kind: str | None) -> str | None:
             return "DALI is not installed (pip install 'fastpipe[dali]')"
     except (ImportError, ValueError):
         return "DALI is not installed (pip install 'fastpipe[dali]')"
-    if kind is not None and kind not in _DALI_KINDS:
+    if kind is not None and kind not in DALI_KINDS:
         return f"DALI's readers do not read {kind} data"
     try:
         recipe.check("dali")
@@ -173,7 +175,8 @@ def measure_decode(name: str, dataset: Any, path: str | os.PathLike | None, reci
         return max(1, num_workers) / per_image
     from fastpipe.data import fast_collate
     from fastpipe.data.datasets._records import RecordDataset
-    from fastpipe.gpu_decode import GpuDecode, GpuDecoder
+    from fastpipe.gpu_decode import GpuDecode
+    from fastpipe.gpu_decode._decoder import GpuDecoder
 
     fields = None if dataset.schema is dataset.source.schema else list(dataset.schema.names)
     encoded = RecordDataset(dataset.source, decoder=dataset.decoder, seed=dataset.seed,

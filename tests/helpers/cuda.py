@@ -120,6 +120,19 @@ class RecordingStreams:
     def wait_event(self, waiter, event):
         self.log.append(("wait", waiter, event))
 
+    # Events pass at once, unless a test keeps them pending: with ``pending`` a set, the events in
+    # it have not run until synchronize() (or the test) takes them out.
+    pending: set | None = None
+
+    def query(self, event):
+        self.log.append(("query", event))
+        return self.pending is None or event not in self.pending
+
+    def synchronize(self, event):
+        self.log.append(("synchronize", event))
+        if self.pending is not None:
+            self.pending.discard(event)
+
     def record_stream(self, tensor, stream):
         self.recorded.append((tensor, stream))
         self.log.append(("record", _first(tensor), tensor.dtype, stream))

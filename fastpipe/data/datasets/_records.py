@@ -102,7 +102,7 @@ class RecordDataset(PerSample, Dataset):
         elif isinstance(decoder, ImageDecoder):
             recipe = decoder.recipe.replace(auto_augment=auto_augment)
         self.decoder = decoder
-        self.decode = _check_decode(decode, where, decoder, transform, recipe)
+        self.decode = _check_decode(decode, where, decoder, transform, recipe, joint)
         # Without a recipe, auto_augment's geometric ops resize with the decoder's filter.
         self._init_per_sample(transform, recipe, seed, auto_augment,
                               getattr(decoder, "interpolation", DEFAULT_INTERPOLATION))
@@ -336,7 +336,7 @@ class RecordDataset(PerSample, Dataset):
 
 
 def _check_decode(decode: Any, where: str, decoder: Any, transform: Any,
-                  recipe: Recipe | None) -> str:
+                  recipe: Recipe | None, joint: Any = None) -> str:
     """``decode`` as given; "gpu" only where the GPU decode can run what the dataset would."""
     if decode not in ("cpu", "gpu"):
         raise ValueError(f"{where}: decode must be 'cpu' (the workers decode) or 'gpu' "
@@ -345,6 +345,10 @@ def _check_decode(decode: Any, where: str, decoder: Any, transform: Any,
                                           if decode == "auto" else ""))
     if decode == "cpu":
         return decode
+    if joint is not None:
+        raise ValueError(f"{where}(decode='gpu'): joint= crops the image fields together with "
+                         "the masks and boxes on the CPU, and the GPU decode decodes a recipe's "
+                         "crop of one image field: pass decode='cpu' with joint=")
     if not isinstance(decoder, ImageDecoder):
         raise ValueError(f"{where}(decode='gpu') needs recipe= (or the image keywords of "
                          "ImageFolder): the GPU decode crops, resizes and flips as a recipe says, "
