@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # fastpipe's GPU kit in one command, for a CUDA machine without network access (docs/gpu.md).
 #
-#   bash scripts/gpu-kit.sh [RESULTS_DIR] [--quick] [--no-build] [--gpu-decode]
+#   bash scripts/gpu-kit.sh [RESULTS_DIR] [--quick | --bench-only] [--no-build] [--gpu-decode]
 #
 # Run from the repository root, in an environment with a CUDA build of torch, nvcc of the same
 # CUDA major version, setuptools and pytest. When the bundle of ../shared/gpu-offline/prepare.sh
@@ -23,30 +23,63 @@
 #                    stop the lane's collection)
 #   bench.log/.json  fastpipe bench --device cuda: every core a worker, batch 256, ResNet-50 AMP,
 #                    with --budget set to the time left (KIT_BENCH_ARGS adds options)
+#   gpu-decode-rows.log  with --gpu-decode: each GPU decode row of bench.json, its images/s and
+#                    what its decoder did (gpu_decode_stats: images decoded on the GPU and on the
+#                    CPU); failed where a row did not run or decoded none on the GPU
 #   cpu-checks.log   the CUDA code's checks that need no GPU but nvcc (tests/ops/test_cuda_*.py)
 #   summary.txt      the same summary
 # Every step has its own time limit, and the whole kit a deadline of KIT_SECONDS (default 570,
-# for a machine lent 10 minutes per command): a step gets at most the time left, the bench the
-# time left after the steps before it, the CPU checks (last) what remains. --quick runs the lane
-# only (no bench, no CPU checks); --no-build uses the installed fastpipe; --gpu-decode narrows the
-# lane to GPU decode's tests (tests/cuda/test_gpu_decode.py) and the bench to its rows beside the
-# fast CPU path, DALI and DataLoader (dataloader,fast-cpu,gpu-decode,gpu-decode-4,dali), for a
-# run that checks GPU decode alone (docs/gpu.md, "GPU decode"). Without a GPU the CUDA
-# steps (build, lane, bench) report "no GPU" and the kit still runs to the end (exit 0): that is
-# what the CPU test of the kit checks (tests/cuda/test_gpu_kit.py). The exit code is the first
-# failed step's.
+# for a machine lent 10 minutes per command; the GPU decode session of docs/gpu.md sets 400): a
+# step gets at most the time left, the bench the time left after the steps before it, the CPU
+# checks (last) what remains. --quick runs the lane only (no bench, no CPU checks); --bench-only
+# the bench only (no lane, no CPU checks); --no-build uses the installed fastpipe; --gpu-decode
+# narrows the lane to GPU decode's tests (tests/cuda/test_gpu_decode.py) and the bench to its
+# rows beside the fast CPU path (fast-cpu,gpu-decode,gpu-decode-4), and fails the kit where a GPU
+# decode row did not run or decoded none of its images on the GPU (gpu-decode-rows), for a run
+# that checks GPU decode alone (docs/gpu.md, "GPU decode"). Without a GPU the CUDA steps (build,
+# lane, bench) report "no GPU" and the kit still runs to the end (exit 0): that is what the CPU
+# test of the kit checks (tests/cuda/test_gpu_kit.py). The exit code is the first failed step's.
 set -uo pipefail
 
-out=gpu-results; quick=0; build=1; gpu_decode=0
+out=gpu-results; quick=0; bench_only=0; build=1; gpu_decode=0
+# The bench's rows with --gpu-decode: 4 workers of GPU decode against every worker of the CPU path
+# (the goal against DALI needs DALI, which is not in this kit's bundle: docs/gpu.md).
+GPU_DECODE_ROWS=fast-cpu,gpu-decode,gpu-decode-4
+# Prints each GPU decode row of bench.json (argv[1]); exits 1 where one is missing or skipped.
+CHECK_GPU_DECODE_ROWS=$(cat <<'EOF'
+import json, sys
+try:
+    rows = {row["key"]: row for row in json.load(open(sys.argv[1]))["rows"]}
+except (OSError, ValueError, KeyError, TypeError) as exc:
+    sys.exit(f"no bench results to check: {exc!r}")
+missing = []
+for key in ("gpu-decode", "gpu-decode-4"):
+    row = rows.get(key)
+    if row is None or row.get("skipped"):
+        missing.append(key)
+        why = row["skipped"] if row else "not in the bench"
+        print(f"{key}: did not run: {why}")
+    else:
+        rate, stats = row["images_per_second"], row.get("gpu_decode_stats")
+        print(f"{key}: {rate:.1f} images/s; decoded {stats}")
+print(f"fast-cpu: {rows.get('fast-cpu', {}).get('images_per_second')} images/s")
+sys.exit(1 if missing else 0)
+EOF
+)
 for arg in "$@"; do
   case $arg in
     --quick) quick=1 ;;
+    --bench-only) bench_only=1 ;;
     --no-build) build=0 ;;
     --gpu-decode) gpu_decode=1 ;;
     -*) echo "gpu-kit.sh: unknown option $arg" >&2; exit 2 ;;
     *) out=$arg ;;
   esac
 done
+if [[ $quick == 1 && $bench_only == 1 ]]; then
+  echo "gpu-kit.sh: --quick (the lane only) and --bench-only (the bench only) exclude each other" >&2
+  exit 2
+fi
 mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2
 py=${PYTHON:-python3}
 deadline=$((SECONDS + ${KIT_SECONDS:-570}))
@@ -163,7 +196,9 @@ fi
 step doctor 60 - bash -c "'$py' -m fastpipe doctor --json > '$logs/doctor.json' 2>&1 && \
   '$py' -m fastpipe doctor > '$logs/doctor.txt' 2>&1"
 
-if [[ -z $archs ]]; then
+if [[ $bench_only == 1 ]]; then
+  skipped cuda-lane "--bench-only"
+elif [[ -z $archs ]]; then
   no_gpu cuda-lane
 else
   lane=tests/cuda
@@ -186,15 +221,29 @@ else
     skipped bench "$(left) s left of the kit's ${KIT_SECONDS:-570} s; the bench needs 150"
   else
     rows=()
-    [[ $gpu_decode == 1 ]] && rows=(--variants dataloader,fast-cpu,gpu-decode,gpu-decode-4,dali)
+    [[ $gpu_decode == 1 ]] && rows=(--variants "$GPU_DECODE_ROWS")
     # shellcheck disable=SC2086 # KIT_BENCH_ARGS holds several options
     step bench "$limit" bench.log "$py" -m fastpipe bench --device cuda --no-progress \
       --save "$logs/bench.json" --budget $((limit - 90)) ${rows[@]+"${rows[@]}"} ${KIT_BENCH_ARGS:-}
   fi
 fi
 
-if [[ $quick == 1 ]]; then
-  skipped cpu-checks "--quick"
+# GPU decode's rows, as bench.json has them: a row that was skipped, or whose every image was
+# decoded on the CPU (the bench fails it then), measured no GPU decode, and the kit must not pass.
+if [[ $gpu_decode == 1 ]]; then
+  if [[ $quick == 1 ]]; then
+    skipped gpu-decode-rows "--quick: no bench"
+  elif [[ -z $archs ]]; then
+    no_gpu gpu-decode-rows
+  else
+    step gpu-decode-rows 30 gpu-decode-rows.log "$py" -c "$CHECK_GPU_DECODE_ROWS" "$logs/bench.json"
+    [[ -f $logs/gpu-decode-rows.log ]] && sed 's/^/  /' "$logs/gpu-decode-rows.log" >> "$summary"
+    pack
+  fi
+fi
+
+if [[ $quick == 1 || $bench_only == 1 ]]; then
+  skipped cpu-checks "$([[ $quick == 1 ]] && echo --quick || echo --bench-only)"
 else
   step cpu-checks "${KIT_CPU_CHECKS_SECONDS:-300}" cpu-checks.log "$py" -m pytest \
     -p no:cacheprovider -q -ra tests/ops/test_cuda_build.py tests/ops/test_cuda_fast_path.py \

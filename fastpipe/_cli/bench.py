@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 
 from fastpipe._cli import CommandError
 from fastpipe._cli._args import (
@@ -141,6 +142,13 @@ def _run_model_step(args: argparse.Namespace) -> int:
     else:
         print(report)
         print(f"\njson: {save}")
+    # A loader asked for by name that did not run measured nothing: a run that checks it (the GPU
+    # kit) must not pass.
+    missed = [row for row in report.rows if row.key in variants and row.skipped] if variants else []
+    if missed:
+        print("fastpipe bench: " + "; ".join(f"{row.key} did not run: {row.skipped}"
+                                             for row in missed), file=sys.stderr)
+        return 1
     return 0
 
 

@@ -192,6 +192,23 @@ def _build_gpu_decode(config: BenchConfig, workers: int | None = None) -> Any:
                           gpu_decode=GpuDecode(backend="nvimgcodec"))
 
 
+def gpu_decode_problem(stats: dict[str, Any] | None) -> str | None:
+    """Why a GPU decode row did not time GPU decode (None: it did): no encoded batch reached the
+    decoder, or none of its images was decoded on the GPU (every one fell back to the CPU: the
+    reasons counted in ``stats``)."""
+    if stats is None:
+        return "failed: GPU decode decoded no batch (the loader handed over no encoded images)"
+    if stats["gpu"] == 0:
+        return (f"failed: none of its {stats['cpu']} image(s) was decoded on the GPU, so the row "
+                f"timed the CPU decoder ({_fallback_reasons(stats)})")
+    return None
+
+
+def _fallback_reasons(stats: dict[str, Any]) -> str:
+    reasons = sorted(stats["fallback_reasons"].items(), key=lambda kv: -kv[1])
+    return "; ".join(f"{count}: {reason}" for reason, count in reasons) or "no reason recorded"
+
+
 def model_variants(device: torch.device) -> list[Variant]:
     """The loaders of the suite (the factory ``fastpipe.image_loader`` among them) for
     ``device``: on CUDA, DALI decodes on the GPU, and the two rows of GPU decode (nvImageCodec
@@ -299,6 +316,9 @@ def run_model_variant(variant: Variant, config: BenchConfig, step: TrainStep, se
     finally:
         busy = utilization.stop() if utilization is not None else None
         batches.close()
+        # Read before close(), which lets the decoder go.
+        decode_stats = (getattr(loader, "gpu_decode_stats", None)
+                        if variant.key in GPU_DECODE_KEYS else None)
         close_loader(loader)
         del loader
         gc.collect()
@@ -307,6 +327,17 @@ def run_model_variant(variant: Variant, config: BenchConfig, step: TrainStep, se
                                "seconds")
     if row.skipped:
         return row
+    if variant.key in GPU_DECODE_KEYS:
+        # A row whose images were decoded on the CPU would be published as GPU decode's rate.
+        row.extra["gpu_decode_stats"] = decode_stats
+        problem = gpu_decode_problem(decode_stats)
+        if problem is not None:
+            row.skipped, row.per_round = problem, []
+            return row
+        if decode_stats["cpu"]:  # some fell back: the rate is not GPU decode's alone
+            row.description += (f"; {decode_stats['cpu']} of "
+                                f"{decode_stats['cpu'] + decode_stats['gpu']} images decoded on "
+                                f"the CPU ({_fallback_reasons(decode_stats)})")
     row.extra["clock"] = summary.clock
     row.extra["gpu_utilization"] = row.extra["utilization_source"] = None
     if busy is not None:

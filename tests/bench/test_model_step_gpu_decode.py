@@ -77,3 +77,85 @@ def test_the_row_builds_the_gpu_decode_loader(sample_root, tmp_path, monkeypatch
     assert loader.dataset.decode == "gpu" and loader.num_workers == workers
     assert loader.pin_memory and built["device"] == "cuda"
     assert built["gpu_decode"].backend == "nvimgcodec" and built["mean"] is not None
+
+
+def _stand_in_row(sample_root, tmp_path, monkeypatch, refuse):
+    """A GPU decode row run end to end on the CPU: ImageFolder(decode='gpu'), DataLoaderX and
+    DataPrefetcher, the decoder library replaced by the recording stand-in (refusing what
+    ``refuse`` says, as nvImageCodec returns None for what it does not decode on the GPU)."""
+    from fastpipe import DataLoaderX, DataPrefetcher
+    from fastpipe.bench.variants import Variant
+    from fastpipe.data import ImageFolder, fast_collate
+    from tests.helpers.gpu_decode import use_stand_in
+
+    use_stand_in(monkeypatch, refuse=refuse)
+
+    def build(config):
+        dataset = ImageFolder(str(config.root), train=True, size=config.size, decode="gpu")
+        return DataPrefetcher(DataLoaderX(dataset, collate_fn=fast_collate, batch_size=8),
+                              device="cpu")
+
+    variant = Variant("gpu-decode", "GPU decode (nvImageCodec)", "the stand-in", build)
+    with pytest.warns(RuntimeWarning) if refuse(b"\xff\xd8") else _no_warning():
+        return run_model_variant(variant, _config(sample_root, tmp_path),
+                                 model_step.TrainStep("tiny", torch.device("cpu"), 8), 0.2, 1)
+
+
+def _no_warning():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def test_a_row_that_decoded_on_the_gpu_records_what_its_decoder_did(sample_root, tmp_path,
+                                                                    monkeypatch):
+    row = _stand_in_row(sample_root, tmp_path, monkeypatch, refuse=lambda data: False)
+    assert not row.skipped and row.median > 0
+    stats = row.to_dict()["gpu_decode_stats"]
+    assert stats["gpu"] > 0 and stats["cpu"] == 0 and stats["backend"] == "stand-in decoder"
+
+
+def test_a_row_whose_every_image_fell_back_to_the_cpu_fails(sample_root, tmp_path, monkeypatch):
+    """Every image decoded on the CPU (nvImageCodec without nvJPEG decodes no JPEG on the GPU):
+    the row timed the CPU decoder and must not be published as GPU decode's rate."""
+    row = _stand_in_row(sample_root, tmp_path, monkeypatch, refuse=lambda data: True)
+    assert row.skipped.startswith("failed: none of its") and "on the GPU" in row.skipped
+    assert "stand-in decoder did not decode it on the GPU" in row.skipped
+    assert row.per_round == [] and row.median is None
+    stats = row.to_dict()["gpu_decode_stats"]
+    assert stats["gpu"] == 0 and stats["cpu"] > 0
+
+
+def test_gpu_decode_problem():
+    from fastpipe.bench.model_step import gpu_decode_problem
+
+    assert gpu_decode_problem(None).startswith("failed: GPU decode decoded no batch")
+    assert gpu_decode_problem({"gpu": 10, "cpu": 0, "fallback_reasons": {}}) is None
+    assert gpu_decode_problem({"gpu": 9, "cpu": 1, "fallback_reasons": {"png": 1}}) is None
+    assert "2: no nvJPEG" in gpu_decode_problem({"gpu": 0, "cpu": 2,
+                                                 "fallback_reasons": {"no nvJPEG": 2}})
+
+
+def test_a_row_asked_for_by_name_that_did_not_run_fails_the_command(monkeypatch, tmp_path,
+                                                                    capsys):
+    """`fastpipe bench --variants ...` exits 1 where a row it names was skipped or failed (the
+    GPU kit's bench step then fails); rows not named do not count."""
+    from types import SimpleNamespace
+
+    from fastpipe._cli import main
+    from fastpipe.profiling._table import Row
+
+    def report_of(rows):
+        return SimpleNamespace(rows=rows, to_json=lambda path=None: "{}",
+                               __str__=lambda self: "report")
+
+    failed = Row("GPU decode (nvImageCodec)", key="gpu-decode", description="")
+    failed.skipped = "failed: none of its 8 image(s) was decoded on the GPU"
+    other = Row("DataLoader", key="dataloader", description="")
+    other.skipped = "time budget used up"
+    for rows, asked, code in (([failed], "gpu-decode", 1), ([other], "fast-cpu", 0)):
+        monkeypatch.setattr(model_step, "run_model_bench", lambda *a, rows=rows, **k: report_of(
+            rows))
+        assert main(["bench", "--device", "cpu", "--variants", asked, "--save",
+                     str(tmp_path / "b.json")]) == code
+    assert "gpu-decode did not run: failed: none of its" in capsys.readouterr().err

@@ -123,9 +123,65 @@ def test_the_gpu_decode_kit_runs_to_the_end_on_the_cpu(tmp_path):
     """--gpu-decode narrows the lane and the bench to GPU decode; here it still runs to the
     end and says no GPU."""
     out = tmp_path / "results"
-    done = _kit(out, "--quick", "--gpu-decode", timeout=290)
+    done = _kit(out, "--quick", "--gpu-decode", timeout=290, KIT_SECONDS="400")
     assert done.returncode == 0, done.stdout + done.stderr
     steps = _summary(out)
-    assert list(steps) == STEPS and steps["cuda-lane"].startswith("no GPU")
+    assert list(steps) == [*STEPS[:5], "gpu-decode-rows", "cpu-checks"], steps
+    assert steps["cuda-lane"].startswith("no GPU")
+    assert steps["gpu-decode-rows"] == "skipped (--quick: no bench)"
     text = KIT.read_text()
-    assert "tests/cuda/test_gpu_decode.py" in text and "gpu-decode,gpu-decode-4" in text
+    assert "tests/cuda/test_gpu_decode.py" in text and "fast-cpu,gpu-decode,gpu-decode-4" in text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_bench_only_kit_runs_the_bench_alone(tmp_path):
+    """The GPU decode session's second call (docs/gpu.md): the bench and its rows' check, no lane
+    and no CPU checks."""
+    out = tmp_path / "results"
+    done = _kit(out, "--bench-only", "--gpu-decode", timeout=290, KIT_SECONDS="300")
+    assert done.returncode == 0, done.stdout + done.stderr
+    steps = _summary(out)
+    assert list(steps) == [*STEPS[:5], "gpu-decode-rows", "cpu-checks"], steps
+    assert steps["cuda-lane"] == steps["cpu-checks"] == "skipped (--bench-only)"
+    assert steps["bench"].startswith("no GPU") and steps["gpu-decode-rows"].startswith("no GPU")
+    _results(out, tmp_path / "unpacked")
+
+
+def test_the_lane_only_and_bench_only_options_exclude_each_other(tmp_path):
+    done = _kit(tmp_path / "results", "--quick", "--bench-only", timeout=30)
+    assert done.returncode == 2 and "exclude each other" in done.stderr
+
+
+def _rows_check(tmp_path, rows) -> subprocess.CompletedProcess:
+    """The kit's check of GPU decode's rows (gpu-decode-rows) on a bench.json of ``rows``."""
+    text = KIT.read_text()
+    start = text.index("CHECK_GPU_DECODE_ROWS=$(cat <<'EOF'\n")
+    code = text[text.index("\n", start) + 1:text.index("\nEOF\n", start)]
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"rows": rows}))
+    return subprocess.run([sys.executable, "-c", code, str(bench)], capture_output=True,
+                          text=True, timeout=30)
+
+
+def test_the_gpu_decode_rows_check_fails_a_row_that_did_not_decode_on_the_gpu(tmp_path):
+    stats = {"gpu": 3072, "cpu": 0, "fallback_reasons": {}}
+    good = [{"key": "fast-cpu", "images_per_second": 900.0, "skipped": None},
+            {"key": "gpu-decode", "images_per_second": 1500.0, "skipped": None,
+             "gpu_decode_stats": stats},
+            {"key": "gpu-decode-4", "images_per_second": 1400.0, "skipped": None,
+             "gpu_decode_stats": stats}]
+    done = _rows_check(tmp_path, good)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "gpu-decode: 1500.0 images/s" in done.stdout and "'gpu': 3072" in done.stdout
+    fell_back = [*good[:2], {**good[2], "images_per_second": None,
+                             "skipped": "failed: none of its 3072 image(s) was decoded on the GPU"}]
+    done = _rows_check(tmp_path, fell_back)
+    assert done.returncode == 1 and "gpu-decode-4: did not run: failed: none" in done.stdout
+    done = _rows_check(tmp_path, good[:2])
+    assert done.returncode == 1 and "gpu-decode-4: did not run: not in the bench" in done.stdout
+    (tmp_path / "bench.json").write_text("{")  # the bench died before writing it whole
+    code = KIT.read_text().split("CHECK_GPU_DECODE_ROWS=$(cat <<'EOF'\n")[1].split("\nEOF\n")[0]
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "bench.json")],
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1 and "no bench results to check" in done.stderr
