@@ -10,13 +10,17 @@ path on the same samples. None of this has run on a GPU yet (docs/gpu.md, "GPU d
   libjpeg-turbo: a mean absolute difference of at most 2.0 levels per image, at most 1% of
   pixels off by more than 24), and some difference (identical pixels mean nothing decoded on the
   GPU); nothing fell back to the CPU. The failure message prints the measured differences.
+- Every test that decodes asserts that every image was decoded on the GPU (gpu_decode_stats: none
+  on the CPU), so a decode that fell back to the CPU without a word fails it, also where the
+  pixels are compared with another GPU decode's (resume, DDP shards) and not with the CPU path's.
 - Every source kind (folder, list file, HDF5 and LMDB packs, tar shards, records), resume (the
   same batches), DDP shards (two processes on one GPU: each rank's images are the single
   process's images of its shard), a corrupt JPEG skipped as on_error says, and memory flat over
   50 epochs (torch's reserved memory, and the device's free memory for nvImageCodec's own),
   nothing kept after close().
 
-Skipped without a GPU or without nvImageCodec; FASTPIPE_REQUIRE_CUDA=1 makes that a failure.
+Skipped without a GPU, or without nvImageCodec and nvJPEG (torchvision's test: without its CUDA
+decode); FASTPIPE_REQUIRE_CUDA=1 makes that a failure.
 """
 
 from __future__ import annotations
@@ -41,8 +45,9 @@ SIZE = 96
 INF = float("inf")
 
 
-@pytest.fixture(autouse=True)
-def gpu_decoder():
+@pytest.fixture
+def nvimgcodec():
+    """nvImageCodec with nvJPEG (without it nvImageCodec decodes no JPEG on the GPU)."""
     from fastpipe.gpu_decode import available_backends
 
     problem = available_backends()["nvimgcodec"]
@@ -96,6 +101,13 @@ def _epoch(prefetcher) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.cat(images), torch.cat(labels)
 
 
+def assert_all_on_the_gpu(prefetcher, images: int, skipped: int = 0) -> None:
+    """Every image of the run decoded on the GPU: none fell back to the CPU decoder."""
+    stats = prefetcher.gpu_decode_stats
+    assert stats is not None, "no encoded batch reached the GPU decode"
+    assert stats["cpu"] == 0 and stats["gpu"] == images and stats["skipped"] == skipped, stats
+
+
 def _cpu_epoch(dataset, **kwargs):
     from fastpipe import DataPrefetcher
 
@@ -138,7 +150,8 @@ def test_resize_crops_on_the_gpu_equals_the_cpu_kernel_on_a_busy_side_stream():
 
 
 @pytest.mark.parametrize("train", [True, False])
-def test_gpu_decode_equals_the_cpu_path_within_the_decoder_tolerance(sample_root, train):
+def test_gpu_decode_equals_the_cpu_path_within_the_decoder_tolerance(sample_root, train,
+                                                                     nvimgcodec):
     from fastpipe import DataPrefetcher
     from fastpipe.data.sampling.seeds import reseeded, sample_seed
 
@@ -154,16 +167,19 @@ def test_gpu_decode_equals_the_cpu_path_within_the_decoder_tolerance(sample_root
     images, labels = _epoch(prefetcher)
     assert torch.equal(labels, expected_labels)
     compare_decodes(images, expected)
-    stats = prefetcher.gpu_decode_stats
-    assert stats["backend"] == "nvImageCodec" and stats["cpu"] == 0, stats
-    assert stats["gpu"] == len(gpu)
+    assert prefetcher.gpu_decode_stats["backend"] == "nvImageCodec"
+    assert_all_on_the_gpu(prefetcher, len(gpu))
     prefetcher.close()
 
 
 def test_torchvision_stands_in_where_nvimagecodec_is_absent(sample_root):
+    """Needs torchvision's CUDA decode only (not nvImageCodec: it is what stands in for it)."""
     pytest.importorskip("torchvision", exc_type=ImportError)
     from fastpipe import DataPrefetcher
-    from fastpipe.gpu_decode import GpuDecode
+    from fastpipe.gpu_decode import GpuDecode, available_backends
+
+    problem = available_backends()["torchvision"]
+    require_cuda_part(problem is None, f"torchvision cannot run GPU decode here: {problem}")
 
     cpu, gpu = _pair(sample_root, train=False)
     expected, _ = _cpu_epoch(cpu)
@@ -172,6 +188,8 @@ def test_torchvision_stands_in_where_nvimagecodec_is_absent(sample_root):
     images, _ = _epoch(prefetcher)
     compare_decodes(images, expected)
     assert prefetcher.gpu_decode_stats["backend"] == "torchvision decode_jpeg"
+    assert_all_on_the_gpu(prefetcher, len(gpu))
+    prefetcher.close()
 
 
 def _kinds(root: Path, tmp: Path) -> dict:
@@ -227,7 +245,8 @@ def _kinds(root: Path, tmp: Path) -> dict:
     return kinds
 
 
-def test_every_source_kind_decodes_on_the_gpu_within_the_tolerance(sample_root, tmp_path):
+def test_every_source_kind_decodes_on_the_gpu_within_the_tolerance(sample_root, tmp_path,
+                                                                   nvimgcodec):
     from fastpipe import DataPrefetcher
 
     for kind, make in _kinds(sample_root, tmp_path).items():
@@ -239,10 +258,11 @@ def test_every_source_kind_decodes_on_the_gpu_within_the_tolerance(sample_root, 
         images = torch.cat([b[key].cpu() for b in got])
         print(kind, end=": ")
         compare_decodes(images, torch.cat([b[key].cpu() for b in expected]))
-        assert prefetcher.gpu_decode_stats["cpu"] == 0, (kind, prefetcher.gpu_decode_stats)
+        print(kind, prefetcher.gpu_decode_stats)
+        assert_all_on_the_gpu(prefetcher, len(gpu))
 
 
-def test_resume_replays_the_same_batches(sample_root):
+def test_resume_replays_the_same_batches(sample_root, nvimgcodec):
     from fastpipe import DataPrefetcher
 
     _, gpu = _pair(sample_root, train=True)
@@ -256,6 +276,7 @@ def test_resume_replays_the_same_batches(sample_root):
     again.load_state_dict(state)
     rest = _epoch(again)[0]
     assert torch.equal(torch.cat([*head, rest]), whole), "nvImageCodec's decode is deterministic"
+    assert_all_on_the_gpu(again, len(rest))  # a replay decoded on the CPU would equal it too
 
 
 def _rank(rank: int, world_size: int, root: str, out_dir: str) -> None:
@@ -265,25 +286,29 @@ def _rank(rank: int, world_size: int, root: str, out_dir: str) -> None:
                           world_size=world_size, shuffle=False, seed=5, num_workers=2,
                           mean=None, std=None, dtype=torch.uint8)
     images = torch.cat([x.cpu() for x, _ in loader])
-    torch.save(images, Path(out_dir) / f"rank{rank}.pt")
+    torch.save({"images": images, "stats": loader.gpu_decode_stats},
+               Path(out_dir) / f"rank{rank}.pt")
     loader.close()
 
 
-def test_ddp_shards_on_one_gpu_decode_each_ranks_share(sample_root, tmp_path):
+def test_ddp_shards_on_one_gpu_decode_each_ranks_share(sample_root, tmp_path, nvimgcodec):
     from fastpipe import image_loader
 
     mp.spawn(_rank, args=(2, str(sample_root), str(tmp_path)), nprocs=2, join=True)
     single = image_loader(sample_root, 8, train=True, size=SIZE, decode="gpu", shuffle=False,
                           seed=5, num_workers=2, mean=None, std=None, dtype=torch.uint8)
     everything = torch.cat([x.cpu() for x, _ in single])
+    assert_all_on_the_gpu(single, len(everything))
     single.close()
     for rank in range(2):
-        shard = torch.load(tmp_path / f"rank{rank}.pt")
+        saved = torch.load(tmp_path / f"rank{rank}.pt")
+        shard, stats = saved["images"], saved["stats"]
         # DistributedSampler without shuffling: rank r reads samples r, r + 2, ...
         assert torch.equal(shard, everything[rank::2]), f"rank {rank}"
+        assert stats["cpu"] == 0 and stats["gpu"] == len(shard), (rank, stats)
 
 
-def test_a_corrupt_jpeg_is_skipped_as_on_error_says(sample_root, tmp_path):
+def test_a_corrupt_jpeg_is_skipped_as_on_error_says(sample_root, tmp_path, nvimgcodec):
     from fastpipe import DataPrefetcher
     from fastpipe.data.decode.budget import CorruptImageError
 
@@ -300,9 +325,11 @@ def test_a_corrupt_jpeg_is_skipped_as_on_error_says(sample_root, tmp_path):
         images, labels = _epoch(prefetcher)
     assert len(images) == len(labels) == len(gpu) - 1
     assert [s["index"] for s in prefetcher.skipped] == [5]
+    # The cut JPEG goes to the CPU decoder (it has no end-of-image marker), which refuses it.
+    assert_all_on_the_gpu(prefetcher, len(gpu) - 1, skipped=1)
 
 
-def test_memory_stays_flat_over_50_epochs_and_close_keeps_nothing(sample_root):
+def test_memory_stays_flat_over_50_epochs_and_close_keeps_nothing(sample_root, nvimgcodec):
     from fastpipe import DataPrefetcher
 
     _, gpu = _pair(sample_root, train=True)
@@ -321,5 +348,6 @@ def test_memory_stays_flat_over_50_epochs_and_close_keeps_nothing(sample_root):
     assert reserved[-1] <= reserved[1], report
     assert free[1] - free[-1] <= 64 << 20, report  # nvImageCodec's own buffers: no growth
     assert prefetcher.gpu_decode_stats["released"] == 0, report
+    assert_all_on_the_gpu(prefetcher, 50 * len(gpu))
     prefetcher.close()
     assert prefetcher.gpu_decode_stats is None
