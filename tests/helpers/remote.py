@@ -6,13 +6,14 @@ started and stopped by the tests (the fixtures of tests/data/remote/conftest.py 
   bucket, :meth:`MotoServer.options` gives the ``RemoteOptions`` that reach it.
 * :class:`Nginx`: nginx from the distribution serving a folder over HTTP with range requests
   (its access log says how many bytes of each object were sent: :meth:`Nginx.bytes_sent`).
-  :func:`nginx_binary` is None where nginx is not installed (the tests then skip, saying so).
+  :func:`nginx_binary` is None where nginx is not installed; :func:`require_nginx` then skips
+  the test, saying so (fails it with ``FASTPIPE_REQUIRE_NGINX=1``, as CI sets).
 * :class:`FaultProxy`: an HTTP server in this process that forwards to either of them and
   injects faults on request: answers of a status (503), slow answers, bodies cut short, a
   server that is down (connections refused) and back.
 
 Every server is a process or thread the test ends (``stop()``; the fixtures do it), on a port
-of its own.
+of its own; a server process also ends when the process that started it is gone.
 """
 
 from __future__ import annotations
@@ -58,6 +59,33 @@ def wait_for_port(port: int, timeout: float = 20.0, process: subprocess.Popen | 
             time.sleep(0.05)
 
 
+# Runs a server as its child and ends it when told to (SIGTERM) or when the process that started
+# it is gone (a test run killed before its fixtures' teardown leaves no server behind).
+_GUARD = """
+import os, signal, subprocess, sys, time
+parent = os.getppid()
+child = subprocess.Popen(sys.argv[1:])
+def stop(*_):
+    child.terminate()
+    try:
+        child.wait(5)
+    except subprocess.TimeoutExpired:
+        child.kill()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+while child.poll() is None:
+    if os.getppid() != parent:
+        stop()
+    time.sleep(0.2)
+sys.exit(child.returncode)
+"""
+
+
+def _guarded(command: list[str], **kwargs) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _GUARD, *command], start_new_session=True,
+                            **kwargs)
+
+
 def _end(process: subprocess.Popen | None) -> None:
     if process is None or process.poll() is not None:
         return
@@ -82,9 +110,9 @@ class MotoServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self.process = subprocess.Popen(
+        self.process = _guarded(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for_port(self.port, process=self.process)
 
     def stop(self) -> None:
@@ -125,6 +153,20 @@ def nginx_binary() -> str | None:
     found = shutil.which("nginx")
     if found is None and os.path.exists("/usr/sbin/nginx"):
         found = "/usr/sbin/nginx"
+    return found
+
+
+def require_nginx() -> str:
+    """nginx's binary; skips the test where nginx is not installed, or fails it where
+    ``FASTPIPE_REQUIRE_NGINX=1`` (CI installs it: a skip there would hide the HTTP tests)."""
+    import pytest
+
+    found = nginx_binary()
+    if found is None:
+        missing = "nginx is not installed (apt-get install nginx; CI installs it)"
+        if os.environ.get("FASTPIPE_REQUIRE_NGINX") == "1":
+            pytest.fail(missing + " and FASTPIPE_REQUIRE_NGINX=1")
+        pytest.skip(missing)
     return found
 
 
@@ -174,9 +216,8 @@ class Nginx:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self.process = subprocess.Popen(
-            [self.binary, "-c", str(self.conf), "-p", str(self.prefix)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        self.process = _guarded([self.binary, "-c", str(self.conf), "-p", str(self.prefix)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_for_port(self.port, process=self.process)
 
     def stop(self) -> None:
@@ -202,6 +243,7 @@ class _Faults:
         self.delay = 0.0
         self.truncate: dict[str, int] = {}  # path pattern -> bytes of the body sent
         self.requests: Counter = Counter()
+        self.ranges: list[tuple[str, str | None]] = []  # (path, Range header) of each GET
 
     def take_status(self, path: str) -> int | None:
         with self.lock:
@@ -238,6 +280,12 @@ class FaultProxy:
         """GET requests so far of paths ending in ``suffix``."""
         return sum(n for key, n in self.faults.requests.items()
                    if key.startswith("GET ") and key.split("?", 1)[0].endswith(suffix))
+
+    def ranges(self, suffix: str) -> list[str | None]:
+        """The Range header (None: the whole object) of each GET so far of paths ending in
+        ``suffix``, in order."""
+        with self.faults.lock:
+            return [r for p, r in self.faults.ranges if p.endswith(suffix)]
 
     def fail_next(self, count: int, status: int = 503, pattern: str = "") -> None:
         """The next ``count`` requests whose path matches ``pattern`` get ``status``."""
@@ -284,7 +332,11 @@ def _handler(upstream: str, faults: _Faults) -> type:
             pass
 
         def _forward(self) -> None:
-            faults.requests[f"{self.command} {self.path.split('?', 1)[0]}"] += 1
+            path = self.path.split('?', 1)[0]
+            faults.requests[f"{self.command} {path}"] += 1
+            if self.command == "GET":
+                with faults.lock:
+                    faults.ranges.append((path, self.headers.get("Range")))
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
             if faults.delay:

@@ -7,7 +7,7 @@ stopped here (tests/helpers/remote.py has the servers themselves).
 * ``fresh_moto``: one of the test's own, for tests that stop and restart it.
 * ``nginx_server``: nginx serving the folder ``nginx_root`` (a :class:`Nginx`: ``.url``,
   ``.bytes_sent()``, ``.stop()``/``.start()``); skips, saying so, where nginx is not installed
-  (CI installs it).
+  (fails with ``FASTPIPE_REQUIRE_NGINX=1``: CI installs it).
 * ``fault_proxy``: a function ``upstream URL -> FaultProxy`` (503s, delays, bodies cut short,
   down and up), each proxy stopped after the test.
 * ``shards``: three WebDataset tar shards of ten JPEG samples written locally
@@ -27,9 +27,13 @@ pytest.importorskip("s3fs", exc_type=ImportError)
 pytest.importorskip("moto", exc_type=ImportError)
 
 from tests.helpers.pack import write_shards  # noqa: E402
-from tests.helpers.remote import FaultProxy, MotoServer, Nginx, nginx_binary  # noqa: E402
-
-NGINX_MISSING = "nginx is not installed (apt-get install nginx; CI installs it)"
+from tests.helpers.remote import (  # noqa: E402
+    FaultProxy,
+    MotoServer,
+    Nginx,
+    nginx_binary,
+    require_nginx,
+)
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +61,7 @@ def nginx_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def nginx_server(nginx_root, tmp_path_factory):
-    if nginx_binary() is None:
-        pytest.skip(NGINX_MISSING)
+    require_nginx()
     server = Nginx(nginx_root, tmp_path_factory.mktemp("nginx"))
     try:
         yield server

@@ -3,6 +3,8 @@ credentials that no repr or message shows."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from fastpipe.data import RemoteOptions
@@ -60,3 +62,36 @@ def test_credentials_are_never_shown():
         assert secret not in clean(f"failed with key {secret} here", options)
     assert options.endpoint() == "http://127.0.0.1:9000"
     assert "http://127.0.0.1:9000" not in options.secrets()
+
+
+def test_every_backend_s_extra_is_in_pyproject_and_installs_it():
+    from pathlib import Path
+
+    from fastpipe.data.remote.filesystems import EXTRAS
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    pyproject = Path(__file__).resolve().parents[3] / "pyproject.toml"
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+
+    def names(extra: str) -> set[str]:
+        return {re.split(r"[<>=\[;]", spec)[0].strip().lower().replace("_", "-")
+                for spec in extras[extra]}
+
+    assert "fsspec" in names("remote")  # the extra every protocol fsspec carries itself names
+    for proto, (_, package, extra) in EXTRAS.items():
+        assert extra in extras, f"{proto}:// names the extra {extra!r}, which pyproject lacks"
+        assert {"fsspec", package.replace("_", "-")} <= names(extra), (proto, extra)
+    # the tests' servers and clients come with the test extra
+    assert {"s3fs", "moto", "aiohttp", "fsspec"} <= names("test")
+
+
+def test_a_missing_backend_names_its_extra(monkeypatch):
+    import sys
+
+    from fastpipe._optional import MissingDependencyError
+    from fastpipe.data.remote import filesystems
+
+    monkeypatch.setitem(sys.modules, "gcsfs", None)  # an import of it fails
+    with pytest.raises(MissingDependencyError, match=r"pip install 'fastpipe\[gcs\]'"):
+        filesystems.filesystem("gs://bucket/x.tar", RemoteOptions(retries=0))
