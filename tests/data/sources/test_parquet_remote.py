@@ -23,7 +23,7 @@ from fastpipe import DataLoaderX  # noqa: E402
 from fastpipe.data import DistributedSampler, ParquetDataset, SampleIndex, fast_collate  # noqa
 from fastpipe.data.sources.parquet import ParquetSource  # noqa: E402
 from tests.helpers.parquet import hub_dataset  # noqa: E402
-from tests.helpers.remote import MotoServer, Nginx, nginx_binary  # noqa: E402
+from tests.helpers.remote import MotoServer, Nginx, require_nginx  # noqa: E402
 
 RECIPE = fastpipe.Recipe(train=True, size=24)
 
@@ -77,8 +77,7 @@ def test_a_hub_folder_on_s3_opens_by_its_footers_and_reads_bit_for_bit(hub, moto
 
 
 def test_over_http_each_file_is_sent_once_after_its_footer(hub, tmp_path):
-    if nginx_binary() is None:
-        pytest.skip("nginx is not installed (apt-get install nginx; CI installs it)")
+    require_nginx()
     root, _ = hub
     server = Nginx(root, tmp_path / "nginx")
     try:
@@ -143,12 +142,9 @@ def test_elastic_resume_over_s3_from_4_ranks_to_3_and_6(hub, moto, tmp_path, mon
                "cache_dir": str(tmp_path / "cache")}
     monkeypatch.setenv(_ELASTIC_OPTIONS, json.dumps(options))
     script = tmp_path / "rank.py"
-    script.write_text(elastic._SCRIPT.format(
-        repo=str(elastic.REPO), augment=elastic.AUGMENT_SEED, seed=elastic.SEED,
-        window=elastic.WINDOW, batch=elastic.BATCH, steps=elastic.SAVED_STEPS).replace(
-        "ParquetDataset(data, ",
-        f"ParquetDataset(data, remote=__import__('json').loads(__import__('os').environ["
-        f"{_ELASTIC_OPTIONS!r}]), "))
+    script.write_text(elastic.script_text(
+        "ParquetDataset(data, recipe=recipe, seed={augment}, remote=__import__('json').loads("
+        f"__import__('os').environ[{_ELASTIC_OPTIONS!r}]))"))
     data = elastic.ROWS, elastic.SHARDS
     root = tmp_path / "elastic"
     hub_dataset(root, rows=data[0], shards=data[1], row_group=6, ids=True)
