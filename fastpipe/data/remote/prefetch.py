@@ -8,8 +8,9 @@ downloaded and nobody read yet are the last the cache evicts.
 
 Its threads (one that follows the reader, ``downloads`` that download) end when the order is
 done, on :meth:`Prefetch.close` (within the poll interval: a request under way is cancelled),
-when the handle is dropped, and before the interpreter exits; a ``.part`` file of a download
-they stopped is removed.
+on :meth:`Prefetch.finish` (no new download; those under way complete, so that no object is
+downloaded twice), when the handle is dropped, and before the interpreter exits; a ``.part``
+file of a download they stopped is removed.
 """
 
 from __future__ import annotations
@@ -33,15 +34,15 @@ _JOIN_SECONDS = 5.0
 _EXIT_JOIN_SECONDS = 1.0
 
 
-def _follow(cache: Any, urls: list[str], stop: threading.Event, work: queue.SimpleQueue,
-            done: dict[int, bool], downloads: int) -> None:
+def _follow(cache: Any, urls: list[str], stop: threading.Event, finishing: threading.Event,
+            work: queue.SimpleQueue, downloads: int) -> None:
     """Hands the downloaders the objects in order, ``ahead`` past the reader's position."""
     ahead = cache.options.ahead
     started = time.time_ns()
     position = -1  # the last object a reader started since the prefetch began
     handed = 0
     try:
-        while handed < len(urls) and not stop.is_set():
+        while handed < len(urls) and not stop.is_set() and not finishing.is_set():
             for k in range(max(position + 1, 0), handed):
                 if cache.used_since(urls[k], started):
                     position = k
@@ -49,14 +50,14 @@ def _follow(cache: Any, urls: list[str], stop: threading.Event, work: queue.Simp
                 work.put(handed)
                 handed += 1
             if handed < len(urls):
-                stop.wait(_POLL_SECONDS)
+                finishing.wait(_POLL_SECONDS)
     finally:
         for _ in range(downloads):
             work.put(None)
 
 
-def _download(cache: Any, urls: list[str], stop: threading.Event, work: queue.SimpleQueue,
-              done: dict[int, bool], errors: list) -> None:
+def _download(cache: Any, urls: list[str], stop: threading.Event, finishing: threading.Event,
+              work: queue.SimpleQueue, done: dict[int, bool], errors: list) -> None:
     while not stop.is_set():
         try:
             k = work.get(timeout=_POLL_SECONDS)
@@ -64,6 +65,8 @@ def _download(cache: Any, urls: list[str], stop: threading.Event, work: queue.Si
             continue
         if k is None:
             return
+        if finishing.is_set():
+            continue  # handed out but not started: left to the readers
         try:
             with cache.pinned([urls[k]], stop=stop):
                 pass
@@ -110,13 +113,16 @@ class Prefetch:
         self.done: dict[int, bool] = {}
         self.errors: list[tuple[str, BaseException]] = []
         self._stop = threading.Event()
+        self._finishing = threading.Event()
         work: queue.SimpleQueue = queue.SimpleQueue()
         downloads = cache.options.downloads
         self._threads = [threading.Thread(
-            target=_follow, args=(cache, self.urls, self._stop, work, self.done, downloads),
+            target=_follow, args=(cache, self.urls, self._stop, self._finishing, work,
+                                  downloads),
             name="fastpipe-prefetch", daemon=True)]
         self._threads += [threading.Thread(
-            target=_download, args=(cache, self.urls, self._stop, work, self.done, self.errors),
+            target=_download, args=(cache, self.urls, self._stop, self._finishing, work,
+                                    self.done, self.errors),
             name=f"fastpipe-download-{k}", daemon=True) for k in range(downloads)]
         for thread in self._threads:
             thread.start()
@@ -141,6 +147,20 @@ class Prefetch:
         waits for the threads."""
         if self._finalizer.detach() is not None:
             _stop(self._stop, self._threads, _JOIN_SECONDS)
+
+    def finish(self) -> None:
+        """Starts no further download, lets those under way complete (a reader would
+        otherwise download the object again) and waits for the threads; interrupted (Ctrl-C),
+        it stops them as :meth:`close` does."""
+        if not self._finalizer.alive:
+            return
+        self._finishing.set()
+        try:
+            for thread in self._threads:
+                if thread is not threading.current_thread():
+                    thread.join()
+        finally:
+            self.close()
 
     def __enter__(self) -> Prefetch:
         return self

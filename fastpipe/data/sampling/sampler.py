@@ -185,10 +185,13 @@ class _ResumableSampler:
         if handle is not None:
             self.__dict__["_prefetch"] = handle
 
-    def _stop_prefetch(self) -> None:
+    def _stop_prefetch(self, finish: bool = False) -> None:
+        """Stops this sampler's prefetch: ``finish`` lets the downloads under way complete
+        (the readers need those objects next), else they are cancelled."""
         previous = self.__dict__.pop("_prefetch", None)
         if previous is not None:
-            previous.close()
+            ended = getattr(previous, "finish", None) if finish else None
+            (ended or previous.close)()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -201,17 +204,20 @@ class _ResumableSampler:
         self._prefetch_shards(order, start)
         live = [start, len(order)]
         self._live = live
+        handed_out = False
         try:
             for position in range(start, len(order)):
                 live[0] = position + 1
                 yield SampleIndex(order[position], epoch)
+            handed_out = True
         finally:
             if self._live is live:
                 self._live = None
-            # Every index is handed out: what is left of the epoch the readers fetch on demand.
-            # Stopped here, before the next epoch's DataLoader forks its workers, so that no
-            # process is forked while these download threads are in a request.
-            self._stop_prefetch()
+            # Every index is handed out: the downloads under way complete, and what is left of
+            # the epoch the readers fetch on demand. Stopped here, before the next epoch's
+            # DataLoader forks its workers, so that no process is forked while these download
+            # threads are in a request. An iteration abandoned cancels its downloads.
+            self._stop_prefetch(finish=handed_out)
         # Only an iteration run to its end moves on (an abandoned one restarts its epoch, as
         # torch's DistributedSampler does), and only if set_epoch did not move it meanwhile.
         if self.epoch == epoch and self._start == start:

@@ -193,6 +193,28 @@ def test_prefetch_downloads_ahead_of_the_reader_in_order(objects, proxied):
         assert proxy.gets(url.rsplit("/", 1)[1]) == -(-len(objects[url]) // 8192)
 
 
+def test_finish_completes_the_downloads_under_way_and_starts_no_other(objects, proxied):
+    # A sampler that has handed out every index finishes its prefetch: the object being
+    # downloaded is the one its readers need next, and was cancelled and downloaded again by
+    # them before (two downloads of each Parquet file of a short epoch).
+    proxy, options = proxied
+    from dataclasses import replace
+
+    cache = ShardCache(replace(options, ahead=1, downloads=1))
+    urls = sorted(objects)
+    proxy.set_delay(0.1)  # each of the object's 8 KiB requests: the download is under way
+    prefetch = cache.prefetch(urls)
+    deadline = time.monotonic() + 20
+    while proxy.gets("obj-0.bin") == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    prefetch.finish()
+    proxy.set_delay(0)
+    assert not prefetch.alive and not _fastpipe_threads()
+    assert cache.holds(urls[0]) and not any(cache.holds(u) for u in urls[1:])
+    assert Path(cache.local_path(urls[0])).read_bytes() == objects[urls[0]]
+    assert proxy.gets("obj-0.bin") == -(-len(objects[urls[0]]) // 8192)  # downloaded once
+
+
 def test_a_failed_download_is_named_and_left_to_the_reader(moto_server, proxied):
     proxy, options = proxied
     from dataclasses import replace
