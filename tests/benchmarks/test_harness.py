@@ -116,3 +116,4 @@ def test_bench_scale_measures_every_row_of_a_small_run(tmp_path):
     for name in ("H5Dataset N=2000", "TarDataset N=2000"):
         assert measured[name]["seen"] == 2000
         assert measured[name]["worker_private_mb"] > 0 and measured[name]["worker_fds"] > 0
+        assert measured[name]["worker_mapped_mb"] >= 0
