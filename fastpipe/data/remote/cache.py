@@ -245,13 +245,14 @@ class ShardCache:
 
     @contextlib.contextmanager
     def pinned(self, urls: Sequence[str], check: Check | None = None,
-               stop: threading.Event | None = None) -> Iterator[list[str]]:
+               stop: threading.Event | None = None, read: bool = True) -> Iterator[list[str]]:
         """The local files of ``urls`` (downloaded where needed), kept from eviction for the
-        block."""
+        block. ``read=False`` (a prefetch) leaves them unmarked: neither read for the LRU nor
+        the reader's position a prefetch follows."""
         taken: list[Entry] = []
         try:
             for url in urls:
-                taken.append(self._ensure(url, check, stop))
+                taken.append(self._ensure(url, check, stop, read))
             yield [e.data for e in taken]
         finally:
             for e in taken:
@@ -299,7 +300,8 @@ class ShardCache:
 
     # ---------------------------------------------------------------------------- the entry
 
-    def _ensure(self, url: str, check: Check | None, stop: threading.Event | None) -> Entry:
+    def _ensure(self, url: str, check: Check | None, stop: threading.Event | None,
+                read: bool = True) -> Entry:
         e = self.entry(url)
         found = self.info_of(url, stop)
         identity = (found.size, found.etag)
@@ -325,7 +327,8 @@ class ShardCache:
                 locks.unlock(fd)
                 raise
             _PINS.add(e.lock, fd, e.data, identity)
-            _touch(e.used)
+            if read:
+                _touch(e.used)
             return e
 
     def _valid(self, e: Entry, found: ObjectInfo, check: Check | None) -> bool:

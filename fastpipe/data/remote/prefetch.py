@@ -46,7 +46,7 @@ def _follow(cache: Any, urls: list[str], stop: threading.Event, finishing: threa
             for k in range(max(position + 1, 0), handed):
                 if cache.used_since(urls[k], started):
                     position = k
-            while handed < len(urls) and handed <= position + ahead:
+            while handed < len(urls) and handed <= max(position, 0) + ahead:
                 work.put(handed)
                 handed += 1
             if handed < len(urls):
@@ -68,7 +68,7 @@ def _download(cache: Any, urls: list[str], stop: threading.Event, finishing: thr
         if finishing.is_set():
             continue  # handed out but not started: left to the readers
         try:
-            with cache.pinned([urls[k]], stop=stop):
+            with cache.pinned([urls[k]], stop=stop, read=False):
                 pass
             done[k] = True
         except Cancelled:

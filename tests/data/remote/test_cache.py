@@ -193,6 +193,27 @@ def test_prefetch_downloads_ahead_of_the_reader_in_order(objects, proxied):
         assert proxy.gets(url.rsplit("/", 1)[1]) == -(-len(objects[url]) // 8192)
 
 
+def test_the_prefetch_s_own_downloads_are_not_reads(objects, proxied):
+    # They marked the entry read: the prefetch took its own downloads for the reader's progress
+    # and, from ahead=2 on, downloaded the whole order at once (evicting, under a limit, what
+    # the reader needed next); and the LRU took prefetched objects for read ones.
+    proxy, options = proxied
+    from dataclasses import replace
+
+    cache = ShardCache(replace(options, ahead=2, downloads=2))
+    urls = sorted(objects)
+    with cache.prefetch(urls) as prefetch:
+        deadline = time.monotonic() + 20
+        while len(prefetch.done) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.5)
+        assert sorted(prefetch.done) == [0, 1, 2]  # the first `ahead + 1`, nothing further
+        assert not cache.holds(urls[3])
+        assert not any(cache.used_since(u, 0) for u in urls)
+        cache.local_path(urls[0])  # a reader: now it counts
+        assert cache.used_since(urls[0], 0)
+
+
 def test_finish_completes_the_downloads_under_way_and_starts_no_other(objects, proxied):
     # A sampler that has handed out every index finishes its prefetch: the object being
     # downloaded is the one its readers need next, and was cancelled and downloaded again by
