@@ -54,7 +54,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from benchmarks import _harness
+if not __package__:  # run as a file (python benchmarks/bench_remote.py): the repository's root
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import _harness  # noqa: E402
 
 BATCH, WINDOW, PER_SHARD = 64, 2, 32
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -414,8 +417,9 @@ def main(argv: list[str] | None = None) -> int:
         write_litdata(argv[1], argv[2], int(argv[3]))
         return 0
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_remote",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--images", type=int, default=1024)
+                                     description=__doc__.split("\n\n")[0].replace("\n", " "))
+    parser.add_argument("--images", type=int, default=1024,
+                        help="photo-like JPEGs in the dataset (default 1024)")
     parser.add_argument("--streaming-python", default=None,
                         help="MosaicML Streaming's interpreter (a venv of its own)")
     parser.add_argument("--litdata-python", default=None,

@@ -52,3 +52,16 @@ def test_the_shards_hold_every_image_once_with_its_label(tmp_path):
     assert members == {"0000000.jpg": b"1.jpg" * 10, "0000000.cls": b"0",
                        "0000001.jpg": b"2.jpg" * 10, "0000001.cls": b"0",
                        "0000002.jpg": b"3.jpg" * 10, "0000002.cls": b"1"}
+
+
+@pytest.mark.slow
+def test_runs_as_a_file_and_says_what_it_measures():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(bench_remote.__file__)
+    done = subprocess.run([sys.executable, str(script), "--help"], cwd=script.parent,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "MosaicML Streaming and LitData" in done.stdout and "--streaming-python" in done.stdout
