@@ -113,3 +113,18 @@ def collate_encoded(images: Sequence[EncodedImage],
         torch.tensor([image.seed for image in images], dtype=torch.int64),
         torch.tensor([image.index for image in images], dtype=torch.int64),
         [image.source for image in images], decoder)
+
+
+def _default_collate(batch: Sequence[EncodedImage], *, collate_fn_map: Any = None) -> EncodedBatch:
+    return collate_encoded(batch)
+
+
+# A DataLoader without collate_fn (torch's default_collate) batches encoded images as
+# fast_collate does, instead of failing on a type it does not know: the key is fastpipe's own
+# type, so nothing else default_collate does changes.
+try:
+    from torch.utils.data._utils.collate import default_collate_fn_map
+except ImportError:  # a torch without the map: fast_collate, as the docs say
+    pass
+else:
+    default_collate_fn_map.setdefault(EncodedImage, _default_collate)

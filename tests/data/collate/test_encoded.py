@@ -65,3 +65,21 @@ def test_it_pickles_with_its_tensors():
     copy = pickle.loads(pickle.dumps(batch))
     assert torch.equal(copy.data, batch.data) and copy.sources == batch.sources
     assert torch.equal(copy.plans, batch.plans) and copy.decoder.recipe == DECODER.recipe
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_loader_without_collate_fn_batches_encoded_images_as_fast_collate_does(workers):
+    """DataLoader's default collate met EncodedImage as a type it did not know (a TypeError that
+    named no fix): it now gathers them into the EncodedBatch fast_collate makes."""
+    images = _images(6)
+    samples = [(image, k % 3) for k, image in enumerate(images)]
+    loader = torch.utils.data.DataLoader(samples, batch_size=3, num_workers=workers)
+    batches = list(loader)
+    assert len(batches) == 2
+    for (batch, labels), start in zip(batches, (0, 3)):
+        expected, expected_labels = fast_collate(samples[start:start + 3])
+        assert isinstance(batch, EncodedBatch) and labels.tolist() == expected_labels.tolist()
+        assert torch.equal(batch.data, expected.data)
+        assert torch.equal(batch.offsets, expected.offsets)
+        assert torch.equal(batch.plans, expected.plans)
+        assert batch.sources == expected.sources
