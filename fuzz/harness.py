@@ -256,8 +256,10 @@ def _resize(data: bytes, rng: np.random.Generator) -> None:
         pass
 
 
-# Channels of each PNG colour type (IHDR), as fastpipe/data/decode/png.py reads them.
+# Channels of each PNG colour type (IHDR) and the bit depths it may have, as
+# fastpipe/data/decode/png.py reads them (a test keeps the depths equal).
 _PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
+_PNG_DEPTHS = {0: (1, 2, 4, 8, 16), 2: (8, 16), 3: (1, 2, 4, 8), 4: (8, 16), 6: (8, 16)}
 
 
 @target("png_decode", seeds=PNG_SIGNATURE)
@@ -272,6 +274,8 @@ def _png_decode(data: bytes, rng: np.random.Generator) -> None:
     width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
     depth, color_type = data[24], data[25]
     if color_type not in _PNG_CHANNELS or height == 0 or width == 0:
+        return
+    if depth not in _PNG_DEPTHS[color_type]:  # refused before sizing: 0 would size nothing below
         return
     if -(-height * width * _PNG_CHANNELS[color_type] * depth // 8) > MAX_DEFLATE_RATIO * len(data):
         return
