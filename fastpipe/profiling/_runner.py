@@ -45,7 +45,8 @@ def run_loader(
     if (seconds is None) == (steps is None):
         raise ValueError("pass exactly one of seconds or steps")
     profiler = Profiler(None, warmup=1, device="cpu", report=False)
-    wrapped = profiler.wrap(epochs(loader))
+    batches = epochs(loader)
+    wrapped = profiler.wrap(batches)
     profiler.loader_info = LoaderInfo.of(loader)  # not of the epoch generator
     from fastpipe._progress import progress_bar
 
@@ -77,8 +78,13 @@ def run_loader(
             raise
         raise WorkerStopped(stopped) from None
     finally:
-        wrapped.close()  # ends the last step, and stops the loader's iterator
-        bar.close()
+        try:
+            wrapped.close()  # ends the last step
+            # Stops the epoch's workers here, where a Ctrl-C is raised: left to its finalizer
+            # when the last reference goes, the generator would print one and lose it.
+            batches.close()
+        finally:
+            bar.close()
     return profiler.summary()
 
 

@@ -286,3 +286,43 @@ def test_recommended_code_for_an_image_folder_runs_as_pasted(sample_root, no_thr
     images, labels = next(iter(namespace["loader"]))
     assert images.shape == (4, 3, 32, 32) and images.dtype == torch.uint8
     assert labels.dtype == torch.int64
+
+
+class _InterruptedAtClose:
+    """A loader whose epoch iterator is stopped by a Ctrl-C: its close() raises
+    KeyboardInterrupt, as the handler does when SIGINT lands while an epoch's workers are
+    joined."""
+
+    persistent_workers = False
+
+    def __init__(self) -> None:
+        self.closed = 0
+
+    def __iter__(self):
+        loader = self
+
+        class Batches:
+            def __iter__(self):
+                return self
+
+            def __next__(self):
+                return torch.zeros(2, 3)
+
+            def close(self):
+                loader.closed += 1
+                raise KeyboardInterrupt
+
+        return Batches()
+
+
+def test_a_ctrl_c_while_the_runner_stops_an_epoch_reaches_the_caller():
+    """run_loader left its epochs generator to be finalized when the last reference went: a
+    Ctrl-C while that stopped the epoch's workers was printed as 'Exception ignored' and lost
+    (fastpipe profile then ran on for 5 s before it exited; seen in CI's Ctrl-C test). The
+    runner now closes the generator itself, and the interrupt reaches the caller."""
+    from fastpipe.profiling._runner import run_loader
+
+    loader = _InterruptedAtClose()
+    with pytest.raises(KeyboardInterrupt):
+        run_loader(loader, steps=1)
+    assert loader.closed == 1
