@@ -500,7 +500,9 @@ def test_the_encoded_bytes_live_until_the_side_streams_event_has_passed(mixed_ro
     assert not any(ref() is not None for ref in data)
 
 
-def test_an_epoch_that_ends_waits_for_the_events_of_the_bytes_it_holds(mixed_root, monkeypatch):
+def _pending_streams(mixed_root, monkeypatch):
+    """The stand-in streams, whose side-stream events stay pending until a test says they
+    passed (``streams.pending``), and the GPU-decode dataset of ``mixed_root``."""
     streams = RecordingStreams()
     streams.pending = set()
     monkeypatch.setattr(prefetch_module, "streams_for", lambda device: streams)
@@ -515,6 +517,11 @@ def test_an_epoch_that_ends_waits_for_the_events_of_the_bytes_it_holds(mixed_roo
         return event
 
     streams.record_event = pending_event
+    return streams, gpu
+
+
+def test_an_epoch_that_ends_waits_for_the_events_of_the_bytes_it_holds(mixed_root, monkeypatch):
+    streams, gpu = _pending_streams(mixed_root, monkeypatch)
     epoch = iter(DataPrefetcher(_loader(gpu), device="cpu", prefetch_depth=2))
     next(epoch)
     epoch.close()  # a loop that breaks early
@@ -672,20 +679,7 @@ def test_an_error_after_the_decode_queued_its_work_keeps_the_bytes_until_the_sid
     import gc
     import weakref
 
-    streams = RecordingStreams()
-    streams.pending = set()
-    monkeypatch.setattr(prefetch_module, "streams_for", lambda device: streams)
-    use_stand_in(monkeypatch, streams=streams)
-    _, gpu = _pair(mixed_root, train=True)
-    record_event = streams.record_event
-
-    def pending_event(stream):
-        event = record_event(stream)
-        if stream != "default":
-            streams.pending.add(event)
-        return event
-
-    streams.record_event = pending_event
+    streams, gpu = _pending_streams(mixed_root, monkeypatch)
     data: list[weakref.ref] = []
     calls = []
 
