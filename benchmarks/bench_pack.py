@@ -355,6 +355,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --scale: measure every size with this checkout's fastpipe "
                              "too")
     args = parser.parse_args(argv)
+    if args.baseline and not args.scale:
+        parser.error("--baseline is measured on the --scale rows only: add --scale N [N ...] "
+                     "(e.g. --scale 100000 1000000), or drop --baseline")
     if args.scale:
         _harness.finish(bench_scale(args), args)
         return 0
