@@ -33,14 +33,10 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+from tests.helpers.process import free_port
+
 ACCESS_KEY = "fastpipe-test-access"
 SECRET_KEY = "fastpipe-test-secret-9f8e7d"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def wait_for_port(port: int, timeout: float = 20.0, process: subprocess.Popen | None = None

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +18,7 @@ h5py = pytest.importorskip("h5py", exc_type=ImportError)
 from fastpipe.data.format.fields import ArrayField  # noqa: E402
 from fastpipe.pack import pack  # noqa: E402
 from tests.helpers.pack import SpeechRecords, write_shards  # noqa: E402
+from tests.helpers.process import run_ranks  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 N = 30
@@ -83,34 +81,12 @@ def _digest(mix: np.ndarray, zone0: np.ndarray) -> str:
     return hashlib.sha256(mix.tobytes() + zone0.tobytes()).hexdigest()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def _two_ranks(tmp_path: Path, path: Path, start: str, kind: str = "records"
                ) -> list[list[list]]:
     script = tmp_path / "rank.py"
     script.write_text(_RANK.format(repo=str(REPO)))
-    port = _free_port()
-    ranks = []
-    for rank in range(2):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE="2")
-        ranks.append(subprocess.Popen(
-            [sys.executable, str(script), str(path), start, str(tmp_path / f"r{rank}.json"),
-             kind],
-            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    try:
-        for rank, process in enumerate(ranks):
-            _, stderr = process.communicate(timeout=240)
-            assert process.returncode == 0, f"rank {rank} failed:\n{stderr[-3000:]}"
-    finally:
-        for process in ranks:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+    run_ranks([sys.executable, str(script), str(path), start, str(tmp_path / "r{rank}.json"),
+               kind], 2, timeout=240, cwd=REPO)
     return [json.loads((tmp_path / f"r{rank}.json").read_text()) for rank in range(2)]
 
 

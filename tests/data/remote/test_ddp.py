@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,7 +17,8 @@ from fastpipe import Recipe
 from fastpipe.data import H5Dataset, ParquetDataset, TarDataset
 from fastpipe.data.samples import sample_images
 from fastpipe.pack import pack
-from tests.helpers.remote import ACCESS_KEY, SECRET_KEY, free_port
+from tests.helpers.process import run_ranks
+from tests.helpers.remote import ACCESS_KEY, SECRET_KEY
 
 pytest.importorskip("h5py", exc_type=ImportError)
 
@@ -117,26 +116,8 @@ def _two_ranks(tmp_path: Path, shards: str, packed_url: str, parquet: str | list
                options: dict) -> list[dict]:
     script = tmp_path / "rank.py"
     script.write_text(_RANK.format(repo=str(REPO)))
-    port = free_port()
-    ranks = []
-    for rank in range(2):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE="2", LOCAL_RANK=str(rank))
-        ranks.append(subprocess.Popen(
-            [sys.executable, str(script), shards, packed_url, json.dumps(parquet),
-             json.dumps(options),
-             str(tmp_path / f"r{rank}.json")],
-            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            start_new_session=True))
-    try:
-        for rank, process in enumerate(ranks):
-            _, stderr = process.communicate(timeout=240)
-            assert process.returncode == 0, f"rank {rank} failed:\n{stderr[-3000:]}"
-    finally:
-        for process in ranks:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
+    run_ranks([sys.executable, str(script), shards, packed_url, json.dumps(parquet),
+               json.dumps(options), str(tmp_path / "r{rank}.json")], 2, timeout=240, cwd=REPO)
     return [json.loads((tmp_path / f"r{rank}.json").read_text()) for rank in range(2)]
 
 

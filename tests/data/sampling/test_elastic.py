@@ -8,10 +8,6 @@ takes the same number of steps."""
 from __future__ import annotations
 
 import collections
-import os
-import signal
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,6 +22,7 @@ import fastpipe  # noqa: E402
 from fastpipe.data import ParquetDataset, SampleIndex  # noqa: E402
 from fastpipe.data.sampling.order import shard_sizes_of, windowed_permutation  # noqa: E402
 from tests.helpers.parquet import hub_dataset  # noqa: E402
+from tests.helpers.process import run_ranks  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -79,38 +76,6 @@ dist.destroy_process_group()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def run_ranks(script: Path, world_size: int, args: list[str], timeout: float = 300) -> None:
-    """``script args`` as ``world_size`` gloo ranks on the loopback, each in a process group of
-    its own (killed with everything it started if it fails or times out)."""
-    port = _free_port()
-    ranks = []
-    try:
-        for rank in range(world_size):
-            env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                       RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
-            ranks.append(subprocess.Popen([sys.executable, str(script), *args], env=env,
-                                          cwd=REPO, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True,
-                                          start_new_session=True))
-        for rank, process in enumerate(ranks):
-            _, stderr = process.communicate(timeout=timeout)
-            assert process.returncode == 0, f"rank {rank} of {world_size} failed:\n" \
-                                            f"{stderr[-3000:]}"
-    finally:
-        for process in ranks:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            process.wait()
-
-
 def _load(folder: Path, phase: str, world_size: int) -> list[dict]:
     return [torch.load(folder / f"{phase}{world_size}-{r}.pt", weights_only=True)
             for r in range(world_size)]
@@ -142,12 +107,14 @@ def check_elastic_resume(script: Path, folder: Path, data: str, dataset,
     """Saves on 4 ranks with 2 worker processes, resumes on each of ``resumes`` (world size,
     workers, worker_method), and checks the epoch: every sample once, in the global order, with
     the uninterrupted draws, equal steps per rank."""
-    run_ranks(script, 4, ["save", str(folder), data, "2", "process"])
+    run_ranks([sys.executable, str(script), "save", str(folder), data, "2", "process"], 4,
+              timeout=300, cwd=REPO)
     saved = _load(folder, "save", 4)
     order = windowed_permutation(shard_sizes_of(dataset), WINDOW, SEED, 0).tolist()
     assert _global(saved) == order[:4 * BATCH * SAVED_STEPS]
     for world_size, workers, method in resumes:
-        run_ranks(script, world_size, ["resume", str(folder), data, workers, method])
+        run_ranks([sys.executable, str(script), "resume", str(folder), data, workers, method],
+                  world_size, timeout=300, cwd=REPO)
         resumed = _load(folder, "resume", world_size)
         steps = {tuple(r["steps"]) for r in resumed}
         assert len(steps) == 1 and len(set(next(iter(steps)))) == 1, f"unequal steps: {steps}"

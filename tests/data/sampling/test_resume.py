@@ -9,9 +9,7 @@ do not depend on which worker, or how many, loaded them.
 from __future__ import annotations
 
 import json
-import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +26,7 @@ from fastpipe._background import BackgroundIterator
 from fastpipe.data import DistributedSampler, RandomSampler, SampleIndex, SequentialSampler
 from fastpipe.data.sampling.resume import HandOff, StatesAhead
 from tests.helpers.cuda import RecordingStreams
+from tests.helpers.process import run_ranks
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -581,40 +580,15 @@ dist.destroy_process_group()
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _run_two_ranks(script: Path, phase: str, folder: Path, num_workers: int) -> None:
-    port = _free_port()
-    ranks = []
-    for rank in range(2):
-        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                   WORLD_SIZE="2")
-        ranks.append(subprocess.Popen(
-            [sys.executable, str(script), phase, str(folder), str(num_workers)], env=env,
-            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        ))
-    try:
-        for rank, process in enumerate(ranks):
-            _, stderr = process.communicate(timeout=120)
-            assert process.returncode == 0, f"rank {rank} failed:\n{stderr[-3000:]}"
-    finally:
-        for process in ranks:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-
-
 @pytest.mark.slow
 def test_two_gloo_ranks_resumed_mid_epoch_reproduce_both_streams(tmp_path):
     num_workers = 1  # worker processes inside each rank; other counts are covered above
     script = tmp_path / "ddp.py"
     script.write_text(_DDP_SCRIPT.format(repo=str(REPO)))
-    _run_two_ranks(script, "save", tmp_path, num_workers)
-    _run_two_ranks(script, "resume", tmp_path, num_workers)  # fresh processes
+    run_ranks([sys.executable, str(script), "save", str(tmp_path), str(num_workers)], 2,
+              timeout=120, cwd=REPO)
+    run_ranks([sys.executable, str(script), "resume", str(tmp_path), str(num_workers)], 2,
+              timeout=120, cwd=REPO)  # fresh processes
     labels = []
     for rank in range(2):
         full = torch.load(tmp_path / f"full{rank}.pt", weights_only=True)
