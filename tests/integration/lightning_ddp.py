@@ -59,6 +59,13 @@ class Model(L.LightningModule):
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
+    def teardown(self, stage: str) -> None:
+        # Lightning destroys only NCCL process groups. A gloo group left to interpreter exit can
+        # abort the rank ("terminate called without an active exception"): its worker thread
+        # frees the last allreduce's work, which needs the GIL, while the main thread finalizes.
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
 
 def main() -> None:
     out, scenario = sys.argv[1], sys.argv[2]
