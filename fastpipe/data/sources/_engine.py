@@ -8,7 +8,9 @@ each in one file at one offset. A batch's rows (one per sample for a fixed field
 sample for a variable one) become pieces, sorted in storage order, and ``fastpipe._io`` copies
 them all from the files' mappings while the GIL is released: each file is mapped once per
 process, read-only and shared (the page cache's pages: no process holds a copy, and a copy from a
-mapping runs at memory speed, about twice pread's here), and keeps no descriptor open. Where a
+mapping runs at memory speed, about twice pread's here), and keeps no descriptor open. A single
+sample read by index (``dataset[i]``) is one pread instead: for one piece, building a batch's
+arrays costs more than the copy saves. Where a
 file cannot be mapped, or fastpipe._io was not built, the pieces are read with pread/preadv
 (``os.preadv`` from Python without the module), descriptors coming from the process's pool: a
 bounded number stay open whatever the number of files. A file is checked against the pieces
@@ -39,7 +41,7 @@ try:
 except ImportError:  # an extension without the mapped reads: pread
     _copy_pieces = _map_file = _unmap = None
 
-__all__ = ["Extents", "FilePool", "Pieces", "read_pieces", "resource_error"]
+__all__ = ["Extents", "FilePool", "Pieces", "read_pieces", "read_rows", "resource_error"]
 
 # Descriptors kept open per process, for every source together: files beyond it are reopened
 # when read again.
@@ -89,25 +91,40 @@ class _Descriptors:
         fds = np.empty(len(paths), np.int64)
         with self._lock:
             for k, path in enumerate(paths):
-                fd = self._open.get(path)
-                if fd is None:
-                    self._evict(1)
-                    fd = self._open[path] = _open_file(path)
-                else:
-                    self._open.move_to_end(path)
-                self._pins[path] = self._pins.get(path, 0) + 1
-                fds[k] = fd
+                fds[k] = self._pin(path)
         return fds
 
     def release(self, paths: Sequence[str]) -> None:
         with self._lock:
             for path in paths:
-                left = self._pins[path] - 1
-                if left:
-                    self._pins[path] = left
-                else:
-                    del self._pins[path]
+                self._unpin(path)
             self._evict(0)
+
+    def acquire_one(self, path: str) -> int:
+        with self._lock:
+            return self._pin(path)
+
+    def release_one(self, path: str) -> None:
+        with self._lock:
+            self._unpin(path)
+            self._evict(0)
+
+    def _pin(self, path: str) -> int:
+        fd = self._open.get(path)
+        if fd is None:
+            self._evict(1)
+            fd = self._open[path] = _open_file(path)
+        else:
+            self._open.move_to_end(path)
+        self._pins[path] = self._pins.get(path, 0) + 1
+        return fd
+
+    def _unpin(self, path: str) -> None:
+        left = self._pins[path] - 1
+        if left:
+            self._pins[path] = left
+        else:
+            del self._pins[path]
 
     def forget(self, paths: Sequence[str]) -> None:
         """Closes the descriptors of ``paths`` that no read is using (a source closed)."""
@@ -338,6 +355,21 @@ class Extents:
                    np.concatenate([p.offsets for p in parts]) if parts else
                    np.zeros(0, np.int64), row_bytes)
 
+    def spans(self, first: int, stop: int) -> list[tuple[int, int, int]]:
+        """``(file, byte offset, size)`` of each run's share of rows ``[first, stop)``, in
+        order: :meth:`pieces` for one range (a sample's rows: one run, or two where they cross a
+        chunk's end), without building arrays."""
+        k = 0 if len(self.offsets) == 1 else int(
+            np.searchsorted(self.starts, first, side="right")) - 1
+        out = []
+        while first < stop:
+            end = min(stop, int(self.starts[k + 1]))
+            out.append((int(self.files[k]),
+                        int(self.offsets[k]) + (first - int(self.starts[k])) * self.row_bytes,
+                        (end - first) * self.row_bytes))
+            first, k = end, k + 1
+        return out
+
     def pieces(self, first: np.ndarray, stop: np.ndarray, dest: np.ndarray) -> Pieces:
         """The pieces of rows ``[first[k], stop[k])`` for every ``k``, range ``k`` written from
         byte ``dest[k]`` of the output on (split where a range crosses from one run into the
@@ -423,17 +455,43 @@ def read_pieces(pool: FilePool, pieces: Pieces, out: np.ndarray) -> None:
             raise ShortRead(pool.paths[int(files[a + piece])], number)
 
 
+def read_rows(pool: FilePool, extents: Extents, first: int, stop: int, out: np.ndarray) -> None:
+    """Rows ``[first, stop)`` (one sample's) into ``out``, as :func:`read_pieces` reads them,
+    with one pread a run: for a single sample, a batch's arrays and the mappings' lock cost more
+    than the copy."""
+    flat = out.reshape(-1).view(np.uint8)
+    at = 0
+    for file, offset, size in extents.spans(first, stop):
+        path = pool.paths[file]
+        fd = DESCRIPTORS.acquire_one(path)
+        try:
+            number = _pread_all(fd, flat[at:at + size], offset)
+        finally:
+            DESCRIPTORS.release_one(path)
+        if number is not None:
+            raise ShortRead(path, number)
+        at += size
+
+
+def _pread_all(fd: int, view: np.ndarray, offset: int) -> int | None:
+    """Fills ``view`` from ``offset`` of ``fd``; the errno of a failed read (0: the file ended
+    first), None when it was filled."""
+    done, size = 0, view.nbytes
+    while done < size:
+        try:
+            got = os.preadv(fd, [view[done:]], offset + done)
+        except OSError as exc:
+            return exc.errno or errno.EIO
+        if got == 0:
+            return 0
+        done += got
+    return None
+
+
 def _read_in_python(fds, offsets, sizes, out, dest):
     for k in range(len(fds)):
         size = int(sizes[k])
-        view = out[int(dest[k]):int(dest[k]) + size]
-        done = 0
-        while done < size:
-            try:
-                got = os.preadv(int(fds[k]), [view[done:]], int(offsets[k]) + done)
-            except OSError as exc:
-                return k, exc.errno or errno.EIO
-            if got == 0:
-                return k, 0
-            done += got
+        number = _pread_all(int(fds[k]), out[int(dest[k]):int(dest[k]) + size], int(offsets[k]))
+        if number is not None:
+            return k, number
     return None

@@ -33,6 +33,7 @@ from fastpipe.data.sources._engine import (
     FilePool,
     ShortRead,
     read_pieces,
+    read_rows,
 )
 from fastpipe.data.sources._hdf5 import (
     H5_ERRORS,
@@ -327,7 +328,14 @@ class H5Source(Source):
         handles.close()
 
     def _read(self, index: int, names: Sequence[str]) -> dict[str, Any]:
-        return self._read_batch(np.array([index], np.int64), names, {})[0]
+        record: dict[str, Any] = {}
+        for name in names:
+            column = self._columns[name]
+            try:
+                record[name] = self._value(column, index)
+            except Exception as exc:  # noqa: BLE001 - told apart in _failed
+                _failed(exc, column, f"field {name!r} of sample {index}")
+        return record
 
     def _read_batch(self, indices: np.ndarray, names: Sequence[str],
                     blocks: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:
@@ -336,17 +344,29 @@ class H5Source(Source):
             column = self._columns[name]
             try:
                 values = self._column_values(column, indices, blocks.get(name))
-            except ShortRead as exc:
-                raise _short_read(exc, f"field {name!r} of samples {_few(indices)}") from None
-            except PackFormatError:
-                raise
-            except H5_ERRORS as exc:
-                raise h5_damaged(column.file, exc,
-                                 f"read field {name!r} of samples {_few(indices)}") from exc
+            except Exception as exc:  # noqa: BLE001 - told apart in _failed
+                _failed(exc, column, f"field {name!r} of samples {_few(indices)}")
             if values is not None:
                 for record, value in zip(out, values, strict=True):
                     record[name] = value
         return out
+
+    def _value(self, column: _Column, index: int) -> Any:
+        """The stored value of sample ``index``, as :meth:`_column_values` gives it (a value of
+        its own, never a view of memory another read shares), in one read of the file."""
+        if column.offsets is None:
+            if column.memory is not None:
+                value = column.memory[index]
+                return value.copy() if isinstance(value, np.ndarray) else value
+            first, stop = index, index + 1
+        else:
+            first, stop = int(column.offsets[index]), int(column.offsets[index + 1])
+        if column.extents is None:
+            return self._column_values(column, np.array([index], np.int64), None)[0]
+        field = column.field
+        rows = np.empty((stop - first, *field.row_shape), field.stored_dtype)
+        read_rows(self._handles().pool, column.extents, first, stop, rows)
+        return rows[0] if column.offsets is None else rows
 
     def _column_values(self, column: _Column, indices: np.ndarray,
                        block: np.ndarray | None) -> list[Any] | None:
@@ -669,6 +689,16 @@ def _stored(field: Any, value: Any) -> Any:
     elif isinstance(value, (np.void, np.ndarray)):
         value = value.tobytes()
     return np.frombuffer(bytes(value), np.uint8)
+
+
+def _failed(exc: Exception, column: _Column, what: str) -> None:
+    """Raises the error for a read of ``what`` that raised ``exc``: a short read as truncation
+    (or the OS error), h5py's errors as damage to the column's file, anything else as it is."""
+    if isinstance(exc, ShortRead):
+        raise _short_read(exc, what) from None
+    if isinstance(exc, H5_ERRORS) and not isinstance(exc, PackFormatError):
+        raise h5_damaged(column.file, exc, f"read {what}") from exc
+    raise exc
 
 
 def _short_read(exc: ShortRead, what: str) -> Exception:

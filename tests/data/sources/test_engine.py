@@ -24,6 +24,7 @@ from fastpipe.data.sources._engine import (  # noqa: E402
     Pieces,
     ShortRead,
     read_pieces,
+    read_rows,
     resource_error,
 )
 from fastpipe.data.sources.h5 import H5Source  # noqa: E402
@@ -94,6 +95,73 @@ def test_a_short_read_names_the_file(blob, way):
                                  np.array([0])), out)
     assert caught.value.path == os.path.realpath(path) and caught.value.number == 0
 
+
+
+def test_one_samples_rows_are_read_across_runs_and_files(blob, tmp_path):
+    path, data = blob
+    other = np.random.default_rng(2).integers(0, 256, 50_000, dtype=np.uint8)
+    (tmp_path / "other.bin").write_bytes(other.tobytes())
+    row = 9
+    first = Extents.chunked(60, 7, 0, np.arange(0, 9_000, 1_000), row)
+    second = Extents.chunked(40, 5, 1, np.arange(40_000, 0, -5_000), row)
+
+    def stored(extents, file_data, i):
+        k = int(np.searchsorted(extents.starts, i, side="right")) - 1
+        at = int(extents.offsets[k]) + (i - int(extents.starts[k])) * row
+        return file_data[at:at + row].tobytes()
+
+    placed = Extents.concat([first.window(3, 60, 0), second.window(0, 40, 57)], row)
+    order = ([stored(first, data, i) for i in range(3, 60)]
+             + [stored(second, other, i) for i in range(40)])
+    pool = FilePool([os.path.realpath(path), os.path.realpath(tmp_path / "other.bin")])
+    crossed = 0
+    for a in range(len(order)):
+        for b in range(a, min(a + 12, len(order)) + 1):
+            out = np.zeros((b - a) * row, np.uint8)
+            read_rows(pool, placed, a, b, out)
+            assert out.tobytes() == b"".join(order[a:b]), (a, b)
+            crossed += len(placed.spans(a, b)) > 1
+    assert crossed  # ranges that cross from one chunk (and one file) into the next
+    with pytest.raises(ShortRead) as caught:
+        read_rows(pool, Extents.contiguous(10, 1, len(other) - 40, row), 2, 6,
+                  np.zeros(36, np.uint8))
+    assert caught.value.path == os.path.realpath(tmp_path / "other.bin")
+    assert caught.value.number == 0
+    pool.close()
+
+
+def test_a_sample_read_alone_is_the_same_as_in_a_batch_and_its_own_copy(tmp_path):
+    from fastpipe.pack import pack
+
+    class Rows:
+        def __len__(self) -> int:
+            return 40
+
+        def __getitem__(self, i: int):
+            rng = np.random.default_rng(i)
+            return {"blob": rng.bytes(int(rng.integers(0, 90_000))),
+                    "grid": rng.standard_normal((4, 5)).astype(np.float32),
+                    "label": i % 3, "tag": np.int16(i)}
+
+    pack(Rows(), tmp_path / "rows.h5", progress=False)
+    source = H5Source(tmp_path / "rows.h5")
+    blob = source._columns["blob"]
+    assert any(len(blob.extents.spans(int(blob.offsets[i]), int(blob.offsets[i + 1]))) > 1
+               for i in range(len(source)))  # some samples' bytes cross a chunk's end
+    for i in range(len(source)):
+        alone, (batched,) = source.read(i), source.read_batch([i])
+        assert list(alone) == list(batched)
+        for name in alone:
+            a, b = np.asarray(alone[name]), np.asarray(batched[name])
+            assert (a.dtype, a.shape) == (b.dtype, b.shape) and np.array_equal(a, b), (i, name)
+    first = source.read(5)
+    want = {name: np.array(value, copy=True) for name, value in first.items()}
+    for value in first.values():
+        if isinstance(value, np.ndarray) and value.size:
+            value[...] = 0
+    again = source.read(5)
+    assert all(np.array_equal(again[name], want[name]) for name in want)
+    source.close()
 
 def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
