@@ -256,7 +256,16 @@ class LMDBSource(Source):
         handles.close()
 
     def _read(self, index: int, names: Sequence[str]) -> dict[str, Any]:
-        return self._read_batch(np.array([index], np.int64), names, {})[0]
+        handles = self._handles()
+        record: dict[str, Any] = {}
+        for name in names:
+            labels = self._labels.get(name)
+            if labels is not None:
+                dtype = self.schema.fields[name].stored_dtype
+                record[name] = labels[index:index + 1].astype(dtype)[0]
+            else:
+                record[name] = self._value(index, name, handles.get(self._key(name, index)))
+        return record
 
     def _read_batch(self, indices: np.ndarray, names: Sequence[str],
                     blocks: Mapping[str, np.ndarray]) -> list[dict[str, Any]]:

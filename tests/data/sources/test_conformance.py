@@ -203,7 +203,7 @@ def test_a_batch_is_the_records_in_the_order_asked_with_fixed_fields_in_blocks(s
         assert list(batch[k]) == [n for n in source.schema.names if n not in blocks]
         for name in source.schema.names:
             got = blocks[name][k] if name in blocks else batch[k][name]
-            assert np.array_equal(np.asarray(got), np.asarray(one[name])), (name, i)
+            assert _same(got, one[name]), (name, i)  # values, dtype and shape
     if fixed:
         wrong = {fixed[0]: np.empty((1, *source.schema.fields[fixed[0]].row_shape), "f8")}
         with pytest.raises(ValueError, match="block of field"):
