@@ -183,12 +183,18 @@ def fast_collate(
 
 
 def batch_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """A tensor in the memory :func:`fast_collate` (without ``pin_memory``) puts a batch in here:
-    shared memory in a DataLoader worker, else memory kept from earlier batches. fastpipe's
-    readers read a batch's rows into such a block and return the samples in a
-    :class:`~fastpipe.data.collate.records.Rows` naming it, which fast_collate returns as the
-    batch without a copy."""
-    return _memory(False).empty(shape, dtype)
+    """A block for a batch's rows: fastpipe's readers read a batch's rows into one and return
+    the samples in a :class:`~fastpipe.data.collate.records.Rows` naming it, which
+    :func:`fast_collate` returns as the batch without a copy where the block is in the memory it
+    puts a batch in (a worker's arena, memory kept from earlier batches in this process).
+
+    In a worker of torch's DataLoader (no arena) the block is memory kept from earlier batches,
+    not shared memory: the collate function makes the batch's shared memory there, and torch's
+    default_collate stacks into a new segment whatever the rows are in, so a block in shared
+    memory would be a second segment (its allocation and page faults) every batch; fast_collate
+    copies the block into shared memory once."""
+    memory = _memory(False)
+    return _kept.empty(shape, dtype) if memory is _SHARED else memory.empty(shape, dtype)
 
 
 _PINNED = Memory(lambda shape, dtype: _empty_pinned(shape, dtype), torch.Tensor.is_pinned)

@@ -180,3 +180,34 @@ def test_blocks_under_worker_processes_and_threads(speech_pack):
                 assert len(match) == 1 and np.array_equal(records[match[0]]["zone0"], zone0[k])
             seen += len(mix)
         assert seen == 40
+
+
+def _collate_and_say_where_the_rows_were(batch):
+    """torch's default_collate, and whether the reader's rows were in shared memory."""
+    return torch.utils.data.default_collate(list(batch)), batch[0][0].is_shared()
+
+
+def _fast_collate_and_say_where_the_rows_were(batch):
+    return fast_collate(batch), batch[0][0].is_shared()
+
+
+@pytest.mark.timeout(120)
+def test_in_a_plain_dataloader_worker_the_batch_is_shared_memory_once(speech_pack):
+    """torch's DataLoader worker (no fastpipe arena): the collate function makes the batch's
+    shared memory. The reader's block is ordinary memory there, so torch's default_collate
+    (which stacks into a new segment) makes one segment a batch, not two; fast_collate copies
+    the block into shared memory once."""
+    from fastpipe.data import H5Dataset
+
+    path, records = speech_pack
+    dataset = H5Dataset(path, fields=["mix", "zone0"])
+    for collate in (_collate_and_say_where_the_rows_were,
+                    _fast_collate_and_say_where_the_rows_were):
+        loader = torch.utils.data.DataLoader(dataset, batch_size=8, num_workers=1,
+                                             collate_fn=collate)
+        for k, ((mix, zone0), rows_shared) in enumerate(loader):
+            assert not rows_shared, collate.__name__
+            assert mix.is_shared() and zone0.is_shared()
+            for j in range(len(mix)):
+                assert np.array_equal(mix[j].numpy(), records[8 * k + j]["mix"])
+                assert np.array_equal(zone0[j].numpy(), records[8 * k + j]["zone0"])
