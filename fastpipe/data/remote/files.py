@@ -50,20 +50,27 @@ def is_remote(value: Any) -> bool:
 
 
 def in_threads(call: Callable[[T, threading.Event], Any], items: Sequence[T],
-               threads: int) -> list[Any]:
+               threads: int, done: Callable[[], Any] | None = None) -> list[Any]:
     """``[call(item, stop) for item in items]`` on ``threads`` threads, in order; an error or
     Ctrl-C stops the others (``stop`` is set; those not started are cancelled) before it is
-    raised, and every thread has ended when this returns."""
+    raised, and every thread has ended when this returns. ``done()`` is called in this thread
+    as each result is taken, in order (a progress display's update)."""
     stop = threading.Event()
+    done = done or (lambda: None)
     if len(items) <= 1 or threads <= 1:
-        return [call(item, stop) for item in items]
+        return [_then(call(item, stop), done) for item in items]
     pool = ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix="fastpipe-remote")
     try:
         futures = [pool.submit(call, item, stop) for item in items]
-        return [f.result() for f in futures]
+        return [_then(f.result(), done) for f in futures]
     finally:
         stop.set()
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _then(result: Any, done: Callable[[], Any]) -> Any:
+    done()
+    return result
 
 
 class RemoteFiles:

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from fastpipe._progress import progress_bar
 from fastpipe.data.format import fields as F
 from fastpipe.data.format.layout import PackFormatError
 from fastpipe.data.remote import locks
@@ -353,6 +354,24 @@ def _save_index(path: Path, stamp: np.ndarray, index: dict[str, np.ndarray],
     return True
 
 
+def _remote_indexes(files: RemoteFiles) -> list[dict[str, np.ndarray]]:
+    """Every remote shard's index (:func:`_remote_index`), ``files.at_once()`` at a time. A
+    shard not indexed on this node yet is downloaded to be indexed, which can take long for a
+    large dataset: the progress goes to stderr, as the commands' does."""
+    missing = sum(not _index_path(files, k).exists() for k in range(len(files.paths)))
+    with progress_bar(bool(missing), total=len(files.paths), unit="shards",
+                      desc=f"indexing {missing} remote tar shards (each downloaded once per "
+                           "node; later builds read the indexes)") as bar:
+        return in_threads(lambda k, stop: _remote_index(files, k, stop),
+                          range(len(files.paths)), files.at_once(), done=lambda: bar.update(1))
+
+
+def _index_path(files: RemoteFiles, k: int) -> Path:
+    """Where remote shard ``k``'s index is kept in the node's cache."""
+    return index_folder(files.options) / (entry_key(files.infos[k].url,
+                                                    files.options.endpoint()) + INDEX_SUFFIX)
+
+
 def _remote_index(files: RemoteFiles, k: int, stop: threading.Event | None = None
                   ) -> dict[str, np.ndarray]:
     """The index of remote shard ``k``: from the cache folder (keyed by the object's URL, size
@@ -360,8 +379,7 @@ def _remote_index(files: RemoteFiles, k: int, stop: threading.Event | None = Non
     built from the shard, downloaded into the cache, by one process of the node."""
     found = files.infos[k]
     url = found.url
-    path = index_folder(files.options) / (entry_key(url, files.options.endpoint())
-                                          + INDEX_SUFFIX)
+    path = _index_path(files, k)
     stamp = np.array([INDEX_VERSION, found.size, 0], np.int64)
     etag = found.etag or ""
     cache = files.cache
@@ -456,8 +474,7 @@ class TarSource(Source):
             self.shards = [Path(p) for p in self.remote.paths]
             self.names = self.remote.names()
             self.where = redact(str(shards)) if isinstance(shards, str) else self.names[0]
-            indexes = in_threads(lambda k, stop: _remote_index(self.remote, k, stop),
-                                 range(len(self.shards)), self.remote.at_once())
+            indexes = _remote_indexes(self.remote)
         else:
             self.shards = list_shards(shards)
             self.names = [str(s) for s in self.shards]

@@ -48,6 +48,24 @@ def test_every_sample_bit_exact_against_the_local_shards(served, shards):
     assert sum(proxy.gets(f"{k:06d}.tar") for k in range(3)) == gets == 3
 
 
+
+def test_building_the_indexes_shows_its_progress_the_first_time_on_a_node(
+        shards, moto_server, cache_dir, monkeypatch, capsys):
+    """Indexing downloads every shard (it can take long, and is silent otherwise): its progress
+    goes to stderr as the commands' does; a build that finds the indexes shows nothing."""
+    import functools
+
+    from fastpipe.data.sources import tar
+
+    monkeypatch.setattr(tar, "progress_bar", functools.partial(tar.progress_bar, interval=0.0))
+    options = moto_server.options(cache_dir=cache_dir)
+    TarSource(shards.s3, remote=options)
+    err = capsys.readouterr().err
+    assert "indexing 3 remote tar shards" in err and "3/3 shards (100%)" in err, err
+    assert "done" in err.splitlines()[-1]
+    TarSource(shards.s3, remote=options)
+    assert capsys.readouterr().err == ""
+
 def _epoch(loader) -> list[tuple[str, int, str]]:
     seen = []
     for images, labels, texts in loader:
