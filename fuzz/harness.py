@@ -30,16 +30,17 @@ import faulthandler
 import importlib
 import importlib.util
 import json
+import signal
 import sys
 import time
-import tracemalloc
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 
-from fuzz import KnownIssue
+from fuzz import KnownIssue, PeakMemory
 
 # The pixel budget the fuzzed calls pass: far below the default, so that mutated frame sizes
 # decode in milliseconds under the sanitizers; the budget check itself is what they exercise.
@@ -290,20 +291,17 @@ def _png_decode(data: bytes, rng: np.random.Generator) -> None:
     top, rows = min(top, height - 1), max(1, min(rows, height - min(top, height - 1)))
     if rng.integers(4) == 0:
         top, rows = 0, height
-    tracemalloc.start()
-    try:
+    with PeakMemory() as peak:
         out = bytearray(rows * width * channels * sample)
         try:
             png.decode(data, out, height, width, channels, sample, top, top + rows,
                        FUZZ_MAX_PIXELS, bool(rng.integers(2)))  # a seekable file's index, or not
         except ValueError:
             pass
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
     bound = 8 * MAX_DEFLATE_RATIO * len(data) + (1 << 20)
-    if peak > bound:
-        raise Finding(f"the decode of a {len(data)}-byte file allocated {peak} bytes, past {bound}")
+    if peak.bytes > bound:
+        raise Finding(f"the decode of a {len(data)}-byte file allocated {peak.bytes} bytes, past "
+                      f"{bound}")
 
 
 # --- mutations -----------------------------------------------------------------------------
@@ -397,6 +395,29 @@ def _save(findings: Path, name: str, data: bytes, note: str) -> None:
     (findings / f"{name}.txt").write_text(note + "\n")
 
 
+@contextmanager
+def _alarm_ends_the_process() -> Iterator[None]:
+    """Inside, SIGALRM (armed per execution with setitimer) ends the process with every
+    thread's traceback, the execution's input left in FINDINGS/current.bin: faulthandler's C
+    handler dumps them, even inside a native call that holds the GIL, then the default action
+    ends the process. A timer, not faulthandler.dump_traceback_later: its watchdog is a thread
+    started per execution, and that thread's first free of raw memory races PeakMemory's
+    tracemalloc.start() and stop() (a SEGV in tracemalloc_free)."""
+    # The caller's alarm (pytest-timeout's, in the tests) is put back as it would have run on.
+    left, _ = signal.setitimer(signal.ITIMER_REAL, 0)
+    began = time.monotonic()
+    previous = signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    faulthandler.register(signal.SIGALRM, all_threads=True, chain=True)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        faulthandler.unregister(signal.SIGALRM)
+        signal.signal(signal.SIGALRM, previous)
+        if left:
+            signal.setitimer(signal.ITIMER_REAL, max(left - (time.monotonic() - began), 1e-3))
+
+
 def run(corpus_dir: Path, seconds: float, findings: Path, seed: int, timeout: float,
         groups: list[list[str]]) -> int:
     corpus = [p.read_bytes() for p in sorted(corpus_dir.glob("*")) if p.is_file()]
@@ -412,33 +433,34 @@ def run(corpus_dir: Path, seconds: float, findings: Path, seed: int, timeout: fl
     start = time.monotonic()
     fed = {name: [d for d in corpus if SEEDS.get(name, bool)(d)] or corpus
            for group in groups for name in group}
-    while time.monotonic() - start < seconds:
-        group = groups[int(rng.integers(len(groups)))]
-        name = group[int(rng.integers(len(group)))]
-        base = fed[name][int(rng.integers(len(fed[name])))]
-        data = base if rng.integers(10) == 0 else mutate(base, corpus, rng)
-        call_seed = int(rng.integers(1 << 62))
-        current.write_bytes(data)
-        (findings / "current.txt").write_text(f"target {name}, argument seed {call_seed}\n")
-        faulthandler.dump_traceback_later(timeout, exit=True)
-        began = time.perf_counter()
-        try:
-            TARGETS[name](data, np.random.default_rng(call_seed))
-        except KnownIssue as exc:
-            kind = str(exc).split(" [", 1)[0]
-            if not known[kind]:
-                print(f"KNOWN {kind} (first: {str(exc)[len(kind):][:300].strip()})", flush=True)
-            known[kind] += 1
-        except Exception as exc:  # noqa: BLE001 - anything a target's contract does not allow
-            found += 1
-            _save(findings, f"{name}-{found}", data,
-                  f"target {name}, argument seed {call_seed}: {type(exc).__name__}: {exc}")
-            print(f"FINDING {name}: {type(exc).__name__}: {exc}", flush=True)
-        finally:
-            faulthandler.cancel_dump_traceback_later()
-        took = time.perf_counter() - began
-        slowest = sorted(slowest + [(took, name)], reverse=True)[:5]
-        counts[name] += 1
+    with _alarm_ends_the_process():
+        while time.monotonic() - start < seconds:
+            group = groups[int(rng.integers(len(groups)))]
+            name = group[int(rng.integers(len(group)))]
+            base = fed[name][int(rng.integers(len(fed[name])))]
+            data = base if rng.integers(10) == 0 else mutate(base, corpus, rng)
+            call_seed = int(rng.integers(1 << 62))
+            current.write_bytes(data)
+            (findings / "current.txt").write_text(f"target {name}, argument seed {call_seed}\n")
+            signal.setitimer(signal.ITIMER_REAL, timeout)
+            began = time.perf_counter()
+            try:
+                TARGETS[name](data, np.random.default_rng(call_seed))
+            except KnownIssue as exc:
+                kind = str(exc).split(" [", 1)[0]
+                if not known[kind]:
+                    print(f"KNOWN {kind} (first: {str(exc)[len(kind):][:300].strip()})", flush=True)
+                known[kind] += 1
+            except Exception as exc:  # noqa: BLE001 - anything a target's contract does not allow
+                found += 1
+                _save(findings, f"{name}-{found}", data,
+                      f"target {name}, argument seed {call_seed}: {type(exc).__name__}: {exc}")
+                print(f"FINDING {name}: {type(exc).__name__}: {exc}", flush=True)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            took = time.perf_counter() - began
+            slowest = sorted(slowest + [(took, name)], reverse=True)[:5]
+            counts[name] += 1
     current.unlink(missing_ok=True)
     (findings / "current.txt").unlink(missing_ok=True)
     summary = {"executions": sum(counts.values()), "seconds": round(time.monotonic() - start, 1),

@@ -20,12 +20,13 @@ to hold them to: the target, and the driver asked for it, fail naming the module
 from __future__ import annotations
 
 import io
-import tracemalloc
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
+from fuzz import PeakMemory
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 SOURCE = "fuzzed.png"
@@ -122,8 +123,7 @@ def png_paths(data: bytes, rng: np.random.Generator) -> None:
     if header is not None and header.height > 1:
         top = int(rng.integers(header.height - 1))
         band = (top, int(rng.integers(top + 1, header.height + 1)))
-    tracemalloc.start()
-    try:
+    with PeakMemory() as peak:
         out = {
             "decode_png": _outcome(lambda: png.decode_png(data, SOURCE)),
             "decode_rgb": _outcome(lambda: decode_rgb(data, SOURCE)),
@@ -131,12 +131,9 @@ def png_paths(data: bytes, rng: np.random.Generator) -> None:
         }
         if band is not None:
             out["band"] = _outcome(lambda: png.decode_png(data, SOURCE, rows=band))
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
     bound = 8 * png.MAX_DEFLATE_RATIO * len(data) + (4 << 20)
-    if peak > bound:
-        raise Finding(f"the decodes of a {len(data)}-byte file allocated {peak} bytes, past "
+    if peak.bytes > bound:
+        raise Finding(f"the decodes of a {len(data)}-byte file allocated {peak.bytes} bytes, past "
                       f"{bound}")
     if verdict == "damaged":
         decoded = [name for name in ("decode_png", "decode_rgb", "ImageDecoder")

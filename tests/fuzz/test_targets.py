@@ -5,8 +5,14 @@ there for when one is planted (a target that cannot fail checks nothing)."""
 from __future__ import annotations
 
 import io
+import os
+import signal
+import subprocess
+import sys
 import tarfile
+import time
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -239,3 +245,55 @@ def test_the_hdf5_target_finds_a_hyperslab_source_that_no_longer_holds_its_rows(
     for call_seed in (438, 550):
         with pytest.raises(sources.Finding, match="no longer holds what it maps"):
             sources.hdf5_plain(bytes(range(256)), np.random.default_rng(call_seed))
+
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_no_thread_runs_beside_a_target(monkeypatch, tmp_path, pngs):
+    """The memory-bounded targets start and stop tracemalloc, which swaps Python's raw
+    allocator with no lock against a thread freeing through it without the GIL: a thread of
+    the driver's beside the target (faulthandler's watchdog was one, started per execution) is
+    a crash in tracemalloc_free, as CI's fuzz lane had. During an execution the process runs
+    the threads it ran before the driver started, no more."""
+    from fuzz import harness
+
+    harness.load(None)
+    seen = []
+    monkeypatch.setitem(harness.TARGETS, "threads", lambda data, rng: seen.append(_threads()))
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "0.png").write_bytes(pngs[0])
+    before, handler = _threads(), signal.getsignal(signal.SIGALRM)
+    assert harness.run(corpus, 0.3, tmp_path / "findings", 0, 10.0, [["threads"]]) == 0
+    assert seen and set(seen) == {before}
+    assert signal.getsignal(signal.SIGALRM) is handler  # the caller's alarm as it was
+
+
+_HANG = """
+import sys, time
+from pathlib import Path
+from fuzz import harness
+harness.TARGETS["sleeps"] = lambda data, rng: time.sleep(30)
+harness.run(Path(sys.argv[1]), 60, Path(sys.argv[2]), 0, 0.5, [["sleeps"]])
+"""
+
+
+def test_an_execution_past_its_timeout_ends_the_run_with_its_traceback_and_input(tmp_path,
+                                                                                  pngs):
+    """A hang is a finding: the process ends within about the timeout, printing where each
+    thread was, with the input and the target's name left in the findings folder."""
+    corpus, findings = tmp_path / "corpus", tmp_path / "findings"
+    corpus.mkdir()
+    (corpus / "0.png").write_bytes(pngs[0])
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", _HANG, str(corpus), str(findings)],
+                          capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == -signal.SIGALRM, done.stderr
+    assert time.monotonic() - began < 20
+    assert "time.sleep" in done.stderr or "<lambda>" in done.stderr, done.stderr
+    assert (findings / "current.txt").read_text().startswith("target sleeps")
+    assert (findings / "current.bin").stat().st_size > 0
