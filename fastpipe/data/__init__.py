@@ -47,6 +47,7 @@ _EXPORTS = {
     "H5Dataset": "fastpipe.data.datasets.readers",
     "LMDBDataset": "fastpipe.data.datasets.readers",
     "TarDataset": "fastpipe.data.datasets.readers",
+    "write_shard_list": "fastpipe.data.sources.shardlist",
     "ParquetDataset": "fastpipe.data.datasets.readers",
     "RemoteError": "fastpipe.data.remote.retry",
     "RemoteOptions": "fastpipe.data.remote.options",

@@ -161,6 +161,11 @@ class TarDataset(RecordDataset):
     :class:`~fastpipe.data.RemoteOptions`: credentials and endpoint, the cache's folder and
     size, retries) says how they are read: through a cache on the node's disk that every rank and
     worker of the node shares, each shard downloaded once per node (docs/object-storage.md).
+
+    ``shards`` may also be a shard list (``"s3://bucket/train/shards.json"``, or a local one):
+    webdataset's JSON of the shards and their sample counts, as
+    :func:`~fastpipe.data.write_shard_list` writes it. The dataset is then built from the first
+    shard alone, and each shard indexed (for a remote one: downloaded) when it is first read.
     """
 
     def __init__(

@@ -109,6 +109,8 @@ def kind_of_url(url: str, options: RemoteOptions) -> str:
     names = expand_braces(url)
     if len(names) > 1 or glob.has_magic(rest):
         return "parquet" if url.endswith(".parquet") else "tar"
+    if url.lower().endswith(".json"):
+        return "tar"  # a shard list (fastpipe.data.sources.shardlist), checked as it is read
     if not url.endswith("/"):
         try:
             info(url, options)

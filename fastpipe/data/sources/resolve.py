@@ -71,6 +71,8 @@ def kind_of(path: str | os.PathLike, remote: Any = None) -> str:
         raise ValueError(f"{path} holds no images and no class folders (nor tar shards, Parquet "
                          "or .npy files): not a source fastpipe reads; an image folder is "
                          "root/<class>/<image>")
+    if path.suffix.lower() == ".json":
+        return "tar"  # a shard list (fastpipe.data.sources.shardlist), checked as it is read
     try:
         return sniff_format(path)  # HDF5 or LMDB, by their first bytes
     except PackFormatError:

@@ -42,17 +42,30 @@ from fastpipe.data.remote.options import RemoteOptions
 from fastpipe.data.remote.urls import entry_key, redact
 from fastpipe.data.sources._base import Schema, Source
 from fastpipe.data.sources._engine import (
-    Extents,
     FilePool,
     Pieces,
     ShortRead,
     read_pieces,
 )
+from fastpipe.data.sources.shardlist import ShardList, is_shard_list, read_shard_list
 
 __all__ = ["INDEX_SUFFIX", "TarSource", "index_folder", "list_shards", "shard_index"]
 
 INDEX_SUFFIX = ".fastpipe-index.npz"
 INDEX_VERSION = 2  # 2: every header chain tarfile reads, with its CRC-32 (1 is rescanned)
+
+# Held while a source indexes shards in this process (with a shard list: at a shard's first
+# read); a child of a fork gets a new one, since another thread may have held it at the fork.
+_INDEX_LOCK = threading.Lock()
+
+
+def _new_index_lock() -> None:
+    global _INDEX_LOCK
+    _INDEX_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_index_lock)
 
 _IMAGES = {"jpg", "jpeg", "png", "webp", "ppm", "pgm", "bmp", "tif", "tiff", "gif"}
 _INTS = {"cls", "cls2", "index", "id", "label"}
@@ -361,7 +374,8 @@ def _remote_indexes(files: RemoteFiles) -> list[dict[str, np.ndarray]]:
     missing = sum(not _index_path(files, k).exists() for k in range(len(files.paths)))
     with progress_bar(bool(missing), total=len(files.paths), unit="shards",
                       desc=f"indexing {missing} remote tar shards (each downloaded once per "
-                           "node; later builds read the indexes)") as bar:
+                           "node; later builds read the indexes; a shard list avoids this: "
+                           "docs/object-storage.md)") as bar:
         return in_threads(lambda k, stop: _remote_index(files, k, stop),
                           range(len(files.paths)), files.at_once(), done=lambda: bar.update(1))
 
@@ -460,7 +474,10 @@ class TarSource(Source):
     """The samples of tar shards, one record per key, fields named by extension: images
     (``jpg``, ``png``, ...) and other bytes as stored, ``cls``/``index``/``id``/``label`` as ints,
     ``txt``/``json`` strings, ``npy`` arrays; pickles refused. ``names`` picks the fields (the
-    first sample's by default); every sample needs each of them once."""
+    first sample's by default); every sample needs each of them once.
+
+    ``shards`` may be a shard list (a ``.json`` file: fastpipe.data.sources.shardlist): then
+    only the first shard is indexed here, each other one when it is first read."""
 
     def __init__(self, shards: str | os.PathLike | Sequence[str | os.PathLike],
                  names: Sequence[str] | None = None,
@@ -468,67 +485,47 @@ class TarSource(Source):
         if isinstance(names, str):
             raise TypeError(f"fields must be a list of field names, got the string {names!r}")
         self.remote: RemoteFiles | None = None
-        if is_remote(shards):
+        self._options = remote
+        listed = read_shard_list(shards, remote) if is_shard_list(shards) else None
+        spec = listed.shards if listed is not None else shards
+        if is_remote(spec):
             options = RemoteOptions.of(remote)
-            self.remote = RemoteFiles.listed(shards, options, (".tar",), "tar shards")
+            self.remote = RemoteFiles.listed(spec, options, (".tar",), "tar shards")
             self.shards = [Path(p) for p in self.remote.paths]
             self.names = self.remote.names()
             self.where = redact(str(shards)) if isinstance(shards, str) else self.names[0]
-            indexes = _remote_indexes(self.remote)
         else:
-            self.shards = list_shards(shards)
+            self.shards = list_shards(spec)
             self.names = [str(s) for s in self.shards]
             self.where = str(shards) if isinstance(shards, (str, os.PathLike)) else str(
                 self.shards[0])
-            indexes = (shard_index(s, remote) for s in self.shards)
-        starts = [0]
-        per_field: dict[str, list[tuple[np.ndarray, np.ndarray, int]]] = {}
-        found: dict[str, Any] = {}
-        keys, key_offsets = [], [np.zeros(1, np.int64)]
-        for k, (shard, index) in enumerate(zip(self.names, indexes)):
-            n = len(index["keys"])
-            wanted = list(names) if names is not None else (
-                sorted(set(index["field"][index["sample"] == 0].tolist())) if not found and n
-                else list(found))
-            for name in wanted:
-                rows = np.flatnonzero(index["field"] == name)
-                have = np.zeros(n, bool)
-                have[index["sample"][rows]] = True
-                if not have.all():
-                    missing = int(np.flatnonzero(~have)[0])
-                    raise PackFormatError(
-                        f"sample {str(index['keys'][missing])!r} of {shard} has no {name!r} "
-                        "member; every sample needs the fields read (pick them with "
-                        "fields=[...])")
-                if len(rows) != n:
-                    raise PackFormatError(f"a sample of {shard} has several {name!r} members")
-                order = np.argsort(index["sample"][rows], kind="stable")
-                per_field.setdefault(name, []).append(
-                    (index["offset"][rows][order], index["size"][rows][order], k))
-                if name not in found:
-                    found[name] = field_of(name, f"{shard}: {name!r}")
-            encoded = [key.encode("utf-8", "surrogateescape") for key in index["keys"].tolist()]
-            keys.append(b"".join(encoded))
-            key_offsets.append(key_offsets[-1][-1] + np.cumsum([len(e) for e in encoded],
-                                                               dtype=np.int64))
-            starts.append(starts[-1] + n)
-        self.count = starts[-1]
-        self._starts = np.array(starts, np.int64)
-        self._keys = np.frombuffer(b"".join(keys), np.uint8)
-        self._key_offsets = np.concatenate(key_offsets)
-        order = list(names) if names is not None else list(found)
-        # Each member is a run of bytes of its shard: a field is an Extents of one-byte rows, its
-        # sample i the rows offsets[i]:offsets[i+1] of a virtual flat array of the members.
-        self._columns: dict[str, tuple[Extents, np.ndarray]] = {}
-        for name in order:
-            parts = per_field.get(name, [])
-            member_offsets = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, int)
-            member_sizes = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, int)
-            shard_of = np.concatenate([np.full(len(p[0]), p[2], np.int64) for p in parts]) \
-                if parts else np.zeros(0, np.int64)
-            ends = np.concatenate([[0], np.cumsum(member_sizes, dtype=np.int64)])
-            extents = Extents(ends, shard_of, member_offsets.astype(np.int64), 1)
-            self._columns[name] = (extents, ends)
+        if listed is not None:
+            self._listed: tuple[str, np.ndarray] | None = (listed.where, listed.counts)
+            self._check_sizes(listed)
+            counts = listed.counts
+            first = int(np.argmax(counts > 0)) if counts.any() else 0
+            indexes = {first: self._index_of([first])[0]}
+        else:
+            self._listed = None
+            everything = (_remote_indexes(self.remote) if self.remote is not None
+                          else [shard_index(s, remote) for s in self.shards])
+            indexes = dict(enumerate(everything))
+            counts = np.array([len(index["keys"]) for index in everything], np.int64)
+            first = int(np.argmax(counts > 0)) if counts.any() else 0
+        self._starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.count = int(self._starts[-1])
+        head = indexes[first]
+        order = list(names) if names is not None else sorted(
+            set(head["field"][head["sample"] == 0].tolist())) if len(head["keys"]) else []
+        found = {name: field_of(name, f"{self.names[first]}: {name!r}") for name in order}
+        # Per field, each sample's member: its shard is the sample's, its bytes ``size`` at byte
+        # ``offset`` (-1 until the shard is indexed in this process).
+        self._offsets = {name: np.full(self.count, -1, np.int64) for name in order}
+        self._sizes = {name: np.zeros(self.count, np.int64) for name in order}
+        self._shard_keys: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(self.shards)
+        self._indexed = np.zeros(len(self.shards), bool)
+        for k, index in indexes.items():
+            self._fill(k, index)
         fields = {n: found[n] for n in order}
         for name, field in fields.items():
             if field is None:
@@ -543,6 +540,68 @@ class TarSource(Source):
                      "fields": {n: f.to_json() for n, f in fields.items()},
                      "plan": plan.hexdigest()[:24]}
         self.schema = Schema(fields, "tuple" if names is not None else "dict")
+
+    def _check_sizes(self, listed: ShardList) -> None:
+        """A shard whose size is not the list's has changed since the list was written."""
+        for k, size in enumerate(listed.sizes):
+            if size is None:
+                continue
+            actual = (self.remote.infos[k].size if self.remote is not None
+                      else self.shards[k].stat().st_size)
+            if actual != size:
+                raise PackFormatError(
+                    f"{self.names[k]} is {actual} bytes where the shard list {listed.where} "
+                    f"says {size}: the shard changed after the list was written; write the "
+                    "list again (fastpipe.data.write_shard_list)")
+
+    def _index_of(self, shards: Sequence[int]) -> list[dict[str, np.ndarray]]:
+        """The indexes of shards ``shards`` (built where the node does not have them yet)."""
+        if self.remote is not None:
+            return in_threads(lambda k, stop: _remote_index(self.remote, k, stop), list(shards),
+                              self.remote.at_once())
+        return [shard_index(self.shards[k], self._options) for k in shards]
+
+    def _fill(self, k: int, index: dict[str, np.ndarray]) -> None:
+        """Shard ``k``'s members of every field read, from its index, checked: each sample has
+        each field once, and as many samples as the shard list says."""
+        shard, first = self.names[k], int(self._starts[k])
+        n = len(index["keys"])
+        if n != self._starts[k + 1] - first:
+            where, _ = self._listed or ("", None)
+            raise PackFormatError(
+                f"{shard} holds {n} samples where the shard list {where} says "
+                f"{int(self._starts[k + 1] - first)}: the shard changed after the list was "
+                "written; write the list again (fastpipe.data.write_shard_list)")
+        for name in self._offsets:
+            rows = np.flatnonzero(index["field"] == name)
+            have = np.zeros(n, bool)
+            have[index["sample"][rows]] = True
+            if not have.all():
+                missing = int(np.flatnonzero(~have)[0])
+                raise PackFormatError(
+                    f"sample {str(index['keys'][missing])!r} of {shard} has no {name!r} "
+                    "member; every sample needs the fields read (pick them with "
+                    "fields=[...])")
+            if len(rows) != n:
+                raise PackFormatError(f"a sample of {shard} has several {name!r} members")
+            order = np.argsort(index["sample"][rows], kind="stable")
+            self._offsets[name][first:first + n] = index["offset"][rows][order]
+            self._sizes[name][first:first + n] = index["size"][rows][order]
+        encoded = [key.encode("utf-8", "surrogateescape") for key in index["keys"].tolist()]
+        self._shard_keys[k] = (np.frombuffer(b"".join(encoded), np.uint8),
+                               np.concatenate([[0], np.cumsum([len(e) for e in encoded])]
+                                              ).astype(np.int64))
+        self._indexed[k] = True
+
+    def _ensure_indexed(self, shards: np.ndarray) -> None:
+        """Indexes, in this process, those of ``shards`` not indexed yet (with a shard list)."""
+        if self._indexed[shards].all():
+            return
+        with _INDEX_LOCK:
+            todo = np.unique(shards[~self._indexed[shards]]).tolist()
+            if todo:
+                for k, index in zip(todo, self._index_of(todo), strict=True):
+                    self._fill(k, index)
 
     def _npy_field(self, name: str) -> Any:
         """An ``.npy`` member's field: its dtype and shape from the first sample's header,
@@ -561,12 +620,12 @@ class TarSource(Source):
         handles.close()
 
     def _read_members(self, indices: np.ndarray, name: str) -> list[np.ndarray]:
-        extents, ends = self._columns[name]
-        first, stop = ends[indices], ends[indices + 1]
-        sizes = stop - first
+        shard = np.searchsorted(self._starts, indices, side="right") - 1
+        self._ensure_indexed(shard)
+        sizes = self._sizes[name][indices]
         dest = np.cumsum(sizes) - sizes
         flat = np.empty(int(sizes.sum()), np.uint8)
-        pieces = extents.pieces(first, stop, dest)
+        pieces = Pieces(shard, self._offsets[name][indices], sizes, dest)
         try:
             if self.remote is None:
                 read_pieces(self._handles(), pieces, flat)
@@ -642,7 +701,11 @@ class TarSource(Source):
 
     def describe(self, index: int) -> str:
         k = int(np.searchsorted(self._starts, index, side="right")) - 1
-        key = self._keys[self._key_offsets[index]:self._key_offsets[index + 1]].tobytes()
+        local = index - int(self._starts[k])
+        keys = self._shard_keys[k]
+        if keys is None:  # not read in this process yet
+            return f"{self.names[k]} (its sample {local})"
+        key = keys[0][keys[1][local]:keys[1][local + 1]].tobytes()
         return f"{self.names[k]}:{key.decode('utf-8', 'surrogateescape')}"
 
     def fingerprint(self) -> str:

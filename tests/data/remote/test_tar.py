@@ -6,13 +6,14 @@ epochs with every sample once in each."""
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 
 import numpy as np
 import pytest
 
 from fastpipe import DataLoaderX, Recipe
-from fastpipe.data import RemoteOptions, TarDataset
+from fastpipe.data import PackFormatError, RemoteOptions, TarDataset, write_shard_list
 from fastpipe.data.sources.tar import TarSource
 from tests.helpers.pack import write_shards
 
@@ -65,6 +66,67 @@ def test_building_the_indexes_shows_its_progress_the_first_time_on_a_node(
     assert "done" in err.splitlines()[-1]
     TarSource(shards.s3, remote=options)
     assert capsys.readouterr().err == ""
+
+def _beside_the_shards(request, served, shards, tmp_path) -> str:
+    """The URL of a shard list uploaded beside the served shards."""
+    url, _, _ = served
+    listed = tmp_path / "shards.json"  # written beside the shards: named by file name
+    os.replace(write_shard_list(shards.folder, shards.folder / "shards.json"), listed)
+    if url.startswith("s3://"):
+        request.getfixturevalue("moto_server").client().put_object(
+            Bucket="shards", Key="train/shards.json", Body=listed.read_bytes())
+    else:
+        (request.getfixturevalue("nginx_root") / "train" / "shards.json").write_bytes(
+            listed.read_bytes())
+    return url + "shards.json"
+
+
+def test_a_shard_list_builds_without_downloading_the_shards(request, served, shards, tmp_path):
+    """With a shard list the dataset is built from the first shard alone; each other shard is
+    downloaded (and indexed) when a read first needs it, once; every sample as the local
+    shards give it."""
+    listed_url = _beside_the_shards(request, served, shards, tmp_path)
+    _, options, proxy = served
+    source = TarSource(listed_url, remote=options)
+    assert len(source) == 30 and list(source.shard_sizes()) == [10, 10, 10]
+    assert [proxy.gets(f"{k:06d}.tar") for k in range(3)] == [1, 0, 0]
+    local = TarSource(shards.folder)
+    for a, b in zip(source.read_batch([25, 3]), local.read_batch([25, 3])):
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert [proxy.gets(f"{k:06d}.tar") for k in range(3)] == [1, 0, 1]
+    for i in range(30):
+        a, b = source.read(i), local.read(i)
+        assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert [proxy.gets(f"{k:06d}.tar") for k in range(3)] == [1, 1, 1]
+    assert source.describe(12).endswith("000001.tar:00012") and "://" in source.describe(12)
+
+
+def test_a_remote_list_naming_local_paths_is_refused(shards, moto_server, cache_dir, tmp_path):
+    """A list written away from its shards names them by their full local path; uploaded, it
+    would read this machine's files (or none on another): refused, saying how to write it."""
+    listed = write_shard_list(shards.folder, tmp_path / "away.json")
+    moto_server.client().put_object(Bucket="shards", Key="lists/away.json",
+                                    Body=listed.read_bytes())
+    with pytest.raises(PackFormatError, match=r"names local paths .*write it beside the shards"):
+        TarSource("s3://shards/lists/away.json", remote=moto_server.options(cache_dir=cache_dir))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", ["spawn", "thread"])
+def test_a_shard_list_through_dataloaderx_workers_as_local(request, served, shards, tmp_path,
+                                                          workers):
+    """Workers index the shards they read themselves (spawned ones get the source as built:
+    one shard indexed); the epoch is the local shards' (a partial last batch included)."""
+    listed_url = _beside_the_shards(request, served, shards, tmp_path)
+    _, options, _ = served
+    recipe = Recipe(train=False, size=16)
+    options_kw = ({"worker_method": "thread"} if workers == "thread" else
+                  {"multiprocessing_context": workers})
+    remote = TarDataset(listed_url, fields=FIELDS, recipe=recipe, remote=options)
+    local = TarDataset(shards.folder, fields=FIELDS, recipe=recipe)
+    got = _epoch(DataLoaderX(remote, batch_size=8, num_workers=2, **options_kw))
+    assert got == _epoch(DataLoaderX(local, batch_size=8, num_workers=0))
+
 
 def _epoch(loader) -> list[tuple[str, int, str]]:
     seen = []
