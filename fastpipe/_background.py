@@ -184,20 +184,23 @@ register_before_thread_join(_close_all_at_exit)
 
 
 class BackgroundIterator(Generic[T]):
-    """Iterates ``source`` in a daemon thread, keeping up to ``prefetch_depth`` items ready."""
+    """Iterates ``source`` in a daemon thread, keeping up to ``prefetch_depth`` items ready.
+    ``stop``: the event set when the iterator is closed (given where ``source`` watches it too,
+    to end the wait for an item the consumer will no longer take)."""
 
     def __init__(
         self,
         source: Iterator[T],
         prefetch_depth: int = 2,
         name: str = "fastpipe-background",
+        stop: threading.Event | None = None,
     ):
         prefetch_depth = check.positive_int("prefetch_depth", prefetch_depth)
         self._items = _Items(prefetch_depth)
         self._slots: queue.SimpleQueue = queue.SimpleQueue()
         for _ in range(prefetch_depth):
             self._slots.put(None)
-        self._stop = threading.Event()
+        self._stop = stop if stop is not None else threading.Event()
         self._done = False
         self._thread = threading.Thread(
             target=_produce, args=(source, self._items, self._slots, self._stop), name=name,

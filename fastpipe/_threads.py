@@ -9,12 +9,56 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import threading
+import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
+from fastpipe._compat import register_before_thread_join
+from fastpipe.data.remote.retry import cancelled_by
 
-def _load(dataset: Any, indices: Sequence[int], collate_fn: Callable[[list], Any],
-          pin_memory: bool) -> Any:
+# How often a wait for a batch looks at ``stop``.
+_POLL_SECONDS = 0.1
+# Every pool's stop event, set at the interpreter's exit before Python joins the pools' threads.
+_live: weakref.WeakSet[threading.Event] = weakref.WeakSet()
+
+
+def _stop_all() -> None:
+    for stop in list(_live):
+        stop.set()
+
+
+register_before_thread_join(_stop_all)
+
+
+class _Either:
+    """Set when either of two events is (as far as ``is_set`` and ``wait`` go)."""
+
+    def __init__(self, a: threading.Event, b: threading.Event) -> None:
+        self._a, self._b = a, b
+
+    def is_set(self) -> bool:
+        return self._a.is_set() or self._b.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not self.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._a.wait(min(left, _POLL_SECONDS))
+        return True
+
+
+def _load(stop: Any, dataset: Any, indices: Sequence[int],
+          collate_fn: Callable[[list], Any], pin_memory: bool) -> Any:
+    with cancelled_by(stop):
+        return _load_batch(dataset, indices, collate_fn, pin_memory)
+
+
+def _load_batch(dataset: Any, indices: Sequence[int], collate_fn: Callable[[list], Any],
+                pin_memory: bool) -> Any:
     getitems = getattr(dataset, "__getitems__", None)
     samples = getitems(list(indices)) if callable(getitems) else [dataset[i] for i in indices]
     batch = collate_fn(samples)
@@ -33,13 +77,20 @@ def thread_batches(
     in_flight: int,
     pin_memory: bool = False,
     name: str = "fastpipe-loader",
+    stop: threading.Event | None = None,
 ) -> Iterator[Any]:
     """Yields ``collate_fn([dataset[i] for i in indices])`` for each ``indices`` of
     ``batch_indices``, in order, loading up to ``in_flight`` batches ahead on ``num_threads``
     threads. An exception raised while loading a batch is raised at that batch. The threads stop
-    when the generator is exhausted, closed or garbage collected: batches not started are
-    cancelled and the ones being loaded are waited for.
+    when the generator is exhausted, closed or garbage collected, and at the interpreter's exit
+    (a Ctrl-C): batches not started are cancelled, the ones being loaded are waited for, and
+    their waits on object storage (a download, a retry, the cache's lock) cancelled. ``stop``
+    (set from another thread: the consumer is gone) ends the generator as closing it does, even
+    while it waits for a batch.
     """
+    ended = threading.Event()  # set when this generator ends, and at the interpreter's exit
+    _live.add(ended)
+    cancel = ended if stop is None else _Either(ended, stop)
     pool = concurrent.futures.ThreadPoolExecutor(num_threads, thread_name_prefix=name)
     pending: collections.deque[concurrent.futures.Future] = collections.deque()
     indices = iter(batch_indices)
@@ -47,13 +98,20 @@ def thread_batches(
         exhausted = False
         while True:
             while not exhausted and len(pending) < in_flight:
-                batch = next(indices, None)
+                with cancelled_by(cancel):  # a sampler's end waits for its downloads
+                    batch = next(indices, None)
                 if batch is None:
                     exhausted = True
                     break
-                pending.append(pool.submit(_load, dataset, batch, collate_fn, pin_memory))
+                pending.append(pool.submit(_load, cancel, dataset, batch, collate_fn,
+                                           pin_memory))
             if not pending:
                 return
-            yield pending.popleft().result()
+            loading = pending.popleft()
+            while not concurrent.futures.wait([loading], timeout=_POLL_SECONDS).done:
+                if stop is not None and stop.is_set():
+                    return
+            yield loading.result()
     finally:
+        ended.set()
         pool.shutdown(wait=True, cancel_futures=True)

@@ -164,6 +164,7 @@ class DataLoaderX(DataLoader):
         self._restored_skips = None
         # The base iterator (and with it any worker processes) is created here in the caller's
         # thread; only next() runs in the background.
+        stop = threading.Event()  # set when the epoch's iterator is closed
         if self.worker_method == "thread" and self.num_workers > 0:
             collate_fn, pin = _thread_collate(self.collate_fn, self.pin_memory)
             dataset = self.dataset
@@ -172,7 +173,7 @@ class DataLoaderX(DataLoader):
             base: Iterator[Any] = thread_batches(
                 dataset, self.batch_sampler, collate_fn, self.num_workers,
                 in_flight=self.num_workers * (self.prefetch_factor or 2),
-                pin_memory=pin, name="fastpipe-DataLoaderX-worker",
+                pin_memory=pin, name="fastpipe-DataLoaderX-worker", stop=stop,
             )
         else:
             # Ctrl-C is held back while the workers start (see deferred_interrupt), then raised.
@@ -183,6 +184,7 @@ class DataLoaderX(DataLoader):
                      arenas=self.worker_method == "process" and self.num_workers > 0),
             prefetch_depth=self.prefetch_depth,
             name="fastpipe-DataLoaderX",
+            stop=stop,
         )
         del base
         self._epoch = weakref.ref(epoch)

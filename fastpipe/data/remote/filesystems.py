@@ -22,7 +22,7 @@ from typing import Any
 
 from fastpipe._optional import require
 from fastpipe.data.remote.options import RemoteOptions
-from fastpipe.data.remote.retry import Cancelled, attempt
+from fastpipe.data.remote.retry import Cancelled, attempt, stop_of
 from fastpipe.data.remote.urls import protocol, redact
 
 __all__ = ["EXTRAS", "ObjectInfo", "children", "filesystem", "head", "info", "list_objects",
@@ -149,6 +149,7 @@ def _run(fs: Any, name: str, *args: Any, options: RemoteOptions,
     async def timed() -> Any:
         return await asyncio.wait_for(coroutine(*args, **kwargs), options.timeout)
 
+    stop = stop_of(stop)
     future = asyncio.run_coroutine_threadsafe(timed(), fs.loop)
     try:
         # Waits without result(timeout=): its TimeoutError is the request's own timeout too.

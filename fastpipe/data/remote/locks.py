@@ -16,7 +16,7 @@ import os
 import threading
 import time
 
-from fastpipe.data.remote.retry import Cancelled
+from fastpipe.data.remote.retry import Cancelled, stop_of
 
 __all__ = ["lock", "try_lock", "unlock"]
 
@@ -53,6 +53,7 @@ def lock(path: str, shared: bool, stop: threading.Event | None = None) -> int:
     """The descriptor of ``path`` locked, waiting as long as another holds it; ``stop`` (set
     from another thread) ends the wait with :class:`~fastpipe.data.remote.retry.Cancelled`."""
     sleep = _FIRST_SLEEP
+    stop = stop_of(stop)
     while True:
         fd = try_lock(path, shared)
         if fd is not None:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastpipe._compat import register_before_thread_join
-from fastpipe.data.remote.retry import Cancelled
+from fastpipe.data.remote.retry import Cancelled, stop_of
 
 __all__ = ["Prefetch"]
 
@@ -151,14 +151,17 @@ class Prefetch:
     def finish(self) -> None:
         """Starts no further download, lets those under way complete (a reader would
         otherwise download the object again) and waits for the threads; interrupted (Ctrl-C),
-        it stops them as :meth:`close` does."""
+        or called in a loader's thread whose consumer is gone (``cancelled_by``), it stops them
+        as :meth:`close` does."""
         if not self._finalizer.alive:
             return
         self._finishing.set()
+        cancel = stop_of(None)  # a loader thread's: its consumer gone, the downloads stop
         try:
             for thread in self._threads:
-                if thread is not threading.current_thread():
-                    thread.join()
+                while thread is not threading.current_thread() and thread.is_alive() and not (
+                        cancel is not None and cancel.is_set()):
+                    thread.join(_POLL_SECONDS)
         finally:
             self.close()
 

@@ -9,13 +9,14 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TypeVar
 
 from fastpipe.data.remote.options import RemoteOptions
 from fastpipe.data.remote.urls import redact
 
-__all__ = ["Cancelled", "RemoteError", "ShortResponse", "attempt", "clean", "describe",
-           "transient"]
+__all__ = ["Cancelled", "RemoteError", "ShortResponse", "attempt", "cancelled_by", "clean",
+           "describe", "stop_of", "transient"]
 
 T = TypeVar("T")
 # The longest wait between two attempts.
@@ -116,7 +117,29 @@ def describe(exc: BaseException, options: RemoteOptions) -> str:
     return clean(f"{type(exc).__name__}: {' '.join(words)}", options)
 
 
+_thread_stop = threading.local()
+
+
+@contextmanager
+def cancelled_by(stop: threading.Event) -> Iterator[None]:
+    """Inside, this thread's remote waits given no stop event of their own (a dataset's reads
+    in a loader's thread: requests, retries' waits, the cache's locks) end with
+    :class:`Cancelled` once ``stop`` is set, within a poll interval."""
+    previous = getattr(_thread_stop, "event", None)
+    _thread_stop.event = stop
+    try:
+        yield
+    finally:
+        _thread_stop.event = previous
+
+
+def stop_of(stop: threading.Event | None) -> threading.Event | None:
+    """``stop``, or where it is None the event of an enclosing :func:`cancelled_by`."""
+    return stop if stop is not None else getattr(_thread_stop, "event", None)
+
+
 def _wait(seconds: float, stop: threading.Event | None) -> None:
+    stop = stop_of(stop)
     if stop is None:
         time.sleep(seconds)  # the main thread: Ctrl-C interrupts it
     elif stop.wait(seconds):
@@ -131,6 +154,7 @@ def attempt(call: Callable[[], T], url: str, doing: str, options: RemoteOptions,
     object stays a ``FileNotFoundError``, a refused one a ``PermissionError``, each naming it).
     ``stop`` (set from another thread) ends the waits with :class:`Cancelled`."""
     shown = redact(url)
+    stop = stop_of(stop)
     last: BaseException | None = None
     for k in range(options.retries + 1):
         if stop is not None and stop.is_set():

@@ -39,6 +39,7 @@ from fastpipe.data.remote import locks
 from fastpipe.data.remote.cache import add_unpin_hook
 from fastpipe.data.remote.files import RemoteFiles, in_threads, is_remote
 from fastpipe.data.remote.options import RemoteOptions
+from fastpipe.data.remote.retry import Cancelled, stop_of
 from fastpipe.data.remote.urls import entry_key, redact
 from fastpipe.data.sources._base import Schema, Source
 from fastpipe.data.sources._engine import (
@@ -57,6 +58,7 @@ INDEX_VERSION = 2  # 2: every header chain tarfile reads, with its CRC-32 (1 is 
 # Held while a source indexes shards in this process (with a shard list: at a shard's first
 # read); a child of a fork gets a new one, since another thread may have held it at the fork.
 _INDEX_LOCK = threading.Lock()
+_LOCK_POLL_SECONDS = 0.1
 
 
 def _new_index_lock() -> None:
@@ -555,10 +557,11 @@ class TarSource(Source):
                     "list again (fastpipe.data.write_shard_list)")
 
     def _index_of(self, shards: Sequence[int]) -> list[dict[str, np.ndarray]]:
-        """The indexes of shards ``shards`` (built where the node does not have them yet)."""
+        """The indexes of shards ``shards`` (built where the node does not have them yet), in
+        this thread: a loader's thread whose consumer is gone cancels the downloads
+        (``cancelled_by``)."""
         if self.remote is not None:
-            return in_threads(lambda k, stop: _remote_index(self.remote, k, stop), list(shards),
-                              self.remote.at_once())
+            return [_remote_index(self.remote, k) for k in shards]
         return [shard_index(self.shards[k], self._options) for k in shards]
 
     def _fill(self, k: int, index: dict[str, np.ndarray]) -> None:
@@ -597,11 +600,16 @@ class TarSource(Source):
         """Indexes, in this process, those of ``shards`` not indexed yet (with a shard list)."""
         if self._indexed[shards].all():
             return
-        with _INDEX_LOCK:
+        cancel = stop_of(None)
+        while not _INDEX_LOCK.acquire(timeout=_LOCK_POLL_SECONDS):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled()
+        try:
             todo = np.unique(shards[~self._indexed[shards]]).tolist()
-            if todo:
-                for k, index in zip(todo, self._index_of(todo), strict=True):
-                    self._fill(k, index)
+            for k, index in zip(todo, self._index_of(todo), strict=True):
+                self._fill(k, index)
+        finally:
+            _INDEX_LOCK.release()
 
     def _npy_field(self, name: str) -> Any:
         """An ``.npy`` member's field: its dtype and shape from the first sample's header,

@@ -198,3 +198,53 @@ def test_a_url_that_names_nothing_says_so(moto_server, shards, cache_dir):
         TarSource("s3://shards/train/*.tgz", remote=options)
     with pytest.raises(ValueError, match="both URLs and local paths"):
         TarSource([shards.s3_urls[0], str(next(shards.folder.glob("*.tar")))], remote=options)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("listed", [False, True], ids=["shards", "shard-list"])
+def test_ctrl_c_ends_loader_threads_waiting_on_a_download_within_a_second(
+        shards, moto_server, fault_proxy, cache_dir, tmp_path, listed):
+    """Ctrl-C while DataLoaderX's threads download a shard the batch needs (the store answering
+    after 30 s), to read it or (from a shard list) to index it: the loop stops at once and the
+    threads' downloads are cancelled within a second, instead of the threads (and the
+    interpreter's exit) waiting for the answers."""
+    import _thread
+    import threading
+    import time
+
+    proxy = fault_proxy(moto_server.endpoint)
+    url = shards.s3
+    if listed:
+        os.replace(write_shard_list(shards.folder, shards.folder / "shards.json"),
+                   tmp_path / "shards.json")
+        moto_server.client().put_object(Bucket="shards", Key="train/shards.json",
+                                        Body=(tmp_path / "shards.json").read_bytes())
+        url += "shards.json"
+    dataset = TarDataset(url, fields=FIELDS, recipe=Recipe(train=False, size=16),
+                         remote=moto_server.options(proxy.url, cache_dir=cache_dir))
+    shutil.rmtree(cache_dir / "objects")  # the shards are downloaded again when read
+    proxy.set_delay(30.0)
+    loader = DataLoaderX(dataset, batch_size=8, num_workers=2, worker_method="thread")
+    timer = threading.Timer(1.0, _thread.interrupt_main)
+    timer.start()
+    began = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for _ in loader:
+                pass
+        took = time.monotonic() - began
+        deadline = time.monotonic() + 1.5
+        while time.monotonic() < deadline and _loader_threads():
+            time.sleep(0.05)
+        left = _loader_threads()
+    finally:
+        timer.cancel()
+        proxy.set_delay(0.0)  # (lets threads left behind finish, so that the test ends)
+    assert took < 3.0, f"the loop ended {took:.1f} s after its start (Ctrl-C at 1 s)"
+    assert not left, f"{left} still downloading 1.5 s after the loop ended"
+
+
+def _loader_threads() -> list[str]:
+    import threading
+
+    return [t.name for t in threading.enumerate() if t.name.startswith("fastpipe-DataLoaderX")]
