@@ -39,7 +39,6 @@ from fastpipe.data.remote import locks
 from fastpipe.data.remote.cache import add_unpin_hook
 from fastpipe.data.remote.files import RemoteFiles, in_threads, is_remote
 from fastpipe.data.remote.options import RemoteOptions
-from fastpipe.data.remote.retry import Cancelled, stop_of
 from fastpipe.data.remote.urls import entry_key, redact
 from fastpipe.data.sources._base import Schema, Source
 from fastpipe.data.sources._engine import (
@@ -54,20 +53,6 @@ __all__ = ["INDEX_SUFFIX", "TarSource", "index_folder", "list_shards", "shard_in
 
 INDEX_SUFFIX = ".fastpipe-index.npz"
 INDEX_VERSION = 2  # 2: every header chain tarfile reads, with its CRC-32 (1 is rescanned)
-
-# Held while a source indexes shards in this process (with a shard list: at a shard's first
-# read); a child of a fork gets a new one, since another thread may have held it at the fork.
-_INDEX_LOCK = threading.Lock()
-_LOCK_POLL_SECONDS = 0.1
-
-
-def _new_index_lock() -> None:
-    global _INDEX_LOCK
-    _INDEX_LOCK = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_new_index_lock)
 
 _IMAGES = {"jpg", "jpeg", "png", "webp", "ppm", "pgm", "bmp", "tif", "tiff", "gif"}
 _INTS = {"cls", "cls2", "index", "id", "label"}
@@ -597,19 +582,15 @@ class TarSource(Source):
         self._indexed[k] = True
 
     def _ensure_indexed(self, shards: np.ndarray) -> None:
-        """Indexes, in this process, those of ``shards`` not indexed yet (with a shard list)."""
+        """Indexes, in this process, those of ``shards`` not indexed yet (with a shard list).
+        Threads reading at once index their shards in parallel: each fills its shards' own
+        rows, and one shard indexed twice fills the same values (the node's lock builds its
+        index once, the other thread loads it)."""
         if self._indexed[shards].all():
             return
-        cancel = stop_of(None)
-        while not _INDEX_LOCK.acquire(timeout=_LOCK_POLL_SECONDS):
-            if cancel is not None and cancel.is_set():
-                raise Cancelled()
-        try:
-            todo = np.unique(shards[~self._indexed[shards]]).tolist()
-            for k, index in zip(todo, self._index_of(todo), strict=True):
-                self._fill(k, index)
-        finally:
-            _INDEX_LOCK.release()
+        todo = np.unique(shards[~self._indexed[shards]]).tolist()
+        for k, index in zip(todo, self._index_of(todo), strict=True):
+            self._fill(k, index)
 
     def _npy_field(self, name: str) -> Any:
         """An ``.npy`` member's field: its dtype and shape from the first sample's header,
