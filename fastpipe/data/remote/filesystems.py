@@ -198,8 +198,18 @@ def _object_info(url: str, found: Mapping[str, Any]) -> ObjectInfo:
 def info(url: str, options: RemoteOptions, stop: threading.Event | None = None) -> ObjectInfo:
     """The size and ETag of the object ``url`` (retried; a missing one is FileNotFoundError)."""
     fs, path = filesystem(url, options)
-    found = attempt(lambda: _run(fs, "info", path, options=options, stop=stop), url,
-                    "asking for its size", options, stop)
+
+    def ask() -> Any:
+        return attempt(lambda: _run(fs, "info", path, options=options, stop=stop), url,
+                       "asking for its size", options, stop)
+
+    try:
+        found = ask()
+    except FileNotFoundError:
+        # The backend answers from a listing of the folder it cached earlier in this process
+        # (s3fs does), which may predate the object: asked again without it.
+        fs.invalidate_cache(path)
+        found = ask()
     if found.get("type") == "directory" or (  # an HTTP server's index page of a folder
             found.get("size") is None and str(found.get("url", "")).endswith("/")):
         raise IsADirectoryError(f"{redact(url)} is a folder, not an object")

@@ -331,3 +331,20 @@ def test_after_the_retries_the_error_names_the_object(objects, fault_proxy, cach
         assert not list(Path(cache.path_of("s3://gone/x.bin")).parent.glob("*" + PART))
     finally:
         server.stop()
+
+
+def test_an_object_put_after_its_folder_was_listed_is_found(moto_server):
+    """s3fs answers info() from a listing of the folder it cached earlier in the process: an
+    object uploaded since (a shard list put beside the shards) was 'does not exist' until the
+    process ended."""
+    from fastpipe.data.remote.filesystems import info, list_objects
+
+    client = moto_server.client()
+    client.create_bucket(Bucket="later")
+    client.put_object(Bucket="later", Key="train/a.tar", Body=b"a" * 10)
+    options = moto_server.options()
+    assert list(list_objects("s3://later/train/", options)) == ["s3://later/train/a.tar"]
+    client.put_object(Bucket="later", Key="train/b.json", Body=b"{}")
+    assert info("s3://later/train/b.json", options).size == 2
+    with pytest.raises(FileNotFoundError, match="later/train/c.json does not exist"):
+        info("s3://later/train/c.json", options)

@@ -101,6 +101,26 @@ def test_a_shard_list_builds_without_downloading_the_shards(request, served, sha
     assert source.describe(12).endswith("000001.tar:00012") and "://" in source.describe(12)
 
 
+def test_a_shard_list_written_from_remote_shards_names_them_by_file_name(
+        shards, moto_server, cache_dir, tmp_path):
+    """write_shard_list of shards in object storage (each downloaded once to count its
+    samples): the shards named by file name, so the list reads back from beside them."""
+    import json
+
+    options = moto_server.options(cache_dir=cache_dir)
+    out = write_shard_list("s3://shards/train/", tmp_path / "remote.json", remote=options)
+    doc = json.loads(out.read_text())
+    assert [(e["url"], e["nsamples"]) for e in doc["shardlist"]] == [
+        (f"{k:06d}.tar", 10) for k in range(3)]
+    assert [e["filesize"] for e in doc["shardlist"]] == [
+        (shards.folder / f"{k:06d}.tar").stat().st_size for k in range(3)]
+    moto_server.client().put_object(Bucket="shards", Key="train/remote.json",
+                                    Body=out.read_bytes())
+    source = TarSource("s3://shards/train/remote.json", remote=options)
+    assert source.names == [f"s3://shards/train/{k:06d}.tar" for k in range(3)]
+    assert len(source) == 30 and source.read(29)["txt"].tobytes() == b"sample 29"
+
+
 def test_a_remote_list_naming_local_paths_is_refused(shards, moto_server, cache_dir, tmp_path):
     """A list written away from its shards names them by their full local path; uploaded, it
     would read this machine's files (or none on another): refused, saying how to write it."""
