@@ -13,10 +13,31 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from fastpipe._compat import register_before_thread_join
-from fastpipe.data.remote.retry import cancelled_by
+
+_thread_stop = threading.local()
+
+
+@contextmanager
+def cancelled_by(stop: threading.Event) -> Iterator[None]:
+    """Inside, this thread's remote waits given no stop event of their own (a dataset's reads
+    in a loader's thread: requests, retries' waits, the cache's locks) end with
+    :class:`~fastpipe.data.remote.retry.Cancelled` once ``stop`` is set, within a poll interval."""
+    previous = getattr(_thread_stop, "event", None)
+    _thread_stop.event = stop
+    try:
+        yield
+    finally:
+        _thread_stop.event = previous
+
+
+def stop_of(stop: threading.Event | None) -> threading.Event | None:
+    """``stop``, or where it is None the event of an enclosing :func:`cancelled_by`."""
+    return stop if stop is not None else getattr(_thread_stop, "event", None)
+
 
 # How often a wait for a batch looks at ``stop``.
 _POLL_SECONDS = 0.1

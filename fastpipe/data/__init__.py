@@ -47,7 +47,7 @@ _EXPORTS = {
     "H5Dataset": "fastpipe.data.datasets.readers",
     "LMDBDataset": "fastpipe.data.datasets.readers",
     "TarDataset": "fastpipe.data.datasets.readers",
-    "write_shard_list": "fastpipe.data.sources.shardlist",
+    "write_shard_list": "fastpipe.data.sources.tar",
     "ParquetDataset": "fastpipe.data.datasets.readers",
     "RemoteError": "fastpipe.data.remote.retry",
     "RemoteOptions": "fastpipe.data.remote.options",

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastpipe._optional import require
+from fastpipe._threads import stop_of
 from fastpipe.data.remote.options import RemoteOptions
-from fastpipe.data.remote.retry import Cancelled, attempt, stop_of
+from fastpipe.data.remote.retry import Cancelled, attempt
 from fastpipe.data.remote.urls import protocol, redact
 
 __all__ = ["EXTRAS", "ObjectInfo", "children", "filesystem", "head", "info", "list_objects",

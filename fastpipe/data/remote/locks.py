@@ -16,7 +16,8 @@ import os
 import threading
 import time
 
-from fastpipe.data.remote.retry import Cancelled, stop_of
+from fastpipe._threads import stop_of
+from fastpipe.data.remote.retry import Cancelled
 
 __all__ = ["lock", "try_lock", "unlock"]
 

@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from fastpipe._compat import register_before_thread_join
-from fastpipe.data.remote.retry import Cancelled, stop_of
+from fastpipe._threads import stop_of
+from fastpipe.data.remote.retry import Cancelled
 
 __all__ = ["Prefetch"]
 

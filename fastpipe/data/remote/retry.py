@@ -9,14 +9,14 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import TypeVar
 
+from fastpipe._threads import stop_of
 from fastpipe.data.remote.options import RemoteOptions
 from fastpipe.data.remote.urls import redact
 
-__all__ = ["Cancelled", "RemoteError", "ShortResponse", "attempt", "cancelled_by", "clean",
-           "describe", "stop_of", "transient"]
+__all__ = ["Cancelled", "RemoteError", "ShortResponse", "attempt", "clean", "describe",
+           "transient"]
 
 T = TypeVar("T")
 # The longest wait between two attempts.
@@ -115,27 +115,6 @@ def describe(exc: BaseException, options: RemoteOptions) -> str:
     """``Type: message`` of an error, for a message: URLs in it redacted, credentials masked."""
     words = [redact(w) if "://" in w else w for w in str(exc).split(" ")]
     return clean(f"{type(exc).__name__}: {' '.join(words)}", options)
-
-
-_thread_stop = threading.local()
-
-
-@contextmanager
-def cancelled_by(stop: threading.Event) -> Iterator[None]:
-    """Inside, this thread's remote waits given no stop event of their own (a dataset's reads
-    in a loader's thread: requests, retries' waits, the cache's locks) end with
-    :class:`Cancelled` once ``stop`` is set, within a poll interval."""
-    previous = getattr(_thread_stop, "event", None)
-    _thread_stop.event = stop
-    try:
-        yield
-    finally:
-        _thread_stop.event = previous
-
-
-def stop_of(stop: threading.Event | None) -> threading.Event | None:
-    """``stop``, or where it is None the event of an enclosing :func:`cancelled_by`."""
-    return stop if stop is not None else getattr(_thread_stop, "event", None)
 
 
 def _wait(seconds: float, stop: threading.Event | None) -> None:

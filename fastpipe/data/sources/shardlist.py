@@ -2,9 +2,9 @@
 
 The format is webdataset's (``wids``): ``{"__kind__": "wids-shard-index-v1", "wids_version": 1,
 "shardlist": [{"url": "shard-000000.tar", "nsamples": 1000, "filesize": 81920000}, ...]}``, as
-``widsindex create`` and :func:`write_shard_list` write it. A shard's ``url`` is taken as given
-where it is a URL or an absolute path, else as a name in the folder of ``base_path`` (when the
-file gives one) or of the list itself: the list sits beside its shards.
+``widsindex create`` and :func:`~fastpipe.data.write_shard_list` write it. A shard's ``url`` is
+taken as given where it is a URL or an absolute path, else as a name in the folder of
+``base_path`` (when the file gives one) or of the list itself: the list sits beside its shards.
 
 With a list, :class:`~fastpipe.data.TarDataset` knows its length and where each shard's samples
 start without reading the shards: a shard is indexed when it is first read (a remote one when it
@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,7 @@ from fastpipe.data.format.layout import PackFormatError
 from fastpipe.data.remote.options import RemoteOptions
 from fastpipe.data.remote.urls import is_url, local_path_of, redact
 
-__all__ = ["KIND", "ShardList", "is_shard_list", "read_shard_list", "write_shard_list"]
+__all__ = ["KIND", "ShardList", "is_shard_list", "read_shard_list"]
 
 KIND = "wids-shard-index-v1"
 # A list is read whole; one of a million shards is about 100 MB.
@@ -114,37 +113,3 @@ def _join(folder: str, name: str) -> str:
     if is_url(folder):
         return posixpath.join(folder.rstrip("/") + "/", name)
     return os.path.join(folder, name)
-
-
-def write_shard_list(shards: str | os.PathLike | Sequence[str | os.PathLike],
-                     out: str | os.PathLike, remote: RemoteOptions | None = None) -> Path:
-    """Writes the shard list of ``shards`` (as :class:`~fastpipe.data.TarDataset` takes them:
-    a folder, a pattern, a list, local or URLs) to the local file ``out``, and returns its path.
-
-    Each shard is indexed to count its samples (a remote one downloaded once, into the cache
-    of ``remote``). Shards in the folder of ``out`` (or, for URLs, in one folder) are named by
-    their file name, so the list goes beside them: upload it next to remote shards; others by
-    their full path or URL. ``TarDataset(".../shards.json")`` then builds without reading the
-    shards."""
-    from fastpipe.data.sources.tar import TarSource
-
-    source = TarSource(shards, remote=remote)
-    out = Path(out)
-    if source.remote is not None:
-        urls = source.remote.urls
-        folders = {u.rsplit("/", 1)[0] for u in urls}
-        names = [u.rsplit("/", 1)[1] if len(folders) == 1 else u for u in urls]
-        sizes = [info.size for info in source.remote.infos]
-    else:
-        here = out.resolve().parent
-        paths = [s.resolve() for s in source.shards]
-        names = [p.name if p.parent == here else str(p) for p in paths]
-        sizes = [p.stat().st_size for p in paths]
-    doc = {"__kind__": KIND, "wids_version": 1, "name": out.stem,
-           "shardlist": [{"url": name, "nsamples": int(count), "filesize": int(size)}
-                         for name, count, size in zip(names, source.shard_sizes(), sizes,
-                                                      strict=True)]}
-    tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, out)
-    return out

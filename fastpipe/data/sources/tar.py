@@ -21,6 +21,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import io
+import json
 import os
 import tarfile
 import threading
@@ -47,9 +48,11 @@ from fastpipe.data.sources._engine import (
     ShortRead,
     read_pieces,
 )
+from fastpipe.data.sources.shardlist import KIND as SHARD_LIST_KIND
 from fastpipe.data.sources.shardlist import ShardList, is_shard_list, read_shard_list
 
-__all__ = ["INDEX_SUFFIX", "TarSource", "index_folder", "list_shards", "shard_index"]
+__all__ = ["INDEX_SUFFIX", "TarSource", "index_folder", "list_shards", "shard_index",
+           "write_shard_list"]
 
 INDEX_SUFFIX = ".fastpipe-index.npz"
 INDEX_VERSION = 2  # 2: every header chain tarfile reads, with its CRC-32 (1 is rescanned)
@@ -699,6 +702,38 @@ class TarSource(Source):
 
     def fingerprint(self) -> str:
         return hashlib.sha256(str(self.meta["plan"]).encode()).hexdigest()[:16]
+
+
+def write_shard_list(shards: str | os.PathLike | Sequence[str | os.PathLike],
+                     out: str | os.PathLike, remote: RemoteOptions | None = None) -> Path:
+    """Writes the shard list of ``shards`` (as :class:`~fastpipe.data.TarDataset` takes them:
+    a folder, a pattern, a list, local or URLs) to the local file ``out``, and returns its path.
+
+    Each shard is indexed to count its samples (a remote one downloaded once, into the cache
+    of ``remote``). Shards in the folder of ``out`` (or, for URLs, in one folder) are named by
+    their file name, so the list goes beside them: upload it next to remote shards; others by
+    their full path or URL. ``TarDataset(".../shards.json")`` then builds without reading the
+    shards."""
+    source = TarSource(shards, remote=remote)
+    out = Path(out)
+    if source.remote is not None:
+        urls = source.remote.urls
+        folders = {u.rsplit("/", 1)[0] for u in urls}
+        names = [u.rsplit("/", 1)[1] if len(folders) == 1 else u for u in urls]
+        sizes = [info.size for info in source.remote.infos]
+    else:
+        here = out.resolve().parent
+        paths = [s.resolve() for s in source.shards]
+        names = [p.name if p.parent == here else str(p) for p in paths]
+        sizes = [p.stat().st_size for p in paths]
+    doc = {"__kind__": SHARD_LIST_KIND, "wids_version": 1, "name": out.stem,
+           "shardlist": [{"url": name, "nsamples": int(count), "filesize": int(size)}
+                         for name, count, size in zip(names, source.shard_sizes(), sizes,
+                                                      strict=True)]}
+    tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, out)
+    return out
 
 
 _NPY_MAGIC = b"\x93NUMPY"
