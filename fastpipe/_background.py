@@ -142,8 +142,19 @@ def _signal_stop(items: queue.SimpleQueue, slots: queue.SimpleQueue,
 def interrupted() -> bool:
     """Whether a KeyboardInterrupt is unwinding through the caller (a ``finally`` or ``except``
     on its way): closing then only signals threads to stop, and does not wait for the item they
-    are fetching (a slow batch, or one from worker processes the same Ctrl-C killed)."""
-    return isinstance(sys.exc_info()[1], KeyboardInterrupt)
+    are fetching (a slow batch, or one from worker processes the same Ctrl-C killed).
+
+    The exception being handled may be another one raised while the interrupt unwinds: a
+    GeneratorExit when the unwinding closes a generator that consumes the iterator (a loop's
+    ``for batch in loader: yield batch``), an error of a cleanup step; the interrupt is then in
+    its context chain."""
+    error, seen = sys.exc_info()[1], set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        seen.add(id(error))
+        error = error.__context__
+    return False
 
 
 def _shutdown(thread: threading.Thread, items: queue.SimpleQueue, slots: queue.SimpleQueue,

@@ -194,6 +194,47 @@ def test_garbage_collection_does_not_wait_out_the_item_being_fetched():
     assert not thread.is_alive()
 
 
+def test_a_close_while_ctrl_c_closes_the_consuming_generator_does_not_wait_out_the_item():
+    # A Ctrl-C unwinding through a loop closes the generator that consumes the iterator
+    # (fastpipe profile's epochs()): inside it, the exception being handled is GeneratorExit,
+    # with the KeyboardInterrupt as its context. close() there must only signal the producer, as
+    # under the KeyboardInterrupt itself: the producer may be waiting on DataLoader workers the
+    # same Ctrl-C ended (5 s, torch's check), and the command must end within 2 s.
+    release, fetching = threading.Event(), threading.Event()
+
+    def source():
+        yield 0
+        fetching.set()
+        release.wait(30)
+        yield 1
+
+    it = BackgroundIterator(source(), prefetch_depth=1)
+
+    def consume():
+        try:
+            # Not `yield from`: it would close the iterator itself, under the KeyboardInterrupt.
+            for item in it:  # noqa: UP028
+                yield item
+        finally:
+            it.close()
+
+    batches = consume()
+    assert next(batches) == 0
+    assert fetching.wait(5)
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            try:
+                raise KeyboardInterrupt
+            finally:
+                batches.close()
+        assert time.monotonic() - started < 2.0, "close() waited for the item being fetched"
+    finally:
+        release.set()
+    it.thread.join(5)
+    assert not it.thread.is_alive()
+
+
 @pytest.mark.usefixtures("sigint_default")
 def test_a_worker_forked_while_ctrl_c_is_held_ends_quietly_on_ctrl_c():
     """A terminal's Ctrl-C reaches the DataLoader workers too. One that gets it before torch's
