@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ import numpy as np
 
 from fastpipe.data.format.layout import PackFormatError
 from fastpipe.data.remote.options import RemoteOptions
-from fastpipe.data.remote.urls import is_url, local_path_of, redact
+from fastpipe.data.remote.urls import is_url, join, local_path_of, parent, redact
 
 __all__ = ["KIND", "ShardList", "is_shard_list", "read_shard_list"]
 
@@ -59,7 +58,7 @@ def read_shard_list(spec: str | os.PathLike, options: RemoteOptions | None = Non
         from fastpipe.data.remote.filesystems import head
 
         raw = head(text, _MAX_BYTES + 1, RemoteOptions.of(options))
-        folder = text.rsplit("/", 1)[0]
+        folder = parent(text)
     else:
         path = Path(local_path_of(text))
         with open(path, "rb") as f:
@@ -110,6 +109,4 @@ def _join(folder: str, name: str) -> str:
     """``name`` as a shard of ``folder``: itself where it is a URL or an absolute path."""
     if is_url(name) or os.path.isabs(name):
         return name
-    if is_url(folder):
-        return posixpath.join(folder.rstrip("/") + "/", name)
-    return os.path.join(folder, name)
+    return join(folder, name) if is_url(folder) else os.path.join(folder, name)

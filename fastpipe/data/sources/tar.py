@@ -490,13 +490,13 @@ class TarSource(Source):
             self.where = str(shards) if isinstance(shards, (str, os.PathLike)) else str(
                 self.shards[0])
         if listed is not None:
-            self._listed: tuple[str, np.ndarray] | None = (listed.where, listed.counts)
+            self._list_name = listed.where  # the shard list, as messages name it
             self._check_sizes(listed)
             counts = listed.counts
             first = int(np.argmax(counts > 0)) if counts.any() else 0
             indexes = {first: self._index_of([first])[0]}
         else:
-            self._listed = None
+            self._list_name = ""
             everything = (_remote_indexes(self.remote) if self.remote is not None
                           else [shard_index(s, remote) for s in self.shards])
             indexes = dict(enumerate(everything))
@@ -558,9 +558,8 @@ class TarSource(Source):
         shard, first = self.names[k], int(self._starts[k])
         n = len(index["keys"])
         if n != self._starts[k + 1] - first:
-            where, _ = self._listed or ("", None)
             raise PackFormatError(
-                f"{shard} holds {n} samples where the shard list {where} says "
+                f"{shard} holds {n} samples where the shard list {self._list_name} says "
                 f"{int(self._starts[k + 1] - first)}: the shard changed after the list was "
                 "written; write the list again (fastpipe.data.write_shard_list)")
         for name in self._offsets:

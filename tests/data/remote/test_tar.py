@@ -131,6 +131,27 @@ def test_a_remote_list_naming_local_paths_is_refused(shards, moto_server, cache_
         TarSource("s3://shards/lists/away.json", remote=moto_server.options(cache_dir=cache_dir))
 
 
+@pytest.mark.parametrize("how", ["url", "base_path"])
+def test_a_remote_list_in_another_folder_names_its_shards_relative_to_itself(
+        how, shards, moto_server, cache_dir, tmp_path):
+    """A list in s3://shards/lists/ naming ``../train/000000.tar`` (or with ``base_path``
+    ``../train/``) reads s3://shards/train/000000.tar, as a relative path would locally."""
+    import json
+
+    doc = json.loads(write_shard_list(shards.folder, tmp_path / "l.json").read_text())
+    for entry in doc["shardlist"]:
+        name = os.path.basename(entry["url"])
+        entry["url"] = f"../train/{name}" if how == "url" else name
+    if how == "base_path":
+        doc["base_path"] = "../train/"
+    moto_server.client().put_object(Bucket="shards", Key="lists/rel.json",
+                                    Body=json.dumps(doc).encode())
+    source = TarSource("s3://shards/lists/rel.json", remote=moto_server.options(
+        cache_dir=cache_dir))
+    assert source.names == [f"s3://shards/train/{k:06d}.tar" for k in range(3)]
+    assert source.read(29)["txt"].tobytes() == b"sample 29"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("workers", ["spawn", "thread"])
 def test_a_shard_list_through_dataloaderx_workers_as_local(request, served, shards, tmp_path,
@@ -138,14 +159,29 @@ def test_a_shard_list_through_dataloaderx_workers_as_local(request, served, shar
     """Workers index the shards they read themselves (spawned ones get the source as built:
     one shard indexed); the epoch is the local shards' (a partial last batch included)."""
     listed_url = _beside_the_shards(request, served, shards, tmp_path)
-    _, options, _ = served
+    got, want = _remote_and_local_epochs(listed_url, served, shards, workers)
+    assert got == want
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workers", ["fork", "spawn", "thread"])
+def test_through_dataloaderx_workers_every_sample_once_as_local(served, shards, workers):
+    got, want = _remote_and_local_epochs(served[0], served, shards, workers)
+    assert got == want  # the same samples, pixels and order as the local shards
+    assert sorted(t for _, _, t in got) == sorted(f"sample {k}" for k in range(30))
+
+
+def _remote_and_local_epochs(url, served, shards, workers):
+    """One epoch of ``url`` through DataLoaderX with two ``workers`` (a start method, or
+    "thread"), and one of the local shards in the main process; 30 samples in batches of 8: a
+    partial last batch of 6."""
     recipe = Recipe(train=False, size=16)
     options_kw = ({"worker_method": "thread"} if workers == "thread" else
                   {"multiprocessing_context": workers})
-    remote = TarDataset(listed_url, fields=FIELDS, recipe=recipe, remote=options)
+    remote = TarDataset(url, fields=FIELDS, recipe=recipe, remote=served[1])
     local = TarDataset(shards.folder, fields=FIELDS, recipe=recipe)
-    got = _epoch(DataLoaderX(remote, batch_size=8, num_workers=2, **options_kw))
-    assert got == _epoch(DataLoaderX(local, batch_size=8, num_workers=0))
+    return (_epoch(DataLoaderX(remote, batch_size=8, num_workers=2, **options_kw)),
+            _epoch(DataLoaderX(local, batch_size=8, num_workers=0)))
 
 
 def _epoch(loader) -> list[tuple[str, int, str]]:
@@ -155,23 +191,6 @@ def _epoch(loader) -> list[tuple[str, int, str]]:
             seen.append((hashlib.sha256(images[k].numpy().tobytes()).hexdigest(),
                          int(labels[k]), texts[k]))
     return seen
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("workers", ["fork", "spawn", "thread"])
-def test_through_dataloaderx_workers_every_sample_once_as_local(served, shards, workers):
-    url, options, _ = served
-    recipe = Recipe(train=False, size=16)
-    options_kw = ({"worker_method": "thread"} if workers == "thread" else
-                  {"multiprocessing_context": workers})
-    remote = TarDataset(url, fields=FIELDS, recipe=recipe, remote=options)
-    local = TarDataset(shards.folder, fields=FIELDS, recipe=recipe)
-    # 30 samples in batches of 8: a partial last batch of 6
-    loader = DataLoaderX(remote, batch_size=8, num_workers=2, **options_kw)
-    got = _epoch(loader)
-    want = _epoch(DataLoaderX(local, batch_size=8, num_workers=0))
-    assert got == want  # the same samples, pixels and order as the local shards
-    assert sorted(t for _, _, t in got) == sorted(f"sample {k}" for k in range(30))
 
 
 @pytest.mark.slow
