@@ -599,7 +599,6 @@ class TarSource(Source):
         variable along the first axis."""
         if not self.count:
             return F.ArrayField("uint8", (None,))
-        self.schema = Schema({name: F.BytesField()})
         raw = self._read_members(np.array([0], np.int64), name)[0]
         array = _npy(raw, f"the {name!r} member of {self.describe(0)}")
         return F.ArrayField(array.dtype.name, (None, *array.shape[1:]) if array.ndim else ())
