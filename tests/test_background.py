@@ -158,10 +158,9 @@ def test_workers_forked_after_an_earlier_loader_exit_cleanly(sample_root):
     assert "exited unexpectedly" not in done.stderr
 
 
-def test_garbage_collection_does_not_wait_out_the_item_being_fetched():
-    # A consumer dropped while its producer waits on a slow item (a DataLoader polling workers a
-    # Ctrl-C killed: 5 s) must not block the thread that drops it; the producer is told to stop
-    # and ends after that item. close() itself still waits for it (the contract's 'stoppable').
+def _inside_its_second_item() -> tuple[BackgroundIterator, threading.Event]:
+    """An iterator whose producer has queued the first item and is inside the second, until the
+    event returned is set."""
     release, fetching = threading.Event(), threading.Event()
 
     def source():
@@ -171,9 +170,17 @@ def test_garbage_collection_does_not_wait_out_the_item_being_fetched():
         yield 1
 
     it = BackgroundIterator(source(), prefetch_depth=1)
+    assert fetching.wait(5)
+    return it, release
+
+
+def test_garbage_collection_does_not_wait_out_the_item_being_fetched():
+    # A consumer dropped while its producer waits on a slow item (a DataLoader polling workers a
+    # Ctrl-C killed: 5 s) must not block the thread that drops it; the producer is told to stop
+    # and ends after that item. close() itself still waits for it (the contract's 'stoppable').
+    it, release = _inside_its_second_item()
     thread = it._thread
     assert next(it) == 0
-    assert fetching.wait(5)
     dropped = threading.Event()
 
     def drop():
@@ -200,16 +207,6 @@ def test_a_close_while_ctrl_c_closes_the_consuming_generator_does_not_wait_out_t
     # with the KeyboardInterrupt as its context. close() there must only signal the producer, as
     # under the KeyboardInterrupt itself: the producer may be waiting on DataLoader workers the
     # same Ctrl-C ended (5 s, torch's check), and the command must end within 2 s.
-    release, fetching = threading.Event(), threading.Event()
-
-    def source():
-        yield 0
-        fetching.set()
-        release.wait(30)
-        yield 1
-
-    it = BackgroundIterator(source(), prefetch_depth=1)
-
     def consume():
         try:
             # Not `yield from`: it would close the iterator itself, under the KeyboardInterrupt.
@@ -218,9 +215,9 @@ def test_a_close_while_ctrl_c_closes_the_consuming_generator_does_not_wait_out_t
         finally:
             it.close()
 
+    it, release = _inside_its_second_item()
     batches = consume()
     assert next(batches) == 0
-    assert fetching.wait(5)
     started = time.monotonic()
     try:
         with pytest.raises(KeyboardInterrupt):
