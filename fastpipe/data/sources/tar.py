@@ -40,7 +40,7 @@ from fastpipe.data.remote import locks
 from fastpipe.data.remote.cache import add_unpin_hook
 from fastpipe.data.remote.files import RemoteFiles, in_threads, is_remote
 from fastpipe.data.remote.options import RemoteOptions
-from fastpipe.data.remote.urls import entry_key, redact
+from fastpipe.data.remote.urls import entry_key, parent, redact
 from fastpipe.data.sources._base import Schema, Source
 from fastpipe.data.sources._engine import (
     FilePool,
@@ -716,7 +716,7 @@ def write_shard_list(shards: str | os.PathLike | Sequence[str | os.PathLike],
     out = Path(out)
     if source.remote is not None:
         urls = source.remote.urls
-        folders = {u.rsplit("/", 1)[0] for u in urls}
+        folders = {parent(u) for u in urls}
         names = [u.rsplit("/", 1)[1] if len(folders) == 1 else u for u in urls]
         sizes = [info.size for info in source.remote.infos]
     else:
