@@ -67,17 +67,24 @@ def test_building_the_indexes_shows_its_progress_the_first_time_on_a_node(
     TarSource(shards.s3, remote=options)
     assert capsys.readouterr().err == ""
 
+
+def _list_beside(shards, tmp_path) -> bytes:
+    """The shard list of the local shards, written beside them (so it names them by file name)
+    and moved out of their folder; its bytes."""
+    listed = tmp_path / "shards.json"
+    os.replace(write_shard_list(shards.folder, shards.folder / "shards.json"), listed)
+    return listed.read_bytes()
+
+
 def _beside_the_shards(request, served, shards, tmp_path) -> str:
     """The URL of a shard list uploaded beside the served shards."""
     url, _, _ = served
-    listed = tmp_path / "shards.json"  # written beside the shards: named by file name
-    os.replace(write_shard_list(shards.folder, shards.folder / "shards.json"), listed)
     if url.startswith("s3://"):
         request.getfixturevalue("moto_server").client().put_object(
-            Bucket="shards", Key="train/shards.json", Body=listed.read_bytes())
+            Bucket="shards", Key="train/shards.json", Body=_list_beside(shards, tmp_path))
     else:
         (request.getfixturevalue("nginx_root") / "train" / "shards.json").write_bytes(
-            listed.read_bytes())
+            _list_beside(shards, tmp_path))
     return url + "shards.json"
 
 
@@ -254,10 +261,8 @@ def test_ctrl_c_ends_loader_threads_waiting_on_a_download_within_a_second(
     proxy = fault_proxy(moto_server.endpoint)
     url = shards.s3
     if listed:
-        os.replace(write_shard_list(shards.folder, shards.folder / "shards.json"),
-                   tmp_path / "shards.json")
         moto_server.client().put_object(Bucket="shards", Key="train/shards.json",
-                                        Body=(tmp_path / "shards.json").read_bytes())
+                                        Body=_list_beside(shards, tmp_path))
         url += "shards.json"
     dataset = TarDataset(url, fields=FIELDS, recipe=Recipe(train=False, size=16),
                          remote=moto_server.options(proxy.url, cache_dir=cache_dir))
