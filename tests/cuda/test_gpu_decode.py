@@ -8,8 +8,10 @@ path on the same samples. None of this has run on a GPU yet (docs/gpu.md, "GPU d
   same samples: every crop box and flip the CPU path's (the plans handed over equal the CPU
   decoder's), pixels within the decoder tolerance (nvJPEG or the hardware engine against
   libjpeg-turbo: a mean absolute difference of at most 2.0 levels per image, at most 1% of
-  pixels off by more than 24), and some difference (identical pixels mean nothing decoded on the
-  GPU); nothing fell back to the CPU. The failure message prints the measured differences.
+  pixels off by more than 24); nothing fell back to the CPU. Identical pixels are no sign of a
+  CPU decode here (nvImageCodec is opened without a CPU backend, tests/gpu_decode/test_backends;
+  the H200's train-mode decode equals libjpeg-turbo's bit for bit): the decoder's own count is
+  the proof. The report line prints the measured differences.
 - Every test that decodes asserts that every image was decoded on the GPU (gpu_decode_stats: none
   on the CPU), so a decode that fell back to the CPU without a word fails it, also where the
   pixels are compared with another GPU decode's (resume, DDP shards) and not with the CPU path's.
@@ -59,8 +61,8 @@ def nvimgcodec():
 
 
 def compare_decodes(gpu_images: torch.Tensor, cpu_images: torch.Tensor) -> str:
-    """GPU decode against the CPU path: within the decoder tolerance and not identical. Returns
-    the report line; raises AssertionError with it."""
+    """GPU decode against the CPU path: within the decoder tolerance. Returns the report line;
+    raises AssertionError with it."""
     assert gpu_images.shape == cpu_images.shape and gpu_images.dtype == torch.uint8
     diff = (gpu_images.int() - cpu_images.int()).abs().float()
     per_image = diff.flatten(1).mean(1)
@@ -72,7 +74,6 @@ def compare_decodes(gpu_images: torch.Tensor, cpu_images: torch.Tensor) -> str:
     print(report)
     assert per_image.max() <= MEAN_ABS_LIMIT, report
     assert far.max() <= FAR_SHARE, report
-    assert per_image.max() > 0, f"identical pixels: nothing was decoded on the GPU. {report}"
     return report
 
 

@@ -60,7 +60,7 @@ def batch(dtype: torch.dtype, layout: str, shape=(5, 3, 19, 23), seed: int = 0) 
     return dense.transpose(2, 3).contiguous().transpose(2, 3)
 
 
-_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def same(gpu: torch.Tensor, cpu: torch.Tensor) -> None:
@@ -175,6 +175,10 @@ def test_ops_run_on_the_current_stream_not_the_default_one(op):
     expected = function(x.clone(), torch.Generator().manual_seed(3))
     source = x.pin_memory()
     side = torch.cuda.Stream()
+    # A first call blocks the host until the device is idle, whatever the stream: the kernel's
+    # module loads (CUDA's lazy loading) and the output's memory is allocated (cudaMalloc).
+    with torch.cuda.stream(side):
+        function(source.cuda(), torch.Generator().manual_seed(3))
     torch.cuda.synchronize()
     with torch.cuda.stream(side):
         x_gpu = torch.empty_like(source, device="cuda")
