@@ -93,16 +93,20 @@ def streams_for(device: torch.device) -> CudaStreams | None:
 
 def copy_on_side(
     streams: CudaStreams, side: Any, device: torch.device, batch: Any,
-    prepare: Callable[[Any, torch.device], Any],
+    prepare: Callable[[Any, torch.device], Any], writer: Any = None,
 ) -> tuple[Any, Any]:
     """``prepare(batch, device)`` (the copy, and the work after it) queued on the ``side`` stream,
-    and the event recorded on it right after."""
+    and the event recorded on it right after. ``writer``: the stream that wrote the batch's GPU
+    tensors (default: the current stream; a thread other than the consumer's names the
+    consumer's, as the current stream is a thread's own)."""
     # Tensors already on the GPU were written on the stream current when they arrived (DALI's,
     # or a loader's own copy): the side stream waits for it before reading them, and they are
     # recorded on it so their memory is not reused while it reads.
     inputs = [tensor for tensor in tensors(_without_encoded(batch)) if streams.on_device(tensor)]
     if inputs:
-        streams.wait_event(side, streams.record_event(streams.current_stream(device)))
+        if writer is None:
+            writer = streams.current_stream(device)
+        streams.wait_event(side, streams.record_event(writer))
     with streams.use(side):
         for tensor in inputs:
             streams.record_stream(tensor, side)

@@ -13,6 +13,7 @@ import warnings
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import chain
 from typing import Any
 
 import torch
@@ -289,7 +290,7 @@ class DataPrefetcher(LoaderAttributes):
 
     def _ahead_epoch(self, tracked: AccelerateTracking | None) -> Iterator[Any]:
         """Reads ``prefetch_depth`` batches ahead in the consumer's thread (CUDA streams, or
-        accelerate's loaders)."""
+        accelerate's loaders); GPU decode's batches in a thread of their own."""
         streams = self._streams
         device, side = self.device, None
         if streams is not None:
@@ -297,7 +298,22 @@ class DataPrefetcher(LoaderAttributes):
             side = self._side_streams.get(device)
             if side is None:
                 side = self._side_streams[device] = streams.new_stream(device)
-        source = iter(self._handed_out.read())
+        source = loader_batches = iter(self._handed_out.read())
+        if streams is not None and tracked is None:
+            # The first batch is read here, in the consumer's thread, where the loader's workers
+            # start (they are forked from it).
+            try:
+                first = _first(loader_batches)
+            except BaseException:
+                _close(loader_batches)
+                raise
+            decoding = first is not _NOTHING and bool(encoded_paths(first))
+            # Not held here for the epoch: the batch (and its bytes) goes when it has been used.
+            source = chain(iter([first]), loader_batches) if first is not _NOTHING else iter(())
+            del first
+            if decoding:
+                yield from self._decoding_ahead(source, loader_batches, streams, device, side)
+                return
         ready: deque[tuple[Any, Any]] = deque()  # (batch on the device, event after its copy)
         failed: list[BaseException] = []
         exhausted: list[bool] = []
@@ -363,9 +379,53 @@ class DataPrefetcher(LoaderAttributes):
                 streams.synchronize(encoded.popleft()[0])
             if tracked is not None:
                 tracked.close()
-            close = getattr(source, "close", None)
-            if callable(close):
-                close()
+            _close(loader_batches)
+
+    def _decoding_ahead(self, batches: Iterator[Any], loader_batches: Iterator[Any],
+                        streams: Any, device: torch.device, side: Any) -> Iterator[Any]:
+        """GPU decode's epoch on CUDA: each batch decoded and prepared on the side stream by a
+        thread of its own, ``prefetch_depth`` ahead, and handed over as in :meth:`_ahead_epoch`.
+        nvImageCodec's decode call returns only once its batch is decoded: in the consumer's
+        thread it would hold the next step back, and a loop that waits for each step (GradScaler
+        does) would leave the GPU idle while the next batch decodes."""
+        writer = streams.current_stream(device)  # the stream that wrote GPU tensors of a batch
+        # The encoded images of the batches decoded (handed over or waiting), with the event
+        # after each: the decoder may still read their bytes (host memory) after its call
+        # returned. The thread appends, this one lets go of those whose event has passed.
+        encoded: deque[tuple[Any, list[Any]]] = deque()
+
+        def prepared() -> Iterator[tuple[Any, Any]]:
+            try:
+                for batch in batches:
+                    images = [get_at(batch, path) for path in encoded_paths(batch)]
+                    try:
+                        ready, copied = copy_on_side(streams, side, device, batch, self._prepare,
+                                                     writer)
+                    except BaseException:
+                        # The decode may have queued work that reads the bytes before it failed.
+                        streams.synchronize(streams.record_event(side))
+                        raise
+                    encoded.append((copied, images))
+                    del batch, images
+                    yield ready, copied
+            finally:
+                _close(loader_batches)
+
+        background = BackgroundIterator(prepared(), prefetch_depth=self.prefetch_depth,
+                                        name="fastpipe-DataPrefetcher-decode")
+        try:
+            for batch, copied in background:
+                while encoded and streams.query(encoded[0][0]):
+                    encoded.popleft()
+                if batch is _NOTHING:  # every sample of it left out by the GPU decode
+                    continue
+                hand_to_current(streams, device, batch, copied)
+                yield batch
+            self._end_of_decode_epoch()
+        finally:
+            background.close()
+            while encoded:
+                streams.synchronize(encoded.popleft()[0])
 
     def _prepared_epoch(self, batches: Iterator[Any]) -> Iterator[Any]:
         """The epoch's batches prepared on the device (the CPU path's background thread), those
@@ -670,6 +730,21 @@ class DataPrefetcher(LoaderAttributes):
         self._restored_decode_skips = SkipRecord.from_state(skipped) if skipped else None
         self._close_epoch()
         self._handed_out = None
+
+
+def _first(batches: Iterator[Any]) -> Any:
+    """The first item of ``batches``, or :data:`_NOTHING` when there is none."""
+    try:
+        return next(batches)
+    except StopIteration:
+        return _NOTHING
+
+
+def _close(batches: Iterator[Any]) -> None:
+    """Closes the loader's iterator where it can be closed (its workers shut down)."""
+    close = getattr(batches, "close", None)
+    if callable(close):
+        close()
 
 
 def _pinned(values: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import threading
 
 import pytest
 import torch
@@ -77,12 +78,20 @@ class RecordingStreams:
     def __init__(self) -> None:
         self.log: list[tuple] = []
         self.created = 0
-        self.active = "default"
+        self._local = threading.local()  # the current stream is a thread's own, as in torch
         self.current_device = 0  # what torch.cuda.set_device would change
         self.on_gpu: set[int] = set()  # ids of tensors that stand for tensors on the GPU
         self._device_tensors: list[torch.Tensor] = []  # kept alive, so their ids stay theirs
         self.copied: list[torch.Tensor] = []  # every tensor to_device copied, in order
         self.recorded: list[tuple[torch.Tensor, object]] = []  # (tensor, stream) of record_stream
+
+    @property
+    def active(self):
+        return getattr(self._local, "stream", "default")
+
+    @active.setter
+    def active(self, stream) -> None:
+        self._local.stream = stream
 
     def mark_on_gpu(self, tensor: torch.Tensor) -> None:
         self.on_gpu.add(id(tensor))
