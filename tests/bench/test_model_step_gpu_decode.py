@@ -1,5 +1,5 @@
 """The GPU decode rows of `fastpipe bench --device cuda` (fastpipe/bench/model_step.py), wired
-and refused on the CPU: they have never run on a GPU here."""
+and refused on the CPU (they have run on an H200: docs/gpu.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """cuda lane: GPU decode in DataPrefetcher (datasets built with decode="gpu"), against the CPU
-path on the same samples. None of this has run on a GPU yet (docs/gpu.md, "GPU decode").
+path on the same samples. Run on an H200, decoding in the training thread (docs/gpu.md, "What
+ran on a GPU"); the decode in a thread of its own has not run on a GPU yet.
 
 - fastpipe.ops.resize_crops on the GPU equals its CPU kernel (and so fastpipe._resize) bit for
   bit, on a side stream after queued work.
