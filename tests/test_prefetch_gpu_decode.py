@@ -566,7 +566,8 @@ def _pending_streams(mixed_root, monkeypatch):
     return streams, gpu
 
 
-def test_an_epoch_that_ends_waits_for_the_events_of_the_bytes_it_holds(mixed_root, monkeypatch):
+def test_an_epoch_that_ends_waits_for_the_events_of_the_bytes_it_holds(mixed_root, monkeypatch,
+                                                                       no_thread_leak):
     streams, gpu = _pending_streams(mixed_root, monkeypatch)
     epoch = iter(DataPrefetcher(_loader(gpu), device="cpu", prefetch_depth=2))
     next(epoch)
