@@ -193,8 +193,10 @@ class GpuDecoder:
                                  decoded: list[int]) -> None:
         """A batch of JPEGs none of which the GPU decoded: nvImageCodec without nvJPEG decodes
         nothing on the GPU, and every image would go to the CPU without a word."""
+        if self._warned_all_fell_back or len(decoded) == len(on_gpu):
+            return  # warned already, or nothing fell back: no need to look at the bytes
         jpegs = [i for i in on_gpu if bytes(batch.bytes_of(i)[:2]) == b"\xff\xd8"]
-        if self._warned_all_fell_back or len(jpegs) < 2 or any(i in decoded for i in jpegs):
+        if len(jpegs) < 2 or any(i in decoded for i in jpegs):
             return
         self._warned_all_fell_back = True
         warnings.warn(
