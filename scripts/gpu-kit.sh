@@ -8,7 +8,8 @@
 # is there (.gpu/whl/*.whl, .gpu/deb/*.deb: the small wheels such machines lack, libjpeg-turbo's
 # headers), it is installed into /tmp/fp-site and /tmp/fp-jpeg first, without network; so are
 # nvImageCodec and nvJPEG from .gpu-nvimg/*.whl (the same script bundles them there), which GPU
-# decode (decode="gpu") needs.
+# decode (decode="gpu") needs. KIT_BUNDLE names the folder that holds .gpu and .gpu-nvimg
+# (default: the repository root, where prepare.sh writes them).
 #
 # RESULTS_DIR (default gpu-results) receives two files, rewritten after every step, so that a run
 # cut short still returns what it did: summary.txt (one line per step: ok, failed (exit code),
@@ -137,25 +138,26 @@ no_gpu() { note "$1: no GPU (torch sees no CUDA device): not run"; pack; }
 skipped() { note "$1: skipped ($2)"; pack; }
 
 # The offline bundle, when prepare.sh made one.
-if ls .gpu/whl/*.whl > /dev/null 2>&1; then
+bundle=${KIT_BUNDLE:-.}
+if ls "$bundle"/.gpu/whl/*.whl > /dev/null 2>&1; then
   mkdir -p /tmp/fp-site
   step bundle 120 bundle.log "$py" -m pip install -q --no-index --no-deps --no-compile \
-    --target /tmp/fp-site .gpu/whl/*.whl
+    --target /tmp/fp-site "$bundle"/.gpu/whl/*.whl
   export PYTHONPATH=/tmp/fp-site${PYTHONPATH:+:$PYTHONPATH}
 else
-  skipped bundle "no offline bundle (.gpu/whl) here"
+  skipped bundle "no offline bundle ($bundle/.gpu/whl)"
 fi
 # nvImageCodec and nvJPEG for GPU decode, when the bundle has them (part of the bundle step's log).
-if ls .gpu-nvimg/*.whl > /dev/null 2>&1; then
+if ls "$bundle"/.gpu-nvimg/*.whl > /dev/null 2>&1; then
   mkdir -p /tmp/fp-site
   "$py" -m pip install -q --no-index --no-deps --no-compile --target /tmp/fp-site \
-    .gpu-nvimg/*.whl >> "$logs/bundle.log" 2>&1 || echo "nvImageCodec bundle: install failed" \
+    "$bundle"/.gpu-nvimg/*.whl >> "$logs/bundle.log" 2>&1 || echo "nvImageCodec bundle: install failed" \
     >> "$logs/bundle.log"
   [[ ":${PYTHONPATH:-}:" == *":/tmp/fp-site:"* ]] || export PYTHONPATH=/tmp/fp-site${PYTHONPATH:+:$PYTHONPATH}
 fi
-if ls .gpu/deb/*.deb > /dev/null 2>&1; then
+if ls "$bundle"/.gpu/deb/*.deb > /dev/null 2>&1; then
   mkdir -p /tmp/fp-jpeg
-  for deb in .gpu/deb/*.deb; do dpkg -x "$deb" /tmp/fp-jpeg; done
+  for deb in "$bundle"/.gpu/deb/*.deb; do dpkg -x "$deb" /tmp/fp-jpeg; done
   lib=$(dirname "$(find /tmp/fp-jpeg -name 'libjpeg.so*' | head -1)")
   [[ ! -e $lib/libjpeg.so ]] && ln -s "$(ls "$lib"/libjpeg.so.* | head -1)" "$lib/libjpeg.so"
   export CFLAGS="-I/tmp/fp-jpeg/usr/include -I/tmp/fp-jpeg/usr/include/x86_64-linux-gnu ${CFLAGS:-}"

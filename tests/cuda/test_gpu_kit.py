@@ -29,7 +29,10 @@ def cpu_only():
 
 
 def _kit(out: Path, *options: str, timeout: float, **env: str) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "PYTHON": sys.executable, **env}
+    # No offline bundle: a checkout may hold prepare.sh's, made for the GPU machine's Python.
+    empty = out.parent / "no-bundle"
+    empty.mkdir(exist_ok=True)
+    environment = {**os.environ, "PYTHON": sys.executable, "KIT_BUNDLE": str(empty), **env}
     environment.pop("FASTPIPE_REQUIRE_CUDA", None)
     return subprocess.run(["bash", str(KIT), str(out), *options], cwd=ROOT, env=environment,
                           capture_output=True, text=True, timeout=timeout)
