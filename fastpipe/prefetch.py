@@ -256,9 +256,7 @@ class DataPrefetcher(LoaderAttributes):
         decoders, self._decoders = self._decoders, {}
         for decoder in decoders.values():
             decoder.close()
-        close = getattr(self.loader, "close", None)
-        if callable(close):
-            close()
+        _close(self.loader)
 
     @property
     def skipped(self) -> list[dict[str, Any]]:
@@ -284,9 +282,7 @@ class DataPrefetcher(LoaderAttributes):
         self._next_epoch = None
         epoch = self._epoch() if self._epoch is not None else None
         self._epoch = None
-        close = getattr(epoch, "close", None)
-        if callable(close):
-            close()
+        _close(epoch)
 
     def _ahead_epoch(self, tracked: AccelerateTracking | None) -> Iterator[Any]:
         """Reads ``prefetch_depth`` batches ahead in the consumer's thread (CUDA streams, or
@@ -403,7 +399,7 @@ class DataPrefetcher(LoaderAttributes):
                                                      writer)
                     except BaseException:
                         # The decode may have queued work that reads the bytes before it failed.
-                        streams.synchronize(streams.record_event(side))
+                        encoded.append((streams.record_event(side), images))
                         raise
                     encoded.append((copied, images))
                     del batch, images
@@ -740,9 +736,10 @@ def _first(batches: Iterator[Any]) -> Any:
         return _NOTHING
 
 
-def _close(batches: Iterator[Any]) -> None:
-    """Closes the loader's iterator where it can be closed (its workers shut down)."""
-    close = getattr(batches, "close", None)
+def _close(closable: Any) -> None:
+    """Closes ``closable`` where it can be closed (a loader or its iterator: their workers shut
+    down; an epoch: its thread)."""
+    close = getattr(closable, "close", None)
     if callable(close):
         close()
 
