@@ -56,14 +56,8 @@ def sample_images(
         name = f"sample-v{_VERSION}-n{num_images}-c{num_classes}-s{seed}-q{quality}"
         root = default_cache_dir() / name
     root = Path(root)
-    marker = root / _MARKER
-    if marker.is_file():
-        if json.loads(marker.read_text()) == params:
-            return root
-        raise ValueError(
-            f"{root} holds a sample dataset made with other arguments ({marker.read_text()}); "
-            "pass another root or delete it"
-        )
+    if _finished(root, params):
+        return root
     if root.exists() and any(root.iterdir()):
         raise ValueError(
             f"{root} exists and is not a fastpipe sample dataset; pass an empty or new root"
@@ -77,18 +71,33 @@ def sample_images(
         _generate(staging, num_images, num_classes, seed, quality,
                   _processes(num_images, usable_cores()))
         (staging / _MARKER).write_text(json.dumps(params))
-        if root.exists():
-            root.rmdir()
         try:
+            if root.exists():
+                root.rmdir()  # empty (checked above), unless another process has filled it
             os.replace(staging, root)
         except OSError:
-            # Another process finished the same dataset first; theirs is identical.
-            if not marker.is_file():
+            # Another process (a rank of the same job) finished the same dataset first; theirs
+            # is identical.
+            if not _finished(root, params):
                 raise
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return root
+
+
+def _finished(root: Path, params: dict) -> bool:
+    """Whether ``root`` holds the finished sample dataset of ``params``; one of other arguments
+    is a ValueError."""
+    marker = root / _MARKER
+    if not marker.is_file():
+        return False
+    if json.loads(marker.read_text()) == params:
+        return True
+    raise ValueError(
+        f"{root} holds a sample dataset made with other arguments ({marker.read_text()}); "
+        "pass another root or delete it"
+    )
 
 
 # Images per process: with fewer, starting a process costs more than it saves.

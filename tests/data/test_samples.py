@@ -1,9 +1,11 @@
 """The built-in sample set (fastpipe.data.samples): the worker processes write the bytes one
-process writes, a large set is split among the cores, and a failing worker stops the others.
+process writes, a large set is split among the cores, a failing worker stops the others, and
+two processes making the same set at once both get it.
 (That the same arguments give the same bytes every time: tests/integration/test_package.py.)"""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -74,3 +76,48 @@ def test_a_failing_worker_stops_the_others_and_names_its_error(tmp_path, monkeyp
         samples._generate(root, 8, 2, 0, 90, processes=2)
     assert time.monotonic() - started < 30
     assert set(psutil.Process().children()) <= before, "a worker outlived the failure"
+
+
+@pytest.mark.parametrize("root_made_empty", [False, True])
+def test_two_processes_making_the_same_set_at_once_both_get_it(tmp_path, monkeypatch,
+                                                               root_made_empty):
+    """Two ranks of a job call sample_images with the same arguments at once: the one that
+    finishes second finds the other's set in place (whether or not the root was there, empty,
+    before) and returns it."""
+    real = samples._generate
+    root = tmp_path / "set"
+    if root_made_empty:
+        root.mkdir()
+
+    def generate(staging, *args):
+        real(staging, *args)
+        # The other process finishes first, while this one is still generating.
+        other = tmp_path / "other"
+        other.mkdir()
+        real(other, *args)
+        (other / samples._MARKER).write_text(json.dumps(
+            {"version": samples._VERSION, "num_images": 5, "num_classes": 2, "seed": 0,
+             "quality": 90}))
+        if root.exists():
+            root.rmdir()
+        other.rename(root)
+
+    monkeypatch.setattr(samples, "_generate", generate)
+    assert samples.sample_images(root, num_images=5, num_classes=2) == root
+    assert len(_files(root)) == 5
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_a_set_of_other_arguments_finished_first_at_the_root_is_refused(tmp_path, monkeypatch):
+    real = samples._generate
+    root = tmp_path / "set"
+
+    def generate(staging, *args):
+        real(staging, *args)
+        root.mkdir()
+        (root / "img.jpg").write_bytes(b"x")
+        (root / samples._MARKER).write_text('{"num_images": 99}')
+
+    monkeypatch.setattr(samples, "_generate", generate)
+    with pytest.raises(ValueError, match="made with other arguments"):
+        samples.sample_images(root, num_images=5, num_classes=2)
