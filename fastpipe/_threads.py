@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from fastpipe._background import interrupted
 from fastpipe._compat import register_before_thread_join
 
 _thread_stop = threading.local()
@@ -135,4 +136,73 @@ def thread_batches(
             yield loading.result()
     finally:
         ended.set()
-        pool.shutdown(wait=True, cancel_futures=True)
+        # Under a Ctrl-C, or when `stop` ended the generator from another thread, the batches
+        # being loaded are not waited for here: the threads end after them (their remote waits
+        # cancelled by `ended`), and the interpreter's exit joins them.
+        stopped = stop is not None and stop.is_set()
+        pool.shutdown(wait=not (interrupted() or stopped), cancel_futures=True)
+
+
+# How long close() from another thread waits for the consumer to leave a wait for a batch.
+_CLOSE_SECONDS = 1.0
+
+
+class ThreadEpoch:
+    """An epoch of :func:`thread_batches` iterated in the consumer's own thread.
+
+    The pool's threads are what loads ahead; each batch passes from the thread that loaded it
+    straight to the consumer. Behind a background thread of its own, every batch would wake two
+    threads, and take the GIL twice, instead of once.
+
+    Like :class:`~fastpipe._background.BackgroundIterator`: an exception of a batch reaches the
+    consumer at that batch and ends the epoch; the threads end on exhaustion, on :meth:`close`
+    (from any thread: it sets ``stop``, which ends a wait for a batch under way within a poll),
+    when the iterator is garbage collected and at the interpreter's exit; a Ctrl-C in the
+    consumer is not held up by the batches being loaded.
+    """
+
+    def __init__(self, batches: Iterator[Any], stop: threading.Event) -> None:
+        self._batches: Iterator[Any] | None = batches
+        self._stop = stop
+        self._lock = threading.Lock()  # held by the thread inside next(), which close() awaits
+
+    def __iter__(self) -> ThreadEpoch:
+        return self
+
+    def __next__(self) -> Any:
+        with self._lock:
+            if self._batches is None:
+                raise StopIteration
+            try:
+                return next(self._batches)
+            except BaseException:
+                self._batches = None  # the generator has ended (exhausted, raised, interrupted)
+                raise
+
+    def close(self) -> None:
+        """Stops the threads, and waits for the batches they are loading; batches not taken are
+        dropped. Safe to call twice. From another thread while the consumer waits for a batch,
+        the consumer's wait ends within a poll and the threads end after the batches they are
+        loading, not waited for."""
+        if not self._lock.acquire(blocking=False):
+            self._stop.set()  # the consumer is inside next(): its wait ends
+            if not self._lock.acquire(timeout=_CLOSE_SECONDS):
+                return  # its thread ends the epoch when the wait sees `stop`
+        try:
+            batches, self._batches = self._batches, None
+        finally:
+            self._lock.release()
+        close = getattr(batches, "close", None)
+        if callable(close):
+            close()
+        self._stop.set()
+
+    @property
+    def thread(self) -> None:
+        """No thread of its own (a background iterator's ``thread``)."""
+        return None
+
+    @property
+    def alive(self) -> bool:
+        """Whether the epoch can still yield batches."""
+        return self._batches is not None

@@ -19,7 +19,7 @@ from fastpipe import _validate as check
 from fastpipe._background import BackgroundIterator, deferred_interrupt
 from fastpipe._compat import shutdown_dataloader_workers
 from fastpipe._seed import order_seed
-from fastpipe._threads import thread_batches
+from fastpipe._threads import ThreadEpoch, thread_batches
 from fastpipe.data.collate import arena
 from fastpipe.data.collate.batch import fast_collate
 from fastpipe.data.sampling.resume import (
@@ -80,7 +80,9 @@ class DataLoaderX(DataLoader):
     resize do (measured in docs/benchmarks.md); Python-heavy transforms are better in processes.
     It needs a map-style dataset and ``batch_size``; ``worker_init_fn`` is refused (there are no
     worker processes), and the threads are started per epoch (``persistent_workers`` changes
-    nothing).
+    nothing). The threads are what runs ahead of the loop, with no background thread between
+    them and it: each batch goes from the thread that loaded it to the loop, ``prefetch_depth``
+    more batches in flight.
 
     Without ``sampler=`` / ``batch_sampler=`` (map-style datasets), the sampler is one of
     fastpipe's resumable samplers: ``shuffle=True`` gives ``fastpipe.data.RandomSampler`` seeded
@@ -128,7 +130,7 @@ class DataLoaderX(DataLoader):
             )
         self._skips = SkipRecord()
         self._restored_skips: SkipRecord | None = None
-        self._epoch: weakref.ref[BackgroundIterator] | None = None
+        self._epoch: weakref.ref[BackgroundIterator | ThreadEpoch] | None = None
         self._epoch_thread: threading.Thread | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -170,23 +172,25 @@ class DataLoaderX(DataLoader):
             dataset = self.dataset
             if skipping:
                 dataset, collate_fn = SkippingDataset(dataset), SkippingCollate(collate_fn, True)
-            base: Iterator[Any] = thread_batches(
+            # The threads are what runs ahead of the loop: the loop takes each batch from the
+            # thread that loaded it (ThreadEpoch), prefetch_depth more of them in flight.
+            epoch: ThreadEpoch | BackgroundIterator = ThreadEpoch(thread_batches(
                 dataset, self.batch_sampler, collate_fn, self.num_workers,
-                in_flight=self.num_workers * (self.prefetch_factor or 2),
+                in_flight=self.num_workers * (self.prefetch_factor or 2) + self.prefetch_depth,
                 pin_memory=pin, name="fastpipe-DataLoaderX-worker", stop=stop,
-            )
+            ), stop)
         else:
             # Ctrl-C is held back while the workers start (see deferred_interrupt), then raised.
             with deferred_interrupt(), self._arena_fetch(), self._skipping_fetch(skipping):
                 base = super().__iter__()
-        epoch = BackgroundIterator(
-            _batches(base, shut_down_workers=not self.persistent_workers,
-                     arenas=self.worker_method == "process" and self.num_workers > 0),
-            prefetch_depth=self.prefetch_depth,
-            name="fastpipe-DataLoaderX",
-            stop=stop,
-        )
-        del base
+            epoch = BackgroundIterator(
+                _batches(base, shut_down_workers=not self.persistent_workers,
+                         arenas=self.num_workers > 0),
+                prefetch_depth=self.prefetch_depth,
+                name="fastpipe-DataLoaderX",
+                stop=stop,
+            )
+            del base
         self._epoch = weakref.ref(epoch)
         self._epoch_thread = epoch.thread
         # Counted even when the position cannot be saved, so that every epoch's iterator is alike.

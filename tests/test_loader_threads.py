@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import _thread
 import pickle
+import threading
+import time
 
 import pytest
 import torch
@@ -56,6 +59,68 @@ def test_threads_end_after_an_early_stop(stop, no_thread_leak):
         break
     if stop == "close":
         loader.close()
+
+
+class Slow(Numbers):
+    """Samples that take ``seconds`` each (a slow read, a store that answers late)."""
+
+    def __init__(self, n: int, seconds: float) -> None:
+        super().__init__(n)
+        self.seconds = seconds
+
+    def __getitem__(self, i: int):
+        time.sleep(self.seconds)
+        return super().__getitem__(i)
+
+
+def _running(prefix: str) -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith(prefix)]
+
+
+def test_each_batch_goes_from_the_thread_that_loaded_it_to_the_loop(no_thread_leak):
+    # No background thread between the workers and the loop: a batch handed through one more
+    # thread wakes it and takes the GIL once more, per batch.
+    loader = DataLoaderX(Numbers(400), batch_size=4, num_workers=2, worker_method="thread")
+    seen = 0
+    for _, labels in loader:
+        assert _running("fastpipe-") == _running("fastpipe-DataLoaderX-worker")
+        assert len(_running("fastpipe-")) <= 2
+        seen += len(labels)
+    assert seen == 400
+
+
+def test_close_from_another_thread_ends_the_loops_wait_for_a_batch(no_thread_leak):
+    loader = DataLoaderX(Slow(40, seconds=0.75), batch_size=4, num_workers=2,
+                         worker_method="thread")
+    batches = iter(loader)
+    ended = []
+
+    def loop() -> None:
+        ended.append(list(batches))  # waits for the first batch, 3 s away
+
+    consumer = threading.Thread(target=loop)
+    consumer.start()
+    time.sleep(0.3)
+    start = time.monotonic()
+    loader.close()
+    consumer.join(5)
+    assert not consumer.is_alive() and ended == [[]]
+    assert time.monotonic() - start < 1.5  # the threads end after their batches (no leak)
+
+
+def test_ctrl_c_while_waiting_for_a_batch_does_not_wait_for_the_batches_being_loaded(
+        no_thread_leak):
+    loader = DataLoaderX(Slow(8, seconds=1.0), batch_size=4, num_workers=2,
+                         worker_method="thread")
+    timer = threading.Timer(0.5, _thread.interrupt_main)
+    start = time.monotonic()
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        for _ in loader:
+            pass
+    # The two batches being loaded take 4 s; the interrupt reached the loop at 0.5 s.
+    assert time.monotonic() - start < 1.5
+    timer.join()
 
 
 def test_resume_with_thread_workers(no_thread_leak):

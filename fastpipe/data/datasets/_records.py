@@ -241,7 +241,6 @@ class RecordDataset(PerSample, Dataset):
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:
         """A batch read at once: the fixed-shape fields straight into one block each."""
         checked = check_indices(indices, len(self.source), self.source.where)
-        epochs = [self._epoch_of(i) for i in indices]
         blocks = {name: batch_empty((len(checked), *self.fields[name].row_shape), dtype)
                   for name, dtype in self._blocks.items()}
         records = self.source.read_batch(checked, {n: b.numpy() for n, b in blocks.items()},
@@ -253,6 +252,7 @@ class RecordDataset(PerSample, Dataset):
             key = {n: self._names.index(n) if self._as_tuple else n for n in blocks}
             return Rows(out, {key[n]: block for n, block in blocks.items()},
                         {key[n]: column for n, column in zip(blocks, columns, strict=True)})
+        epochs = [self._epoch_of(i) for i in indices]
         rows = {}
         for name, block in blocks.items():
             rows[name] = block.unbind(0)  # one call for every row's view

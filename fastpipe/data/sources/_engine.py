@@ -382,6 +382,10 @@ class Extents:
                           self.offsets[0] + first * self.row_bytes, size,
                           np.asarray(dest, np.int64))
         k0 = np.searchsorted(self.starts, first, side="right") - 1
+        if len(first) and (stop - first == 1).all():  # a row a range (a batch of fixed rows)
+            return Pieces(self.files[k0], self.offsets[k0] + (first - self.starts[k0])
+                          * self.row_bytes, np.full(len(first), self.row_bytes, np.int64),
+                          np.asarray(dest, np.int64))
         k1 = np.searchsorted(self.starts, np.maximum(stop - 1, first), side="right") - 1
         count = np.where(stop > first, k1 - k0 + 1, 0)
         owner = np.repeat(np.arange(len(first)), count)

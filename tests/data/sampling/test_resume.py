@@ -23,6 +23,7 @@ from torch.utils.data import Dataset
 import fastpipe
 from fastpipe import DataLoaderX, DataPrefetcher
 from fastpipe._background import BackgroundIterator
+from fastpipe._threads import ThreadEpoch
 from fastpipe.data import DistributedSampler, RandomSampler, SampleIndex, SequentialSampler
 from fastpipe.data.sampling.resume import HandOff, StatesAhead
 from tests.helpers.cuda import RecordingStreams
@@ -109,12 +110,21 @@ def epoch_batches(loader) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 def wait_until_prefetch_queue_is_full(iterator, timeout: float = 20.0) -> None:
-    """Waits until the loader's background queue holds as many batches as it can."""
+    """Waits until the loader's background queue holds as many batches as it can (with thread
+    workers: until every batch the threads load ahead is loaded)."""
     inner = iterator
-    while not hasattr(inner, "_items"):  # DataPrefetcher -> DataLoaderX -> BackgroundIterator
+    # DataPrefetcher -> DataLoaderX -> BackgroundIterator, or the thread workers' ThreadEpoch
+    while not hasattr(inner, "_items") and not isinstance(inner, ThreadEpoch):
         inner = inner._batches
+    if isinstance(inner, ThreadEpoch):
+        pending = inner._batches.gi_frame.f_locals["pending"]  # thread_batches' futures
+
+        def full() -> bool:
+            return len(pending) > 0 and all(f.done() for f in list(pending))
+    else:
+        full = inner._items.full
     deadline = time.monotonic() + timeout
-    while not inner._items.full():
+    while not full():
         assert time.monotonic() < deadline, "the prefetch queue never filled"
         time.sleep(0.01)
 
