@@ -12,6 +12,12 @@
  *     Piece i is sizes[i] bytes at offsets[i] of the mapping at addresses[i] (limits[i] bytes
  *     long). Raises ValueError, before anything is copied, for a piece outside its mapping or
  *     `out` (the caller checks against the file's size first and names the file).
+ * copy_buffers(buffers, size, out, out_offsets) -> None or index
+ *     Values another library holds in memory it mapped (an LMDB transaction's values): buffers[i]
+ *     (any object with the buffer protocol) to out[out_offsets[i]:], every one `size` bytes.
+ *     Returns the index of the first that is None or not `size` bytes, before anything is
+ *     copied, so that the caller names that value; else copies all without the GIL, the
+ *     buffers held until the copy ends.
  * read_pieces(fds, offsets, sizes, out, out_offsets) -> None or (piece, errno)
  *     For files that cannot be mapped: pread/preadv, pieces that follow each other in the same
  *     file read with one preadv. fds, offsets, sizes, out_offsets: int64 buffers of one length n
@@ -286,6 +292,85 @@ PyObject *copy_pieces(PyObject *, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* copy_buffers(buffers, size, out, out_offsets) -> None or index: see the module's comment. */
+PyObject *copy_buffers(PyObject *, PyObject *args) {
+    PyObject *buffers_obj, *out_obj, *dest_obj;
+    long long size;
+    if (!PyArg_ParseTuple(args, "OLOO:copy_buffers", &buffers_obj, &size, &out_obj, &dest_obj)) {
+        return nullptr;
+    }
+    PyObject *items = PySequence_Fast(buffers_obj, "copy_buffers: buffers must be a sequence");
+    if (items == nullptr) return nullptr;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(items);
+    Buffer dest, out;
+    Py_ssize_t n_dest = 0;
+    if (!get_int64s(dest_obj, "out_offsets", dest, &n_dest)) {
+        Py_DECREF(items);
+        return nullptr;
+    }
+    if (n_dest != n || size < 0) {
+        Py_DECREF(items);
+        PyErr_SetString(PyExc_ValueError,
+                        "copy_buffers: one out_offset a buffer, and a size of at least 0");
+        return nullptr;
+    }
+    if (PyObject_GetBuffer(out_obj, &out.view, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) != 0) {
+        Py_DECREF(items);
+        return nullptr;
+    }
+    out.held = true;
+    const auto *to = static_cast<const int64_t *>(dest.view.buf);
+    const int64_t capacity = out.view.len;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        if (to[i] < 0 || size > capacity || to[i] > capacity - size) {
+            Py_DECREF(items);
+            PyErr_Format(PyExc_ValueError,
+                         "buffer %zd (%lld bytes to %lld) does not fit an output of %lld bytes", i,
+                         size, (long long)to[i], (long long)capacity);
+            return nullptr;
+        }
+    }
+    Py_buffer *views = static_cast<Py_buffer *>(PyMem_Calloc(n > 0 ? n : 1, sizeof(Py_buffer)));
+    if (views == nullptr) {
+        Py_DECREF(items);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t held = 0, wrong = -1;
+    for (; held < n; ++held) {
+        PyObject *item = PySequence_Fast_GET_ITEM(items, held);
+        if (item == Py_None || !PyObject_CheckBuffer(item)) {
+            wrong = held;
+            break;
+        }
+        if (PyObject_GetBuffer(item, &views[held], PyBUF_C_CONTIGUOUS) != 0) {
+            break;
+        }
+        if (views[held].len != size) {
+            wrong = held;
+            ++held;  // this view is held: released below
+            break;
+        }
+    }
+    const bool failed = held < n || wrong >= 0;
+    if (!failed) {
+        char *buffer = static_cast<char *>(out.view.buf);
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; ++i) {
+            std::memcpy(buffer + to[i], views[i].buf, (size_t)size);
+        }
+        Py_END_ALLOW_THREADS
+    }
+    for (Py_ssize_t i = 0; i < held; ++i) PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    Py_DECREF(items);
+    if (wrong >= 0) {
+        PyErr_Clear();
+        return PyLong_FromSsize_t(wrong);
+    }
+    if (failed) return nullptr;  // PyObject_GetBuffer's error
+    Py_RETURN_NONE;
+}
+
 PyMethodDef methods[] = {
     {"map_file", map_file, METH_VARARGS,
      "map_file(path) -> (address, size): the file mapped read-only and shared, no descriptor "
@@ -294,6 +379,10 @@ PyMethodDef methods[] = {
     {"copy_pieces", copy_pieces, METH_VARARGS,
      "copy_pieces(addresses, limits, offsets, sizes, out, out_offsets): copies every piece from "
      "its mapping into out, checked first, without the GIL."},
+    {"copy_buffers", copy_buffers, METH_VARARGS,
+     "copy_buffers(buffers, size, out, out_offsets) -> None or index: copies every buffer (each "
+     "size bytes) into out at out_offsets[i] without the GIL; the index of the first that is "
+     "None or another size, before anything is copied."},
     {"read_pieces", read_pieces, METH_VARARGS,
      "read_pieces(fds, offsets, sizes, out, out_offsets) -> None or (piece, errno): reads every "
      "piece (sizes[i] bytes of fds[i] at offsets[i]) into out at out_offsets[i], without the "

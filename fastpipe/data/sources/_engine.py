@@ -27,6 +27,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -35,13 +36,18 @@ try:
 except ImportError:  # built without the extension: the same reads from Python
     _read_pieces = None
 try:
+    from fastpipe._io import copy_buffers as _copy_buffers
+except ImportError:  # built without it: the same copies from Python
+    _copy_buffers = None
+try:
     from fastpipe._io import copy_pieces as _copy_pieces
     from fastpipe._io import map_file as _map_file
     from fastpipe._io import unmap as _unmap
 except ImportError:  # an extension without the mapped reads: pread
     _copy_pieces = _map_file = _unmap = None
 
-__all__ = ["Extents", "FilePool", "Pieces", "read_pieces", "read_rows", "resource_error"]
+__all__ = ["Extents", "FilePool", "Pieces", "copy_buffers", "read_pieces", "read_rows",
+           "resource_error"]
 
 # Descriptors kept open per process, for every source together: files beyond it are reopened
 # when read again.
@@ -457,6 +463,27 @@ def read_pieces(pool: FilePool, pieces: Pieces, out: np.ndarray) -> None:
         if failed is not None:
             piece, number = failed
             raise ShortRead(pool.paths[int(files[a + piece])], number)
+
+
+def copy_buffers(buffers: Sequence[Any], out: np.ndarray) -> int | None:
+    """Copies ``buffers`` (values another library holds in memory it mapped, such as an LMDB
+    transaction's: one a row of ``out``, each exactly a row's bytes) into the rows of ``out`` (a
+    writable C-contiguous array), in one call without the GIL. Returns the index of the first
+    buffer that is None or another size, before anything is copied (the caller names it), else
+    None."""
+    flat = out.reshape(-1).view(np.uint8)
+    size = flat.nbytes // len(buffers) if len(buffers) else 0
+    if len(buffers) != (out.shape[0] if out.ndim else 1) or size * len(buffers) != flat.nbytes:
+        raise ValueError(f"{len(buffers)} buffers for an output of shape {out.shape}")
+    dest = np.arange(len(buffers), dtype=np.int64) * size
+    if _copy_buffers is not None:
+        return _copy_buffers(buffers, size, flat, dest)
+    for k, buffer in enumerate(buffers):
+        if buffer is None or memoryview(buffer).nbytes != size:
+            return k
+    for k, buffer in enumerate(buffers):
+        flat[k * size:(k + 1) * size] = np.frombuffer(buffer, np.uint8)
+    return None
 
 
 def read_rows(pool: FilePool, extents: Extents, first: int, stop: int, out: np.ndarray) -> None:

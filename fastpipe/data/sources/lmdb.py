@@ -6,7 +6,9 @@ HDF5 twin.
 The environment opens lazily in each process with ``readonly=True, lock=False,
 readahead=False``, shared by the sources of one file in that process (py-lmdb refuses to open an
 environment twice), with one long read transaction per thread. A batch fetches each field's
-values with one ``getmulti`` call. lmdb is imported when a pack opens, not with this module.
+values with one ``getmulti`` call, and a fixed field's values are copied from LMDB's map into
+the batch's block in one call without the GIL (the reader engine's ``copy_buffers``). lmdb is
+imported when a pack opens, not with this module.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from fastpipe.data.format import layout as fmt
 from fastpipe.data.format.layout import PackFormatError, lmdb_crc_key, lmdb_field_key
 from fastpipe.data.format.roles import Image, Label
 from fastpipe.data.sources._base import Schema, Source
-from fastpipe.data.sources._engine import resource_error, too_many_open_files
+from fastpipe.data.sources._engine import copy_buffers, resource_error, too_many_open_files
 
 __all__ = ["LMDBSource", "lmdb_crc_key", "lmdb_field_key", "lmdb_module"]
 
@@ -283,12 +285,13 @@ class LMDBSource(Source):
                     record[name] = value
                 continue
             raws = handles.get_many([self._key(name, int(i)) for i in indices])
+            if block is not None:  # the values straight from LMDB's map into the block
+                wrong = copy_buffers(raws, block)
+                if wrong is not None:
+                    self._value(int(indices[wrong]), name, raws[wrong])  # raises, naming it
+                continue
             for k, (index, raw) in enumerate(zip(indices.tolist(), raws, strict=True)):
-                value = self._value(index, name, raw)
-                if block is not None:
-                    block[k] = value
-                else:
-                    out[k][name] = value
+                out[k][name] = self._value(index, name, raw)
         return out
 
     def read_block(self, name: str, start: int, stop: int) -> np.ndarray:

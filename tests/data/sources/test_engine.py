@@ -23,6 +23,7 @@ from fastpipe.data.sources._engine import (  # noqa: E402
     FilePool,
     Pieces,
     ShortRead,
+    copy_buffers,
     read_pieces,
     read_rows,
     resource_error,
@@ -85,6 +86,37 @@ def test_pieces_of_chunked_and_windowed_extents_read_the_right_bytes(blob, way):
         want = b"".join(stored(order[i]) for x, y in zip(a, b, strict=True) for i in range(x, y))
         assert out.tobytes() == want
     pool.close()
+
+
+@pytest.fixture(params=["compiled", "python"])
+def buffers_way(request, monkeypatch):
+    """copy_buffers compiled (fastpipe._io) and in Python (an extension without it)."""
+    if request.param == "compiled" and _engine._copy_buffers is None:
+        pytest.skip("fastpipe._io was built without copy_buffers")
+    if request.param == "python":
+        monkeypatch.setattr(_engine, "_copy_buffers", None)
+    return request.param
+
+
+def test_copy_buffers_puts_each_value_in_its_row(buffers_way):
+    rng = np.random.default_rng(3)
+    rows = rng.standard_normal((5, 2, 3)).astype(np.float32)
+    values = [rows[0].tobytes(), bytearray(rows[1].tobytes()), memoryview(rows[2].tobytes()),
+              rows[3], np.ascontiguousarray(rows[4])]
+    out = np.zeros_like(rows)
+    assert copy_buffers(values, out) is None
+    assert out.tobytes() == rows.tobytes()
+    assert copy_buffers([], np.zeros((0, 2, 3), np.float32)) is None
+
+
+@pytest.mark.parametrize("bad", [None, b"\x00" * 23, b"\x00" * 25])
+def test_copy_buffers_names_the_first_wrong_value_before_copying_any(buffers_way, bad):
+    good = np.arange(6, dtype=np.float32).tobytes()  # 24 bytes: a (2, 3) float32 row
+    out = np.full((4, 2, 3), -1, np.float32)
+    assert copy_buffers([good, good, bad, bad], out) == 2
+    assert (out == -1).all()  # nothing copied
+    with pytest.raises(ValueError, match="3 buffers for an output of shape"):
+        copy_buffers([good] * 3, out)
 
 
 def test_a_short_read_names_the_file(blob, way):

@@ -410,6 +410,24 @@ def test_a_damaged_lmdb_record_field_names_the_field_and_sample(packs, tmp_path,
     assert_unsound(path, "'frames'", needle)
 
 
+@pytest.mark.parametrize("value, needle", [
+    (b"\x01" * 5, "holds 5 bytes"),
+    (None, "is missing"),
+])
+def test_a_damaged_fixed_lmdb_field_read_in_a_batch_names_the_field_and_sample(
+        packs, tmp_path, value, needle):
+    # A batch copies a fixed field's values into its block in one call: the damaged one is
+    # named, not copied.
+    path = copy(packs, "lmdb_records", tmp_path)
+    _lmdb_edit(path, {b"f/mix/%010d" % 4: value})
+    ds = LMDBDataset(path, fields=["mix", "zone0"])
+    assert len(ds.__getitems__([0, 1, 2])) == 3
+    with pytest.raises(PackFormatError, match=rf"{path.name}: field 'mix' of sample 4") as caught:
+        ds.__getitems__([2, 4, 6])
+    assert needle in str(caught.value)
+    ds.close()
+
+
 def test_lmdb_records_labels_out_of_range_are_refused(packs, tmp_path):
     path = copy(packs, "lmdb_records", tmp_path)
     env = lmdb.open(str(path), subdir=False, lock=False)
