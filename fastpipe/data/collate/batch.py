@@ -80,9 +80,8 @@ class _KeptBatches:
         self._lock = threading.Lock()
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        try:
-            np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
-        except TypeError:  # bfloat16 and other dtypes numpy lacks
+        np_dtype = _numpy_dtype(dtype)
+        if np_dtype is None:  # bfloat16 and other dtypes numpy lacks
             return torch.empty(shape, dtype=dtype)
         shape = tuple(shape)
         with self._lock:
@@ -119,6 +118,19 @@ class _KeptBatches:
 
 
 _kept = _KeptBatches()
+_NUMPY_DTYPES: dict[torch.dtype, np.dtype | None] = {}
+
+
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
+    """numpy's dtype for ``dtype`` (None where numpy has none), looked up once."""
+    found = _NUMPY_DTYPES.get(dtype, False)
+    if found is False:
+        try:
+            found = torch.empty(0, dtype=dtype).numpy().dtype
+        except TypeError:
+            found = None
+        _NUMPY_DTYPES[dtype] = found
+    return found
 
 
 def fast_collate(

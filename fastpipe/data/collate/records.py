@@ -8,7 +8,9 @@ stay lists.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Collection, Mapping, Sequence
+from itertools import repeat
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -71,7 +73,7 @@ def collate_records(batch: Sequence[Any], pad: bool | Collection[str], memory: M
                 out[key] = collated
         return out
     width = len(first)
-    if any(not isinstance(s, (tuple, list)) or len(s) != width for s in batch):
+    if not all(map(isinstance, batch, repeat((tuple, list)))) or set(map(len, batch)) != {width}:
         raise ValueError(f"fast_collate needs records with the same fields: sample 0 has {width} "
                          "values and another sample does not")
     fields = []
@@ -131,7 +133,7 @@ def rows_block(values: Sequence[Any], block: torch.Tensor | None,
             or not block.is_contiguous() or len(values) == 0):
         return None
     if handed is not None and len(handed) == len(values) and all(
-            v is h for v, h in zip(values, handed, strict=True)):
+            map(operator.is_, values, handed)):
         return block
     row = block[0].numel() * block.element_size()
     base = block.data_ptr()

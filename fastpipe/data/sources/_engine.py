@@ -427,7 +427,11 @@ def read_pieces(pool: FilePool, pieces: Pieces, out: np.ndarray) -> None:
         ids, where = files[:1], np.zeros(n, np.int64)
     else:
         order = np.lexsort((pieces.offsets, files))
-        ids, where = np.unique(files[order], return_inverse=True)
+        grouped = files[order]
+        first = np.empty(n, bool)  # where each file's run of pieces starts
+        first[0] = True
+        np.not_equal(grouped[1:], grouped[:-1], out=first[1:])
+        ids, where = grouped[first], np.cumsum(first) - 1
     offsets, sizes, dest = pieces.offsets[order], pieces.sizes[order], pieces.dest[order]
     paths = [pool.paths[i] for i in ids.tolist()]
     for attempt in range(2):
