@@ -73,16 +73,27 @@ class _Either:
         return True
 
 
+class _Stopped(Exception):
+    """A batch left unfinished because its generator ended (nobody takes its result)."""
+
+
 def _load(stop: Any, dataset: Any, indices: Sequence[int],
           collate_fn: Callable[[list], Any], pin_memory: bool) -> Any:
     with cancelled_by(stop):
-        return _load_batch(dataset, indices, collate_fn, pin_memory)
+        return _load_batch(dataset, indices, collate_fn, pin_memory, stop)
 
 
 def _load_batch(dataset: Any, indices: Sequence[int], collate_fn: Callable[[list], Any],
-                pin_memory: bool) -> Any:
+                pin_memory: bool, stop: Any = None) -> Any:
     getitems = getattr(dataset, "__getitems__", None)
-    samples = getitems(list(indices)) if callable(getitems) else [dataset[i] for i in indices]
+    if callable(getitems):
+        samples = getitems(list(indices))
+    else:
+        samples = []
+        for i in indices:  # a thread ends after the sample it is reading once its epoch ended
+            if stop is not None and stop.is_set():
+                raise _Stopped
+            samples.append(dataset[i])
     batch = collate_fn(samples)
     if pin_memory:
         from torch.utils.data._utils.pin_memory import pin_memory as pin

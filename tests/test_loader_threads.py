@@ -123,6 +123,22 @@ def test_ctrl_c_while_waiting_for_a_batch_does_not_wait_for_the_batches_being_lo
     timer.join()
 
 
+def test_after_a_ctrl_c_the_threads_end_after_the_sample_they_are_reading(no_thread_leak):
+    # A sample takes 0.5 s, a batch 4 s: the threads stop between samples, not between batches.
+    loader = DataLoaderX(Slow(64, seconds=0.5), batch_size=8, num_workers=2,
+                         worker_method="thread")
+    timer = threading.Timer(1.2, _thread.interrupt_main)
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        for _ in loader:
+            pass
+    interrupted = time.monotonic()
+    while _running("fastpipe-DataLoaderX-worker") and time.monotonic() - interrupted < 5:
+        time.sleep(0.02)
+    assert time.monotonic() - interrupted < 1.0
+    timer.join()
+
+
 def test_resume_with_thread_workers(no_thread_leak):
     kwargs = dict(batch_size=4, shuffle=True, seed=1, num_workers=2, worker_method="thread")
     whole = list(DataLoaderX(Numbers(30), **kwargs))
