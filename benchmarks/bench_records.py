@@ -8,6 +8,7 @@ Rows, each in its own process, in interleaved rounds (``_harness.run_rounds``):
 - fastpipe's ``H5Dataset`` on the same plain file and on a records pack (``pack`` with
   ``merge="copy"``), through ``DataLoaderX`` with ``fast_collate`` and 2 worker processes or 2
   threads; and on a pack written by 2 packing workers (the default virtual merge of its shards);
+- fastpipe's ``LMDBDataset`` on the same records packed into LMDB, through 2 threads;
 - random access in one process (no loader) for each reader;
 - FFCV (``--ffcv-python``, an interpreter of its own, see ``_ffcv.py``; h5py installed there
   too): a ``.beton`` of two ``NDArrayField`` s written from the plain file, read by FFCV's
@@ -46,6 +47,7 @@ ROWS = {
     "H5Dataset plain file + DataLoaderX, 2 threads": "",
     "H5Dataset pack + DataLoaderX, 2 threads": "",
     "H5Dataset virtual pack + DataLoaderX, 2 threads": "",
+    "LMDBDataset pack + DataLoaderX, 2 threads": "",
     "FFCV, 2 NDArrayFields, 2 threads": "",
 }
 FFCV_ROW = "FFCV, 2 NDArrayFields, 2 threads"
@@ -162,6 +164,7 @@ def prepare(folder: Path, samples: int, ffcv_python: Path | None = None) -> None
     with h5py.File(folder / "plain.h5", "r") as source:
         pack(Records(), folder / "pack.h5", merge="copy", progress=False)
         pack(Records(), folder / "virtual.h5", num_workers=2, progress=False)
+        pack(Records(), folder / "records.lmdb", progress=False)
     if ffcv_python is not None:
         import subprocess
 
@@ -177,12 +180,14 @@ def measure(name: str, cfg: Any) -> dict[str, Any]:
     import torch
 
     from fastpipe import DataLoaderX
-    from fastpipe.data import H5Dataset
+    from fastpipe.data import H5Dataset, LMDBDataset
 
     folder = Path(cfg.folder)
     plain, packed = str(folder / "plain.h5"), str(folder / "pack.h5")
     if name.startswith("h5py"):
         dataset: Any = HandWritten(plain)
+    elif name.startswith("LMDB"):
+        dataset = LMDBDataset(folder / "records.lmdb", fields=["mix", "zone0"])
     else:
         path = plain if "plain" in name else str(folder / "virtual.h5") if "virtual" in name \
             else packed
