@@ -12,7 +12,7 @@ import concurrent.futures
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -84,14 +84,14 @@ def _load(stop: Any, dataset: Any, indices: Sequence[int],
 
 
 def _load_batch(dataset: Any, indices: Sequence[int], collate_fn: Callable[[list], Any],
-                pin_memory: bool, stop: Any = None) -> Any:
+                pin_memory: bool, stop: Any) -> Any:
     getitems = getattr(dataset, "__getitems__", None)
     if callable(getitems):
         samples = getitems(list(indices))
     else:
         samples = []
         for i in indices:  # a thread ends after the sample it is reading once its epoch ended
-            if stop is not None and stop.is_set():
+            if stop.is_set():
                 raise _Stopped
             samples.append(dataset[i])
     batch = collate_fn(samples)
@@ -111,7 +111,7 @@ def thread_batches(
     pin_memory: bool = False,
     name: str = "fastpipe-loader",
     stop: threading.Event | None = None,
-) -> Iterator[Any]:
+) -> Generator[Any, None, None]:
     """Yields ``collate_fn([dataset[i] for i in indices])`` for each ``indices`` of
     ``batch_indices``, in order, loading up to ``in_flight`` batches ahead on ``num_threads``
     threads. An exception raised while loading a batch is raised at that batch. The threads stop
@@ -172,8 +172,8 @@ class ThreadEpoch:
     consumer is not held up by the batches being loaded.
     """
 
-    def __init__(self, batches: Iterator[Any], stop: threading.Event) -> None:
-        self._batches: Iterator[Any] | None = batches
+    def __init__(self, batches: Generator[Any, None, None], stop: threading.Event) -> None:
+        self._batches: Generator[Any, None, None] | None = batches
         self._stop = stop
         self._lock = threading.Lock()  # held by the thread inside next(), which close() awaits
 
@@ -203,9 +203,8 @@ class ThreadEpoch:
             batches, self._batches = self._batches, None
         finally:
             self._lock.release()
-        close = getattr(batches, "close", None)
-        if callable(close):
-            close()
+        if batches is not None:
+            batches.close()
         self._stop.set()
 
     @property

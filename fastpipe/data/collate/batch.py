@@ -118,18 +118,18 @@ class _KeptBatches:
 
 
 _kept = _KeptBatches()
-_NUMPY_DTYPES: dict[torch.dtype, np.dtype | None] = {}
+_NUMPY_DTYPE_OF: dict[torch.dtype, np.dtype | None] = {}
 
 
 def _numpy_dtype(dtype: torch.dtype) -> np.dtype | None:
     """numpy's dtype for ``dtype`` (None where numpy has none), looked up once."""
-    found = _NUMPY_DTYPES.get(dtype, False)
+    found = _NUMPY_DTYPE_OF.get(dtype, False)
     if found is False:
         try:
             found = torch.empty(0, dtype=dtype).numpy().dtype
         except TypeError:
             found = None
-        _NUMPY_DTYPES[dtype] = found
+        _NUMPY_DTYPE_OF[dtype] = found
     return found
 
 

@@ -475,11 +475,12 @@ def copy_buffers(buffers: Sequence[Any], out: np.ndarray) -> int | None:
     writable C-contiguous array), in one call without the GIL. Returns the index of the first
     buffer that is None or another size, before anything is copied (the caller names it), else
     None."""
+    n = len(buffers)
+    if out.ndim == 0 or out.shape[0] != n:
+        raise ValueError(f"{n} buffers for an output of shape {out.shape}")
     flat = out.reshape(-1).view(np.uint8)
-    size = flat.nbytes // len(buffers) if len(buffers) else 0
-    if len(buffers) != (out.shape[0] if out.ndim else 1) or size * len(buffers) != flat.nbytes:
-        raise ValueError(f"{len(buffers)} buffers for an output of shape {out.shape}")
-    dest = np.arange(len(buffers), dtype=np.int64) * size
+    size = flat.nbytes // n if n else 0  # a row's bytes
+    dest = np.arange(n, dtype=np.int64) * size
     if _copy_buffers is not None:
         return _copy_buffers(buffers, size, flat, dest)
     for k, buffer in enumerate(buffers):
