@@ -4,6 +4,9 @@ started and stopped by the tests (the fixtures of tests/data/remote/conftest.py 
 * :class:`MotoServer`: moto's standalone S3-compatible server (``python -m moto.server``), the
   server s3fs tests itself against; :meth:`MotoServer.upload` puts a folder's files in a
   bucket, :meth:`MotoServer.options` gives the ``RemoteOptions`` that reach it.
+* :class:`GcsServer`: gcp-storage-emulator's server (``python -m gcp_storage_emulator``), which
+  speaks Google Cloud Storage's JSON API (buckets, objects, ranges, ``md5Hash``), reached through
+  gcsfs's JSON-API class as ``gs://`` at its endpoint.
 * :class:`Nginx`: nginx from the distribution serving a folder over HTTP with range requests
   (its access log says how many bytes of each object were sent: :meth:`Nginx.bytes_sent`).
   :func:`nginx_binary` is None where nginx is not installed; :func:`require_nginx` then skips
@@ -145,6 +148,55 @@ class MotoServer:
         return RemoteOptions(storage_options=storage, **kwargs)
 
 
+class GcsServer:
+    """gcp-storage-emulator's Cloud Storage server in a process of its own on ``port`` (one of
+    its own by default), its objects in memory."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.process: subprocess.Popen | None = None
+        self.start()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.process = _guarded(
+            [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
+             "--port", str(self.port), "--in-memory"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_port(self.port, process=self.process)
+
+    def stop(self) -> None:
+        _end(self.process)
+
+    def storage(self, endpoint: str | None = None) -> dict:
+        """gcsfs's storage options for this server (or ``endpoint``, a proxy in front of it)."""
+        return {"endpoint_url": endpoint or self.endpoint, "token": "anon", "project": "test"}
+
+    def upload(self, folder: Path, bucket: str, prefix: str = "") -> list[str]:
+        """Puts every file under ``folder`` in ``bucket`` (made if needed) under ``prefix``;
+        the URLs, sorted."""
+        from gcsfs.core import GCSFileSystem
+
+        fs = GCSFileSystem(skip_instance_cache=True, **self.storage())
+        if bucket not in {b.rstrip("/") for b in fs.ls("")}:
+            fs.mkdir(bucket)
+        urls = []
+        for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+            key = prefix + path.relative_to(folder).as_posix()
+            fs.pipe_file(f"{bucket}/{key}", path.read_bytes())
+            urls.append(f"gs://{bucket}/{key}")
+        return urls
+
+    def options(self, endpoint: str | None = None, **kwargs):
+        """RemoteOptions that reach this server (or ``endpoint``, a proxy in front of it)."""
+        from fastpipe.data.remote.options import RemoteOptions
+
+        return RemoteOptions(storage_options=self.storage(endpoint), **kwargs)
+
+
 def nginx_binary() -> str | None:
     found = shutil.which("nginx")
     if found is None and os.path.exists("/usr/sbin/nginx"):
@@ -273,9 +325,12 @@ class FaultProxy:
         return self.faults.requests
 
     def gets(self, suffix: str) -> int:
-        """GET requests so far of paths ending in ``suffix``."""
+        """GET requests so far of the bytes of objects whose paths end in ``suffix`` (Cloud
+        Storage's GETs of an object's metadata, under ``/storage/v1/``, are not counted: its
+        bytes come from ``/download/storage/v1/``)."""
         return sum(n for key, n in self.faults.requests.items()
-                   if key.startswith("GET ") and key.split("?", 1)[0].endswith(suffix))
+                   if key.startswith("GET ") and not key.startswith("GET /storage/v1/")
+                   and key.split("?", 1)[0].endswith(suffix))
 
     def ranges(self, suffix: str) -> list[str | None]:
         """The Range header (None: the whole object) of each GET so far of paths ending in

@@ -3,9 +3,9 @@ is an error naming the extra that installs it), one instance per protocol and op
 process, and the few calls fastpipe makes of them (an object's size and ETag, a byte range, a
 listing), each bounded by the options' timeout and stoppable from another thread.
 
-The backends' own retry loops are turned off where the options do not set them (botocore's),
-so that one budget, :class:`~fastpipe.data.remote.options.RemoteOptions`' ``retries``, decides
-how long a failing store is waited for.
+The backends' own retry loops are turned off (botocore's where the options do not set them,
+gcsfs's always), so that one budget, :class:`~fastpipe.data.remote.options.RemoteOptions`'
+``retries``, decides how long a failing store is waited for.
 """
 
 from __future__ import annotations
@@ -75,6 +75,45 @@ def _backend_class(proto: str) -> Any:
                           "and the package fsspec names)") from None
 
 
+# Google's own endpoint: the one gcsfs's default class also reaches Google's gRPC APIs through.
+_GOOGLE_STORAGE = "https://storage.googleapis.com"
+
+
+def _backend(proto: str, storage_options: Mapping[str, Any]) -> Any:
+    """The class that serves ``proto`` with these options. For ``gs://`` at an endpoint other
+    than Google's (an emulator, a GCS-compatible store: ``endpoint_url`` or the
+    ``STORAGE_EMULATOR_HOST`` gcsfs reads), gcsfs's JSON-API class: its default class asks
+    Google's Storage Control gRPC API for each bucket's layout before a listing or a read, which
+    such an endpoint does not serve, so that every call would wait for that request's 60 s
+    timeout (and not remember the failure)."""
+    cls = _backend_class(proto)
+    if proto in ("gs", "gcs"):
+        endpoint = storage_options.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST")
+        if endpoint and str(endpoint).rstrip("/") != _GOOGLE_STORAGE:
+            from gcsfs.core import GCSFileSystem as cls
+        cls = _tried_once(cls)
+    return cls
+
+
+_ONCE: dict[type, type] = {}
+
+
+def _tried_once(cls: type) -> type:
+    """gcsfs's class with each request made once: gcsfs retries every failed request itself,
+    up to six times with waits of 1 to 16 s, inside each of fastpipe's attempts, so that a store
+    answering 503s (or cutting bodies short) would be named only after minutes whatever
+    ``RemoteOptions(retries=, backoff=)`` say. fastpipe's :func:`attempt` retries instead. A gcsfs
+    whose requests are not wrapped that way is used as it is."""
+    made = _ONCE.get(cls)
+    if made is None:
+        raw = getattr(cls._request, "__wrapped__", None)
+        made = cls if raw is None else type(cls.__name__, (cls,), {
+            "_request": raw, "__module__": __name__,
+            "__doc__": f"{cls.__module__}.{cls.__qualname__}, each request made once"})
+        _ONCE[cls] = made
+    return made
+
+
 def _with_defaults(proto: str, given: Mapping[str, Any], options: RemoteOptions) -> dict:
     """The storage options with fastpipe's defaults where the user set none: requests bounded
     by ``options.timeout``, and the backend's own retries off (fastpipe retries)."""
@@ -111,8 +150,8 @@ class _Instances:
         with self._lock:
             fs = self._made.get(key)
             if fs is None:
-                cls = _backend_class(proto)
                 so = _with_defaults(proto, options.storage_options, options)
+                cls = _backend(proto, so)
                 fs = self._made[key] = cls(skip_instance_cache=True, **so)
             return fs
 

@@ -27,7 +27,8 @@ _NETWORK_ERRNOS = {errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, err
 # Words in the class names of the backends' network errors (aiohttp, botocore, requests, google),
 # which fastpipe does not import to test them.
 _NETWORK_WORDS = ("Timeout", "Connect", "Connection", "Payload", "IncompleteRead", "Disconnected",
-                  "ResponseStreaming", "ProtocolError", "ChunkedEncoding", "ReadError")
+                  "ResponseStreaming", "ProtocolError", "ChunkedEncoding", "ReadError",
+                  "ProxyError")  # gcsfs raises requests' ProxyError, without a status, for a 502
 _RETRIED_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout",
                   "Throttling", "ThrottlingException", "RequestTimeTooSkewed", "503", "500"}
 
@@ -93,6 +94,8 @@ def transient(exc: BaseException) -> bool:
         status = _status(error)
         if isinstance(status, str):
             return status in _RETRIED_CODES
+        if status == 401 and "Invalid Credentials" in str(error):
+            return True  # an expired Google token: gcsfs refreshes it for the next request
         if status is not None:
             return status >= 500 or status in (408, 429)
         if isinstance(error, (TimeoutError, ConnectionError, ShortResponse)):

@@ -5,6 +5,9 @@ stopped here (tests/helpers/remote.py has the servers themselves).
   ``.endpoint``, ``.upload(folder, bucket, prefix)``, ``.options(**RemoteOptions keywords)``,
   ``.client()``, ``.stop()``/``.start()``).
 * ``fresh_moto``: one of the test's own, for tests that stop and restart it.
+* ``gcs_server``: gcp-storage-emulator's Cloud Storage server, one per test module (a
+  :class:`GcsServer`: ``.endpoint``, ``.upload(folder, bucket, prefix)``, ``.options(...)``);
+  skips where gcsfs or the emulator is not installed (the test extra installs both).
 * ``nginx_server``: nginx serving the folder ``nginx_root`` (a :class:`Nginx`: ``.url``,
   ``.bytes_sent()``, ``.stop()``/``.start()``); skips, saying so, where nginx is not installed
   (fails with ``FASTPIPE_REQUIRE_NGINX=1``: CI installs it).
@@ -13,6 +16,7 @@ stopped here (tests/helpers/remote.py has the servers themselves).
 * ``shards``: three WebDataset tar shards of ten JPEG samples written locally
   (``shards.folder``), put in moto (``shards.s3``: ``s3://shards/train/``) and in nginx's
   folder (``shards.http``: the list of their URLs); ``shards.jpegs``: the images' bytes.
+* ``gcs_shards``: the same shards put in ``gcs_server`` (``gs://shards/train/``).
 * ``cache_dir``: an empty cache folder for the test.
 """
 
@@ -29,6 +33,7 @@ pytest.importorskip("moto", exc_type=ImportError)
 from tests.helpers.pack import write_shards  # noqa: E402
 from tests.helpers.remote import (  # noqa: E402
     FaultProxy,
+    GcsServer,
     MotoServer,
     Nginx,
     nginx_binary,
@@ -39,6 +44,17 @@ from tests.helpers.remote import (  # noqa: E402
 @pytest.fixture(scope="module")
 def moto_server():
     server = MotoServer()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def gcs_server():
+    pytest.importorskip("gcsfs", exc_type=ImportError)
+    pytest.importorskip("gcp_storage_emulator", exc_type=ImportError)
+    server = GcsServer()
     try:
         yield server
     finally:
@@ -97,6 +113,12 @@ def shards(tmp_path_factory, moto_server, nginx_root):
         http = [f"train/{p.name}" for p in sorted(folder.glob("*.tar"))]
     return types.SimpleNamespace(folder=folder, jpegs=jpegs, s3="s3://shards/train/",
                                  s3_urls=s3, http_paths=http)
+
+
+@pytest.fixture(scope="module")
+def gcs_shards(shards, gcs_server) -> str:
+    gcs_server.upload(shards.folder, "shards", "train/")
+    return "gs://shards/train/"
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
-"""Faults of the store while shards are read, with real servers: stopped mid-epoch and started
-again (the epoch completes, no sample skipped or repeated), slow answers (within the timeout:
-read; past it: retried, then named), 503s (retried), a body cut short (retried, then a clear
-error naming the object, nothing half-written in the cache), and no credential in any message."""
+"""Faults of the store while shards are read, with real servers (S3, Cloud Storage, HTTP):
+stopped mid-epoch and started again (the epoch completes, no sample skipped or repeated), slow
+answers (within the timeout: read; past it: retried, then named), 503s and 502s (retried, by
+fastpipe alone), a body cut short (retried, then a clear error naming the object, nothing
+half-written in the cache), and no credential in any message."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 from fastpipe import DataLoaderX, Recipe
 from fastpipe.data import RemoteError, RemoteOptions, ShardCache, TarDataset
 from fastpipe.data.remote.cache import PART
-from tests.helpers.remote import ACCESS_KEY, SECRET_KEY
+from tests.helpers.remote import ACCESS_KEY, SECRET_KEY, GcsServer, MotoServer
 
 FIELDS = ["jpg", "cls", "txt"]
 EXPECTED = sorted(f"sample {k}" for k in range(30))
@@ -31,13 +32,27 @@ def _texts(dataset, **loader) -> list[str]:
 
 
 @pytest.mark.slow
-def test_s3_stopped_mid_epoch_and_started_again(shards, fresh_moto, fault_proxy, cache_dir):
-    fresh_moto.upload(shards.folder, "shards", "train/")
-    # moto keeps nothing when it stops: clients reach it through a proxy that refuses
-    # connections from the stop until the restarted server holds the same objects again
-    proxy = fault_proxy(fresh_moto.endpoint)
-    options = fresh_moto.options(proxy.url, cache_dir=cache_dir, **FAST)
-    dataset = TarDataset("s3://shards/train/", fields=FIELDS,
+@pytest.mark.parametrize("store", ["s3", "gs"])
+def test_a_store_stopped_mid_epoch_and_started_again(shards, fault_proxy, cache_dir, store):
+    if store == "s3":
+        server = MotoServer()
+    else:
+        pytest.importorskip("gcsfs", exc_type=ImportError)
+        pytest.importorskip("gcp_storage_emulator", exc_type=ImportError)
+        server = GcsServer()
+    try:
+        _stopped_mid_epoch_and_started_again(server, store, shards, fault_proxy, cache_dir)
+    finally:
+        server.stop()
+
+
+def _stopped_mid_epoch_and_started_again(server, store, shards, fault_proxy, cache_dir):
+    server.upload(shards.folder, "shards", "train/")
+    # The server keeps nothing when it stops: clients reach it through a proxy that refuses
+    # connections from the stop until the restarted server holds the same objects again.
+    proxy = fault_proxy(server.endpoint)
+    options = server.options(proxy.url, cache_dir=cache_dir, **FAST)
+    dataset = TarDataset(f"{store}://shards/train/", fields=FIELDS,
                          recipe=Recipe(train=False, size=16), remote=options)
     shutil.rmtree(cache_dir / "objects")  # the epoch downloads every shard
     seen = []
@@ -45,8 +60,8 @@ def test_s3_stopped_mid_epoch_and_started_again(shards, fresh_moto, fault_proxy,
 
     def start_again():
         time.sleep(1.0)
-        fresh_moto.start()
-        fresh_moto.upload(shards.folder, "shards", "train/")  # the same bytes, the same ETags
+        server.start()
+        server.upload(shards.folder, "shards", "train/")  # the same bytes, the same ETags
         proxy.up()
         restarted.set()
 
@@ -56,7 +71,7 @@ def test_s3_stopped_mid_epoch_and_started_again(shards, fresh_moto, fault_proxy,
             seen += list(texts)
             if k == 0:
                 proxy.down()
-                fresh_moto.stop()
+                server.stop()
                 worker.start()
     finally:
         if worker.is_alive():
@@ -141,6 +156,26 @@ def test_a_body_cut_short_is_retried_then_named(shards, moto_server, fault_proxy
     proxy.truncate("000001.tar", -1)  # the store is whole again: read as it is
     with open(cache.local_path(url), "rb") as f:
         assert f.read() == (shards.folder / "000001.tar").read_bytes()
+
+
+@pytest.mark.parametrize("status", [503, 502])
+def test_cloud_storage_errors_are_retried_by_fastpipe_alone(shards, gcs_shards, gcs_server,
+                                                              fault_proxy, cache_dir, status):
+    """gcsfs retries every failed request itself, up to six times with waits of 1 to 16 s:
+    fastpipe makes each request once and retries as the options say (a 502, which gcsfs raises
+    without a status, is retried too). A body cut short on every answer is named after
+    ``retries + 1`` downloads, not minutes of gcsfs's own."""
+    proxy = fault_proxy(gcs_server.endpoint)
+    options = gcs_server.options(proxy.url, cache_dir=cache_dir, retries=2, backoff=0.01)
+    url = gcs_shards + "000001.tar"
+    proxy.fail_next(2, status, pattern="^/download/.*000001.tar")  # the object's bytes
+    with open(ShardCache(options).local_path(url), "rb") as f:
+        assert f.read() == (shards.folder / "000001.tar").read_bytes()
+    assert not proxy.faults.status and proxy.gets("000001.tar") == 3
+    proxy.truncate("000002.tar", 1000)
+    with pytest.raises(RemoteError, match=r"000002.tar: .* failed 3 times"):
+        ShardCache(options).local_path(gcs_shards + "000002.tar")
+    assert proxy.gets("000002.tar") == 3
 
 
 def test_no_credential_in_messages_or_reprs(shards, moto_server, cache_dir):

@@ -105,3 +105,21 @@ def test_a_stop_ends_the_backoff():
         attempt(lambda: (_ for _ in ()).throw(TimeoutError()), "s3://b/x", "reading", options,
                 stop)
     assert time.monotonic() - started < 2
+
+
+def test_cloud_storage_errors_as_gcsfs_raises_them():
+    """fastpipe makes gcsfs's requests once and retries them itself: the errors gcsfs raises
+    (its own HttpError, requests' ProxyError for a 502) are told apart as its retries did; an
+    expired token's 401 passes (gcsfs refreshes the token for the next request), another 401
+    does not."""
+    retry = pytest.importorskip("gcsfs.retry", exc_type=ImportError)
+    import requests
+
+    for passing in (retry.HttpError({"code": 503, "message": "Service Unavailable"}),
+                    retry.HttpError({"code": 429, "message": "rate"}),
+                    retry.HttpError({"code": 401, "message": "Invalid Credentials"}),
+                    requests.exceptions.ProxyError()):
+        assert transient(passing), passing
+    for final in (retry.HttpError({"code": 401, "message": "Login Required"}),
+                  retry.HttpError({"code": 400, "message": "bad"})):
+        assert not transient(final), final

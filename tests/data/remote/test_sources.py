@@ -1,7 +1,7 @@
-"""Packs, list files and image folders read over S3 (moto) and HTTP (nginx) through the node's
-cache, bit-exact against the local copies: a pack downloaded once and checked against its
-CRC-32s (a damaged one refused, naming it; a virtual merge refused with the fix), what a URL
-names (kind_of, resolve), and image_loader on a URL."""
+"""Packs, list files and image folders read over S3 (moto), Cloud Storage (gcp-storage-emulator)
+and HTTP (nginx) through the node's cache, bit-exact against the local copies: a pack
+downloaded once and checked against its CRC-32s (a damaged one refused, naming it; a virtual
+merge refused with the fix), what a URL names (kind_of, resolve), and image_loader on a URL."""
 
 from __future__ import annotations
 
@@ -48,11 +48,21 @@ def data(tmp_path_factory, moto_server, nginx_root):
     return types.SimpleNamespace(root=root, images=images)
 
 
-@pytest.fixture(params=["s3", "http"])
+@pytest.fixture(scope="module")
+def gcs_data(data, gcs_server):
+    """The data folder in the Cloud Storage server's bucket 'data'."""
+    gcs_server.upload(data.root, "data")
+    return gcs_server
+
+
+@pytest.fixture(params=["s3", "gs", "http"])
 def at(request, moto_server, cache_dir):
     """A function: path relative to the data folder -> its URL; and the options to read it."""
     if request.param == "s3":
         return (lambda rel: f"s3://data/{rel}"), moto_server.options(cache_dir=cache_dir)
+    if request.param == "gs":
+        server = request.getfixturevalue("gcs_data")
+        return (lambda rel: f"gs://data/{rel}"), server.options(cache_dir=cache_dir)
     server = request.getfixturevalue("nginx_server")
     return (lambda rel: f"{server.url}/data/{rel}"), RemoteOptions(cache_dir=cache_dir)
 

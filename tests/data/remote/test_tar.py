@@ -1,7 +1,7 @@
-"""Tar shards read over S3 (moto) and HTTP (nginx) through the node's cache: every sample
-bit-exact against the local copy, through DataLoaderX with worker processes (fork, spawn) and
-threads, the indexes built once per node, and a cache smaller than the dataset streaming two
-epochs with every sample once in each."""
+"""Tar shards read over S3 (moto), Cloud Storage (gcp-storage-emulator) and HTTP (nginx) through
+the node's cache: every sample bit-exact against the local copy, through DataLoaderX with worker
+processes (fork, spawn) and threads, the indexes built once per node, and a cache smaller than
+the dataset streaming two epochs with every sample once in each."""
 
 from __future__ import annotations
 
@@ -20,12 +20,17 @@ from tests.helpers.pack import write_shards
 FIELDS = ["jpg", "cls", "txt"]
 
 
-@pytest.fixture(params=["s3", "http"])
+@pytest.fixture(params=["s3", "gs", "http"])
 def served(request, shards, moto_server, fault_proxy, cache_dir):
-    """(URL of the shards, options, proxy counting the requests) over S3 or HTTP."""
+    """(URL of the shards, options, proxy counting the requests) over S3, Cloud Storage or
+    HTTP."""
     if request.param == "s3":
         proxy = fault_proxy(moto_server.endpoint)
         return shards.s3, moto_server.options(proxy.url, cache_dir=cache_dir), proxy
+    if request.param == "gs":
+        url, server = request.getfixturevalue("gcs_shards"), request.getfixturevalue("gcs_server")
+        proxy = fault_proxy(server.endpoint)
+        return url, server.options(proxy.url, cache_dir=cache_dir), proxy
     server = request.getfixturevalue("nginx_server")
     proxy = fault_proxy(server.url)
     return (f"{proxy.url}/train/", RemoteOptions(cache_dir=cache_dir), proxy)
@@ -82,6 +87,10 @@ def _beside_the_shards(request, served, shards, tmp_path) -> str:
     if url.startswith("s3://"):
         request.getfixturevalue("moto_server").client().put_object(
             Bucket="shards", Key="train/shards.json", Body=_list_beside(shards, tmp_path))
+    elif url.startswith("gs://"):
+        (tmp_path / "list").mkdir()
+        (tmp_path / "list" / "shards.json").write_bytes(_list_beside(shards, tmp_path))
+        request.getfixturevalue("gcs_server").upload(tmp_path / "list", "shards", "train/")
     else:
         (request.getfixturevalue("nginx_root") / "train" / "shards.json").write_bytes(
             _list_beside(shards, tmp_path))

@@ -1,8 +1,9 @@
 """Parquet in object storage, against real servers on the loopback (tests/helpers/remote.py):
-moto's S3 server and nginx. A Hub-layout dataset read by URL is the local one bit for bit; only
-the footers are read when it is opened; each file is downloaded once, in the order the samplers
-read, through a cache smaller than the dataset; and a job saved on 4 gloo ranks mid-epoch resumes
-on 3 and on 6 over S3 with every sample once and the uninterrupted draws."""
+moto's S3 server, gcp-storage-emulator's Cloud Storage server and nginx. A Hub-layout dataset
+read by URL is the local one bit for bit; only the footers are read when it is opened; each file
+is downloaded once, in the order the samplers read, through a cache smaller than the dataset;
+and a job saved on 4 gloo ranks mid-epoch resumes on 3 and on 6 over S3 with every sample once
+and the uninterrupted draws."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from fastpipe import DataLoaderX  # noqa: E402
 from fastpipe.data import DistributedSampler, ParquetDataset, SampleIndex, fast_collate  # noqa
 from fastpipe.data.sources.parquet import ParquetSource  # noqa: E402
 from tests.helpers.parquet import hub_dataset  # noqa: E402
-from tests.helpers.remote import MotoServer, Nginx, require_nginx  # noqa: E402
+from tests.helpers.remote import GcsServer, MotoServer, Nginx, require_nginx  # noqa: E402
 
 RECIPE = fastpipe.Recipe(train=True, size=24)
 
@@ -46,6 +47,18 @@ def moto(hub):
         server.stop()
 
 
+@pytest.fixture(scope="module")
+def gcs(hub):
+    pytest.importorskip("gcsfs", exc_type=ImportError)
+    pytest.importorskip("gcp_storage_emulator", exc_type=ImportError)
+    server = GcsServer()
+    try:
+        server.upload(hub[0], "hub", "imagenet-like/")
+        yield server
+    finally:
+        server.stop()
+
+
 def _objects(cache: Path) -> list[Path]:
     return sorted(p for p in (cache / "objects").rglob("*.parquet")) if cache.exists() else []
 
@@ -57,15 +70,18 @@ def _same_records(remote: ParquetSource, local: ParquetSource) -> None:
         assert a["image"].tobytes() == b["image"].tobytes() and int(a["id"]) == int(b["id"])
 
 
-def test_a_hub_folder_on_s3_opens_by_its_footers_and_reads_bit_for_bit(hub, moto, tmp_path):
+@pytest.mark.parametrize("store", ["s3", "gs"])
+def test_a_hub_folder_in_a_bucket_opens_by_its_footers_and_reads_bit_for_bit(
+        hub, request, tmp_path, store):
     root, _ = hub
     cache = tmp_path / "cache"
-    options = moto.options(cache_dir=cache)
+    server = request.getfixturevalue("moto" if store == "s3" else "gcs")
+    options = server.options(cache_dir=cache)
     with pytest.raises(ValueError, match="splits 'train', 'validation'"):
-        ParquetSource("s3://hub/imagenet-like", remote=options)
-    remote = ParquetSource("s3://hub/imagenet-like/", split="train", remote=options)
+        ParquetSource(f"{store}://hub/imagenet-like", remote=options)
+    remote = ParquetSource(f"{store}://hub/imagenet-like/", split="train", remote=options)
     assert _objects(cache) == []  # only the footers were read, by ranges
-    assert remote.files[0] == "s3://hub/imagenet-like/data/train-00000-of-00004.parquet"
+    assert remote.files[0] == f"{store}://hub/imagenet-like/data/train-00000-of-00004.parquet"
     assert remote.schema.classes == {"label": ("cat", "dog", "fish")}
     assert remote.describe(16) == "data/train-00001-of-00004.parquet[row 1] (img_00016.JPEG)"
     local = ParquetSource(root, split="train")
