@@ -96,26 +96,36 @@ def _end(process: subprocess.Popen | None) -> None:
         process.wait()
 
 
-class MotoServer:
-    """moto's S3 server in a process of its own on ``port`` (one of its own by default)."""
+class _ServerProcess:
+    """A server in a process of its own on ``port`` (one of its own by default), listening once
+    built: :meth:`command` is how it starts."""
 
     def __init__(self, port: int | None = None) -> None:
         self.port = port or free_port()
         self.process: subprocess.Popen | None = None
         self.start()
 
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self.process = _guarded(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = _guarded(self.command(), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
         wait_for_port(self.port, process=self.process)
 
     def stop(self) -> None:
         _end(self.process)
+
+
+class MotoServer(_ServerProcess):
+    """moto's S3 server."""
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
 
     def client(self):
         import boto3
@@ -148,28 +158,12 @@ class MotoServer:
         return RemoteOptions(storage_options=storage, **kwargs)
 
 
-class GcsServer:
-    """gcp-storage-emulator's Cloud Storage server in a process of its own on ``port`` (one of
-    its own by default), its objects in memory."""
+class GcsServer(_ServerProcess):
+    """gcp-storage-emulator's Cloud Storage server, its objects in memory."""
 
-    def __init__(self, port: int | None = None) -> None:
-        self.port = port or free_port()
-        self.process: subprocess.Popen | None = None
-        self.start()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        self.process = _guarded(
-            [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
-             "--port", str(self.port), "--in-memory"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for_port(self.port, process=self.process)
-
-    def stop(self) -> None:
-        _end(self.process)
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
+                "--port", str(self.port), "--in-memory"]
 
     def storage(self, endpoint: str | None = None) -> dict:
         """gcsfs's storage options for this server (or ``endpoint``, a proxy in front of it)."""
