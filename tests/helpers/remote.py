@@ -191,6 +191,42 @@ class GcsServer(_ServerProcess):
         return RemoteOptions(storage_options=self.storage(endpoint), **kwargs)
 
 
+class HubServer(_ServerProcess):
+    """The Hugging Face Hub's HTTP API for one dataset repository, ``hf://datasets/`` +
+    :data:`tests.helpers.hub.REPO`, serving the folder ``root`` (tests/helpers/hub.py)."""
+
+    def __init__(self, root: Path, port: int | None = None) -> None:
+        self.root = Path(root)
+        super().__init__(port)
+
+    def command(self) -> list[str]:
+        return [sys.executable, str(Path(__file__).with_name("hub.py")), str(self.port),
+                str(self.root)]
+
+    @property
+    def url(self) -> str:
+        from tests.helpers.hub import REPO
+
+        return f"hf://datasets/{REPO}"
+
+    def requests(self) -> Counter:
+        """The server's requests so far, by ``"METHOD path"``."""
+        import json
+        import urllib.request
+
+        from tests.helpers.hub import COUNTS
+
+        with urllib.request.urlopen(self.endpoint + COUNTS, timeout=10) as answer:
+            return Counter(json.loads(answer.read()))
+
+    def options(self, endpoint: str | None = None, **kwargs):
+        """RemoteOptions that reach this server (or ``endpoint``, a proxy in front of it)."""
+        from fastpipe.data.remote.options import RemoteOptions
+
+        return RemoteOptions(storage_options={"endpoint": endpoint or self.endpoint,
+                                              "token": False}, **kwargs)
+
+
 def nginx_binary() -> str | None:
     found = shutil.which("nginx")
     if found is None and os.path.exists("/usr/sbin/nginx"):

@@ -4,8 +4,9 @@ process, and the few calls fastpipe makes of them (an object's size and ETag, a 
 listing), each bounded by the options' timeout and stoppable from another thread.
 
 The backends' own retry loops are turned off (botocore's where the options do not set them,
-gcsfs's always), so that one budget, :class:`~fastpipe.data.remote.options.RemoteOptions`'
-``retries``, decides how long a failing store is waited for.
+gcsfs's and huggingface_hub's reads always), so that one budget,
+:class:`~fastpipe.data.remote.options.RemoteOptions`' ``retries``, decides how long a failing
+store is waited for.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import asyncio
 import concurrent.futures
 import copy
 import hashlib
+import importlib.metadata
 import os
 import threading
 from collections.abc import Mapping
@@ -92,6 +94,8 @@ def _backend(proto: str, storage_options: Mapping[str, Any]) -> Any:
         if endpoint and str(endpoint).rstrip("/") != _GOOGLE_STORAGE:
             from gcsfs.core import GCSFileSystem as cls
         cls = _tried_once(cls)
+    elif proto == "hf":
+        cls = _hub_ranges_once(cls)
     return cls
 
 
@@ -112,6 +116,41 @@ def _tried_once(cls: type) -> type:
             "__doc__": f"{cls.__module__}.{cls.__qualname__}, each request made once"})
         _ONCE[cls] = made
     return made
+
+
+def _hub_ranges_once(cls: type) -> type:
+    """huggingface_hub's file system with ``cat_file`` (the one call fastpipe reads bytes with)
+    as one range request bounded by the options' timeout: its own reads go through buffered
+    files that retry each request five times with waits of up to 8 s, under the library's own
+    timeout, so that a Hub answering 503s would be named after a minute and more whatever
+    ``RemoteOptions`` say, and a slow answer waited for past ``timeout``."""
+    made = _ONCE.get(cls)
+    if made is None:
+        from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_backoff
+
+        def cat_file(self: Any, path: str, start: int | None = None, end: int | None = None,
+                     **kwargs: Any) -> bytes:
+            headers = build_hf_headers(token=self.token, library_name="fastpipe",
+                                       library_version=_version())
+            if start is not None or end is not None:
+                last = "" if end is None else str(end - 1)
+                headers["range"] = f"bytes={start or 0}-{last}"
+            answer = http_backoff("GET", self.url(path), headers=headers, max_retries=0,
+                                  timeout=self.fastpipe_timeout)
+            hf_raise_for_status(answer)
+            return answer.content
+
+        made = _ONCE[cls] = type(cls.__name__, (cls,), {
+            "cat_file": cat_file, "fastpipe_timeout": 60.0, "__module__": __name__,
+            "__doc__": f"{cls.__module__}.{cls.__qualname__}, its ranges read once"})
+    return made
+
+
+def _version() -> str | None:
+    try:
+        return importlib.metadata.version("fastpipe")
+    except importlib.metadata.PackageNotFoundError:  # a source tree that was not installed
+        return None
 
 
 def _with_defaults(proto: str, given: Mapping[str, Any], options: RemoteOptions) -> dict:
@@ -152,7 +191,10 @@ class _Instances:
             if fs is None:
                 so = _with_defaults(proto, options.storage_options, options)
                 cls = _backend(proto, so)
-                fs = self._made[key] = cls(skip_instance_cache=True, **so)
+                fs = cls(skip_instance_cache=True, **so)
+                if hasattr(fs, "fastpipe_timeout"):
+                    fs.fastpipe_timeout = options.timeout
+                self._made[key] = fs
             return fs
 
     def after_fork(self) -> None:
