@@ -99,6 +99,7 @@ def _backend(proto: str, storage_options: Mapping[str, Any]) -> Any:
     return cls
 
 
+# The classes _tried_once and _hub_ranges_once made, by the backend class they wrap.
 _ONCE: dict[type, type] = {}
 
 
