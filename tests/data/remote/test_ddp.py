@@ -1,8 +1,8 @@
 """Two gloo ranks on one node read tar shards (worker processes, fork), a pack (worker threads)
-and Parquet files in the Hub's layout (worker processes, spawn) over S3 (moto) and HTTP (nginx),
-sharing the node's cache: two epochs, every sample once per epoch across the ranks, bit-exact
-against the local copies, and each object downloaded once for the node (counted by a proxy in
-front of the server)."""
+and Parquet files in the Hub's layout (worker processes, spawn) over S3 (moto), Cloud Storage
+(gcp-storage-emulator) and HTTP (nginx), sharing the node's cache: two epochs, every sample once
+per epoch across the ranks, bit-exact against the local copies, and each object downloaded once
+for the node (counted by a proxy in front of the server)."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def _two_ranks(tmp_path: Path, shards: str, packed_url: str, parquet: str | list
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("served", ["s3", "http"])
+@pytest.mark.parametrize("served", ["s3", "gs", "http"])
 def test_two_ranks_read_every_sample_once_and_download_each_object_once(
         served, shards, packed, hub, moto_server, fault_proxy, cache_dir, tmp_path, request):
     if served == "s3":
@@ -133,6 +133,14 @@ def test_two_ranks_read_every_sample_once_and_download_each_object_once(
             "client_kwargs": {"endpoint_url": proxy.url, "region_name": "us-east-1"}}}
         shard_url, pack_url = shards.s3, "s3://ddp/train.h5"
         parquet = "s3://ddp-hub/"  # the Hub's layout: data/train-0000k-of-00002.parquet
+    elif served == "gs":
+        server = request.getfixturevalue("gcs_server")
+        shard_url = request.getfixturevalue("gcs_shards")
+        server.upload(packed.parent, "ddp")
+        server.upload(hub[0], "ddp-hub")
+        proxy = fault_proxy(server.endpoint)
+        options = {"cache_dir": str(cache_dir), "storage_options": server.storage(proxy.url)}
+        pack_url, parquet = "gs://ddp/train.h5", "gs://ddp-hub/"
     else:
         proxy = fault_proxy(request.getfixturevalue("nginx_server").url)
         options = {"cache_dir": str(cache_dir)}
