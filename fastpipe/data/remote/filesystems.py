@@ -129,10 +129,12 @@ def _hub_ranges_once(cls: type) -> type:
     if made is None:
         from huggingface_hub.utils import build_hf_headers, hf_raise_for_status, http_backoff
 
+        version = _version()
+
         def cat_file(self: Any, path: str, start: int | None = None, end: int | None = None,
                      **kwargs: Any) -> bytes:
             headers = build_hf_headers(token=self.token, library_name="fastpipe",
-                                       library_version=_version())
+                                       library_version=version)
             if start is not None or end is not None:
                 last = "" if end is None else str(end - 1)
                 headers["range"] = f"bytes={start or 0}-{last}"
