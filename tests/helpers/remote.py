@@ -120,6 +120,12 @@ class _ServerProcess:
     def stop(self) -> None:
         _end(self.process)
 
+    def __enter__(self) -> _ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
 
 class MotoServer(_ServerProcess):
     """moto's S3 server."""
@@ -160,6 +166,15 @@ class MotoServer(_ServerProcess):
 
 class GcsServer(_ServerProcess):
     """gcp-storage-emulator's Cloud Storage server, its objects in memory."""
+
+    @staticmethod
+    def require() -> None:
+        """Skips the test where gcsfs or the emulator is not installed (the test extra installs
+        both)."""
+        import pytest
+
+        pytest.importorskip("gcsfs", exc_type=ImportError)
+        pytest.importorskip("gcp_storage_emulator", exc_type=ImportError)
 
     def command(self) -> list[str]:
         return [sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",

@@ -43,31 +43,21 @@ from tests.helpers.remote import (  # noqa: E402
 
 @pytest.fixture(scope="module")
 def moto_server():
-    server = MotoServer()
-    try:
+    with MotoServer() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
 def gcs_server():
-    pytest.importorskip("gcsfs", exc_type=ImportError)
-    pytest.importorskip("gcp_storage_emulator", exc_type=ImportError)
-    server = GcsServer()
-    try:
+    GcsServer.require()
+    with GcsServer() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
 def fresh_moto():
-    server = MotoServer()
-    try:
+    with MotoServer() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -34,16 +34,10 @@ def _texts(dataset, **loader) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("store", ["s3", "gs"])
 def test_a_store_stopped_mid_epoch_and_started_again(shards, fault_proxy, cache_dir, store):
-    if store == "s3":
-        server = MotoServer()
-    else:
-        pytest.importorskip("gcsfs", exc_type=ImportError)
-        pytest.importorskip("gcp_storage_emulator", exc_type=ImportError)
-        server = GcsServer()
-    try:
+    if store == "gs":
+        GcsServer.require()
+    with MotoServer() if store == "s3" else GcsServer() as server:
         _stopped_mid_epoch_and_started_again(server, store, shards, fault_proxy, cache_dir)
-    finally:
-        server.stop()
 
 
 def _stopped_mid_epoch_and_started_again(server, store, shards, fault_proxy, cache_dir):

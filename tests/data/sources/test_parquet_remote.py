@@ -39,24 +39,17 @@ def hub(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def moto(hub):
-    server = MotoServer()
-    try:
+    with MotoServer() as server:
         server.upload(hub[0], "hub", "imagenet-like/")
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
 def gcs(hub):
-    pytest.importorskip("gcsfs", exc_type=ImportError)
-    pytest.importorskip("gcp_storage_emulator", exc_type=ImportError)
-    server = GcsServer()
-    try:
+    GcsServer.require()
+    with GcsServer() as server:
         server.upload(hub[0], "hub", "imagenet-like/")
         yield server
-    finally:
-        server.stop()
 
 
 def _objects(cache: Path) -> list[Path]:
