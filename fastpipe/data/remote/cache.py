@@ -12,6 +12,8 @@ Layout under ``RemoteOptions.cache_dir``::
     objects/<ab>/<key>/.used       touched whenever a process starts reading the entry (LRU)
     objects/<ab>/<key>/<name>.<pid>.<thread>.part   a download under way
     cache.lock                     held while room is made (eviction) and a download reserves it
+    usage.json                     the ledger: the bytes counted at the last full count (a
+                                   listing of every entry) plus each download reserved since
 
 An object is downloaded once per node: the process that finds its entry missing or not valid
 takes the entry's fetch lock and downloads it; every other process that needs it waits for that
@@ -27,6 +29,14 @@ While a process reads an entry it holds the entry's shared lock (a pin): evictio
 the exclusive lock and never waits for it, passes over it. When the read is done the entry is
 unpinned, and the hooks of :func:`add_unpin_hook` are told (the reader engine then unmaps the
 file, so an evicted file's space is given back).
+
+Room is made against the ledger, not a listing of the cache: the cache is counted in full (and
+its least recently read entries evicted) only where the ledger says a download does not fit, is
+missing or unreadable, or is ``RECOUNT_SECONDS`` old; an eviction frees a little more than the
+download needs where the cache is large (``SPARE_ABOVE``), so that the next ones fit without
+a count. The ledger can only
+count too much (an entry replaced or removed other than by eviction stays in it until the next
+count), so the limit holds.
 """
 
 from __future__ import annotations
@@ -63,6 +73,15 @@ PART = ".part"
 IDLE_PINS = 0
 # The check run on a downloaded file before it becomes the entry: raises where it is damaged.
 Check = Callable[[str], None]
+USAGE = "usage.json"
+# Seconds a full count stays the ledger's base (bytes another program put in the cache, or an
+# older fastpipe's downloads, are found within this).
+RECOUNT_SECONDS = 60.0
+# Listing a cache of more entries than SPARE_ABOVE is slow, and holds the node's lock: an
+# eviction there leaves free, besides the download's size, the least of 1/32 of the limit and 64
+# downloads of that size, so that a cache that streams is not listed for every download. A
+# smaller cache is listed for every download that needs room, and keeps all that fits.
+SPARE_ABOVE = 256
 
 
 @dataclass(frozen=True)
@@ -370,7 +389,10 @@ class ShardCache:
                         f"{redact(e.url)}: two downloads of it differ, and neither matches its "
                         "ETag: the transfer is damaged (a proxy or the network); try again",
                         redact(e.url), 2)
-            now = remote_info(e.url, self.options, stop)
+            # Bytes whose MD5 is the listed object's are that object: asking the store again
+            # would say nothing more. Otherwise it may have been rewritten meanwhile.
+            now = found if found.md5 is not None and md5 == found.md5 else remote_info(
+                e.url, self.options, stop)
             if now.size != found.size or (found.etag and now.etag != found.etag):
                 raise RemoteError(
                     f"{redact(e.url)} changed while it was listed and downloaded (size "
@@ -399,8 +421,7 @@ class ShardCache:
         part = f"{e.data}.{os.getpid()}.{threading.get_ident()}{PART}"
         fd = locks.lock(self._cache_lock, shared=False, stop=stop)
         try:
-            if self.options.cache_limit is not None:
-                self._make_room(size, self.options.cache_limit)
+            self._make_room(size, self.options.cache_limit)
             out = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC
                           | getattr(os, "O_CLOEXEC", 0), 0o644)
             try:
@@ -466,14 +487,35 @@ class ShardCache:
             locks.unlock(fd)
         return 0
 
-    def _make_room(self, size: int, limit: int) -> None:
+    def _make_room(self, size: int, limit: int | None) -> None:
+        """Adds ``size`` bytes to the ledger (the caller holds the cache's lock), counting the
+        cache in full and evicting first where the ledger cannot say they fit under
+        ``limit``. Without a limit, only a ledger that exists is added to (processes with a
+        limit share it)."""
+        path = os.path.join(self.root, USAGE)
+        counted = _read_ledger(path)
+        if limit is None:
+            if counted is not None:
+                _write_ledger(path, counted[0] + size, counted[1])
+            return
+        now = time.time_ns()
+        if (counted is None or counted[0] + size > limit
+                or now - counted[1] > RECOUNT_SECONDS * 1e9):
+            counted = (self._evict(size, limit), now)
+        _write_ledger(path, counted[0] + size, counted[1])
+
+    def _evict(self, size: int, limit: int) -> int:
+        """Counts the cache in full and evicts the entries read longest ago until ``size``
+        more bytes fit (with a spare in a large cache: ``SPARE_ABOVE``); returns the bytes it
+        holds then."""
         global _warned_over_limit
         entries = self._scan()
         total = sum(item[1] for item in entries)
+        goal = limit - (min(limit // 32, 64 * size) if len(entries) > SPARE_ABOVE else 0)
         # Entries read longest ago first; entries downloaded ahead and never read last.
         for _, held, folder in sorted(entries):
-            if total + size <= limit:
-                return
+            if total + size <= goal:
+                break
             if not held:
                 continue
             fd = locks.try_lock(folder + ".lock", shared=False)
@@ -494,6 +536,26 @@ class ShardCache:
                 "over the limit for now: raise RemoteOptions(cache_limit=...) to at least the "
                 "objects read at once on this node (ranks x workers x shards each) plus those "
                 "fetched ahead", RuntimeWarning, stacklevel=2)
+        return total
+
+
+def _read_ledger(path: str) -> tuple[int, int] | None:
+    """(bytes, when they were counted in full) from the ledger; None where it is missing or
+    unreadable (cut short by a process killed while writing it)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        counted, when = doc["bytes"], doc["counted_ns"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if type(counted) is not int or type(when) is not int or counted < 0:
+        return None
+    return counted, when
+
+
+def _write_ledger(path: str, counted: int, when: int) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"bytes": counted, "counted_ns": when}, f)
 
 
 def _listdir(path: str) -> list[str]:
