@@ -154,9 +154,11 @@ def _child(argv: list[str]) -> int:
 
 # ---------------------------------------------------------------- in the parent
 
-def add_arguments(parser: argparse.ArgumentParser, *, repeat: int, quick_repeat: int = 1) -> None:
+def add_arguments(parser: argparse.ArgumentParser, *, repeat: int, quick_repeat: int = 1,
+                  baseline: bool = True) -> None:
     """The options of the benchmarks that run each measurement in its own process: rounds, a row
-    filter, where the tables go, and a baseline checkout."""
+    filter, where the tables go, and (``baseline``: for those that measure one) a baseline
+    checkout."""
     parser.add_argument("--quick", action="store_true",
                         help="smoke run of a few seconds (its numbers mean nothing)")
     parser.add_argument("--repeat", type=int, default=None,
@@ -167,6 +169,8 @@ def add_arguments(parser: argparse.ArgumentParser, *, repeat: int, quick_repeat:
     parser.add_argument("--markdown", type=Path, default=None, help="write the tables here")
     parser.add_argument("--json", type=Path, default=None,
                         help="write every measurement (with its process id) here")
+    if not baseline:
+        return
     parser.add_argument("--baseline", type=Path, default=None, metavar="CHECKOUT",
                         help="also measure every row with the fastpipe of this checkout (a git "
                              "worktree of another commit, its extensions built in place: python "

@@ -179,7 +179,7 @@ def measure(name: str, cfg) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_png", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    _harness.add_arguments(parser, repeat=3)
+    _harness.add_arguments(parser, repeat=3, baseline=False)
     parser.add_argument("--passes", type=int, default=None,
                         help="timed passes over each set's 4 files per process (default 5)")
     args = parser.parse_args(argv)

@@ -37,7 +37,10 @@ per node to index it, where no index is cached yet). The shards are written once
 
     python -m benchmarks.bench_remote [--quick] [--images N] [--repeat R] [--markdown FILE]
         [--streaming-python /work/streaming-venv/bin/python]
-        [--litdata-python /work/litdata-venv/bin/python]
+        [--litdata-python /work/litdata-venv/bin/python] [--baseline CHECKOUT]
+
+``--baseline`` measures the fastpipe rows again with another checkout's fastpipe, in the same
+rounds, and prints each epoch's ratio.
 """
 
 from __future__ import annotations
@@ -427,6 +430,15 @@ def table(names: list[str], runs: _harness.Runs, config: dict) -> list[str]:
     return lines
 
 
+def _second_epoch(runs: _harness.Runs) -> _harness.Runs:
+    """The runs with each record's second epoch as its rate."""
+    def second(side: dict[str, list[dict]]) -> dict[str, list[dict]]:
+        return {name: [{**r, "rate": r["rate2"]} if "rate2" in r else r for r in records]
+                for name, records in side.items()}
+
+    return _harness.Runs(second(runs.current), second(runs.baseline), runs.records)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve"]:
@@ -448,6 +460,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="LitData's interpreter (a venv of its own)")
     _harness.add_arguments(parser, repeat=3)
     args = parser.parse_args(argv)
+    _harness.check_baseline(parser, args.baseline)
     if args.quick:
         args.images = 512  # 16 shards: Streaming wants a cache of 4 shards at least
     rounds = _harness.rounds_of(args, 3)
@@ -469,7 +482,8 @@ def main(argv: list[str] | None = None) -> int:
             return pythons[kind]
 
         runs = _harness.run_rounds("bench_remote", names, config, rounds, unit="samples/s",
-                                   python=python, twin=lambda name: False)
+                                   python=python, baseline=args.baseline,
+                                   twin=lambda name: name.startswith("fastpipe"))
     finally:
         server.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -479,6 +493,13 @@ def main(argv: list[str] | None = None) -> int:
              f"flip to normalized float32; {rounds} interleaved rounds (median, min-max), each "
              f"row in a fresh process with an empty cache. Machine: {_harness.machine()}.", "",
              *table(names, runs, config)]
+    if args.baseline is not None:
+        ours = [n for n in names if n.startswith("fastpipe")]
+        lines += ["", "The fastpipe rows against the fastpipe of "
+                  f"{_harness.describe_checkout(args.baseline.resolve())}, the first epoch:", "",
+                  *_harness.before_after(ours, runs, unit="samples/s"), "",
+                  "The second epoch:", "",
+                  *_harness.before_after(ours, _second_epoch(runs), unit="samples/s")]
     print("\n".join(lines))
     if args.markdown:
         args.markdown.write_text("\n".join(lines) + "\n")

@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_scale",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
-    _harness.add_arguments(parser, repeat=1)
+    _harness.add_arguments(parser, repeat=1, baseline=False)
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.quick:
         args.sizes = [2000, 4000]

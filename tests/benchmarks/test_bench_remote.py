@@ -65,3 +65,31 @@ def test_runs_as_a_file_and_says_what_it_measures():
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "MosaicML Streaming and LitData" in done.stdout and "--streaming-python" in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # 4 fresh interpreters importing torch, and the server's
+def test_a_baseline_checkout_measures_the_fastpipe_rows_again(tmp_path):
+    import json
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(bench_remote.__file__).resolve().parents[1]
+    baseline = tmp_path / "baseline"
+    shutil.copytree(root / "fastpipe", baseline / "fastpipe",
+                    ignore=shutil.ignore_patterns("csrc", "__pycache__"))
+    out = tmp_path / "runs.json"
+    done = subprocess.run([sys.executable, "-m", "benchmarks.bench_remote", "--images", "128",
+                           "--repeat", "1", "--only", "shard list", "local files",
+                           "--baseline", str(baseline), "--json", str(out)],
+                          cwd=root, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    measured = [(m["name"], m["baseline"], m["fastpipe"]) for m in json.loads(out.read_text())
+                if "rate" in m]
+    assert sorted(measured) == sorted(
+        (name, side, str((baseline if side else root) / "fastpipe"))
+        for name in (bench_remote.LISTED_ROW, "fastpipe TarDataset local files, 2 threads")
+        for side in (False, True))
+    assert done.stdout.count("| row | current samples/s | baseline samples/s |") == 2

@@ -117,3 +117,10 @@ def test_bench_scale_measures_every_row_of_a_small_run(tmp_path):
         assert measured[name]["seen"] == 2000
         assert measured[name]["worker_private_mb"] > 0 and measured[name]["worker_fds"] > 0
         assert measured[name]["worker_mapped_mb"] >= 0
+
+
+@pytest.mark.parametrize("module", ["bench_png", "bench_scale"])
+def test_a_benchmark_without_baseline_rows_refuses_a_baseline(module, tmp_path):
+    done = subprocess.run([sys.executable, "-m", f"benchmarks.{module}", "--baseline",
+                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "unrecognized arguments: --baseline" in done.stderr
