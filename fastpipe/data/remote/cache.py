@@ -34,9 +34,8 @@ Room is made against the ledger, not a listing of the cache: the cache is counte
 its least recently read entries evicted) only where the ledger says a download does not fit, is
 missing or unreadable, or is ``RECOUNT_SECONDS`` old; an eviction frees a little more than the
 download needs where the cache is large (``SPARE_ABOVE``), so that the next ones fit without
-a count. The ledger can only
-count too much (an entry replaced or removed other than by eviction stays in it until the next
-count), so the limit holds.
+a count. The ledger can only count too much (an entry replaced or removed other than by
+eviction stays in it until the next count), so the limit holds.
 """
 
 from __future__ import annotations
@@ -500,7 +499,7 @@ class ShardCache:
             return
         now = time.time_ns()
         if (counted is None or counted[0] + size > limit
-                or now - counted[1] > RECOUNT_SECONDS * 1e9):
+                or not 0 <= now - counted[1] <= RECOUNT_SECONDS * 1e9):
             counted = (self._evict(size, limit), now)
         _write_ledger(path, counted[0] + size, counted[1])
 
@@ -554,7 +553,8 @@ def _read_ledger(path: str) -> tuple[int, int] | None:
 
 
 def _write_ledger(path: str, counted: int, when: int) -> None:
-    with open(path, "w", encoding="utf-8") as f:
+    # A ledger that could not be written whole is unreadable: the next download counts the cache.
+    with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as f:
         json.dump({"bytes": counted, "counted_ns": when}, f)
 
 

@@ -114,7 +114,8 @@ def test_a_process_without_a_limit_adds_its_downloads_to_the_ledger(objects, opt
     assert limited.usage() <= 2.5 * SIZE
 
 
-@pytest.mark.parametrize("ledger", ["missing", "unreadable", "stale", "too much"])
+@pytest.mark.parametrize("ledger", ["missing", "unreadable", "stale", "from the future",
+                                    "too much"])
 def test_the_limit_holds_whatever_the_ledger_says(objects, options, ledger):
     urls = list(objects)
     cache = ShardCache(replace(options, cache_limit=int(2.5 * SIZE)))
@@ -129,6 +130,9 @@ def test_the_limit_holds_whatever_the_ledger_says(objects, options, ledger):
     elif ledger == "stale":  # ... or not: an older fastpipe put two more there a minute ago
         old = time.time_ns() - int((cache_module.RECOUNT_SECONDS + 1) * 1e9)
         path.write_text(json.dumps({"bytes": SIZE, "counted_ns": old}))
+    elif ledger == "from the future":  # the clock was set back since
+        later = time.time_ns() + int(3600 * 1e9)
+        path.write_text(json.dumps({"bytes": SIZE, "counted_ns": later}))
     else:  # an entry removed by hand is still counted: nothing is evicted for it
         path.write_text(json.dumps({"bytes": 10**12, "counted_ns": time.time_ns()}))
     cache.local_path(urls[3])
