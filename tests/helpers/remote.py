@@ -24,6 +24,7 @@ from __future__ import annotations
 import http.client
 import os
 import pwd
+import random
 import re
 import shutil
 import signal
@@ -153,6 +154,16 @@ class MotoServer(_ServerProcess):
             client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
             urls.append(f"s3://{bucket}/{key}")
         return urls
+
+    def upload_random(self, folder: Path, bucket: str, sizes: dict[str, int],
+                      seed: int) -> dict[str, bytes]:
+        """Objects of random bytes (file name -> size, drawn in this order from ``seed``)
+        written into ``folder`` and put in ``bucket``: URL -> bytes, sorted by URL."""
+        rng = random.Random(seed)
+        for name, size in sizes.items():
+            (Path(folder) / name).write_bytes(rng.randbytes(size))
+        return {url: (Path(folder) / url.rsplit("/", 1)[1]).read_bytes()
+                for url in self.upload(folder, bucket)}
 
     def options(self, endpoint: str | None = None, **kwargs):
         """RemoteOptions that reach this server (or ``endpoint``, a proxy in front of it)."""

@@ -2,8 +2,8 @@
 stopped here (tests/helpers/remote.py has the servers themselves).
 
 * ``moto_server``: moto's S3-compatible server, one per test module (a :class:`MotoServer`:
-  ``.endpoint``, ``.upload(folder, bucket, prefix)``, ``.options(**RemoteOptions keywords)``,
-  ``.client()``, ``.stop()``/``.start()``).
+  ``.endpoint``, ``.upload(folder, bucket, prefix)``, ``.upload_random(folder, bucket, sizes,
+  seed)``, ``.options(**RemoteOptions keywords)``, ``.client()``, ``.stop()``/``.start()``).
 * ``fresh_moto``: one of the test's own, for tests that stop and restart it.
 * ``gcs_server``: gcp-storage-emulator's Cloud Storage server, one per test module (a
   :class:`GcsServer`: ``.endpoint``, ``.upload(folder, bucket, prefix)``, ``.options(...)``);

@@ -29,12 +29,8 @@ SIZE = 40_000
 
 @pytest.fixture(scope="module")
 def objects(moto_server, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("objects")
-    rng = random.Random(5)
-    for k in range(4):
-        (folder / f"obj-{k}.bin").write_bytes(rng.randbytes(SIZE + k))
-    urls = moto_server.upload(folder, "cachetest")
-    return {url: (folder / url.rsplit("/", 1)[1]).read_bytes() for url in urls}
+    return moto_server.upload_random(tmp_path_factory.mktemp("objects"), "cachetest",
+                                     {f"obj-{k}.bin": SIZE + k for k in range(4)}, seed=5)
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -21,12 +20,8 @@ SIZE = 40_000
 
 @pytest.fixture(scope="module")
 def objects(moto_server, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("room")
-    rng = random.Random(7)
-    for k in range(6):
-        (folder / f"room-{k}.bin").write_bytes(rng.randbytes(SIZE))
-    urls = moto_server.upload(folder, "roomtest")
-    return {url: (folder / url.rsplit("/", 1)[1]).read_bytes() for url in sorted(urls)}
+    return moto_server.upload_random(tmp_path_factory.mktemp("room"), "roomtest",
+                                     {f"room-{k}.bin": SIZE for k in range(6)}, seed=7)
 
 
 @pytest.fixture
