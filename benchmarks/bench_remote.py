@@ -430,10 +430,16 @@ def table(names: list[str], runs: _harness.Runs, config: dict) -> list[str]:
     return lines
 
 
+def _ours(name: str) -> bool:
+    """Whether row ``name`` is fastpipe's (measured again with a baseline checkout)."""
+    return name.startswith("fastpipe")
+
+
 def _second_epoch(runs: _harness.Runs) -> _harness.Runs:
-    """The runs with each record's second epoch as its rate."""
+    """The runs with each record's second epoch as its rate (none where it has no second)."""
     def second(side: dict[str, list[dict]]) -> dict[str, list[dict]]:
-        return {name: [{**r, "rate": r["rate2"]} if "rate2" in r else r for r in records]
+        return {name: [{**r, "rate": r["rate2"]} if "rate2" in r
+                       else {k: v for k, v in r.items() if k != "rate"} for r in records]
                 for name, records in side.items()}
 
     return _harness.Runs(second(runs.current), second(runs.baseline), runs.records)
@@ -482,8 +488,7 @@ def main(argv: list[str] | None = None) -> int:
             return pythons[kind]
 
         runs = _harness.run_rounds("bench_remote", names, config, rounds, unit="samples/s",
-                                   python=python, baseline=args.baseline,
-                                   twin=lambda name: name.startswith("fastpipe"))
+                                   python=python, baseline=args.baseline, twin=_ours)
     finally:
         server.close()
         shutil.rmtree(work, ignore_errors=True)
@@ -494,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
              f"row in a fresh process with an empty cache. Machine: {_harness.machine()}.", "",
              *table(names, runs, config)]
     if args.baseline is not None:
-        ours = [n for n in names if n.startswith("fastpipe")]
+        ours = [n for n in names if _ours(n)]
         lines += ["", "The fastpipe rows against the fastpipe of "
                   f"{_harness.describe_checkout(args.baseline.resolve())}, the first epoch:", "",
                   *_harness.before_after(ours, runs, unit="samples/s"), "",
