@@ -128,6 +128,31 @@ class _ServerProcess:
         self.stop()
 
 
+def read_in_threads(options, urls: list[str], threads: int) -> list[str]:
+    """Every object through a fresh ShardCache in ``threads`` threads, each in its own order:
+    the MD5s of what they read, sorted, each once (a module-level function: a pool of spawned
+    processes runs it too)."""
+    import hashlib
+
+    from fastpipe.data import ShardCache
+
+    results = {}
+
+    def run(seed: int) -> None:
+        cache, order = ShardCache(options), list(urls)
+        random.Random(seed).shuffle(order)
+        for url in order:
+            data = Path(cache.local_path(url)).read_bytes()
+            results[(seed, url)] = hashlib.md5(data).hexdigest()
+
+    workers = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return sorted(set(results.values()))
+
+
 class MotoServer(_ServerProcess):
     """moto's S3 server."""
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import pytest
 
 from fastpipe.data import RemoteError, ShardCache
 from fastpipe.data.remote.cache import PART
-from tests.helpers.remote import MotoServer
+from tests.helpers.remote import MotoServer, read_in_threads
 
 REPO = Path(__file__).resolve().parents[3]
 SIZE = 40_000
@@ -57,34 +56,15 @@ def test_downloaded_once_whole_then_read_from_disk(objects, proxied):
     assert cache.holds(url) and not list(Path(path).parent.glob("*" + PART))
 
 
-def _read_all(options, urls, threads):
-    """Every object through a fresh cache in ``threads`` threads, each in its own order."""
-    results = {}
-
-    def run(seed):
-        cache = ShardCache(options)
-        order = list(urls)
-        random.Random(seed).shuffle(order)
-        for url in order:
-            results[(seed, url)] = _md5(Path(cache.local_path(url)).read_bytes())
-
-    workers = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-    return sorted(set(results.values()))
-
-
 @pytest.mark.slow
 def test_one_download_per_object_across_threads_and_processes(objects, proxied):
     proxy, options = proxied
     urls = sorted(objects)
     ctx = [multiprocessing.get_context("spawn"), multiprocessing.get_context("fork")]
     with ctx[0].Pool(2) as spawned, ctx[1].Pool(2) as forked:
-        waiting = [pool.apply_async(_read_all, (options, urls, 3)) for pool in
+        waiting = [pool.apply_async(read_in_threads, (options, urls, 3)) for pool in
                    (spawned, spawned, forked, forked)]
-        here = _read_all(options, urls, 3)
+        here = read_in_threads(options, urls, 3)
         results = [w.get(120) for w in waiting]
     expected = sorted(_md5(objects[u]) for u in urls)
     assert here == expected and all(r == expected for r in results)
@@ -248,7 +228,7 @@ _KILLED = """
 import sys, os
 sys.path[:0] = [{repo!r}]
 from fastpipe.data import ShardCache
-from tests.helpers.remote import MotoServer
+from tests.helpers.remote import MotoServer, read_in_threads
 options = MotoServer.options(MotoServer.__new__(MotoServer), {endpoint!r}, cache_dir={cache!r},
                              chunk_size=4096)
 print("start", flush=True)

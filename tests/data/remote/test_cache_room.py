@@ -4,6 +4,7 @@ unreadable, stale, counting too little or too much, kept by processes without a 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -14,6 +15,7 @@ import pytest
 
 from fastpipe.data import ShardCache
 from fastpipe.data.remote import cache as cache_module
+from tests.helpers.remote import read_in_threads
 
 SIZE = 40_000
 
@@ -160,24 +162,6 @@ def test_an_object_rewritten_between_its_listing_and_its_download_is_named(moto_
     assert not Path(cache.path_of("s3://rewrite-listed/x.bin")).exists()
 
 
-def _read_in_threads(options, urls, threads: int) -> None:
-    """Every object through a fresh cache in ``threads`` threads, each in its own order."""
-    import random
-    import threading
-
-    def run(seed: int) -> None:
-        cache, order = ShardCache(options), list(urls)
-        random.Random(seed).shuffle(order)
-        for url in order:
-            cache.local_path(url)
-
-    workers = [threading.Thread(target=run, args=(k,)) for k in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
-
-
 @pytest.mark.slow
 def test_processes_and_threads_downloading_at_once_keep_the_ledger_true(objects, options):
     import multiprocessing
@@ -185,10 +169,11 @@ def test_processes_and_threads_downloading_at_once_keep_the_ledger_true(objects,
     options = replace(options, cache_limit=10**12)
     urls = list(objects)
     with multiprocessing.get_context("spawn").Pool(2) as pool:
-        waiting = [pool.apply_async(_read_in_threads, (options, urls, 3)) for _ in range(2)]
-        _read_in_threads(options, urls, 3)
-        for w in waiting:
-            w.get(120)
+        waiting = [pool.apply_async(read_in_threads, (options, urls, 3)) for _ in range(2)]
+        here = read_in_threads(options, urls, 3)
+        results = [w.get(120) for w in waiting]
+    expected = sorted(hashlib.md5(data).hexdigest() for data in objects.values())
+    assert here == expected and all(r == expected for r in results)
     cache = ShardCache(options)
     assert all(cache.holds(u) for u in urls)
     assert _ledger(cache)["bytes"] == cache.usage() == len(urls) * SIZE  # each counted once
