@@ -197,3 +197,18 @@ def auto_augment_with_fast_ops(base: type, fast_op: Callable[..., Any], module: 
 
     return type("Fast" + base.__name__, (base,),
                 {"_apply_image_or_video_transform": apply, "__module__": module})
+
+
+def s3_request(fs: Any, method: str, **kwargs: Any) -> Any:
+    """The coroutine of one S3 API call through the client of s3fs's file system ``fs``
+    (``S3FileSystem._call_s3``: its session, credentials, endpoint and error translation), for
+    the calls s3fs has no public method for (a GET whose answer's headers fastpipe reads, and
+    whose body it reads in pieces)."""
+    call = getattr(fs, "_call_s3", None)
+    if call is None:
+        import s3fs
+
+        raise RuntimeError(f"s3fs {s3fs.__version__} has no S3FileSystem._call_s3, which "
+                           "fastpipe reads s3:// objects through; install an s3fs fastpipe "
+                           "supports (pip install 'fastpipe[s3]')")
+    return call(method, **kwargs)

@@ -212,3 +212,18 @@ def test_auto_augment_with_fast_ops_routes_each_op_through_the_hook():
         assert type(pickle.loads(pickle.dumps(cls(num_ops=1)))) is cls
     finally:
         del globals()["FastRandAugment"]
+
+
+def test_s3fs_has_the_call_s3_request_wraps():
+    import inspect
+
+    s3fs = pytest.importorskip("s3fs")
+    assert inspect.iscoroutinefunction(s3fs.S3FileSystem._call_s3)
+    params = inspect.signature(s3fs.S3FileSystem._call_s3).parameters
+    assert "method" in params and any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def test_s3_request_names_s3fs_when_the_call_is_missing():
+    pytest.importorskip("s3fs")
+    with pytest.raises(RuntimeError, match="S3FileSystem._call_s3"):
+        _compat.s3_request(object(), "get_object", Bucket="b", Key="k")

@@ -159,16 +159,23 @@ class MotoServer(_ServerProcess):
     def command(self) -> list[str]:
         return [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
 
-    def client(self):
+    def client(self, checksums: bool = True):
+        """boto3's client of this server; with ``checksums=False``, one that puts objects
+        without the CRC-32 boto3 adds by default (as older clients and other tools do)."""
         import boto3
+        from botocore.config import Config
 
+        config = None if checksums else Config(request_checksum_calculation="when_required")
         return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                            aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY)
+                            aws_access_key_id=ACCESS_KEY, aws_secret_access_key=SECRET_KEY,
+                            config=config)
 
-    def upload(self, folder: Path, bucket: str, prefix: str = "") -> list[str]:
-        """Puts every file under ``folder`` in ``bucket`` (made if needed) under ``prefix``;
-        the URLs, sorted."""
-        client = self.client()
+    def upload(self, folder: Path, bucket: str, prefix: str = "",
+               checksum: str | None = "CRC32") -> list[str]:
+        """Puts every file under ``folder`` in ``bucket`` (made if needed) under ``prefix``,
+        each with the ``checksum`` S3 is to state for it (None: none); the URLs, sorted."""
+        client = self.client(checksums=checksum is not None)
+        extra = {} if checksum is None else {"ChecksumAlgorithm": checksum}
         try:
             client.create_bucket(Bucket=bucket)
         except client.exceptions.BucketAlreadyOwnedByYou:
@@ -176,19 +183,19 @@ class MotoServer(_ServerProcess):
         urls = []
         for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
             key = prefix + path.relative_to(folder).as_posix()
-            client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
+            client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes(), **extra)
             urls.append(f"s3://{bucket}/{key}")
         return urls
 
     def upload_random(self, folder: Path, bucket: str, sizes: dict[str, int],
-                      seed: int) -> dict[str, bytes]:
+                      seed: int, checksum: str | None = "CRC32") -> dict[str, bytes]:
         """Objects of random bytes (file name -> size, drawn in this order from ``seed``)
         written into ``folder`` and put in ``bucket``: URL -> bytes, sorted by URL."""
         rng = random.Random(seed)
         for name, size in sizes.items():
             (Path(folder) / name).write_bytes(rng.randbytes(size))
         return {url: (Path(folder) / url.rsplit("/", 1)[1]).read_bytes()
-                for url in self.upload(folder, bucket)}
+                for url in self.upload(folder, bucket, checksum=checksum)}
 
     def options(self, endpoint: str | None = None, **kwargs):
         """RemoteOptions that reach this server (or ``endpoint``, a proxy in front of it)."""
@@ -371,8 +378,17 @@ class _Faults:
         self.status: list[tuple[str, int]] = []  # (path pattern, status) answered once each
         self.delay = 0.0
         self.truncate: dict[str, int] = {}  # path pattern -> bytes of the body sent
+        self.corrupt: list[str] = []  # path patterns, one GET's body each (a byte flipped)
         self.requests: Counter = Counter()
         self.ranges: list[tuple[str, str | None]] = []  # (path, Range header) of each GET
+
+    def take_corrupt(self, path: str) -> bool:
+        with self.lock:
+            for k, pattern in enumerate(self.corrupt):
+                if re.search(pattern, path):
+                    del self.corrupt[k]
+                    return True
+        return False
 
     def take_status(self, path: str) -> int | None:
         with self.lock:
@@ -386,7 +402,8 @@ class _Faults:
 class FaultProxy:
     """An HTTP server on the loopback forwarding every request to ``upstream``
     (``http://127.0.0.1:PORT``), with faults injected on request: :meth:`fail_next`,
-    ``delay`` (seconds before each answer), :meth:`truncate`, :meth:`down` and :meth:`up`."""
+    ``delay`` (seconds before each answer), :meth:`truncate`, :meth:`corrupt`, :meth:`down` and
+    :meth:`up`."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.split("://", 1)[1].rstrip("/")
@@ -435,6 +452,12 @@ class FaultProxy:
                 self.faults.truncate.pop(pattern, None)
             else:
                 self.faults.truncate[pattern] = sent
+
+    def corrupt(self, pattern: str, count: int = 1) -> None:
+        """The bodies of the next ``count`` GETs of paths matching ``pattern`` each have their
+        byte in the middle flipped (a transfer damaged on the way)."""
+        with self.faults.lock:
+            self.faults.corrupt += [pattern] * count
 
     def up(self) -> None:
         handler = _handler(self.upstream, self.faults)
@@ -491,6 +514,9 @@ def _handler(upstream: str, faults: _Faults) -> type:
                 connection.close()
             cut = next((n for p, n in list(faults.truncate.items())
                         if re.search(p, self.path)), None)
+            if self.command == "GET" and data and faults.take_corrupt(self.path):
+                middle = len(data) // 2
+                data = data[:middle] + bytes([data[middle] ^ 0x20]) + data[middle + 1:]
             self.send_response(answer.status, answer.reason)
             for key, value in answer.getheaders():
                 if key.lower() not in ("transfer-encoding", "connection", "content-length"):

@@ -7,7 +7,7 @@ Layout under ``RemoteOptions.cache_dir``::
                                    the entry, exclusive only to evict it
     objects/<ab>/<key>.fetch       held by the one process downloading the entry
     objects/<ab>/<key>/<name>      the object's bytes, under the object's own file name
-    objects/<ab>/<key>/.entry.json what they were written as: the object's size, ETag and MD5,
+    objects/<ab>/<key>/.entry.json what they were written as: the object's size, ETag and checksum,
                                    and the file's size, inode and modification time
     objects/<ab>/<key>/.used       touched whenever a process starts reading the entry (LRU)
     objects/<ab>/<key>/<name>.<pid>.<thread>.part   a download under way
@@ -22,8 +22,8 @@ only when whole and checked, so no reader ever sees a partial file (a reader of 
 keeps its own); a ``.part`` left by a process that died is removed by the next one that makes
 room or downloads the entry. An entry is valid when its file has the size, inode and
 modification time it was written with and the object's size and ETag are still those recorded
-(with ``check="content"``, also its MD5): a cached file damaged or cut short is downloaded
-again.
+(with ``check="content"``, also the checksum its download computed): a cached file damaged or
+cut short is downloaded again.
 
 While a process reads an entry it holds the entry's shared lock (a pin): eviction, which needs
 the exclusive lock and never waits for it, passes over it. When the read is done the entry is
@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import json
 import os
 import threading
@@ -54,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastpipe.data.remote import locks
+from fastpipe.data.remote.checksums import computable, of_file
 from fastpipe.data.remote.download import download
 from fastpipe.data.remote.filesystems import ObjectInfo
 from fastpipe.data.remote.filesystems import info as remote_info
@@ -365,7 +365,7 @@ class ShardCache:
         if check is not None and not meta.get("checked"):
             return False
         if self.options.check == "content":
-            return _md5_of(e.data) == meta.get("md5")
+            return _checksum_of(e.data, meta.get("checksum")) == meta.get("checksum")
         return True
 
     def _fill(self, e: Entry, found: ObjectInfo, check: Check | None,
@@ -378,19 +378,23 @@ class ShardCache:
             _PINS.drop_idle()  # this process's idle pins may be what has to go
         part = self._reserve(e, found.size, stop)
         try:
-            md5 = download(found, part, self.options, stop)
-            if found.md5 is not None and md5 != found.md5:
-                # Downloaded again: two equal downloads are the object's bytes (an encrypted
-                # object's ETag is not their MD5); two different ones are a damaged transfer.
+            got = download(found, part, self.options, stop)
+            if got.expected is not None and not got.matches:
+                # Downloaded again: bytes that match are the object's; two equal downloads
+                # that do not are too where the expected MD5 is an ETag (an encrypted object's
+                # ETag is not their MD5); otherwise the transfer is damaged.
                 again = download(found, part, self.options, stop)
-                if again != md5:
+                if not again.matches and (again.checksum != got.checksum
+                                          or got.expected.algorithm != "md5"):
                     raise RemoteError(
-                        f"{redact(e.url)}: two downloads of it differ, and neither matches its "
-                        "ETag: the transfer is damaged (a proxy or the network); try again",
-                        redact(e.url), 2)
-            # Bytes whose MD5 is the listed object's are that object: asking the store again
-            # would say nothing more. Otherwise it may have been rewritten meanwhile.
-            now = found if found.md5 is not None and md5 == found.md5 else remote_info(
+                        f"{redact(e.url)}: its bytes do not match the {got.expected.algorithm} "
+                        "checksum the store states for them, downloaded twice: the transfer is "
+                        "damaged (a proxy or the network); try again", redact(e.url), 2)
+                got = again
+            # Bytes that match a checksum the listing or the store states, or that were asked
+            # for as the listed version, are that object: asking the store again would say
+            # nothing more. Otherwise it may have been rewritten meanwhile.
+            now = found if got.matches or got.as_listed else remote_info(
                 e.url, self.options, stop)
             if now.size != found.size or (found.etag and now.etag != found.etag):
                 raise RemoteError(
@@ -406,7 +410,8 @@ class ShardCache:
             raise
         st = os.stat(e.data)
         fetched = time.time_ns()
-        meta = {"url": redact(e.url), **found.to_json(), "md5": md5, "size": st.st_size,
+        meta = {"url": redact(e.url), **found.to_json(),
+                "checksum": [got.checksum.algorithm, got.checksum.value], "size": st.st_size,
                 "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "fetched_ns": fetched,
                 "checked": check is not None}
         tmp = f"{e.meta}.{os.getpid()}.{threading.get_ident()}{PART}"
@@ -602,12 +607,12 @@ def _allocate(fd: int, size: int, path: str) -> None:
         os.ftruncate(fd, size)
 
 
-def _md5_of(path: str) -> str | None:
-    digest = hashlib.md5()
+def _checksum_of(path: str, recorded: Any) -> list[str] | None:
+    """The file's checksum of the algorithm ``recorded`` (``[algorithm, value]``) names."""
+    if not (isinstance(recorded, list) and len(recorded) == 2 and computable(recorded[0])):
+        return None
     try:
-        with open(path, "rb") as f:
-            while block := f.read(1 << 22):
-                digest.update(block)
+        found = of_file(path, recorded[0])
     except OSError:
         return None
-    return digest.hexdigest()
+    return [found.algorithm, found.value]

@@ -13,23 +13,26 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import copy
 import hashlib
 import importlib.metadata
 import os
 import threading
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fastpipe._compat import s3_request
 from fastpipe._optional import require
 from fastpipe._threads import stop_of
+from fastpipe.data.remote.checksums import Checksum
 from fastpipe.data.remote.options import RemoteOptions
 from fastpipe.data.remote.retry import Cancelled, attempt
 from fastpipe.data.remote.urls import protocol, redact
 
-__all__ = ["EXTRAS", "ObjectInfo", "children", "filesystem", "head", "info", "list_objects",
-           "read_range"]
+__all__ = ["EXTRAS", "ObjectInfo", "S3Stream", "children", "filesystem", "head", "info",
+           "list_objects", "read_range"]
 
 # protocol -> (module the backend is, pip name, fastpipe's extra)
 EXTRAS = {
@@ -45,15 +48,17 @@ _POLL_SECONDS = 0.05
 @dataclass(frozen=True)
 class ObjectInfo:
     """What identifies an object's bytes: its size and ETag (or the store's content hash), and
-    its MD5 where the store states it (a plain S3 ETag, GCS's md5Hash)."""
+    the checksums of its bytes its listing states (a plain S3 ETag's MD5, Cloud Storage's
+    md5Hash and crc32c)."""
 
     url: str
     size: int
     etag: str | None = None
-    md5: str | None = None
+    checksums: tuple[Checksum, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {"size": self.size, "etag": self.etag, "md5": self.md5}
+        return {"size": self.size, "etag": self.etag,
+                "checksums": [[c.algorithm, c.value] for c in self.checksums]}
 
 
 def _extra(proto: str) -> str:
@@ -224,15 +229,21 @@ def filesystem(url: str, options: RemoteOptions) -> tuple[Any, str]:
 
 def _run(fs: Any, name: str, *args: Any, options: RemoteOptions,
          stop: threading.Event | None = None, **kwargs: Any) -> Any:
-    """``fs.<name>(*args, **kwargs)``: on an async file system, its coroutine on fsspec's loop,
-    cancelled after ``options.timeout`` seconds, when ``stop`` is set, or on Ctrl-C; on any
-    other, the call itself."""
+    """``fs.<name>(*args, **kwargs)``: on an async file system, its coroutine on fsspec's loop
+    (:func:`_await`); on any other, the call itself."""
     coroutine = getattr(fs, "_" + name, None) if getattr(fs, "async_impl", False) else None
     if coroutine is None:
         return getattr(fs, name)(*args, **kwargs)
+    return _await(fs, lambda: coroutine(*args, **kwargs), options, stop)
+
+
+def _await(fs: Any, make: Callable[[], Awaitable[Any]], options: RemoteOptions,
+           stop: threading.Event | None = None) -> Any:
+    """The result of the coroutine ``make()`` run on the async file system's loop, cancelled
+    after ``options.timeout`` seconds, when ``stop`` is set, or on Ctrl-C."""
 
     async def timed() -> Any:
-        return await asyncio.wait_for(coroutine(*args, **kwargs), options.timeout)
+        return await asyncio.wait_for(make(), options.timeout)
 
     stop = stop_of(stop)
     future = asyncio.run_coroutine_threadsafe(timed(), fs.loop)
@@ -247,28 +258,30 @@ def _run(fs: Any, name: str, *args: Any, options: RemoteOptions,
             future.cancel()
 
 
-def _etag(found: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """(ETag or content hash, MD5 in hex) from a backend's info."""
+def _etag(found: Mapping[str, Any]) -> tuple[str | None, tuple[Checksum, ...]]:
+    """(ETag or content hash, checksums of the bytes) from a backend's info."""
     etag = found.get("ETag") or found.get("etag")
-    md5 = None
+    checksums = []
     if isinstance(etag, str):
         etag = etag.strip('"')
         if len(etag) == 32 and all(c in "0123456789abcdef" for c in etag.lower()):
-            md5 = etag.lower()  # a single-part S3 upload's ETag is its MD5
-    if found.get("md5Hash"):  # GCS: base64 of the MD5
+            checksums.append(Checksum("md5", etag.lower()))  # a single-part S3 upload's ETag
+    if found.get("md5Hash"):  # Cloud Storage: base64 of the MD5
         import base64
         import binascii
 
         try:
-            md5 = base64.b64decode(found["md5Hash"]).hex()
+            checksums = [Checksum("md5", base64.b64decode(found["md5Hash"]).hex())]
         except (binascii.Error, ValueError):
             pass
         etag = etag or found["md5Hash"]
+    if isinstance(found.get("crc32c"), str):  # Cloud Storage: base64 of the big-endian CRC
+        checksums.append(Checksum("crc32c", found["crc32c"]))
     if etag is None:
         lfs = found.get("lfs")
         etag = (lfs.get("sha256") or lfs.get("oid")) if isinstance(lfs, Mapping) else None
         etag = etag or found.get("blob_id") or found.get("sha256")
-    return (str(etag) if etag else None), md5
+    return (str(etag) if etag else None), tuple(checksums)
 
 
 def _object_info(url: str, found: Mapping[str, Any]) -> ObjectInfo:
@@ -276,8 +289,8 @@ def _object_info(url: str, found: Mapping[str, Any]) -> ObjectInfo:
     if size is None:
         raise OSError(f"{redact(url)}: the server gives no size for it (no Content-Length); "
                       "fastpipe reads objects whose size is known")
-    etag, md5 = _etag(found)
-    return ObjectInfo(url, int(size), etag, md5)
+    etag, checksums = _etag(found)
+    return ObjectInfo(url, int(size), etag, checksums)
 
 
 def info(url: str, options: RemoteOptions, stop: threading.Event | None = None) -> ObjectInfo:
@@ -307,6 +320,54 @@ def read_range(url: str, start: int, end: int, options: RemoteOptions,
     what a failure means)."""
     fs, path = filesystem(url, options)
     return _run(fs, "cat_file", path, start=start, end=end, options=options, stop=stop)
+
+
+class S3Stream:
+    """An open GET of an S3 object from byte ``start`` to its end, read in pieces
+    (:meth:`read`), each bounded by the options' timeout and stoppable like a request.
+    ``response`` is the GET's answer without its body: a GET from byte 0 asks for the object's
+    checksums (``ChecksumMode``), which S3 states only for the whole object; with ``etag``,
+    every GET asks for that version of the object (``If-Match``: a rewritten object is answered
+    412, never with other bytes)."""
+
+    def __init__(self, url: str, start: int, etag: str | None, options: RemoteOptions,
+                 stop: threading.Event | None = None) -> None:
+        self._fs, path = filesystem(url, options)
+        self._options, self._stop = options, stop
+        bucket, key, version = self._fs.split_path(path)
+        ask: dict[str, Any] = {"Bucket": bucket, "Key": key}
+        if version:
+            ask["VersionId"] = version
+        if start:
+            ask["Range"] = f"bytes={start}-"
+        else:
+            ask["ChecksumMode"] = "ENABLED"
+        if etag:
+            ask["IfMatch"] = f'"{etag}"'
+        response = _await(self._fs, lambda: s3_request(self._fs, "get_object", **ask), options,
+                          stop)
+        self._body = response.pop("Body")
+        self.response = response
+
+    def read(self, size: int) -> bytes:
+        """The next ``size`` bytes (fewer only where the object or the connection ends)."""
+        body = self._body
+
+        async def take() -> bytes:
+            pieces, got = [], 0
+            while got < size:
+                piece = await body.read(size - got)
+                if not piece:
+                    break
+                pieces.append(piece)
+                got += len(piece)
+            return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+        return _await(self._fs, take, self._options, self._stop)
+
+    def close(self) -> None:
+        with contextlib.suppress(RuntimeError):  # a loop that is closed has closed it
+            self._fs.loop.call_soon_threadsafe(self._body.close)
 
 
 def list_objects(url: str, options: RemoteOptions, *, glob: bool = False

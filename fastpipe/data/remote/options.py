@@ -78,11 +78,12 @@ class RemoteOptions:
         backoff: seconds before the first retry, doubled for each next one (with jitter, at
             most 30 s a wait).
         timeout: seconds one request may take before it counts as failed (and is retried).
-        chunk_size: bytes asked for in one request of a download.
+        chunk_size: bytes of a download read (and retried) at once: a range request each,
+            or, for ``s3://``, a piece of the one GET of the object.
         check: what confirms a cached object before a process first uses it: ``"stat"`` (its size
             and modification time are those it was written with, and the object's size and ETag
-            those of the remote object now) or ``"content"`` (that too, and its MD5 is the one
-            computed while it was downloaded: a read of the whole object).
+            those of the remote object now) or ``"content"`` (that too, and its checksum is the
+            one computed while it was downloaded: a read of the whole object).
     """
 
     storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)

@@ -15,7 +15,7 @@ from fastpipe._threads import stop_of
 from fastpipe.data.remote.options import RemoteOptions
 from fastpipe.data.remote.urls import redact
 
-__all__ = ["Cancelled", "RemoteError", "ShortResponse", "attempt", "clean", "describe",
+__all__ = ["Cancelled", "RemoteError", "ShortResponse", "attempt", "clean", "describe", "status",
            "transient"]
 
 T = TypeVar("T")
@@ -28,7 +28,8 @@ _NETWORK_ERRNOS = {errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, err
 # which fastpipe does not import to test them.
 _NETWORK_WORDS = ("Timeout", "Connect", "Connection", "Payload", "IncompleteRead", "Disconnected",
                   "ResponseStreaming", "ProtocolError", "ChunkedEncoding", "ReadError",
-                  "ProxyError")  # gcsfs raises requests' ProxyError, without a status, for a 502
+                  "ProxyError",  # gcsfs raises requests' ProxyError, without a status, for a 502
+                  "FlexibleChecksumError")  # botocore: a body unlike the checksum S3 states for it
 _RETRIED_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout",
                   "Throttling", "ThrottlingException", "RequestTimeTooSkewed", "503", "500"}
 
@@ -84,10 +85,17 @@ def _status(exc: BaseException) -> int | str | None:
     return status if isinstance(status, int) else None
 
 
+def status(exc: BaseException) -> int | str | None:
+    """The HTTP status (or S3 error code) of ``exc`` or of the first error it was raised from
+    that carries one."""
+    return next((found for error in _chain(exc) if (found := _status(error)) is not None), None)
+
+
 def transient(exc: BaseException) -> bool:
     """Whether ``exc`` (or the error it was raised from) is a failure that may pass: a timeout,
-    a connection refused, reset or dropped, a response cut short, an HTTP 5xx, 408 or 429 (S3's
-    SlowDown). A missing object, a refused permission, or any other error is final."""
+    a connection refused, reset or dropped, a response cut short or damaged on the way, an HTTP
+    5xx, 408 or 429 (S3's SlowDown). A missing object, a refused permission, or any other error
+    is final."""
     for error in _chain(exc):
         if isinstance(error, Cancelled):
             return False

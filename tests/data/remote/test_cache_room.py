@@ -138,8 +138,8 @@ def test_the_limit_holds_whatever_the_ledger_says(objects, options, ledger):
     assert _ledger(cache)["bytes"] == cache.usage()
 
 
-def test_a_download_whose_md5_is_its_etag_asks_the_store_nothing_more(objects, moto_server,
-                                                                      fault_proxy, cache_dir):
+def test_a_download_asks_the_store_nothing_more_than_its_listing_and_one_get(
+        objects, moto_server, fault_proxy, cache_dir):
     proxy = fault_proxy(moto_server.endpoint)
     cache = ShardCache(moto_server.options(proxy.url, cache_dir=cache_dir))
     url, data = next(iter(objects.items()))

@@ -1,0 +1,193 @@
+"""Downloads checked against the checksum the store states for the object (S3's CRC-32 of the
+whole object, Cloud Storage's CRC-32C), against moto's S3 server through a proxy that damages,
+cuts short and counts: one GET per object, asked for the listed version; a damaged transfer
+downloaded again and named when it stays damaged; a GET cut short resumed from where it stopped,
+the whole still checked."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import random
+import zlib
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from fastpipe.data import RemoteError, ShardCache
+from fastpipe.data.remote.checksums import Checksum, Hasher, cheapest, computable, stated_by_s3
+
+SIZE = 40_000
+
+
+@pytest.fixture(scope="module")
+def objects(moto_server, tmp_path_factory):
+    return moto_server.upload_random(tmp_path_factory.mktemp("sums"), "sumtest",
+                                     {f"sum-{k}.bin": SIZE + k for k in range(3)}, seed=11)
+
+
+@pytest.fixture
+def proxied(moto_server, fault_proxy, cache_dir):
+    proxy = fault_proxy(moto_server.endpoint)
+    return proxy, moto_server.options(proxy.url, cache_dir=cache_dir, chunk_size=8192,
+                                      backoff=0.01, retries=2)
+
+
+def _stated(moto_server, url: str) -> dict:
+    bucket, key = url.split("://", 1)[1].split("/", 1)
+    return moto_server.client().head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+
+
+def _recorded(cache: ShardCache, url: str) -> list:
+    return json.loads(Path(cache.entry(url).meta).read_text())["checksum"]
+
+
+def test_the_crc32_computed_is_the_one_s3_states(objects, moto_server):
+    for url, data in objects.items():
+        stated = stated_by_s3(_stated(moto_server, url))
+        hasher = Hasher("crc32")
+        for k in range(0, len(data), 5000):  # in pieces, as a download gives them
+            hasher.update(data[k:k + 5000])
+        assert stated == [hasher.checksum()]
+        assert base64.b64decode(stated[0].value) == zlib.crc32(data).to_bytes(4, "big")
+
+
+@pytest.mark.skipif(not computable("crc32c"), reason="google-crc32c (its C build) is missing")
+def test_crc32c_is_castagnoli_s():
+    hasher = Hasher("crc32c")
+    hasher.update(b"1234")
+    hasher.update(b"56789")
+    assert hasher.checksum() == Checksum("crc32c", base64.b64encode(
+        (0xE3069283).to_bytes(4, "big")).decode())  # the CRC-32C check value
+
+
+def test_only_a_checksum_of_the_whole_object_is_used():
+    crc = {"ChecksumCRC32": "AAAAAA=="}
+    assert stated_by_s3({**crc, "ETag": '"abc"'}) == [Checksum("crc32", "AAAAAA==")]
+    assert stated_by_s3({**crc, "ETag": '"abc"', "ChecksumType": "FULL_OBJECT"})
+    assert stated_by_s3({**crc, "ETag": '"abc-3"', "ChecksumType": "FULL_OBJECT"})
+    assert not stated_by_s3({**crc, "ETag": '"abc"', "ChecksumType": "COMPOSITE"})
+    assert not stated_by_s3({**crc, "ETag": '"abc-3"'})  # a multipart upload, type not said
+    assert not stated_by_s3({"ChecksumCRC32": "AAAAAA==-3", "ETag": '"abc"'})
+    # The cheapest fastpipe computes, whatever the order stated.
+    md5 = Checksum("md5", "0" * 32)
+    assert cheapest([md5, Checksum("crc32", "x")]) == Checksum("crc32", "x")
+    assert cheapest([md5, Checksum("sha256", "x")]) == md5
+    assert cheapest([Checksum("sha256", "x")]) is None
+
+
+def test_a_download_is_one_get_checked_against_the_crc_s3_states(objects, moto_server,
+                                                                 proxied):
+    proxy, options = proxied
+    cache = ShardCache(options)
+    url, data = next(iter(objects.items()))
+    assert Path(cache.local_path(url)).read_bytes() == data
+    name = url.rsplit("/", 1)[1]
+    assert proxy.ranges(name) == [None]  # the whole object, read in chunks of 8 KiB
+    crc = _stated(moto_server, url)["ChecksumCRC32"]
+    assert _recorded(cache, url) == ["crc32", crc]  # not an MD5: a seventh of its cost
+    # check="content" confirms the cached file against it.
+    path = cache.local_path(url)
+    assert ShardCache(replace(options, check="content")).local_path(url) == path
+    assert proxy.ranges(name) == [None]
+
+
+def test_an_object_stated_no_checksum_is_checked_against_its_etag_s_md5(moto_server, tmp_path,
+                                                                       proxied):
+    proxy, options = proxied
+    [(url, data)] = moto_server.upload_random(tmp_path, "no-sums", {"plain.bin": SIZE},
+                                              seed=2, checksum=None).items()
+    assert not stated_by_s3(_stated(moto_server, url))
+    cache = ShardCache(options)
+    proxy.corrupt("plain.bin")  # caught by the MD5 alone: downloaded again
+    assert Path(cache.local_path(url)).read_bytes() == data
+    assert _recorded(cache, url) == ["md5", hashlib.md5(data).hexdigest()]
+    assert proxy.ranges("plain.bin") == [None, None]
+
+
+def test_a_damaged_transfer_is_downloaded_again(objects, proxied):
+    proxy, options = proxied
+    cache = ShardCache(options)
+    url, data = list(objects.items())[1]
+    name = url.rsplit("/", 1)[1]
+    proxy.corrupt(name)
+    assert Path(cache.local_path(url)).read_bytes() == data
+    assert proxy.gets(name) >= 2 and proxy.ranges(name)[-1] is None
+
+
+def test_a_transfer_that_stays_damaged_is_named(objects, proxied):
+    proxy, options = proxied
+    cache = ShardCache(options)
+    url = list(objects)[2]
+    name = url.rsplit("/", 1)[1]
+    proxy.corrupt(name, count=100)
+    with pytest.raises(RemoteError, match=f"{name}: .*(checksum|Checksum)"):
+        cache.local_path(url)
+    assert not cache.holds(url) and not Path(cache.path_of(url)).exists()
+
+
+def test_a_get_cut_short_resumes_where_it_stopped_and_the_whole_is_checked(moto_server,
+                                                                         proxied):
+    proxy, options = proxied
+    options = replace(options, chunk_size=1 << 16)
+    data = random.Random(3).randbytes(2 << 20)
+    client = moto_server.client()
+    client.create_bucket(Bucket="cut-short")
+    client.put_object(Bucket="cut-short", Key="big.bin", Body=data)
+    url = "s3://cut-short/big.bin"
+    cache = ShardCache(options)
+    proxy.truncate("big.bin", 1 << 20)  # each answer: its first MB
+    assert Path(cache.local_path(url)).read_bytes() == data
+    ranges = proxy.ranges("big.bin")
+    # Then from where the data read stopped (what the connection had buffered is asked again).
+    starts = [int(r[len("bytes="):-1]) for r in ranges[1:]]
+    assert ranges[0] is None and ranges[1:] == [f"bytes={n}-" for n in starts]
+    assert 0 < starts[0] <= 1 << 20 and starts == sorted(starts) and len(starts) <= 3
+    assert all(n % (1 << 16) == 0 for n in starts)
+    assert _recorded(cache, url) == ["crc32", _stated(moto_server, url)["ChecksumCRC32"]]
+
+
+@pytest.mark.parametrize("newer", [b"a newer version, longer", b"the other version!"])
+def test_an_object_rewritten_after_its_listing_is_never_read_as_the_listed_one(
+        moto_server, cache_dir, newer):
+    # The second version has the listed one's size: only the version asked for (If-Match)
+    # tells them apart, its bytes matching the CRC the store states for them.
+    client = moto_server.client()
+    client.create_bucket(Bucket="rewrite-sums")
+    client.put_object(Bucket="rewrite-sums", Key="x.bin", Body=b"the listed version")
+    cache = ShardCache(moto_server.options(cache_dir=cache_dir, backoff=0.01))
+    cache.info_of("s3://rewrite-sums/x.bin")
+    client.put_object(Bucket="rewrite-sums", Key="x.bin", Body=newer)
+    with pytest.raises(RemoteError, match="changed while it was listed and downloaded"):
+        cache.local_path("s3://rewrite-sums/x.bin")
+    assert not Path(cache.path_of("s3://rewrite-sums/x.bin")).exists()
+
+
+def test_cloud_storage_downloads_are_checked_against_its_crc32c(gcs_server, tmp_path,
+                                                                cache_dir):
+    if not computable("crc32c"):
+        pytest.skip("google-crc32c (its C build) is missing")
+    data = bytes(range(256)) * 300
+    (tmp_path / "up").mkdir()
+    (tmp_path / "up" / "c.bin").write_bytes(data)
+    [url] = gcs_server.upload(tmp_path / "up", "sums-gcs")
+    cache = ShardCache(gcs_server.options(cache_dir=cache_dir))
+    assert Path(cache.local_path(url)).read_bytes() == data
+    hasher = Hasher("crc32c")
+    hasher.update(data)
+    assert _recorded(cache, url) == ["crc32c", hasher.checksum().value]
+
+
+def test_a_read_s3fs_finds_damaged_against_the_stated_crc_is_retried(objects, proxied):
+    # A read of a whole object through s3fs (botocore checks its body against the CRC-32 S3
+    # states, and raises FlexibleChecksumError): a damaged transfer, which may pass.
+    from fastpipe.data.remote.filesystems import head
+
+    proxy, options = proxied
+    url, data = next(iter(objects.items()))
+    name = url.rsplit("/", 1)[1]
+    proxy.corrupt(name)
+    assert head(url, len(data), options) == data
+    assert proxy.gets(name) == 2
