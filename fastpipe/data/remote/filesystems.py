@@ -188,6 +188,10 @@ class _Instances:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._made: dict[tuple[str, str], Any] = {}
+        # The parent's file systems, in a child of a fork: the service models their S3 clients
+        # parsed are given to the child's (half of a client's making is parsing them, about
+        # 50 ms of CPU paid by every worker process of every epoch that reads s3://).
+        self._parents: list[Any] = []
 
     def get(self, proto: str, options: RemoteOptions) -> Any:
         key = (proto, _token(options.storage_options, options.timeout))
@@ -200,14 +204,36 @@ class _Instances:
                 so = _with_defaults(proto, options.storage_options, options)
                 cls = _backend(proto, so)
                 fs = cls(skip_instance_cache=True, **so)
+                models = next((m for m in map(_models_of, self._parents) if m is not None),
+                              None) if proto in ("s3", "s3a") else None
+                if models is not None:
+                    _with_models(fs, models)
                 if hasattr(fs, "fastpipe_timeout"):
                     fs.fastpipe_timeout = options.timeout
                 self._made[key] = fs
             return fs
 
     def after_fork(self) -> None:
+        self._parents = [*self._made.values(), *self._parents]
         self._lock = threading.Lock()
         self._made = {}
+
+
+def _models_of(fs: Any) -> Any:
+    """The loader of service models of an s3fs file system's session (None: it has none)."""
+    session = getattr(fs, "session", None)
+    if session is None or not hasattr(fs, "_call_s3"):
+        return None
+    return session.get_component("data_loader")
+
+
+def _with_models(fs: Any, models: Any) -> None:
+    """Gives s3fs's ``fs`` the session s3fs would make, with ``models`` as its loader."""
+    from aiobotocore.session import AioSession
+
+    session = AioSession(**fs.kwargs)
+    session.register_component("data_loader", models)
+    fs.session = session
 
 
 def _token(storage_options: Mapping[str, Any], timeout: float) -> str:

@@ -324,3 +324,35 @@ def test_an_object_put_after_its_folder_was_listed_is_found(moto_server):
     assert info("s3://later/train/b.json", options).size == 2
     with pytest.raises(FileNotFoundError, match="later/train/c.json does not exist"):
         info("s3://later/train/c.json", options)
+
+
+def _files_parsed_by_first_request(options, url: str) -> tuple[list[str], bytes]:
+    """The botocore data files this process parses to make its S3 client, and what it read."""
+    from botocore.loaders import JSONFileLoader
+
+    from fastpipe.data.remote.filesystems import read_range
+
+    parsed, load = [], JSONFileLoader.load_file
+
+    def counting(self, file_path, *args, **kwargs):
+        parsed.append(os.path.basename(str(file_path)))
+        return load(self, file_path, *args, **kwargs)
+
+    JSONFileLoader.load_file = counting
+    try:
+        return parsed, read_range(url, 0, 100, options)
+    finally:
+        JSONFileLoader.load_file = load
+
+
+def test_a_forked_worker_s_s3_client_reuses_the_models_its_parent_parsed(objects, moto_server):
+    # Parsing them is half of making a client (about 50 ms of CPU), which every worker process
+    # of every epoch pays when it reads s3://.
+    options = moto_server.options(timeout=31.0)  # a file system of its own
+    url, data = next(iter(objects.items()))
+    parsed, _ = _files_parsed_by_first_request(options, url)
+    assert any(name.startswith("service-2") for name in parsed)  # the parent parsed them
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        parsed, got = pool.apply(_files_parsed_by_first_request, (options, url))
+    assert got == data[:100]
+    assert not any(name.startswith(("service-2", "endpoint-rule-set")) for name in parsed)
