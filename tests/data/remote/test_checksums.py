@@ -191,3 +191,24 @@ def test_a_read_s3fs_finds_damaged_against_the_stated_crc_is_retried(objects, pr
     proxy.corrupt(name)
     assert head(url, len(data), options) == data
     assert proxy.gets(name) == 2
+
+
+def test_a_multipart_upload_is_read_whole_and_recorded_by_its_own_crc(moto_server, tmp_path,
+                                                                      proxied):
+    # Its ETag is no MD5 and its stated CRC-32 is of its parts' (a composite one): the bytes
+    # are checked for size and version (If-Match), and a CRC-32 of them recorded for
+    # check="content".
+    proxy, options = proxied
+    options = replace(options, chunk_size=1 << 20)
+    data = random.Random(5).randbytes(12 << 20)
+    (tmp_path / "multi.bin").write_bytes(data)
+    client = moto_server.client()
+    client.create_bucket(Bucket="multipart")
+    client.upload_file(str(tmp_path / "multi.bin"), "multipart", "multi.bin")
+    url = "s3://multipart/multi.bin"
+    assert "-" in _stated(moto_server, url)["ETag"]
+    cache = ShardCache(options)
+    assert Path(cache.local_path(url)).read_bytes() == data
+    assert proxy.ranges("multi.bin") == [None]
+    assert _recorded(cache, url) == [
+        "crc32", base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()]
