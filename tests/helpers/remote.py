@@ -379,6 +379,7 @@ class _Faults:
         self.delay = 0.0
         self.truncate: dict[str, int] = {}  # path pattern -> bytes of the body sent
         self.corrupt: list[str] = []  # path patterns, one GET's body each (a byte flipped)
+        self.strip: set[str] = set()  # request headers not forwarded (lower case)
         self.requests: Counter = Counter()
         self.ranges: list[tuple[str, str | None]] = []  # (path, Range header) of each GET
 
@@ -402,8 +403,8 @@ class _Faults:
 class FaultProxy:
     """An HTTP server on the loopback forwarding every request to ``upstream``
     (``http://127.0.0.1:PORT``), with faults injected on request: :meth:`fail_next`,
-    ``delay`` (seconds before each answer), :meth:`truncate`, :meth:`corrupt`, :meth:`down` and
-    :meth:`up`."""
+    ``delay`` (seconds before each answer), :meth:`truncate`, :meth:`corrupt`,
+    :meth:`strip_header`, :meth:`down` and :meth:`up`."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream.split("://", 1)[1].rstrip("/")
@@ -459,6 +460,12 @@ class FaultProxy:
         with self.faults.lock:
             self.faults.corrupt += [pattern] * count
 
+    def strip_header(self, name: str) -> None:
+        """Requests are forwarded without the header ``name`` (a store or gateway that ignores
+        it)."""
+        with self.faults.lock:
+            self.faults.strip.add(name.lower())
+
     def up(self) -> None:
         handler = _handler(self.upstream, self.faults)
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), handler)
@@ -506,7 +513,8 @@ def _handler(upstream: str, faults: _Faults) -> type:
                 return
             connection = http.client.HTTPConnection(upstream, timeout=30)
             try:
-                headers = {k: v for k, v in self.headers.items()}
+                headers = {k: v for k, v in self.headers.items()
+                           if k.lower() not in faults.strip}
                 connection.request(self.command, self.path, body=body, headers=headers)
                 answer = connection.getresponse()
                 data = answer.read()

@@ -365,7 +365,7 @@ class ShardCache:
         if check is not None and not meta.get("checked"):
             return False
         if self.options.check == "content":
-            return _checksum_of(e.data, meta.get("checksum")) == meta.get("checksum")
+            return _same_content(e.data, meta.get("checksum"))
         return True
 
     def _fill(self, e: Entry, found: ObjectInfo, check: Check | None,
@@ -381,11 +381,13 @@ class ShardCache:
             got = download(found, part, self.options, stop)
             if got.expected is not None and not got.matches:
                 # Downloaded again: bytes that match are the object's; two equal downloads
-                # that do not are too where the expected MD5 is an ETag (an encrypted object's
-                # ETag is not their MD5); otherwise the transfer is damaged.
+                # that do not are too where the expected MD5 is an S3 ETag (an encrypted
+                # object's ETag is not their MD5); otherwise the object changed meanwhile or
+                # the transfer is damaged.
                 again = download(found, part, self.options, stop)
-                if not again.matches and (again.checksum != got.checksum
-                                          or got.expected.algorithm != "md5"):
+                if not again.matches and not (again.checksum == got.checksum
+                                              and got.expected.etag):
+                    self._unchanged(e, found, stop)
                     raise RemoteError(
                         f"{redact(e.url)}: its bytes do not match the {got.expected.algorithm} "
                         "checksum the store states for them, downloaded twice: the transfer is "
@@ -394,13 +396,8 @@ class ShardCache:
             # Bytes that match a checksum the listing or the store states, or that were asked
             # for as the listed version, are that object: asking the store again would say
             # nothing more. Otherwise it may have been rewritten meanwhile.
-            now = found if got.matches or got.as_listed else remote_info(
-                e.url, self.options, stop)
-            if now.size != found.size or (found.etag and now.etag != found.etag):
-                raise RemoteError(
-                    f"{redact(e.url)} changed while it was listed and downloaded (size "
-                    f"{found.size} -> {now.size}, ETag {found.etag} -> {now.etag}): the data was "
-                    "rewritten under the run; start again once it is stable", redact(e.url))
+            if not (got.matches or got.as_listed):
+                self._unchanged(e, found, stop)
             if check is not None:
                 check(part)
             os.replace(part, e.data)
@@ -418,6 +415,15 @@ class ShardCache:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(meta, f)
         os.replace(tmp, e.meta)
+
+    def _unchanged(self, e: Entry, found: ObjectInfo, stop: threading.Event | None) -> None:
+        """Raises the error naming an object that is no longer as it was listed."""
+        now = remote_info(e.url, self.options, stop)
+        if now.size != found.size or (found.etag and now.etag != found.etag):
+            raise RemoteError(
+                f"{redact(e.url)} changed while it was listed and downloaded (size "
+                f"{found.size} -> {now.size}, ETag {found.etag} -> {now.etag}): the data was "
+                "rewritten under the run; start again once it is stable", redact(e.url))
 
     def _reserve(self, e: Entry, size: int, stop: threading.Event | None) -> str:
         """A new ``.part`` file of ``size`` bytes for the entry, made under the cache's lock
@@ -607,12 +613,14 @@ def _allocate(fd: int, size: int, path: str) -> None:
         os.ftruncate(fd, size)
 
 
-def _checksum_of(path: str, recorded: Any) -> list[str] | None:
-    """The file's checksum of the algorithm ``recorded`` (``[algorithm, value]``) names."""
-    if not (isinstance(recorded, list) and len(recorded) == 2 and computable(recorded[0])):
-        return None
+def _same_content(path: str, recorded: Any) -> bool:
+    """Whether the file has the checksum ``recorded`` (``[algorithm, value]``; an entry
+    without one, written by an older fastpipe, has not been confirmed)."""
+    if not (isinstance(recorded, list) and len(recorded) == 2
+            and isinstance(recorded[0], str) and computable(recorded[0])):
+        return False
     try:
         found = of_file(path, recorded[0])
     except OSError:
-        return None
-    return [found.algorithm, found.value]
+        return False
+    return [found.algorithm, found.value] == recorded

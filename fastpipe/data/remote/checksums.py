@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import warnings
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -32,15 +33,24 @@ _READ = 8 << 20
 @dataclass(frozen=True)
 class Checksum:
     """``value`` as the store states it: the big-endian CRC in base64 (S3's and Cloud
-    Storage's form), an MD5 in hex."""
+    Storage's form), an MD5 in hex. ``etag``: an MD5 read from an S3 ETag, which is not the
+    MD5 of the bytes of some objects (encrypted with KMS or by the customer's key)."""
 
     algorithm: str
     value: str
+    etag: bool = False
+
+    def same(self, other: Checksum | None) -> bool:
+        """Whether ``other`` is this checksum of the same bytes (wherever it was read)."""
+        return other is not None and (self.algorithm, self.value) == (other.algorithm,
+                                                                      other.value)
 
 
 def _crc32c() -> Any:
     try:
-        import google_crc32c
+        with warnings.catch_warnings():  # its pure-Python fallback warns on import
+            warnings.simplefilter("ignore")
+            import google_crc32c
     except ImportError:
         return None
     return google_crc32c if google_crc32c.implementation == "c" else None
@@ -51,7 +61,7 @@ def _crc64nvme() -> Any:
         from awscrt import checksums
     except ImportError:
         return None
-    return checksums
+    return checksums if hasattr(checksums, "crc64nvme") else None  # awscrt 0.23 and later
 
 
 def computable(algorithm: str) -> bool:

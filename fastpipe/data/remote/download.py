@@ -34,7 +34,7 @@ class Downloaded:
 
     @property
     def matches(self) -> bool:
-        return self.expected is not None and self.checksum == self.expected
+        return self.checksum.same(self.expected)
 
 
 def download(info: ObjectInfo, path: str, options: RemoteOptions,
@@ -70,7 +70,7 @@ def _from_s3(info: ObjectInfo, path: str, options: RemoteOptions,
         nonlocal stream, hasher, expected
         try:
             if stream is None:
-                stream = S3Stream(info.url, start, info.etag, options, stop)
+                stream = S3Stream(info, start, options, stop)
                 if hasher is None:  # the first GET, of the whole object: its checksums
                     expected = cheapest([*stated_by_s3(stream.response), *info.checksums])
                     hasher = Hasher(expected.algorithm if expected else "crc32")
@@ -78,6 +78,10 @@ def _from_s3(info: ObjectInfo, path: str, options: RemoteOptions,
             if len(data) != end - start:
                 raise ShortResponse(f"{len(data)} bytes of the {end - start} asked for at byte "
                                     f"{start}")
+            if end == info.size and stream.read(1):
+                # Reading to the end of the body is also what runs botocore's own checks of it
+                # (its length, and the checksum S3 states for it).
+                raise ShortResponse(f"more than the {info.size} bytes listed")
             return data
         except BaseException as exc:
             if stream is not None:

@@ -170,6 +170,8 @@ def _with_defaults(proto: str, given: Mapping[str, Any], options: RemoteOptions)
         config.setdefault("retries", {"max_attempts": 1})
         config.setdefault("connect_timeout", options.timeout)
         config.setdefault("read_timeout", options.timeout)
+        # A download holds a connection for its whole object: room for many at once.
+        config.setdefault("max_pool_connections", 64)
         so["config_kwargs"] = config
     elif proto in ("http", "https"):
         client = dict(so.get("client_kwargs") or {})
@@ -188,8 +190,8 @@ class _Instances:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._made: dict[tuple[str, str], Any] = {}
-        # The parent's file systems, in a child of a fork: the service models their S3 clients
-        # parsed are given to the child's (half of a client's making is parsing them, about
+        # The parent's botocore sessions, in a child of a fork: the service models they parsed
+        # are given to the child's S3 clients (half of a client's making is parsing them, about
         # 50 ms of CPU paid by every worker process of every epoch that reads s3://).
         self._parents: list[Any] = []
 
@@ -204,36 +206,31 @@ class _Instances:
                 so = _with_defaults(proto, options.storage_options, options)
                 cls = _backend(proto, so)
                 fs = cls(skip_instance_cache=True, **so)
-                models = next((m for m in map(_models_of, self._parents) if m is not None),
-                              None) if proto in ("s3", "s3a") else None
-                if models is not None:
-                    _with_models(fs, models)
+                if proto in ("s3", "s3a") and self._parents and fs.session is None:
+                    _with_models(fs, self._parents)
                 if hasattr(fs, "fastpipe_timeout"):
                     fs.fastpipe_timeout = options.timeout
                 self._made[key] = fs
             return fs
 
     def after_fork(self) -> None:
-        self._parents = [*self._made.values(), *self._parents]
+        self._parents = [fs.session for fs in self._made.values()  # s3fs's, not sockets
+                         if hasattr(fs, "_call_s3") and fs.session is not None] + self._parents
         self._lock = threading.Lock()
         self._made = {}
 
 
-def _models_of(fs: Any) -> Any:
-    """The loader of service models of an s3fs file system's session (None: it has none)."""
-    session = getattr(fs, "session", None)
-    if session is None or not hasattr(fs, "_call_s3"):
-        return None
-    return session.get_component("data_loader")
-
-
-def _with_models(fs: Any, models: Any) -> None:
-    """Gives s3fs's ``fs`` the session s3fs would make, with ``models`` as its loader."""
+def _with_models(fs: Any, sessions: list[Any]) -> None:
+    """Gives s3fs's ``fs`` the session s3fs would make, with the loader of service models of
+    one of ``sessions`` (a parent's; botocore's, whose only state is what it parsed)."""
     from aiobotocore.session import AioSession
 
-    session = AioSession(**fs.kwargs)
-    session.register_component("data_loader", models)
-    fs.session = session
+    models = next((s.get_component("data_loader") for s in sessions
+                   if hasattr(s, "get_component")), None)
+    if models is not None:
+        session = AioSession(**fs.kwargs)
+        session.register_component("data_loader", models)
+        fs.session = session
 
 
 def _token(storage_options: Mapping[str, Any], timeout: float) -> str:
@@ -264,9 +261,11 @@ def _run(fs: Any, name: str, *args: Any, options: RemoteOptions,
 
 
 def _await(fs: Any, make: Callable[[], Awaitable[Any]], options: RemoteOptions,
-           stop: threading.Event | None = None) -> Any:
+           stop: threading.Event | None = None,
+           dropped: Callable[[Any], None] | None = None) -> Any:
     """The result of the coroutine ``make()`` run on the async file system's loop, cancelled
-    after ``options.timeout`` seconds, when ``stop`` is set, or on Ctrl-C."""
+    after ``options.timeout`` seconds, when ``stop`` is set, or on Ctrl-C. ``dropped`` is given
+    a result that came after the caller stopped waiting (an open answer to close)."""
 
     async def timed() -> Any:
         return await asyncio.wait_for(make(), options.timeout)
@@ -282,6 +281,13 @@ def _await(fs: Any, make: Callable[[], Awaitable[Any]], options: RemoteOptions,
     finally:
         if not future.done():
             future.cancel()
+            if dropped is not None:
+                future.add_done_callback(lambda done: _drop(done, dropped))
+
+
+def _drop(done: concurrent.futures.Future, dropped: Callable[[Any], None]) -> None:
+    if not done.cancelled() and done.exception() is None:
+        dropped(done.result())
 
 
 def _etag(found: Mapping[str, Any]) -> tuple[str | None, tuple[Checksum, ...]]:
@@ -291,7 +297,7 @@ def _etag(found: Mapping[str, Any]) -> tuple[str | None, tuple[Checksum, ...]]:
     if isinstance(etag, str):
         etag = etag.strip('"')
         if len(etag) == 32 and all(c in "0123456789abcdef" for c in etag.lower()):
-            checksums.append(Checksum("md5", etag.lower()))  # a single-part S3 upload's ETag
+            checksums.append(Checksum("md5", etag.lower(), etag=True))  # a single S3 upload's
     if found.get("md5Hash"):  # Cloud Storage: base64 of the MD5
         import base64
         import binascii
@@ -349,16 +355,17 @@ def read_range(url: str, start: int, end: int, options: RemoteOptions,
 
 
 class S3Stream:
-    """An open GET of an S3 object from byte ``start`` to its end, read in pieces
+    """An open GET of the S3 object ``info`` from byte ``start`` to its end, read in pieces
     (:meth:`read`), each bounded by the options' timeout and stoppable like a request.
     ``response`` is the GET's answer without its body: a GET from byte 0 asks for the object's
-    checksums (``ChecksumMode``), which S3 states only for the whole object; with ``etag``,
-    every GET asks for that version of the object (``If-Match``: a rewritten object is answered
-    412, never with other bytes)."""
+    checksums (``ChecksumMode``), which S3 states only for the whole object; every GET asks for
+    the listed version of the object (``If-Match`` its ETag: a rewritten object is answered 412),
+    and an answer that is not of it (another ETag, another length, another range: a store that
+    ignores the conditions) is refused, naming the object."""
 
-    def __init__(self, url: str, start: int, etag: str | None, options: RemoteOptions,
+    def __init__(self, info: ObjectInfo, start: int, options: RemoteOptions,
                  stop: threading.Event | None = None) -> None:
-        self._fs, path = filesystem(url, options)
+        self._fs, path = filesystem(info.url, options)
         self._options, self._stop = options, stop
         bucket, key, version = self._fs.split_path(path)
         ask: dict[str, Any] = {"Bucket": bucket, "Key": key}
@@ -368,12 +375,26 @@ class S3Stream:
             ask["Range"] = f"bytes={start}-"
         else:
             ask["ChecksumMode"] = "ENABLED"
-        if etag:
-            ask["IfMatch"] = f'"{etag}"'
+        if info.etag:
+            ask["IfMatch"] = f'"{info.etag}"'
         response = _await(self._fs, lambda: s3_request(self._fs, "get_object", **ask), options,
-                          stop)
+                          stop, dropped=lambda answer: _close_body(answer["Body"]))
         self._body = response.pop("Body")
         self.response = response
+        etag = str(response.get("ETag", "")).strip('"')
+        length = response.get("ContentLength")
+        ranged = str(response.get("ContentRange", "")).startswith(f"bytes {start}-")
+        if ((info.etag and etag != info.etag) or (start and not ranged)
+                or (length is not None and length != info.size - start)):
+            self.close()
+            from fastpipe.data.remote.retry import RemoteError
+
+            raise RemoteError(
+                f"{redact(info.url)} changed while it was listed and downloaded, or its store "
+                f"answered with other bytes than asked for (ETag {info.etag} -> {etag or None}, "
+                f"{info.size - start} bytes from byte {start} asked for, {length} answered, "
+                f"range {response.get('ContentRange')}); start again once it is stable",
+                redact(info.url))
 
     def read(self, size: int) -> bytes:
         """The next ``size`` bytes (fewer only where the object or the connection ends)."""
@@ -393,7 +414,18 @@ class S3Stream:
 
     def close(self) -> None:
         with contextlib.suppress(RuntimeError):  # a loop that is closed has closed it
-            self._fs.loop.call_soon_threadsafe(self._body.close)
+            asyncio.run_coroutine_threadsafe(_closed(self._body), self._fs.loop)
+
+
+async def _closed(body: Any) -> None:
+    result = body.close()  # aiohttp's is a function, httpx's a coroutine
+    if asyncio.iscoroutine(result):
+        await result
+
+
+def _close_body(body: Any) -> None:
+    """Closes a body on its loop's thread (where a dropped answer's callback runs)."""
+    asyncio.ensure_future(_closed(body))
 
 
 def list_objects(url: str, options: RemoteOptions, *, glob: bool = False

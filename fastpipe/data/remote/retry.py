@@ -28,8 +28,7 @@ _NETWORK_ERRNOS = {errno.ECONNRESET, errno.ECONNREFUSED, errno.ECONNABORTED, err
 # which fastpipe does not import to test them.
 _NETWORK_WORDS = ("Timeout", "Connect", "Connection", "Payload", "IncompleteRead", "Disconnected",
                   "ResponseStreaming", "ProtocolError", "ChunkedEncoding", "ReadError",
-                  "ProxyError",  # gcsfs raises requests' ProxyError, without a status, for a 502
-                  "FlexibleChecksumError")  # botocore: a body unlike the checksum S3 states for it
+                  "ProxyError")  # gcsfs raises requests' ProxyError, without a status, for a 502
 _RETRIED_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout",
                   "Throttling", "ThrottlingException", "RequestTimeTooSkewed", "503", "500"}
 
@@ -112,6 +111,8 @@ def transient(exc: BaseException) -> bool:
             return True
         if any(word in type(error).__name__ for word in _NETWORK_WORDS):
             return True
+        if type(error).__name__ == "FlexibleChecksumError" and "did not match" in str(error):
+            return True  # botocore: a body unlike the checksum S3 states for it
     return False
 
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 import hashlib
 import multiprocessing
 import os
+import random
 import signal
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -348,7 +350,7 @@ def _files_parsed_by_first_request(options, url: str) -> tuple[list[str], bytes]
 def test_a_forked_worker_s_s3_client_reuses_the_models_its_parent_parsed(objects, moto_server):
     # Parsing them is half of making a client (about 50 ms of CPU), which every worker process
     # of every epoch pays when it reads s3://.
-    options = moto_server.options(timeout=31.0)  # a file system of its own
+    options = moto_server.options(timeout=30 + random.random())  # a file system of its own
     url, data = next(iter(objects.items()))
     parsed, _ = _files_parsed_by_first_request(options, url)
     assert any(name.startswith("service-2") for name in parsed)  # the parent parsed them
@@ -356,3 +358,28 @@ def test_a_forked_worker_s_s3_client_reuses_the_models_its_parent_parsed(objects
         parsed, got = pool.apply(_files_parsed_by_first_request, (options, url))
     assert got == data[:100]
     assert not any(name.startswith(("service-2", "endpoint-rule-set")) for name in parsed)
+
+
+_GIVEN: list = []  # options holding a session (which does not pickle), for a forked worker
+
+
+def _session_marker(url: str) -> str | None:
+    from fastpipe.data.remote.filesystems import filesystem, read_range
+
+    read_range(url, 0, 10, _GIVEN[0])
+    return getattr(filesystem(url, _GIVEN[0])[0].session, "marker", None)
+
+
+def test_a_session_given_in_the_storage_options_is_the_forked_worker_s_too(objects,
+                                                                           moto_server):
+    from aiobotocore.session import AioSession
+
+    session = AioSession()
+    session.marker = "given"
+    options = moto_server.options(timeout=30 + random.random())
+    _GIVEN[:] = [replace(options, storage_options={**options.storage_options,
+                                                   "session": session})]
+    url = next(iter(objects))
+    assert _session_marker(url) == "given"
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply(_session_marker, (url,)) == "given"

@@ -63,6 +63,15 @@ def test_crc32c_is_castagnoli_s():
         (0xE3069283).to_bytes(4, "big")).decode())  # the CRC-32C check value
 
 
+@pytest.mark.skipif(not computable("crc64nvme"), reason="awscrt (0.23 or later) is missing")
+def test_crc64nvme_is_nvme_s():
+    hasher = Hasher("crc64nvme")
+    hasher.update(b"1234")
+    hasher.update(b"56789")
+    assert hasher.checksum() == Checksum("crc64nvme", base64.b64encode(
+        (0xAE8B14860A799888).to_bytes(8, "big")).decode())  # the CRC-64/NVME check value
+
+
 def test_only_a_checksum_of_the_whole_object_is_used():
     crc = {"ChecksumCRC32": "AAAAAA=="}
     assert stated_by_s3({**crc, "ETag": '"abc"'}) == [Checksum("crc32", "AAAAAA==")]
@@ -107,14 +116,17 @@ def test_an_object_stated_no_checksum_is_checked_against_its_etag_s_md5(moto_ser
     assert proxy.ranges("plain.bin") == [None, None]
 
 
-def test_a_damaged_transfer_is_downloaded_again(objects, proxied):
+def test_a_damaged_transfer_is_downloaded_again(objects, moto_server, proxied):
     proxy, options = proxied
     cache = ShardCache(options)
     url, data = list(objects.items())[1]
     name = url.rsplit("/", 1)[1]
     proxy.corrupt(name)
     assert Path(cache.local_path(url)).read_bytes() == data
-    assert proxy.gets(name) >= 2 and proxy.ranges(name)[-1] is None
+    # botocore's check of the whole body failed at its end (retried: the last chunk again),
+    # then fastpipe's CRC of the whole (downloaded again).
+    assert proxy.ranges(name) == [None, f"bytes={4 * 8192}-", None]
+    assert _recorded(cache, url) == ["crc32", _stated(moto_server, url)["ChecksumCRC32"]]
 
 
 def test_a_transfer_that_stays_damaged_is_named(objects, proxied):
@@ -142,6 +154,7 @@ def test_a_get_cut_short_resumes_where_it_stopped_and_the_whole_is_checked(moto_
     assert Path(cache.local_path(url)).read_bytes() == data
     ranges = proxy.ranges("big.bin")
     # Then from where the data read stopped (what the connection had buffered is asked again).
+    assert ranges[0] is None and None not in ranges[1:], ranges
     starts = [int(r[len("bytes="):-1]) for r in ranges[1:]]
     assert ranges[0] is None and ranges[1:] == [f"bytes={n}-" for n in starts]
     assert 0 < starts[0] <= 1 << 20 and starts == sorted(starts) and len(starts) <= 3
@@ -206,9 +219,84 @@ def test_a_multipart_upload_is_read_whole_and_recorded_by_its_own_crc(moto_serve
     client.create_bucket(Bucket="multipart")
     client.upload_file(str(tmp_path / "multi.bin"), "multipart", "multi.bin")
     url = "s3://multipart/multi.bin"
-    assert "-" in _stated(moto_server, url)["ETag"]
+    assert "-" in _stated(moto_server, url)["ETag"] and not stated_by_s3(_stated(moto_server, url))
     cache = ShardCache(options)
     assert Path(cache.local_path(url)).read_bytes() == data
     assert proxy.ranges("multi.bin") == [None]
     assert _recorded(cache, url) == [
         "crc32", base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()]
+
+
+def test_an_answer_of_another_version_is_refused_where_the_store_ignores_if_match(
+        moto_server, fault_proxy, cache_dir):
+    proxy = fault_proxy(moto_server.endpoint)
+    proxy.strip_header("If-Match")
+    client = moto_server.client()
+    client.create_bucket(Bucket="no-if-match")
+    client.put_object(Bucket="no-if-match", Key="x.bin", Body=b"the listed version")
+    cache = ShardCache(moto_server.options(proxy.url, cache_dir=cache_dir, backoff=0.01))
+    cache.info_of("s3://no-if-match/x.bin")
+    client.put_object(Bucket="no-if-match", Key="x.bin", Body=b"the other version!")
+    with pytest.raises(RemoteError, match="changed while it was listed and downloaded"):
+        cache.local_path("s3://no-if-match/x.bin")
+    assert not Path(cache.path_of("s3://no-if-match/x.bin")).exists()
+
+
+def test_an_entry_without_a_recorded_checksum_is_not_taken_as_confirmed(objects, proxied):
+    # As an older fastpipe wrote them (an "md5" key): check="content" downloads it again.
+    proxy, options = proxied
+    url, data = next(iter(objects.items()))
+    cache = ShardCache(options)
+    path = cache.local_path(url)
+    meta = Path(cache.entry(url).meta)
+    recorded = json.loads(meta.read_text())
+    recorded["md5"] = hashlib.md5(data).hexdigest()
+    del recorded["checksum"]
+    meta.write_text(json.dumps(recorded))
+    assert ShardCache(options).local_path(url) == path  # check="stat": as it is
+    assert proxy.gets(url.rsplit("/", 1)[1]) == 1
+    assert Path(ShardCache(replace(options, check="content")).local_path(url)).read_bytes() == data
+    assert proxy.gets(url.rsplit("/", 1)[1]) == 2
+
+
+def test_cloud_storage_md5_is_no_etag(gcs_server, fault_proxy, tmp_path, cache_dir,
+                                      monkeypatch):
+    # Without google-crc32c, Cloud Storage's md5Hash is the check: two downloads damaged alike
+    # are refused (an S3 ETag that is no MD5 of the bytes is the one case they are taken).
+    from fastpipe.data.remote import checksums
+
+    monkeypatch.setattr(checksums, "_crc32c", lambda: None)
+    (tmp_path / "up").mkdir()
+    (tmp_path / "up" / "m.bin").write_bytes(bytes(range(256)) * 100)
+    [url] = gcs_server.upload(tmp_path / "up", "md5-gcs")
+    proxy = fault_proxy(gcs_server.endpoint)
+    proxy.corrupt(r"^/download/.*m\.bin", count=100)  # its bytes, not its metadata
+    cache = ShardCache(gcs_server.options(proxy.url, cache_dir=cache_dir, backoff=0.01))
+    with pytest.raises(RemoteError, match="do not match the md5 checksum"):
+        cache.local_path(url)
+
+
+@pytest.mark.parametrize("etag", [True, False])
+def test_two_equal_downloads_unlike_an_etag_s_md5_are_the_object(objects, proxied, monkeypatch,
+                                                                 etag):
+    # An object encrypted with KMS has an ETag that is no MD5 of its bytes; the download is
+    # taken where two agree. A checksum computed of the bytes (etag=False) must match.
+    from fastpipe.data.remote import cache as cache_module
+    from fastpipe.data.remote.download import Downloaded
+
+    proxy, options = proxied
+    url, data = list(objects.items())[1]
+    real = cache_module.download
+
+    def unlike_its_etag(info, path, opts, stop=None):
+        got = real(info, path, opts, stop)
+        return Downloaded(got.checksum, Checksum("md5", "0" * 32, etag=etag), True)
+
+    monkeypatch.setattr(cache_module, "download", unlike_its_etag)
+    cache = ShardCache(options)
+    if etag:
+        assert Path(cache.local_path(url)).read_bytes() == data
+    else:
+        with pytest.raises(RemoteError, match="do not match the md5 checksum"):
+            cache.local_path(url)
+    assert proxy.gets(url.rsplit("/", 1)[1]) == 2
