@@ -118,6 +118,7 @@ class _Watches:
     def __init__(self) -> None:
         self.ended: dict[int, float] = {}
         self.interrupted: int | None = None
+        self.workers: dict[int, multiprocessing.process.BaseProcess] = {}  # the epoch's
 
     def stopped_worker(self, exc: BaseException) -> int | None:
         """The worker behind ``exc``: the one a watch interrupted the main thread for, or the
@@ -129,7 +130,19 @@ class _Watches:
         if match is None:
             return None
         pids = [int(p) for p in match.group(1).split(",")]
-        return next((p for p in pids if p in self.ended), None)
+        # torch also raises this at once when the worker ends while its batch is being
+        # received (its connection reset), before the watch has seen the exit.
+        return next((p for p in pids if p in self.ended or _quiet_exit(self.workers.get(p))),
+                    None)
+
+
+def _quiet_exit(worker: multiprocessing.process.BaseProcess | None) -> bool:
+    """Whether the worker process ended with status 0, given a second to end (one whose
+    connection was just reset is ending; torch may have reaped it already)."""
+    if worker is None:
+        return False
+    worker.join(1.0)
+    return worker.exitcode == 0
 
 
 _watches = _Watches()
@@ -156,6 +169,7 @@ class _WorkerWatch:
 
     def __init__(self, workers: list[multiprocessing.process.BaseProcess]) -> None:
         self.pids = [w.pid for w in workers if w.pid is not None]
+        _watches.workers = {w.pid: w for w in workers if w.pid is not None}
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="fastpipe-worker-watch",
                                        daemon=True)

@@ -134,3 +134,22 @@ def test_sigint_to_one_worker_ends_the_command_with_one_message(sigint_default):
                    "stopped\nfastpipe profile: interrupted\n")
     # torch notices a worker that ended quietly only at its check every 5 s.
     assert took < 4, f"the command took {took:.1f} s to stop"
+
+
+@pytest.mark.parametrize("status", [0, 1])
+def test_a_worker_torch_reports_before_the_watch_saw_it_end_is_named(status):
+    # A worker stopped while the loader was receiving its batch: torch raises at once (the
+    # connection reset), and has reaped it, before the watch looked. One that failed (status 1)
+    # is not taken for one stopped by a SIGINT.
+    import multiprocessing
+
+    from fastpipe.profiling import _runner
+
+    worker = multiprocessing.get_context("fork").Process(target=os._exit, args=(status,))
+    worker.start()
+    while worker.is_alive():  # reaps it, as torch's check does
+        time.sleep(0.01)
+    watches = _runner._Watches()
+    watches.workers = {worker.pid: worker}
+    exc = RuntimeError(f"DataLoader worker (pid(s) {worker.pid}) exited unexpectedly")
+    assert watches.stopped_worker(exc) == (worker.pid if status == 0 else None)
