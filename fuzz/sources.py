@@ -13,7 +13,9 @@ the shard with its size and mtime kept (``cp -p``); or with a forged cached inde
 permuted, dropped, shifted, set to extreme values). What it may give: PackFormatError (and
 FieldError for a member that is not its field's kind), else every sample exactly as tarfile
 reads the same file (the same keys, fields and bytes). A finding is any other exception, a
-sample that differs from tarfile's, or samples from a file tarfile cannot read whole.
+sample that differs from tarfile's, or samples from a file tarfile cannot read whole; and where
+the headers are read without tarfile (fastpipe/data/sources/tarheaders.py takes the shard as
+plain), an index or an error other than the one tarfile's reading of the headers makes.
 
 ``hdf5_plain``: each execution writes a small plain HDF5 file of a layout drawn at random
 (contiguous, chunked with unallocated chunks and partial edge chunks, gzip-compressed,
@@ -119,12 +121,13 @@ def _damage_tar(data: bytes, rng: np.random.Generator) -> tuple[bytes, str]:
     return bytes(out), "; ".join(what) or "no tar-specific damage"
 
 
-def _tarfile_view(path: Path) -> list[tuple[str, dict[str, bytes]]] | None:
+def _tarfile_view(path: Path) -> list[tuple[str, dict[str, bytes | None]]] | None:
     """The shard's samples as tarfile reads them (consecutive members sharing a key), or None
     when tarfile cannot read it whole (an error, or a damaged header it stops quietly at: bytes
     after the last member that are not the end of the archive) or it holds what fastpipe
-    refuses by design (sparse members)."""
-    samples: list[tuple[str, dict[str, bytes]]] = []
+    refuses by design (sparse members). A field a sample has several members of is None:
+    fastpipe refuses the shard where it reads that field, and reads it where it does not."""
+    samples: list[tuple[str, dict[str, bytes | None]]] = []
     size = path.stat().st_size
     try:
         with tarfile.open(path, "r:") as tar:
@@ -143,9 +146,8 @@ def _tarfile_view(path: Path) -> list[tuple[str, dict[str, bytes]]] | None:
                     return None
                 if not samples or samples[-1][0] != key:
                     samples.append((key, {}))
-                if extension in samples[-1][1]:
-                    return None  # several members of one field: fastpipe refuses the shard
-                samples[-1][1][extension] = data
+                fields = samples[-1][1]
+                fields[extension] = None if extension in fields else data
             after = tar.offset
     except (tarfile.TarError, OSError, ValueError, EOFError, UnicodeError, OverflowError,
             MemoryError):
@@ -253,6 +255,7 @@ def tar_shard(data: bytes, rng: np.random.Generator) -> None:
             what += "; " + _forge(index, rng)
             with open(cache, "wb") as f:
                 np.savez(f, **index)
+    _check_plain_headers(shard, what)
     expected = _tarfile_view(shard)
     try:
         read = _read_tar(shard)
@@ -265,6 +268,36 @@ def tar_shard(data: bytes, rng: np.random.Generator) -> None:
     wrong = _mismatch(read, expected)
     if wrong is not None:
         raise Finding(f"tar ({what}): {wrong}")
+
+
+def _check_plain_headers(shard: Path, what: str) -> None:
+    """Where the headers read without tarfile (tarheaders.py) take the shard as plain, the index
+    made of them (or the error refusing it) must be the one tarfile's reading makes."""
+    from fastpipe.data import PackFormatError
+    from fastpipe.data.sources.tar import _plain_index, _tarfile_index
+    from fastpipe.data.sources.tarheaders import plain_headers
+
+    end = shard.stat().st_size
+    plain = plain_headers(str(shard), end)
+    if plain is None:
+        return
+    outcomes = []
+    for make in (lambda: _plain_index(shard, plain, end, "s.tar"),
+                 lambda: _tarfile_index(shard, end, "s.tar")):
+        try:
+            outcomes.append(make())
+        except PackFormatError as exc:
+            outcomes.append(str(exc))
+    got, want = outcomes
+    if isinstance(got, str) or isinstance(want, str):
+        if got != want:
+            raise Finding(f"tar ({what}): read as plain headers: {str(got)[:300]}; as tarfile "
+                          f"reads it: {str(want)[:300]}")
+        return
+    for key, expected in want.items():
+        if got[key].dtype != expected.dtype or not np.array_equal(got[key], expected):
+            raise Finding(f"tar ({what}): the plain headers' index {key!r} is {got[key][:8]}, "
+                          f"tarfile's {expected[:8]}")
 
 
 def _mismatch(read: list[dict[str, Any]], expected: list | None) -> str | None:
@@ -280,6 +313,9 @@ def _mismatch(read: list[dict[str, Any]], expected: list | None) -> str | None:
                     f"is {key!r} with {sorted(members)}")
         for name, value in fields.items():
             got, want = _tar_value(value), members[name]
+            if want is None:
+                return (f"sample {i} ({key!r}) field {name!r} read from a sample that has "
+                        "several members of it")
             if isinstance(got, int):
                 try:
                     same = got == int(want)

@@ -19,6 +19,7 @@ import pytest
 
 pytest.importorskip("h5py", exc_type=ImportError)
 
+from fastpipe.data import PackFormatError  # noqa: E402
 from fuzz import images, sources  # noqa: E402
 from fuzz.corpus import png_seeds, tar_seeds  # noqa: E402
 
@@ -138,6 +139,68 @@ def test_the_tar_target_finds_another_members_bytes(tars, monkeypatch):
     with pytest.raises(sources.Finding, match="differs from tarfile's bytes|tarfile's is"):
         for call_seed in range(30):  # a draw that scans afresh
             sources.tar_shard(tars[0], np.random.default_rng(call_seed))
+
+
+def _members_shard(path: Path, names: list[str]) -> None:
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        for k, name in enumerate(names):
+            body = str(k).encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            tar.addfile(info, io.BytesIO(body))
+
+
+def test_the_tar_target_takes_a_repeated_field_that_is_not_read(tmp_path):
+    # Sample 0 has no "bin", so TarSource reads cls and txt; sample 1's two "bin" members are
+    # not read (the lane found this where tarfile's view refused the whole shard).
+    shard = tmp_path / "s.tar"
+    _members_shard(shard, ["0.cls", "0.txt", "1.bin", "1.cls", "1.txt", "1.bin"])
+    assert sources._mismatch(sources._read_tar(shard), sources._tarfile_view(shard)) is None
+
+
+def test_the_tar_target_finds_a_repeated_field_read(tmp_path, monkeypatch):
+    from fastpipe.data.sources import tar
+
+    shard = tmp_path / "s.tar"
+    _members_shard(shard, ["0.cls", "0.txt", "1.cls", "1.txt", "1.txt"])
+    with pytest.raises(PackFormatError, match="several 'txt' members"):
+        sources._read_tar(shard)
+    scan = tar._scan
+
+    def last_dropped(shard, name=None):
+        """The second txt member of sample 1 left out of the index (read as if single)."""
+        index = scan(shard, name)
+        keep = np.arange(len(index["sample"])) != len(index["sample"]) - 1
+        for key in ("sample", "field", "offset", "size", "chain"):
+            index[key] = index[key][keep]
+        return index
+
+    monkeypatch.setattr(tar, "_scan", last_dropped)
+    shard.with_name(shard.name + tar.INDEX_SUFFIX).unlink(missing_ok=True)
+    wrong = sources._mismatch(sources._read_tar(shard), sources._tarfile_view(shard))
+    assert wrong is not None and "several members" in wrong
+
+
+@pytest.mark.parametrize("plant", ["prefix dropped", "any checksum taken"])
+def test_the_tar_target_finds_plain_headers_read_otherwise_than_tarfile_reads_them(
+        tars, monkeypatch, plant):
+    from fastpipe.data.sources import tarheaders
+
+    if plant == "prefix dropped":
+        headers = tarheaders.plain_headers
+
+        def without_prefixes(path, size):
+            found = headers(path, size)
+            if found is not None:
+                found.names = [n and n.rsplit("/", 1)[-1] for n in found.names]
+            return found
+
+        monkeypatch.setattr(tarheaders, "plain_headers", without_prefixes)
+    else:
+        monkeypatch.setattr(tarheaders, "_fields_plain", lambda raw: True)
+    with pytest.raises(sources.Finding, match="plain headers"):
+        for call_seed in range(60):
+            sources.tar_shard(tars[call_seed % len(tars)], np.random.default_rng(call_seed))
 
 
 def test_the_hdf5_target_finds_rows_that_differ_from_h5pys(monkeypatch):

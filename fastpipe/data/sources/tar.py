@@ -50,6 +50,7 @@ from fastpipe.data.sources._engine import (
 )
 from fastpipe.data.sources.shardlist import KIND as SHARD_LIST_KIND
 from fastpipe.data.sources.shardlist import ShardList, is_shard_list, read_shard_list
+from fastpipe.data.sources.tarheaders import Headers, plain_headers
 
 __all__ = ["INDEX_SUFFIX", "TarSource", "index_folder", "list_shards", "shard_index",
            "write_shard_list"]
@@ -124,12 +125,22 @@ def _scan(shard: Path, name: str | None = None) -> dict[str, np.ndarray]:
     ever), a long-name or pax header declaring more bytes than the file holds (tarfile would
     read that many), ends the scan with an error naming the shard and the member; a sparse
     member (GNU sparse: its data is a map plus the blocks it lists, not the file's bytes) is
-    refused. Messages name the shard ``name`` (its URL), or its path."""
-    keys: list[str] = []
+    refused. Messages name the shard ``name`` (its URL), or its path.
+
+    A shard of plain headers only (nearly all) is read without tarfile (see
+    :mod:`~fastpipe.data.sources.tarheaders`), to the same index."""
     shown = name or str(shard)
-    samples, fields, offsets, sizes, chain_of = [], [], [], [], []
-    chain_start, chain_len = [], []
     end = shard.stat().st_size
+    plain = plain_headers(str(shard), end)
+    if plain is not None:
+        return _plain_index(shard, plain, end, shown)
+    return _tarfile_index(shard, end, shown)
+
+
+def _tarfile_index(shard: Path, end: int, shown: str) -> dict[str, np.ndarray]:
+    """:func:`_scan`'s index as tarfile reads the shard's headers."""
+    files: list[tuple[str, int, int, int]] = []
+    chain_start, chain_len = [], []
     last = -1
     start = 0  # where tarfile reads the next member's headers (its L, K, x and g headers first)
     try:
@@ -152,19 +163,9 @@ def _scan(shard: Path, name: str | None = None) -> dict[str, np.ndarray]:
                 chain_start.append(start)
                 chain_len.append(member.offset_data - start)
                 start = tar.offset
-                if not member.isfile():
-                    continue
-                split = _split(member.name)
-                if split is None:
-                    continue
-                key, field = split
-                if not keys or keys[-1] != key:
-                    keys.append(key)
-                samples.append(len(keys) - 1)
-                fields.append(field)
-                offsets.append(member.offset_data)
-                sizes.append(member.size)
-                chain_of.append(len(chain_start) - 1)
+                if member.isfile():
+                    files.append((member.name, member.offset_data, member.size,
+                                  len(chain_start) - 1))
             after = tar.offset
             _check_end(shard, after, end, shown)
     except (tarfile.TarError, OSError, ValueError, EOFError, OverflowError,
@@ -182,11 +183,44 @@ def _scan(shard: Path, name: str | None = None) -> dict[str, np.ndarray]:
     if crcs is None:
         raise PackFormatError(f"{shown} changed while it was scanned (a short read); scan it "
                               "again once it is written")
+    return _index(files, starts, lengths, crcs, after)
+
+
+def _plain_index(shard: Path, plain: Headers, end: int, shown: str) -> dict[str, np.ndarray]:
+    """The index :func:`_scan` makes, of a shard whose headers are all plain (one 512-byte
+    header a member: its header chain)."""
+    _check_end(shard, plain.end, end, shown)
+    files = [(name, at + tarfile.BLOCKSIZE, size, k) for k, (name, at, size) in enumerate(
+        zip(plain.names, plain.offsets, plain.sizes, strict=True)) if name is not None]
+    starts = np.array(plain.offsets, np.int64)
+    return _index(files, starts, np.full(len(starts), tarfile.BLOCKSIZE, np.int64),
+                  np.array(plain.crcs, np.int64), plain.end)
+
+
+def _index(files: list[tuple[str, int, int, int]], chain_start: np.ndarray,
+           chain_len: np.ndarray, chain_crc: np.ndarray, end: int) -> dict[str, np.ndarray]:
+    """The index of a shard's regular ``files`` (name, data offset, size, header chain), in
+    order: a sample is consecutive members sharing a key; names without an extension are no
+    member of any."""
+    keys: list[str] = []
+    samples, fields, offsets, sizes, chain_of = [], [], [], [], []
+    for name, offset, size, chain in files:
+        split = _split(name)
+        if split is None:
+            continue
+        key, field = split
+        if not keys or keys[-1] != key:
+            keys.append(key)
+        samples.append(len(keys) - 1)
+        fields.append(field)
+        offsets.append(offset)
+        sizes.append(size)
+        chain_of.append(chain)
     return {"keys": np.array(keys, dtype=str), "sample": np.array(samples, np.int64),
             "field": np.array(fields, dtype=str), "offset": np.array(offsets, np.int64),
             "size": np.array(sizes, np.int64), "chain": np.array(chain_of, np.int64),
-            "chain_start": starts, "chain_len": lengths, "chain_crc": crcs,
-            "end": np.array([after], np.int64)}
+            "chain_start": chain_start, "chain_len": chain_len, "chain_crc": chain_crc,
+            "end": np.array([end], np.int64)}
 
 
 class _Bounded:
