@@ -180,11 +180,13 @@ def tar_seeds(images: list[bytes]) -> dict[str, bytes]:
     """WebDataset shards of a few samples each (an image member, a class, a caption, raw bytes),
     in each format tarfile writes (GNU, and GNU with long-name headers; POSIX pax with extended
     headers for non-ASCII names and for names past 100 bytes; ustar with names split into a
-    prefix and a name), one of them ending without its end-of-archive blocks: the tar_shard
-    target's seeds."""
+    prefix and a name; pax with a float mtime, an extended header of it before each member, as
+    webdataset's writer writes), one of them ending without its end-of-archive blocks: the
+    tar_shard target's seeds."""
     import tarfile
 
-    def shard(format: int, prefix: str, members: int, end: bool = True) -> bytes:
+    def shard(format: int, prefix: str, members: int, end: bool = True,
+              mtime: float = 1_700_000_000) -> bytes:
         out = io.BytesIO()
         with tarfile.open(fileobj=out, mode="w", format=format) as tar:
             for i in range(members):
@@ -195,7 +197,7 @@ def tar_seeds(images: list[bytes]) -> dict[str, bytes]:
                                   ("txt", f"sample {i} \u00e9t\u00e9".encode()),
                                   ("bin", bytes(range(i, i + 37)))):
                     info = tarfile.TarInfo(f"{key}.{ext}")
-                    info.size, info.mtime, info.mode = len(body), 1_700_000_000, 0o644
+                    info.size, info.mtime, info.mode = len(body), mtime, 0o644
                     tar.addfile(info, io.BytesIO(body))
             members_end = tar.offset
         return out.getvalue() if end else out.getvalue()[:members_end]
@@ -212,6 +214,7 @@ def tar_seeds(images: list[bytes]) -> dict[str, bytes]:
         "tar-pax": shard(tarfile.PAX_FORMAT, "pax-\u00e9t\u00e9/", 3),
         "tar-pax-long": shard(tarfile.PAX_FORMAT, long_prefix, 3),
         "tar-ustar": shard(tarfile.USTAR_FORMAT, long_prefix, 3),
+        "tar-pax-times": shard(tarfile.PAX_FORMAT, "", 3, mtime=1_700_000_000.25),
         "tar-unended": shard(tarfile.GNU_FORMAT, "", 2, end=False),
     }
 

@@ -86,7 +86,10 @@ def fix_checksums(data: bytearray) -> bytearray:
 
 _SIZES = [b"%011o\0" % v for v in (0, 1, 511, 512, 513, 1 << 20, 8**11 - 1)]
 _SIZES += [b"\xff" * 12, b"\x80" + b"\0" * 10 + b"\x01", b"\xff" + b"\xff" * 10 + b"\xfe",
-           b"\x80" + b"\x7f" * 11, b"99999999999\0", b"           "]
+           b"\x80" + b"\x7f" * 11, b"99999999999\0", b" " * 12]
+# Sizes int(..., 8) takes that tarfile refuses or reads otherwise (a negative one moves back).
+_SIZES += [b"-1000".ljust(12, b"\0"), b"\t-2000".ljust(12, b"\0"), b"+1617".ljust(12, b"\0"),
+           b"0o17".ljust(12, b"\0")]
 
 
 def _damage_tar(data: bytes, rng: np.random.Generator) -> tuple[bytes, str]:

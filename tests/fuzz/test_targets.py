@@ -103,7 +103,8 @@ def _headers(shard: bytes) -> list[bytes]:
 def test_the_tar_seeds_hold_each_format_s_long_names(pngs):
     """Each seed exercises what its format is for: GNU long-name headers (type L), pax
     extended headers (type x) for names past 100 bytes and for non-ASCII names, a ustar name
-    split into a prefix (byte 345 on) and a name."""
+    split into a prefix (byte 345 on) and a name, an extended header holding only a float mtime
+    before each member (as webdataset writes)."""
     seeds = tar_seeds(pngs[:3])
     assert any(h[156:157] == b"L" for h in _headers(seeds["tar-gnu-long"]))
     for name in ("tar-pax", "tar-pax-long"):
@@ -118,6 +119,8 @@ def test_the_tar_seeds_hold_each_format_s_long_names(pngs):
     with tarfile.open(fileobj=io.BytesIO(seeds["tar-ustar"])) as tar:
         names = tar.getnames()
     assert all(len(n.encode()) > 100 and "/" in n for n in names)
+    with tarfile.open(fileobj=io.BytesIO(seeds["tar-pax-times"])) as tar:
+        assert all(m.pax_headers == {"mtime": "1700000000.25"} for m in tar)
 
 
 def test_the_tar_target_finds_another_members_bytes(tars, monkeypatch):

@@ -187,13 +187,13 @@ def _tarfile_index(shard: Path, end: int, shown: str) -> dict[str, np.ndarray]:
 
 
 def _plain_index(shard: Path, plain: Headers, end: int, shown: str) -> dict[str, np.ndarray]:
-    """The index :func:`_scan` makes, of a shard whose headers are all plain (one 512-byte
-    header a member: its header chain)."""
+    """The index :func:`_scan` makes, of a shard whose headers are all plain (a member's header
+    chain: its pax header, if any, and its own)."""
     _check_end(shard, plain.end, end, shown)
-    files = [(name, at + tarfile.BLOCKSIZE, size, k) for k, (name, at, size) in enumerate(
-        zip(plain.names, plain.offsets, plain.sizes, strict=True)) if name is not None]
-    starts = np.array(plain.offsets, np.int64)
-    return _index(files, starts, np.full(len(starts), tarfile.BLOCKSIZE, np.int64),
+    files = [(name, at, size, k) for k, (name, at, size) in enumerate(
+        zip(plain.names, plain.data, plain.sizes, strict=True)) if name is not None]
+    starts = np.array(plain.starts, np.int64)
+    return _index(files, starts, np.array(plain.data, np.int64) - starts,
                   np.array(plain.crcs, np.int64), plain.end)
 
 

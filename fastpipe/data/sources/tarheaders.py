@@ -2,21 +2,24 @@
 
 Python's tarfile makes an object of every header it reads (about 25 us a member); a shard of a
 thousand samples has two or three thousand of them. Nearly every shard is plain: regular files
-and directories, each one 512-byte header whose number fields are octal, as tarfile, GNU tar and
-webdataset's writers write them. :func:`plain_headers` reads such a file's headers itself (about
-a fifth of tarfile's time) and returns what tarfile would have read; anything else (long-name,
-pax, sparse or link headers, base-256 sizes, a checksum or a field tarfile would refuse or read
-otherwise, a header past the end, an empty or cut-short file) makes it return None, and the
-caller reads the file with tarfile, which decides what it is and how it is damaged.
+and directories, each one 512-byte header whose number fields are octal (as tarfile and GNU tar
+write them), or that header after a pax header holding only times (as webdataset's writer
+writes every member: its ``mtime`` is a float). :func:`plain_headers` reads such a file's headers
+itself (about a quarter of tarfile's time) and returns what tarfile would have read; anything
+else (long-name, sparse or link headers, pax headers holding anything but well-formed times,
+base-256 sizes, a checksum or a field tarfile would refuse or read otherwise, a header past the
+end, an empty or cut-short file) makes it return None, and the caller reads the file with
+tarfile, which decides what it is and how it is damaged.
 
-Its rules are tarfile's (``TarInfo.frombuf``, ``TarFile.next``, ``_proc_builtin``), kept
-narrower: where a field is one tarfile reads but not plainly written, this module declines.
-The fuzz target ``tar_shard`` checks it against tarfile on every input it makes.
+Its rules are tarfile's (``TarInfo.frombuf``, ``TarFile.next``, ``_proc_builtin``,
+``_proc_pax``), kept narrower: where a field is one tarfile reads but not plainly written, this
+module declines. The fuzz target ``tar_shard`` checks it against tarfile on every input it makes.
 """
 
 from __future__ import annotations
 
-import mmap
+import os
+import re
 import tarfile
 import zlib
 from dataclasses import dataclass
@@ -32,19 +35,28 @@ _BLOCK = tarfile.BLOCKSIZE
 # to its first NUL, stripped); those decline.
 _NUMBERS = ((100, 108, True), (108, 116, True), (116, 124, True), (124, 136, False),
             (136, 148, True), (148, 156, False), (329, 337, True), (337, 345, True))
+# The size field, read in the walk (it places the next header) as _fields_plain checks it.
+_SIZE = re.compile(rb" *([0-7]*)[ \x00]*")
 _KINDS = (ord("0"), 0, ord("5"))  # REGTYPE, AREGTYPE, DIRTYPE
 _DIRECTORY = ord("5")
+_PAX = ord("x")  # a pax header of the member after it
+# A pax record "<length> <keyword>=<value>\n" of a time, which no index holds: tarfile (every
+# version) reads such records alike and takes the member's name and size from its own header.
+_TIME_RECORD = re.compile(
+    rb"([1-9][0-9]{0,5}) (?:mtime|atime|ctime)=[0-9]{1,20}(?:\.[0-9]{1,9})?\n")
 
 
 @dataclass
 class Headers:
     """Every member of a plain tar file, in order: ``names`` (a regular file's as tarfile names
-    it; None for a directory), ``offsets`` (of each header), ``sizes``, ``crcs`` (the CRC-32 of
-    each 512-byte header) and ``end`` (where the members end: the first zero block, or the end
-    of the file)."""
+    it; None for a directory), ``starts`` (where its headers begin: its pax header's, else its
+    own), ``data`` (where its data begins, after its own header), ``sizes``, ``crcs`` (the
+    CRC-32 of its headers, ``starts`` to ``data``) and ``end`` (where the members end: the
+    first zero block, or the end of the file)."""
 
     names: list[str | None]
-    offsets: list[int]
+    starts: list[int]
+    data: list[int]
     sizes: list[int]
     crcs: list[int]
     end: int
@@ -52,56 +64,111 @@ class Headers:
 
 def plain_headers(path: str, size: int) -> Headers | None:
     """The headers of the tar file at ``path`` (``size`` bytes) where every one is plain (see
-    the module); None where one is not, or the file is empty or cut short."""
+    the module); None where one is not, the file is empty or cut short, or it cannot be read
+    (tarfile's reading then names the error)."""
     if size < _BLOCK:
         return None
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        if len(m) != size:
-            return None  # changed since it was measured
-        return _walk(m, size)
+    try:
+        with open(path, "rb", buffering=0) as f:
+            return _walk(_Window(f.fileno(), size), size)
+    except OSError:
+        return None
 
 
-def _walk(m: mmap.mmap, size: int) -> Headers | None:
-    names, offsets, sizes, crcs, blocks = [], [], [], [], []
+class _Window:
+    """Reads of a file through a window of ``_WINDOW`` bytes: the headers of small members
+    come several to a read. Reads, not a mapping: a file cut short while it is read ends in a
+    short read here, where a mapping's page would kill the process."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self._fd, self._size = fd, size
+        self._buf, self._at = b"", 0
+
+    def get(self, at: int, n: int) -> bytes | None:
+        """``n`` bytes at ``at``, or None where the file holds fewer."""
+        start = at - self._at
+        if start < 0 or start + n > len(self._buf):
+            self._buf, self._at, start = os.pread(self._fd, max(n, _WINDOW), at), at, 0
+        out = self._buf[start:start + n]
+        return out if len(out) == n else None
+
+
+_WINDOW = 16 << 10
+
+
+def _walk(f: _Window, size: int) -> Headers | None:
+    names, starts, data_at, sizes, crcs, blocks = [], [], [], [], [], []
     encoding = tarfile.ENCODING
     at = 0
+    start = None  # where the member's pax header begins, if it has one
     while True:
-        if at == size and at > 0:
+        if at == size and start is None:
             break  # tarfile stops at the end of the file (an empty header)
-        if at + _BLOCK > size:
+        block = f.get(at, _BLOCK)
+        if block is None:
             return None  # a header cut short: tarfile's to judge
-        block = m[at:at + _BLOCK]
         if block.count(0) == _BLOCK:
+            if start is not None:
+                return None  # a pax header of no member
             break  # the end-of-archive blocks
         kind = block[156]
-        if kind not in _KINDS:
+        if kind not in _KINDS and not (kind == _PAX and start is None):
             return None
-        try:
-            # As tarfile reads a plain field; _fields_plain checks below that each one is.
-            length = int(block[124:136].strip(b" \0") or b"0", 8)
-        except ValueError:
+        field = _SIZE.fullmatch(block, 124, 136)
+        if field is None:
             return None
+        length = int(field.group(1) or b"0", 8)
+        blocks.append(block)
+        data = at + _BLOCK
+        if kind == _PAX:
+            following = data + -(-length // _BLOCK) * _BLOCK
+            if following > size or not _times_only(f.get(data, following - data), length):
+                return None
+            start, at = at, following
+            continue
         name: str | None = block[:100].split(b"\0", 1)[0].decode(encoding, "surrogateescape")
-        # V7 tar's directories are regular files named with a "/" at the end.
-        directory = kind == _DIRECTORY or (kind == 0 and name.endswith("/"))
-        if directory:
+        if kind == 0 and name.endswith("/"):
+            # V7 tar's directories: regular files named with a "/" at the end. After a pax
+            # header, tarfile versions differ (3.15 reads a file), so that is tarfile's to read.
+            if start is not None:
+                return None
+            name = None
+        elif kind == _DIRECTORY:
             name = None  # no sample: its name is not needed
         elif block[345]:
             prefix = block[345:500].split(b"\0", 1)[0].decode(encoding, "surrogateescape")
             name = prefix + "/" + name
-        data = at + _BLOCK
-        following = data if directory else data + -(-length // _BLOCK) * _BLOCK
+        following = data if name is None else data + -(-length // _BLOCK) * _BLOCK
         if data + length > size or following > size:
             return None  # a size past the end: tarfile's error names it
+        first = at if start is None else start
         names.append(name)
-        offsets.append(at)
+        starts.append(first)
+        data_at.append(data)
         sizes.append(length)
-        crcs.append(zlib.crc32(block))
-        blocks.append(block)
-        at = following
+        chain = block if start is None else f.get(first, data - first)
+        if chain is None:
+            return None
+        crcs.append(zlib.crc32(chain))
+        at, start = following, None
     if blocks and not _fields_plain(np.frombuffer(b"".join(blocks), np.uint8).reshape(-1, _BLOCK)):
         return None
-    return Headers(names, offsets, sizes, crcs, at)
+    return Headers(names, starts, data_at, sizes, crcs, at)
+
+
+def _times_only(block: bytes | None, length: int) -> bool:
+    """Whether a pax header's records (the first ``length`` bytes of its ``block``) are
+    well-formed time records, and the block's rest zeros (tarfile would read records there
+    too)."""
+    if block is None:
+        return False
+    at = 0
+    while at < length:
+        match = _TIME_RECORD.match(block, at, length)
+        if match is None or int(match.group(1)) != match.end() - at:
+            return False
+        at = match.end()
+    return block.count(0, length) == len(block) - length
 
 
 def _fields_plain(raw: np.ndarray) -> bool:
