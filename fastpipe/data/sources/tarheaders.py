@@ -29,13 +29,13 @@ import numpy as np
 __all__ = ["Headers", "plain_headers"]
 
 _BLOCK = tarfile.BLOCKSIZE
-# (start, end, base-256 allowed) of the number fields tarfile parses (mode, uid, gid, size,
-# mtime, checksum, devmajor, devminor). Each must read as writers write them: spaces, octal
-# digits, then spaces or NULs. tarfile reads more (whatever int(..., 8) takes of the field up
-# to its first NUL, stripped); those decline.
-_NUMBERS = ((100, 108, True), (108, 116, True), (116, 124, True), (124, 136, False),
-            (136, 148, True), (148, 156, False), (329, 337, True), (337, 345, True))
-# The size field, read in the walk (it places the next header) as _fields_plain checks it.
+# (start, end, base-256 allowed) of the number fields tarfile parses but the size (mode, uid,
+# gid, mtime, checksum, devmajor, devminor). Each must read as writers write them: spaces,
+# octal digits, then spaces or NULs. tarfile reads more (whatever int(..., 8) takes of the
+# field up to its first NUL, stripped); those decline.
+_NUMBERS = ((100, 108, True), (108, 116, True), (116, 124, True), (136, 148, True),
+            (148, 156, False), (329, 337, True), (337, 345, True))
+# The size field, in the same form, matched in the walk: it places the next header.
 _SIZE = re.compile(rb" *([0-7]*)[ \x00]*")
 _KINDS = (ord("0"), 0, ord("5"))  # REGTYPE, AREGTYPE, DIRTYPE
 _DIRECTORY = ord("5")
@@ -70,7 +70,7 @@ def plain_headers(path: str, size: int) -> Headers | None:
         return None
     try:
         with open(path, "rb", buffering=0) as f:
-            return _walk(_Window(f.fileno(), size), size)
+            return _walk(_Window(f.fileno()), size)
     except OSError:
         return None
 
@@ -80,8 +80,8 @@ class _Window:
     come several to a read. Reads, not a mapping: a file cut short while it is read ends in a
     short read here, where a mapping's page would kill the process."""
 
-    def __init__(self, fd: int, size: int) -> None:
-        self._fd, self._size = fd, size
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
         self._buf, self._at = b"", 0
 
     def get(self, at: int, n: int) -> bytes | None:
@@ -172,9 +172,9 @@ def _times_only(block: bytes | None, length: int) -> bool:
 
 
 def _fields_plain(raw: np.ndarray) -> bool:
-    """Whether every number field of every header (a row of ``raw``) is plain, and each
-    checksum one of the two sums tarfile accepts (of the header's bytes as unsigned or as
-    signed, the checksum field counted as spaces)."""
+    """Whether every number field but the size (matched in the walk) of every header (a row of
+    ``raw``) is plain, and each checksum one of the two sums tarfile accepts (of the header's
+    bytes as unsigned or as signed, the checksum field counted as spaces)."""
     checksum = None
     for start, end, base_256 in _NUMBERS:
         field = raw[:, start:end]
