@@ -301,6 +301,26 @@ def test_ctrl_c_in_the_block_is_raised_at_once_before_any_fork_and_held_after_on
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def _finalizers():
+    """Ways a finalizer runs ``call``: a weakref.finalize's callback and an object's __del__."""
+    import weakref
+
+    def by_finalize(call):
+        class Owner:
+            pass
+        owner = Owner()
+        weakref.finalize(owner, lambda: call())
+        del owner
+
+    def by_del(call):
+        class Owner:
+            def __del__(self):
+                call()
+        Owner()
+
+    return by_finalize, by_del
+
+
 def test_the_command_holds_ctrl_c_during_its_imports():
     """A KeyboardInterrupt raised inside numpy's compiled start-up is cleared there (the command
     then ran on): the `fastpipe` command holds Ctrl-C while it imports, raises it after, and
@@ -327,6 +347,15 @@ def test_the_command_holds_ctrl_c_during_its_imports():
     finally:
         signal.signal(signal.SIGCHLD, sigchld)
     assert later.pending
+    # So is one that lands in a finalizer, where a KeyboardInterrupt is printed as
+    # "Exception ignored" and lost: the next repeat raises it.
+    for finalizing in _finalizers():
+        interrupts = _Interrupts(active=True)
+        try:
+            finalizing(lambda held=interrupts: held.handler(signal.SIGINT, sys._getframe(1)))
+        finally:
+            signal.signal(signal.SIGCHLD, sigchld)
+        assert interrupts.pending and interrupts.received.is_set()
     done = subprocess.run([sys.executable, "-c", textwrap.dedent("""
         import sys, fastpipe, fastpipe._cli
         assert "torch" not in sys.modules and "numpy" not in sys.modules, "imported at once"

@@ -92,12 +92,17 @@ def _exit_at_once(code: int) -> None:
 _REPEAT_SECONDS = 0.75
 
 
-def _importing(frame: Any) -> bool:
-    """Whether ``frame`` runs inside an import (a lazy one: torchvision's, say), where a
-    KeyboardInterrupt can land in importlib's own callbacks and be printed as "Exception
-    ignored" and lost."""
+def _swallowing(frame: Any) -> bool:
+    """Whether ``frame`` runs where a KeyboardInterrupt would be printed as "Exception
+    ignored" and lost: inside an import (a lazy one: torchvision's, say; importlib's own
+    callbacks), a ``weakref.finalize`` callback or a ``__del__``."""
+    import weakref
+
+    finalize = weakref.finalize.__call__.__code__
     while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
+        code = frame.f_code
+        if (code is finalize or code.co_name == "__del__"
+                or code.co_filename.startswith("<frozen importlib")):
             return True
         frame = frame.f_back
     return False
@@ -105,10 +110,10 @@ def _importing(frame: Any) -> bool:
 
 class _Interrupts:
     """The command's Ctrl-C: a KeyboardInterrupt in the main thread, held while ``held()``
-    runs (raised at its end) and while an import runs (raised by the next repeat), and raised
-    again every _REPEAT_SECONDS until the command has stopped (an interrupt raised inside a
-    finalizer or a fork hook is printed as "Exception ignored" and lost; one raised inside
-    numpy's compiled start-up is cleared)."""
+    runs (raised at its end) and while an import or a finalizer runs (raised by the next
+    repeat), and raised again every _REPEAT_SECONDS until the command has stopped (an
+    interrupt raised inside a fork hook is printed as "Exception ignored" and lost; one raised
+    inside numpy's compiled start-up is cleared)."""
 
     def __init__(self, active: bool) -> None:
         self.active = active
@@ -120,7 +125,7 @@ class _Interrupts:
         self.received.set()
         # Held only in the command's own process: a forked child (a worker started outside
         # deferred_interrupt) has no thread to raise it again later.
-        if os.getpid() == self.pid and (self.holding or _importing(frame)):
+        if os.getpid() == self.pid and (self.holding or _swallowing(frame)):
             self.pending = True  # raised at the end of held(), or by the next repeat
             return
         raise KeyboardInterrupt
