@@ -624,7 +624,7 @@ class TarSource(Source):
         index once, the other thread loads it)."""
         if self._indexed[shards].all():
             return
-        todo = np.unique(shards[~self._indexed[shards]]).tolist()
+        todo = _distinct(shards[~self._indexed[shards]])
         for k, index in zip(todo, self._index_of(todo), strict=True):
             self._fill(k, index)
 
@@ -654,7 +654,7 @@ class TarSource(Source):
             if self.remote is None:
                 read_pieces(self._handles(), pieces, flat)
             else:  # the batch's shards in the cache, kept there while they are read
-                with self.remote.pinned(np.unique(pieces.files).tolist()):
+                with self.remote.pinned(_distinct(pieces.files)):
                     read_pieces(self._handles(), pieces, flat)
         except ShortRead as exc:
             raise PackFormatError(f"{self._name_of(exc.path)} is truncated: a member of it runs "
@@ -803,3 +803,9 @@ def _forget_mapping(path: str) -> None:
 
 
 add_unpin_hook(_forget_mapping)
+
+
+def _distinct(values: np.ndarray) -> list[int]:
+    """The distinct ``values``, sorted. Not np.unique: its first call in a process imports
+    numpy.ma, which each worker process of each epoch would import again."""
+    return sorted(set(values.tolist()))

@@ -6,8 +6,14 @@ the dataset streaming two epochs with every sample once in each."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import pickle
 import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +24,7 @@ from fastpipe.data.sources.tar import TarSource
 from tests.helpers.pack import write_shards
 
 FIELDS = ["jpg", "cls", "txt"]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(params=["s3", "gs", "http"])
@@ -53,6 +60,42 @@ def test_every_sample_bit_exact_against_the_local_shards(served, shards):
     assert again.fingerprint() == remote.fingerprint()
     assert sum(proxy.gets(f"{k:06d}.tar") for k in range(3)) == gets == 3
 
+
+
+@pytest.mark.parametrize("listed", [False, True], ids=["shards", "shard list"])
+def test_a_forked_worker_reads_a_batch_without_importing_a_module(
+        listed, request, shards, moto_server, cache_dir, tmp_path):
+    """DataLoader's worker processes are forked anew every epoch (without persistent_workers):
+    a module a worker's first batch imports is paid again by every worker of every epoch
+    (numpy.ma, which np.unique imports on first use, took about 25 ms of each)."""
+    options = moto_server.options(cache_dir=cache_dir)
+    url = shards.s3
+    if listed:
+        url = _beside_the_shards(request, (shards.s3, options, None), shards, tmp_path)
+    script = textwrap.dedent("""
+        import json, os, pickle, sys
+        from fastpipe.data.sources.tar import TarSource
+        url, options = pickle.loads(bytes.fromhex(sys.argv[1]))
+        source = TarSource(url, remote=options)  # as the training script's own process does
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # a worker
+            before = set(sys.modules)
+            try:
+                source.read_batch([25, 3, 14])
+                found = sorted(set(sys.modules) - before)
+            except BaseException as exc:
+                found = repr(exc)
+            os.write(write, json.dumps(found).encode())
+            os._exit(0)
+        os.close(write)
+        print(os.read(read, 1 << 20).decode())
+        os.waitpid(pid, 0)
+        """)
+    done = subprocess.run([sys.executable, "-c", script, pickle.dumps((url, options)).hex()],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == [], "imported by a worker's first batch"
 
 
 def test_building_the_indexes_shows_its_progress_the_first_time_on_a_node(
