@@ -92,17 +92,12 @@ def _exit_at_once(code: int) -> None:
 _REPEAT_SECONDS = 0.75
 
 
-def _swallowing(frame: Any) -> bool:
-    """Whether ``frame`` runs where a KeyboardInterrupt would be printed as "Exception
-    ignored" and lost: inside an import (a lazy one: torchvision's, say; importlib's own
-    callbacks), a ``weakref.finalize`` callback or a ``__del__``."""
-    import weakref
-
-    finalize = weakref.finalize.__call__.__code__
+def _importing(frame: Any) -> bool:
+    """Whether ``frame`` runs inside an import (a lazy one: torchvision's, say), where a
+    KeyboardInterrupt can land in importlib's own callbacks and be printed as "Exception
+    ignored" and lost."""
     while frame is not None:
-        code = frame.f_code
-        if (code is finalize or code.co_name == "__del__"
-                or code.co_filename.startswith("<frozen importlib")):
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
             return True
         frame = frame.f_back
     return False
@@ -110,10 +105,10 @@ def _swallowing(frame: Any) -> bool:
 
 class _Interrupts:
     """The command's Ctrl-C: a KeyboardInterrupt in the main thread, held while ``held()``
-    runs (raised at its end) and while an import or a finalizer runs (raised by the next
-    repeat), and raised again every _REPEAT_SECONDS until the command has stopped (an
-    interrupt raised inside a fork hook is printed as "Exception ignored" and lost; one raised
-    inside numpy's compiled start-up is cleared)."""
+    runs (raised at its end) and while an import runs (raised by the next repeat), and raised
+    again every _REPEAT_SECONDS until the command has stopped (an interrupt raised inside a
+    finalizer or a fork hook is lost: see :func:`_quiet_lost_interrupts`; one raised inside
+    numpy's compiled start-up is cleared)."""
 
     def __init__(self, active: bool) -> None:
         self.active = active
@@ -125,7 +120,7 @@ class _Interrupts:
         self.received.set()
         # Held only in the command's own process: a forked child (a worker started outside
         # deferred_interrupt) has no thread to raise it again later.
-        if os.getpid() == self.pid and (self.holding or _swallowing(frame)):
+        if os.getpid() == self.pid and (self.holding or _importing(frame)):
             self.pending = True  # raised at the end of held(), or by the next repeat
             return
         raise KeyboardInterrupt
@@ -166,9 +161,30 @@ def _interrupt_until_stopped() -> Iterator[_Interrupts]:
     signal.signal(signal.SIGINT, interrupts.handler)
     watchdog.start()
     try:
-        yield interrupts
+        with _quiet_lost_interrupts():
+            yield interrupts
     finally:
         interrupts.stopped.set()
         interrupts.received.set()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         watchdog.join()
+
+
+@contextlib.contextmanager
+def _quiet_lost_interrupts() -> Iterator[None]:
+    """Keeps a KeyboardInterrupt that Python cannot raise (one raised inside a finalizer: a
+    ``weakref.finalize`` callback, a ``__del__``) from being printed as "Exception ignored":
+    the command's repeat raises it again. Held there instead, it would leave a finalizer that
+    waits (a join, a lock) impossible to interrupt. Every other unraisable error is passed
+    on."""
+    passed_on = sys.unraisablehook
+
+    def hook(unraisable: Any) -> None:
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+            passed_on(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = passed_on
