@@ -355,8 +355,8 @@ def test_the_command_keeps_an_interrupt_lost_in_a_finalizer_quiet():
 
 def test_the_command_holds_ctrl_c_during_its_imports():
     """A KeyboardInterrupt raised inside numpy's compiled start-up is cleared there (the command
-    then ran on): the `fastpipe` command holds Ctrl-C while it imports, raises it after, and
-    `import fastpipe` itself imports no torch."""
+    then ran on): the `fastpipe` command holds Ctrl-C while it imports a library (not its user's
+    own module), raises it after, and `import fastpipe` itself imports no torch."""
     import signal
 
     from fastpipe._cli import _Interrupts
@@ -379,6 +379,25 @@ def test_the_command_holds_ctrl_c_during_its_imports():
     finally:
         signal.signal(signal.SIGCHLD, sigchld)
     assert later.pending
+    # Inside the import of a library's module it is held; inside the import of the user's own
+    # module (a factory module `fastpipe profile` imports), raised at once.
+    import sysconfig
+
+    for folder, held_there in ((sysconfig.get_paths()["purelib"], True), ("/srv/user", False)):
+        interrupts = _Interrupts(active=True)
+        module = {"handler": interrupts.handler, "sys": sys}
+        exec(compile("def top_level():\n    handler(2, sys._getframe())\n",
+                     f"{folder}/somemodule.py", "exec"), module)
+        importing = compile("top_level()", "<frozen importlib._bootstrap>", "eval")
+        try:
+            if held_there:
+                eval(importing, module)
+            else:
+                with pytest.raises(KeyboardInterrupt):
+                    eval(importing, module)
+        finally:
+            signal.signal(signal.SIGCHLD, sigchld)
+        assert interrupts.pending is held_there, folder
     # Anywhere else it is raised at once.
     elsewhere = _Interrupts(active=True)
     try:

@@ -92,20 +92,41 @@ def _exit_at_once(code: int) -> None:
 _REPEAT_SECONDS = 0.75
 
 
-def _importing(frame: Any) -> bool:
-    """Whether ``frame`` runs inside an import (a lazy one: torchvision's, say), where a
-    KeyboardInterrupt can land in importlib's own callbacks and be printed as "Exception
-    ignored" and lost."""
+def _importing(frame: Any, libraries: tuple[str, ...]) -> bool:
+    """Whether ``frame`` runs inside the import of a library (a lazy one: torchvision's, say),
+    where a KeyboardInterrupt can land in importlib's own callbacks or a compiled module's
+    start-up. Not inside your own module (a factory module ``fastpipe profile`` runs, its
+    folder's modules): its top-level code may run for minutes (a dataset built over remote
+    shards), and is interrupted like any other code of yours. ``libraries``: the folders of
+    :func:`_library_folders`."""
+    module = None  # the frame importlib runs for the innermost import: its module's code
     while frame is not None:
         if frame.f_code.co_filename.startswith("<frozen importlib"):
-            return True
+            name = "<" if module is None else module.f_code.co_filename
+            return name.startswith("<") or name.startswith(libraries)
+        module = frame
         frame = frame.f_back
     return False
 
 
+def _library_folders() -> tuple[str, ...]:
+    """The folders modules are installed in: the standard library's, site-packages, fastpipe's
+    own."""
+    import site
+    import sysconfig
+
+    folders = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib",
+                                                      "platlib")}
+    folders.update(getattr(site, "getsitepackages", list)())
+    folders.add(site.getusersitepackages())
+    folders.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return tuple(sorted({os.path.join(f, "") for folder in folders
+                         for f in (folder, os.path.realpath(folder))}))
+
+
 class _Interrupts:
     """The command's Ctrl-C: a KeyboardInterrupt in the main thread, held while ``held()``
-    runs (raised at its end) and while an import runs (raised by the next repeat), and raised
+    runs (raised at its end) and while a library is imported (raised by the next repeat), and raised
     again every _REPEAT_SECONDS until the command has stopped (an interrupt raised inside a
     finalizer or a fork hook is lost: see :func:`_quiet_lost_interrupts`; one raised inside
     numpy's compiled start-up is cleared)."""
@@ -115,12 +136,14 @@ class _Interrupts:
         self.received, self.stopped = threading.Event(), threading.Event()
         self.holding = self.pending = False
         self.pid = os.getpid()
+        # Found now: the handler runs between any two bytecodes, an import's among them.
+        self.libraries = _library_folders() if active else ()
 
     def handler(self, signum: int, frame: object) -> None:
         self.received.set()
         # Held only in the command's own process: a forked child (a worker started outside
         # deferred_interrupt) has no thread to raise it again later.
-        if os.getpid() == self.pid and (self.holding or _importing(frame)):
+        if os.getpid() == self.pid and (self.holding or _importing(frame, self.libraries)):
             self.pending = True  # raised at the end of held(), or by the next repeat
             return
         raise KeyboardInterrupt

@@ -215,3 +215,36 @@ def test_ctrl_c_at_random_moments_exits_within_2_s_with_130_leaving_no_process(
     print(f"{name}: {RUNS - len(failures)}/{RUNS} runs clean (limit {limit:.2f} s); seconds to "
           f"exit: max {max(times):.2f}, median {sorted(times)[len(times) // 2]:.2f}")
     assert not failures, "\n\n".join(failures)
+
+
+FACTORY = textwrap.dedent(
+    """
+    import os, time
+    # Top-level code of the user's own that runs long (a dataset built over remote shards).
+    open(os.environ["FASTPIPE_CTRL_C_MARK"], "w").close()
+    for _ in range(6000):
+        time.sleep(0.01)
+
+
+    def make():
+        raise AssertionError("the module's top-level code was not interrupted")
+    """
+)
+
+
+@pytest.mark.parametrize("form", ["file.py:function", "module:function"])
+def test_ctrl_c_in_the_top_level_code_of_a_factory_module_stops_profile_within_2_s(
+    form, tmp_path
+):
+    # The command holds Ctrl-C while a library is imported; it held it for as long as the
+    # user's factory module (imported too) ran, here a minute.
+    (tmp_path / "slow_factory.py").write_text(FACTORY)
+    spec = (f"{tmp_path / 'slow_factory.py'}:make" if form == "file.py:function"
+            else "slow_factory:make")
+    command = [sys.executable, "-c", "import os, signal, sys; os.chdir(sys.argv.pop(1)); "
+               "signal.signal(signal.SIGINT, signal.default_int_handler); "
+               "from fastpipe._cli import main; sys.exit(main())", str(tmp_path),
+               "profile", spec, "--no-progress"]
+    result = interrupt_once(command, random.Random(f"{SEED}-{form}"), early=True)
+    problem = _bad(result, LIMIT_SECONDS)
+    assert problem is None, f"{problem}\n{result['stderr'][-1500:]}"
