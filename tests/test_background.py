@@ -3,7 +3,9 @@ clause."""
 
 from __future__ import annotations
 
+import _imp
 import gc
+import os
 import subprocess
 import sys
 import textwrap
@@ -355,8 +357,8 @@ def test_the_command_keeps_an_interrupt_lost_in_a_finalizer_quiet():
 
 def test_the_command_holds_ctrl_c_during_its_imports():
     """A KeyboardInterrupt raised inside numpy's compiled start-up is cleared there (the command
-    then ran on): the `fastpipe` command holds Ctrl-C while it imports a library (not its user's
-    own module), raises it after, and `import fastpipe` itself imports no torch."""
+    then ran on): the `fastpipe` command holds Ctrl-C while it imports, raises it after, and
+    `import fastpipe` itself imports no torch."""
     import signal
 
     from fastpipe._cli import _Interrupts
@@ -379,25 +381,6 @@ def test_the_command_holds_ctrl_c_during_its_imports():
     finally:
         signal.signal(signal.SIGCHLD, sigchld)
     assert later.pending
-    # Inside the import of a library's module it is held; inside the import of the user's own
-    # module (a factory module `fastpipe profile` imports), raised at once.
-    import sysconfig
-
-    for folder, held_there in ((sysconfig.get_paths()["purelib"], True), ("/srv/user", False)):
-        interrupts = _Interrupts(active=True)
-        module = {"handler": interrupts.handler, "sys": sys}
-        exec(compile("def top_level():\n    handler(2, sys._getframe())\n",
-                     f"{folder}/somemodule.py", "exec"), module)
-        importing = compile("top_level()", "<frozen importlib._bootstrap>", "eval")
-        try:
-            if held_there:
-                eval(importing, module)
-            else:
-                with pytest.raises(KeyboardInterrupt):
-                    eval(importing, module)
-        finally:
-            signal.signal(signal.SIGCHLD, sigchld)
-        assert interrupts.pending is held_there, folder
     # Anywhere else it is raised at once.
     elsewhere = _Interrupts(active=True)
     try:
@@ -413,3 +396,50 @@ def test_the_command_holds_ctrl_c_during_its_imports():
         """)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["fastpipe.loader", "True"]
+
+
+def test_the_command_raises_ctrl_c_in_its_user_s_module_and_holds_it_in_a_library_s(tmp_path):
+    """`fastpipe profile file.py:make` imports the user's module: a Ctrl-C while its top-level
+    code runs (building a dataset, for minutes) is raised at once, where it was held until the
+    module ended. The same module counted as a library's is held, and so is a compiled
+    module's start-up wherever the module lives."""
+    import importlib.util
+    import signal
+
+    from fastpipe._cli import _Interrupts
+
+    (tmp_path / "factory.py").write_text("import sys\nhandler(2, sys._getframe())\nran_on = 1\n")
+
+    def run_module(interrupts):
+        spec = importlib.util.spec_from_file_location("fastpipe_test_factory",
+                                                      tmp_path / "factory.py")
+        module = importlib.util.module_from_spec(spec)
+        module.handler = interrupts.handler
+        spec.loader.exec_module(module)  # importlib's frames around the module's code
+        return module
+
+    sigchld = signal.getsignal(signal.SIGCHLD)  # the handler resets it, as the command exits
+    try:
+        users = _Interrupts(active=True)
+        assert not str(tmp_path).startswith(users.libraries)
+        with pytest.raises(KeyboardInterrupt):
+            run_module(users)
+        assert not users.pending
+        library = _Interrupts(active=True)
+        library.libraries = (os.path.join(str(tmp_path), ""),)
+        assert run_module(library).ran_on == 1 and library.pending
+        # importlib running an extension module's start-up (which here runs the user's code).
+        compiled = _Interrupts(active=True)
+        start_up = {}
+        exec(compile("def _call_with_frames_removed(f, *args):\n    return args[0]()\n",
+                     "<frozen importlib._bootstrap>", "exec"), start_up)
+        users_code = compile("handler(2, sys._getframe())", str(tmp_path / "factory.py"), "exec")
+        try:
+            start_up["_call_with_frames_removed"](
+                _imp.exec_dynamic,
+                lambda: exec(users_code, {"handler": compiled.handler, "sys": sys}))
+        except KeyboardInterrupt:
+            pytest.fail("raised inside a compiled module's start-up")
+        assert compiled.pending
+    finally:
+        signal.signal(signal.SIGCHLD, sigchld)

@@ -9,6 +9,7 @@ Modules are found automatically, so adding a subcommand touches no other file.
 
 from __future__ import annotations
 
+import _imp
 import _thread
 import argparse
 import contextlib
@@ -92,36 +93,51 @@ def _exit_at_once(code: int) -> None:
 _REPEAT_SECONDS = 0.75
 
 
-def _importing(frame: Any, libraries: tuple[str, ...]) -> bool:
+def _importing(frame: Any, libraries: tuple[str, ...] | None) -> bool:
     """Whether ``frame`` runs inside the import of a library (a lazy one: torchvision's, say),
-    where a KeyboardInterrupt can land in importlib's own callbacks or a compiled module's
-    start-up. Not inside your own module (a factory module ``fastpipe profile`` runs, its
-    folder's modules): its top-level code may run for minutes (a dataset built over remote
-    shards), and is interrupted like any other code of yours. ``libraries``: the folders of
-    :func:`_library_folders`."""
-    module = None  # the frame importlib runs for the innermost import: its module's code
+    where a KeyboardInterrupt can land in importlib's own callbacks or in a compiled module's
+    start-up (numpy's clears it; pybind11's can end the process). Not inside your own module
+    (a factory module ``fastpipe profile`` imports, or one it imports): its top-level code may
+    run for minutes (a dataset built over remote shards), and is interrupted like any other
+    code of yours. Yours: a module whose file is outside ``libraries`` (the folders of
+    :func:`_library_folders`; None: every module is a library's)."""
+    module = None  # the outermost top-level code inside the innermost import
+    verdict = None
     while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
-            name = "<" if module is None else module.f_code.co_filename
-            return name.startswith("<") or name.startswith(libraries)
-        module = frame
+        code = frame.f_code
+        if code.co_filename.startswith("<frozen importlib"):
+            if (code.co_name == "_call_with_frames_removed"
+                    and frame.f_locals.get("f") in _COMPILED_START_UPS):
+                return True  # a compiled module's start-up, wherever the module lives
+            if verdict is None:
+                verdict = (module is None or libraries is None
+                           or module.f_code.co_filename.startswith(("<", *libraries)))
+        elif verdict is None and code.co_name == "<module>":
+            module = frame
         frame = frame.f_back
-    return False
+    return bool(verdict)
 
 
-def _library_folders() -> tuple[str, ...]:
-    """The folders modules are installed in: the standard library's, site-packages, fastpipe's
-    own."""
-    import site
-    import sysconfig
+# How importlib runs an extension module's own code (3.5 and later).
+_COMPILED_START_UPS = (_imp.create_dynamic, _imp.exec_dynamic)
 
-    folders = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib", "purelib",
-                                                      "platlib")}
-    folders.update(getattr(site, "getsitepackages", list)())
-    folders.add(site.getusersitepackages())
-    folders.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    return tuple(sorted({os.path.join(f, "") for folder in folders
-                         for f in (folder, os.path.realpath(folder))}))
+
+def _library_folders() -> tuple[str, ...] | None:
+    """The folders modules are installed in: the standard library's, site-packages, the user's
+    site-packages, fastpipe's own; None where they cannot be told."""
+    try:
+        import site
+        import sysconfig
+
+        folders = {sysconfig.get_paths().get(key) for key in ("stdlib", "platstdlib",
+                                                              "purelib", "platlib")}
+        folders.update(getattr(site, "getsitepackages", list)())
+        folders.add(site.getusersitepackages())
+        folders.add(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        return tuple(sorted({os.path.join(f, "") for folder in folders if folder
+                             for f in (folder, os.path.realpath(folder))}))
+    except Exception:  # noqa: BLE001 - an unusual site module: every import held, as before
+        return None
 
 
 class _Interrupts:

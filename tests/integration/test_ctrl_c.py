@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -154,6 +155,7 @@ def interrupt_once(command: list[str], rng: random.Random, early: bool) -> dict:
         if _group_alive(process.pid):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+        shutil.rmtree(mark.parent, ignore_errors=True)
 
 
 def _bad(result: dict, limit: float) -> str | None:
