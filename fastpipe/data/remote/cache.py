@@ -10,6 +10,8 @@ Layout under ``RemoteOptions.cache_dir``::
     objects/<ab>/<key>/.entry.json what they were written as: the object's size, ETag and checksum,
                                    and the file's size, inode and modification time
     objects/<ab>/<key>/.used       touched whenever a process starts reading the entry (LRU)
+    objects/<ab>/<key>/.spent      touched when the node's readers need the entry no more in
+                                   their pass (evicted first, until it is read again)
     objects/<ab>/<key>/<name>.<pid>.<thread>.part   a download under way
     cache.lock                     held while room is made (eviction) and a download reserves it
     usage.json                     the ledger: the bytes counted at the last full count (a
@@ -29,6 +31,13 @@ While a process reads an entry it holds the entry's shared lock (a pin): evictio
 the exclusive lock and never waits for it, passes over it. When the read is done the entry is
 unpinned, and the hooks of :func:`add_unpin_hook` are told (the reader engine then unmaps the
 file, so an evicted file's space is given back).
+
+Eviction takes first the entries marked spent (:meth:`ShardCache.spent`: a prefetch marks
+those its pass has read past) since they were last read, in the order they were marked; then
+the rest by their last read; entries downloaded ahead and never read last. A cache smaller than
+the dataset that evicted by the last read alone would evict, while a pass reads in a new order,
+the entries it has yet to read as readily as those it has done with, and fetch again most of
+what it evicted within the same pass.
 
 Room is made against the ledger, not a listing of the cache: the cache is counted in full (and
 its least recently read entries evicted) only where the ledger says a download does not fit, is
@@ -65,6 +74,7 @@ __all__ = ["Entry", "ShardCache", "add_unpin_hook"]
 
 META = ".entry.json"
 USED = ".used"
+SPENT = ".spent"
 PART = ".part"
 # Entries a process keeps pinned after it stopped reading them (the most recently read). None:
 # a pin held between batches would keep a shard from eviction in every worker that read it
@@ -298,15 +308,32 @@ class ShardCache:
         finally:
             locks.unlock(fd)
 
-    def prefetch(self, urls: Sequence[str]):
+    def prefetch(self, urls: Sequence[str], released: Sequence[int] | None = None):
         """Downloads ``urls`` in this order in background threads (``options.downloads`` at
         once), keeping ``options.ahead`` of them beyond the last one a reader of this node has
         started reading; returns the :class:`~fastpipe.data.remote.prefetch.Prefetch`, whose
         ``close()`` (or the end of a ``with`` block) stops it. A download that fails is left to
-        the reader, which retries it and raises its error."""
+        the reader, which retries it and raises its error.
+
+        ``released[k]`` (a place in ``urls``): once a reader has started ``urls[released[k]]``,
+        ``urls[k]`` is not needed again in this pass, and is marked :meth:`spent`; the pass's
+        objects lose the marks of earlier passes when it starts."""
         from fastpipe.data.remote.prefetch import Prefetch
 
-        return Prefetch(self, list(urls))
+        return Prefetch(self, list(urls), released)
+
+    def spent(self, url: str) -> None:
+        """Marks ``url`` not needed again by this node's readers in their pass: the cache evicts
+        it before the entries still needed, until a reader reads it again."""
+        e = self.entry(url)
+        if os.path.exists(e.data):
+            _touch(os.path.join(e.folder, SPENT))
+
+    def needed(self, urls: Iterable[str]) -> None:
+        """Takes the :meth:`spent` marks off ``urls`` (a pass about to read them)."""
+        for url in urls:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.entry(url).folder, SPENT))
 
     def used_since(self, url: str, since_ns: int) -> bool:
         """Whether a reader of this node started reading ``url`` from the cache at or after
@@ -374,6 +401,8 @@ class ShardCache:
         lock of the entry); the file is replaced whole, so readers of the old one keep it."""
         os.makedirs(e.folder, exist_ok=True)
         _remove_parts(e)
+        with contextlib.suppress(OSError):  # a mark left on the entry evicted: not this copy's
+            os.unlink(os.path.join(e.folder, SPENT))
         if self.options.cache_limit is not None:
             _PINS.drop_idle()  # this process's idle pins may be what has to go
         part = self._reserve(e, found.size, stop)
@@ -452,8 +481,10 @@ class ShardCache:
         return sum(item[1] for item in self._scan())
 
     def _scan(self) -> list[tuple[tuple[int, int], int, str]]:
-        """((never used, last use), bytes, entry folder) of every entry; ``.part`` files whose
-        writer is gone are removed on the way."""
+        """((rank, time), bytes, entry folder) of every entry, in the order of eviction by
+        their first item (the module's): spent since last read (0, marked), read (1, last
+        read), never read (2, written); ``.part`` files whose writer is gone are removed on the
+        way."""
         found = []
         for shelf in _listdir(self.objects):
             shelf_path = os.path.join(self.objects, shelf)
@@ -463,7 +494,7 @@ class ShardCache:
                 folder = os.path.join(shelf_path, name)
                 if name.endswith((".lock", ".fetch")) or not os.path.isdir(folder):
                     continue
-                size, parts, used, written = 0, [], None, 0
+                size, parts, used, spent, written = 0, [], None, None, 0
                 for file in _listdir(folder):
                     path = os.path.join(folder, file)
                     try:
@@ -474,13 +505,19 @@ class ShardCache:
                         parts.append((path, st.st_size))
                     elif file == USED:
                         used = st.st_mtime_ns
+                    elif file == SPENT:
+                        spent = st.st_mtime_ns
                     elif file == META:
                         written = st.st_mtime_ns
                     else:
                         size += st.st_size
                 if parts:
                     size += self._stale_parts(folder + ".fetch", parts)
-                found.append(((0, used) if used is not None else (1, written), size, folder))
+                if spent is not None and (used is None or spent >= used):
+                    rank = (0, spent)
+                else:
+                    rank = (1, used) if used is not None else (2, written)
+                found.append((rank, size, folder))
         return found
 
     def _stale_parts(self, lock_path: str, parts: list[tuple[str, int]]) -> int:
@@ -522,7 +559,7 @@ class ShardCache:
         entries = self._scan()
         total = sum(item[1] for item in entries)
         goal = limit - (min(limit // 32, 64 * size) if len(entries) > SPARE_ABOVE else 0)
-        # Entries read longest ago first; entries downloaded ahead and never read last.
+        # Spent ones first, then those read longest ago; downloaded ahead and never read last.
         for _, held, folder in sorted(entries):
             if total + size <= goal:
                 break

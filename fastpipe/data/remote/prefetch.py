@@ -4,7 +4,10 @@ A reader of the node marks an entry when it starts reading it (``ShardCache.used
 any process; the prefetch keeps the objects up to ``ahead`` places past the last one marked
 since it started downloaded (the first ``ahead + 1`` before anything is read), so that it never
 fills the cache with objects read much later, which would evict those read sooner. Objects it
-downloaded and nobody read yet are the last the cache evicts.
+downloaded and nobody read yet are the last the cache evicts. Given where each object is no
+longer needed (``released``), it marks those the reader has passed spent, so that the cache
+evicts them before the objects the pass has yet to read; it takes such marks of earlier passes
+off its own objects as it starts.
 
 Its threads (one that follows the reader, ``downloads`` that download) end when the order is
 done, on :meth:`Prefetch.close` (within the poll interval: a request under way is cancelled),
@@ -35,21 +38,33 @@ _JOIN_SECONDS = 5.0
 _EXIT_JOIN_SECONDS = 1.0
 
 
-def _follow(cache: Any, urls: list[str], stop: threading.Event, finishing: threading.Event,
-            work: queue.SimpleQueue, downloads: int) -> None:
-    """Hands the downloaders the objects in order, ``ahead`` past the reader's position."""
+def _follow(cache: Any, urls: list[str], released: Sequence[int] | None,
+            stop: threading.Event, finishing: threading.Event, work: queue.SimpleQueue,
+            downloads: int) -> None:
+    """Hands the downloaders the objects in order, ``ahead`` past the reader's position, and
+    marks spent those it has passed."""
     ahead = cache.options.ahead
     started = time.time_ns()
     position = -1  # the last object a reader started since the prefetch began
     handed = 0
+    # The objects in the order the reader releases them, and how many of those are marked.
+    by_release = sorted(range(len(urls)), key=released.__getitem__) if released else []
+    marked, cleared = 0, not released
     try:
         while handed < len(urls) and not stop.is_set() and not finishing.is_set():
             for k in range(max(position + 1, 0), handed):
                 if cache.used_since(urls[k], started):
                     position = k
+            # Marked before the downloads that may make room for the next ones.
+            while marked < len(by_release) and released[by_release[marked]] <= position:
+                cache.spent(urls[by_release[marked]])
+                marked += 1
             while handed < len(urls) and handed <= max(position, 0) + ahead:
                 work.put(handed)
                 handed += 1
+            if not cleared:  # after the first downloads are handed out, not before
+                cache.needed(urls)
+                cleared = True
             if handed < len(urls):
                 finishing.wait(_POLL_SECONDS)
     finally:
@@ -104,13 +119,17 @@ register_before_thread_join(_stop_all_at_exit)
 
 
 class Prefetch:
-    """Downloads ``urls`` into ``cache`` in this order (see the module): ``done`` maps each
-    position finished to whether it succeeded, ``errors`` lists ``(url, error)`` of the failed
-    ones (their reader retries and raises). ``close()`` stops it; so does leaving a ``with``
+    """Downloads ``urls`` into ``cache`` in this order (see the module; ``released``:
+    :meth:`ShardCache.prefetch`): ``done`` maps each position finished to whether it
+    succeeded, ``errors`` lists ``(url, error)`` of the failed ones (their reader retries and
+    raises). ``close()`` stops it; so does leaving a ``with``
     block, dropping it, or the interpreter's exit."""
 
-    def __init__(self, cache: Any, urls: Sequence[str]) -> None:
+    def __init__(self, cache: Any, urls: Sequence[str],
+                 released: Sequence[int] | None = None) -> None:
         self.urls = list(urls)
+        if released is not None and len(released) != len(self.urls):
+            raise ValueError(f"released has {len(released)} places for {len(self.urls)} objects")
         self.done: dict[int, bool] = {}
         self.errors: list[tuple[str, BaseException]] = []
         self._stop = threading.Event()
@@ -118,8 +137,8 @@ class Prefetch:
         work: queue.SimpleQueue = queue.SimpleQueue()
         downloads = cache.options.downloads
         self._threads = [threading.Thread(
-            target=_follow, args=(cache, self.urls, self._stop, self._finishing, work,
-                                  downloads),
+            target=_follow, args=(cache, self.urls, released, self._stop, self._finishing,
+                                  work, downloads),
             name="fastpipe-prefetch", daemon=True)]
         self._threads += [threading.Thread(
             target=_download, args=(cache, self.urls, self._stop, self._finishing, work,

@@ -39,7 +39,7 @@ import numpy as np
 
 from fastpipe import _validate as check
 
-__all__ = ["check_window", "shard_sequence", "shard_sizes_of", "shard_starts", "sizes_digest",
+__all__ = ["check_window", "shard_plan", "shard_sizes_of", "shard_starts", "sizes_digest",
            "windowed_permutation"]
 
 _MASK64 = np.uint64((1 << 64) - 1)
@@ -113,15 +113,22 @@ def _windowed(sizes: np.ndarray, window: int, seed: int, epoch: int) -> np.ndarr
     return np.lexsort((_keys(seed, epoch, count, _SAMPLES), window_of_sample))
 
 
-def shard_sequence(indices: Sequence[int] | np.ndarray, starts: np.ndarray) -> list[int]:
-    """The shards holding ``indices``, in the order they are first needed: what a cache fetches
-    ahead, in that order."""
+def shard_plan(indices: Sequence[int] | np.ndarray,
+               starts: np.ndarray) -> tuple[list[int], list[int]]:
+    """The shards holding ``indices``, in the order they are first needed (what a cache fetches
+    ahead, in that order), and for each, where it is no longer needed: the place in that
+    sequence of the first shard needed only after its last sample, ``len(sequence)`` where none
+    is (once a reader has started that shard, the cache may evict this one first)."""
     indices = np.asarray(indices, np.int64)
     if not len(indices):
-        return []
+        return [], []
     shards = np.searchsorted(starts, indices, side="right") - 1
     _, first = np.unique(shards, return_index=True)
-    return shards[np.sort(first)].tolist()
+    _, from_end = np.unique(shards[::-1], return_index=True)
+    by_need = np.argsort(first, kind="stable")
+    first, last = first[by_need], (len(shards) - 1 - from_end)[by_need]
+    released = np.searchsorted(first, last, side="right")
+    return shards[first].tolist(), released.tolist()
 
 
 def shard_sizes_of(dataset: Any) -> np.ndarray:

@@ -21,7 +21,7 @@ from fastpipe import _validate as check
 from fastpipe._seed import checked_seed, order_seed
 from fastpipe.data.sampling.order import (
     check_window,
-    shard_sequence,
+    shard_plan,
     shard_sizes_of,
     shard_starts,
     sizes_digest,
@@ -165,10 +165,11 @@ class _ResumableSampler:
 
     def _prefetch_shards(self, order: list[int], start: int) -> None:
         """Tells a dataset whose shards stream through a cache (its, or its source's,
-        ``prefetch(shards)``: remote tar shards and Parquet files) the shards this iteration
-        reads, in the order it first needs them, so that they are fetched ahead in that order
-        until every index of the iteration is handed out; the previous iteration's prefetch is
-        stopped first."""
+        ``prefetch(shards, released)``: remote tar shards and Parquet files) the shards this
+        iteration reads, in the order it first needs them, so that they are fetched ahead in
+        that order until every index of the iteration is handed out, and where each is no
+        longer needed (``shard_plan``), so that the cache evicts those first; the previous
+        iteration's prefetch is stopped first."""
         self._stop_prefetch()
         dataset = self.data_source  # type: ignore[attr-defined]
         prefetch = next((getattr(o, "prefetch", None) for o in (dataset, getattr(
@@ -181,7 +182,7 @@ class _ResumableSampler:
                 sizes = shard_sizes_of(dataset)
             except TypeError:  # a prefetch of another kind, on a dataset without shards
                 return
-        handle = prefetch(shard_sequence(order[start:], shard_starts(sizes)))
+        handle = prefetch(*shard_plan(order[start:], shard_starts(sizes)))
         if handle is not None:
             self.__dict__["_prefetch"] = handle
 

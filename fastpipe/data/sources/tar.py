@@ -717,11 +717,12 @@ class TarSource(Source):
         """Samples per shard, in index order."""
         return np.diff(self._starts)
 
-    def prefetch(self, shards: Sequence[int]):
+    def prefetch(self, shards: Sequence[int], released: Sequence[int] | None = None):
         """Downloads remote shards ``shards`` (positions in ``self.shards``) into the node's
-        cache in this order, ``ahead`` of the readers (:meth:`ShardCache.prefetch`); returns
-        the prefetch (``close()`` stops it). Local shards: None."""
-        return None if self.remote is None else self.remote.prefetch(list(shards))
+        cache in this order, ``ahead`` of the readers (``released``:
+        :meth:`ShardCache.prefetch`); returns the prefetch (``close()`` stops it). Local
+        shards: None."""
+        return None if self.remote is None else self.remote.prefetch(list(shards), released)
 
     def describe(self, index: int) -> str:
         k = int(np.searchsorted(self._starts, index, side="right")) - 1

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from fastpipe.data import RemoteError, ShardCache
-from fastpipe.data.remote.cache import PART
+from fastpipe.data.remote.cache import PART, SPENT
 from tests.helpers.remote import MotoServer, read_in_threads
 
 REPO = Path(__file__).resolve().parents[3]
@@ -144,6 +144,60 @@ def test_least_recently_used_objects_are_evicted_under_the_limit(objects, proxie
     assert cache.holds(urls[2]) and cache.holds(urls[3])
     # what is evicted is fetched again, whole and right
     assert Path(cache.local_path(urls[1])).read_bytes() == objects[urls[1]]
+
+
+def test_spent_objects_are_evicted_first_until_read_again(objects, proxied):
+    proxy, options = proxied
+    cache = ShardCache(replace(options, cache_limit=int(2.5 * SIZE)))
+    urls = sorted(objects)
+    cache.local_path(urls[0])
+    cache.local_path(urls[1])
+    cache.spent(urls[1])  # read after urls[0], but not needed again: it goes first
+    cache.local_path(urls[2])
+    assert cache.holds(urls[0]) and not cache.holds(urls[1])
+    cache.spent(urls[0])
+    cache.local_path(urls[0])  # read again after the mark: needed after all
+    cache.local_path(urls[3])  # the least recently read goes: urls[2]
+    assert cache.holds(urls[0]) and not cache.holds(urls[2])
+    cache.spent(urls[3])
+    cache.needed([urls[3]])  # a new pass needs it: the mark is taken off
+    cache.local_path(urls[1])
+    assert cache.holds(urls[3]) and not cache.holds(urls[0])
+    assert Path(cache.local_path(urls[2])).read_bytes() == objects[urls[2]]
+    cache.spent("s3://cachetest/never-fetched.bin")  # nothing cached: nothing marked
+    assert not Path(cache.entry("s3://cachetest/never-fetched.bin").folder).exists()
+
+
+def _spent(cache: ShardCache, url: str) -> bool:
+    return (Path(cache.entry(url).folder) / SPENT).exists()
+
+
+def test_the_prefetch_marks_spent_the_objects_the_reader_has_passed(objects, proxied):
+    proxy, options = proxied
+    cache = ShardCache(replace(options, ahead=1, downloads=1))
+    urls = sorted(objects)
+    cache.local_path(urls[3])
+    cache.spent(urls[3])  # a mark of an earlier pass
+    # Read in pairs: urls[0] and urls[1] are done with once urls[2] is started, and so on.
+    with cache.prefetch(urls, released=[2, 2, 4, 4]) as prefetch:
+        deadline = time.monotonic() + 20
+        while _spent(cache, urls[3]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _spent(cache, urls[3])  # this pass needs it
+        for url in urls[:2]:
+            cache.local_path(url)
+        time.sleep(0.2)
+        assert not any(_spent(cache, u) for u in urls)
+        cache.local_path(urls[2])
+        while not _spent(cache, urls[1]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _spent(cache, urls[0]) and _spent(cache, urls[1])
+        assert not _spent(cache, urls[2]) and not _spent(cache, urls[3])
+        cache.local_path(urls[3])
+        assert prefetch.wait(20)
+    with pytest.raises(ValueError, match="released has 1 places for 4 objects"):
+        cache.prefetch(urls, released=[4])
+    assert not _fastpipe_threads()
 
 
 def _fastpipe_threads() -> list[str]:

@@ -11,7 +11,7 @@ import torch
 from fastpipe import DataLoaderX
 from fastpipe.data import DistributedSampler, RandomSampler, shard_order
 from fastpipe.data.sampling.order import (
-    shard_sequence,
+    shard_plan,
     shard_starts,
     windowed_permutation,
 )
@@ -84,14 +84,32 @@ def test_every_window_is_read_by_all_ranks_together_whatever_the_world_size():
         assert interleaved[:43] == order  # the padding repeats the order's start
 
 
-def test_shard_sequence_is_the_order_shards_are_first_needed_in():
+def _released_by_brute_force(indices) -> list[int]:
+    shards = _shard_of(indices).tolist()
+    sequence = list(dict.fromkeys(shards))
+    first = [shards.index(s) for s in sequence]
+    last = [len(shards) - 1 - shards[::-1].index(s) for s in sequence]
+    return [next((q for q in range(len(sequence)) if first[q] > last[j]), len(sequence))
+            for j in range(len(sequence))]
+
+
+def test_shard_plan_is_the_order_shards_are_first_needed_in_and_where_each_is_done_with():
     starts = shard_starts(SIZES)
     order = windowed_permutation(SIZES, 2, seed=3, epoch=0)
-    sequence = shard_sequence(order, starts)
+    sequence, released = shard_plan(order, starts)
     assert sorted(sequence) == list(range(8))
     assert sequence == list(dict.fromkeys(_shard_of(order).tolist()))
-    assert shard_sequence(order[20:], starts) == list(dict.fromkeys(_shard_of(order[20:])))
-    assert shard_sequence([], starts) == []
+    assert released == _released_by_brute_force(order)
+    # Windows of 2 shards: a shard is done with where the next window's shards begin.
+    assert released == [2, 2, 4, 4, 6, 6, 8, 8]
+    rest = order[20:]
+    assert shard_plan(rest, starts) == (list(dict.fromkeys(_shard_of(rest).tolist())),
+                                        _released_by_brute_force(rest))
+    # A uniform shuffle: most shards needed until the last one is first needed, or to the end.
+    uniform = np.random.default_rng(0).permutation(43)
+    released = shard_plan(uniform, starts)[1]
+    assert released == _released_by_brute_force(uniform) and min(released) >= 7
+    assert shard_plan([], starts) == ([], [])
 
 
 def test_samplers_take_a_window_and_save_it_with_their_state():
@@ -182,10 +200,12 @@ class Streamed(Sharded):
     def __init__(self) -> None:
         super().__init__()
         self.asked: list[list[int]] = []
+        self.released: list[list[int]] = []
         self.handles: list[Handle] = []
 
-    def prefetch(self, shards):
+    def prefetch(self, shards, released):
         self.asked.append(list(shards))
+        self.released.append(list(released))
         self.handles.append(Handle())
         return self.handles[-1]
 
@@ -204,6 +224,7 @@ def test_samplers_tell_the_dataset_the_shards_in_the_order_they_are_first_needed
     sampler = DistributedSampler(dataset, world_size=2, rank=1, seed=3, window=2)
     share = [int(i) for i in sampler]
     assert dataset.asked == [list(dict.fromkeys(_shard_of(share).tolist()))]
+    assert dataset.released == [_released_by_brute_force(share)]
     assert dataset.handles[0].closed  # every index handed out: the rest is fetched on demand
     it = iter(sampler)  # epoch 1; stopped after 5 indices, its state saved
     for _ in range(5):
@@ -217,5 +238,6 @@ def test_samplers_tell_the_dataset_the_shards_in_the_order_they_are_first_needed
     rest = [int(i) for i in resumed]
     # Only what the rest of the epoch reads, from the resumed position on.
     assert dataset.asked[-1] == list(dict.fromkeys(_shard_of(rest).tolist()))
+    assert dataset.released[-1] == _released_by_brute_force(rest)
     assert rest == shard_order(43, epoch=1, seed=3, shuffle=True, rank=1, world_size=2,
                                window=2, shard_sizes=SIZES)[5:]

@@ -120,7 +120,8 @@ def test_an_epoch_through_a_cache_smaller_than_the_dataset_reads_every_sample_on
                              seed=4, remote=options)
     local = ParquetDataset(root, split="train", recipe=RECIPE, seed=4)
     asked, prefetch = [], dataset.source.prefetch
-    dataset.source.prefetch = lambda shards: asked.append(list(shards)) or prefetch(shards)
+    dataset.source.prefetch = lambda shards, released: (asked.append(list(shards))
+                                                        or prefetch(shards, released))
     for epoch in range(2):
         sampler = DistributedSampler(dataset, world_size=1, rank=0, seed=3, window=1)
         sampler.set_epoch(epoch)
