@@ -33,14 +33,14 @@ unpinned, and the hooks of :func:`add_unpin_hook` are told (the reader engine th
 file, so an evicted file's space is given back).
 
 Eviction takes first the entries marked spent (:meth:`ShardCache.spent`: a prefetch marks
-those its pass has read past) since they were last read, in the order they were marked; then
-the rest by their last read; entries downloaded ahead and never read last. A cache smaller than
-the dataset that evicted by the last read alone would evict, while a pass reads in a new order,
-the entries it has yet to read as readily as those it has done with, and fetch again most of
-what it evicted within the same pass.
+those the node's readers have passed) since they were written and last read, in the order they
+were marked; then the rest by their last read; entries downloaded ahead and never read last.
+A cache smaller than the dataset that evicted by the last read alone would evict, while a pass
+reads in a new order, the entries it has yet to read as readily as those it has done with, and
+fetch again most of what it evicted within the same pass.
 
 Room is made against the ledger, not a listing of the cache: the cache is counted in full (and
-its least recently read entries evicted) only where the ledger says a download does not fit, is
+entries evicted, in that order) only where the ledger says a download does not fit, is
 missing or unreadable, or is ``RECOUNT_SECONDS`` old; an eviction frees a little more than the
 download needs where the cache is large (``SPARE_ABOVE``), so that the next ones fit without
 a count. The ledger can only count too much (an entry replaced or removed other than by
@@ -401,8 +401,6 @@ class ShardCache:
         lock of the entry); the file is replaced whole, so readers of the old one keep it."""
         os.makedirs(e.folder, exist_ok=True)
         _remove_parts(e)
-        with contextlib.suppress(OSError):  # a mark left on the entry evicted: not this copy's
-            os.unlink(os.path.join(e.folder, SPENT))
         if self.options.cache_limit is not None:
             _PINS.drop_idle()  # this process's idle pins may be what has to go
         part = self._reserve(e, found.size, stop)
@@ -513,7 +511,8 @@ class ShardCache:
                         size += st.st_size
                 if parts:
                     size += self._stale_parts(folder + ".fetch", parts)
-                if spent is not None and (used is None or spent >= used):
+                # A mark older than the copy (left by one evicted) is not the copy's.
+                if spent is not None and spent > written and (used is None or spent > used):
                     rank = (0, spent)
                 else:
                     rank = (1, used) if used is not None else (2, written)
@@ -552,9 +551,9 @@ class ShardCache:
         _write_ledger(path, counted[0] + size, counted[1])
 
     def _evict(self, size: int, limit: int) -> int:
-        """Counts the cache in full and evicts the entries read longest ago until ``size``
-        more bytes fit (with a spare in a large cache: ``SPARE_ABOVE``); returns the bytes it
-        holds then."""
+        """Counts the cache in full and evicts entries (spent, then read longest ago, then
+        never read) until ``size`` more bytes fit (with a spare in a large cache:
+        ``SPARE_ABOVE``); returns the bytes it holds then."""
         global _warned_over_limit
         entries = self._scan()
         total = sum(item[1] for item in entries)
@@ -614,6 +613,8 @@ def _listdir(path: str) -> list[str]:
 
 
 def _touch(path: str) -> None:
+    """Sets the file's times to now (``time.time_ns()``), making it first where it is missing:
+    a new file's own time is the kernel's coarse clock, up to a tick (milliseconds) behind."""
     now = time.time_ns()
     try:
         os.utime(path, ns=(now, now))
@@ -621,6 +622,7 @@ def _touch(path: str) -> None:
         with contextlib.suppress(OSError):
             with open(path, "ab"):
                 pass
+            os.utime(path, ns=(now, now))
     except OSError:
         pass
 

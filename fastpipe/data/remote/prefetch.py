@@ -33,43 +33,56 @@ __all__ = ["Prefetch"]
 
 # How often the reader's position is looked at.
 _POLL_SECONDS = 0.02
+# Objects whose marks of an earlier pass are taken off in one look (``ShardCache.needed``):
+# a pass of a million shards would otherwise keep the thread from following for seconds.
+_CLEARED_PER_POLL = 256
 # How long close() waits for the threads (each stops within a poll interval).
 _JOIN_SECONDS = 5.0
 _EXIT_JOIN_SECONDS = 1.0
 
 
-def _follow(cache: Any, urls: list[str], released: Sequence[int] | None,
+def _follow(cache: Any, urls: list[str], released: list[int] | None,
             stop: threading.Event, finishing: threading.Event, work: queue.SimpleQueue,
             downloads: int) -> None:
     """Hands the downloaders the objects in order, ``ahead`` past the reader's position, and
-    marks spent those it has passed."""
+    marks spent those it has passed (see :func:`_spent_after`)."""
     ahead = cache.options.ahead
     started = time.time_ns()
     position = -1  # the last object a reader started since the prefetch began
     handed = 0
-    # The objects in the order the reader releases them, and how many of those are marked.
-    by_release = sorted(range(len(urls)), key=released.__getitem__) if released else []
-    marked, cleared = 0, not released
+    spent_after = _spent_after(released) if released else []
+    by_spent = sorted(range(len(spent_after)), key=spent_after.__getitem__)
+    marked = 0  # of by_spent
+    cleared = len(urls) if not released else 0  # the objects whose older marks are taken off
     try:
         while handed < len(urls) and not stop.is_set() and not finishing.is_set():
             for k in range(max(position + 1, 0), handed):
                 if cache.used_since(urls[k], started):
                     position = k
             # Marked before the downloads that may make room for the next ones.
-            while marked < len(by_release) and released[by_release[marked]] <= position:
-                cache.spent(urls[by_release[marked]])
+            while marked < len(by_spent) and spent_after[by_spent[marked]] <= position:
+                cache.spent(urls[by_spent[marked]])
                 marked += 1
             while handed < len(urls) and handed <= max(position, 0) + ahead:
                 work.put(handed)
                 handed += 1
-            if not cleared:  # after the first downloads are handed out, not before
-                cache.needed(urls)
-                cleared = True
+            if cleared < len(urls):  # after the first downloads are handed out; a few a time
+                cache.needed(urls[cleared:cleared + _CLEARED_PER_POLL])
+                cleared += _CLEARED_PER_POLL
             if handed < len(urls):
                 finishing.wait(_POLL_SECONDS)
     finally:
         for _ in range(downloads):
             work.put(None)
+
+
+def _spent_after(released: list[int]) -> list[int]:
+    """Where object ``k`` is marked spent: once a reader has started the object that
+    ``released`` says follows the last need of ``k``'s own successor (``len`` where none does).
+    One step later than ``released[k]``: readers out of step with the one seen (a worker
+    process yet to start an earlier batch, a slower rank) may still need it until then."""
+    end = len(released)
+    return [released[r] if r < end else end for r in released]
 
 
 def _download(cache: Any, urls: list[str], stop: threading.Event, finishing: threading.Event,
@@ -128,8 +141,11 @@ class Prefetch:
     def __init__(self, cache: Any, urls: Sequence[str],
                  released: Sequence[int] | None = None) -> None:
         self.urls = list(urls)
-        if released is not None and len(released) != len(self.urls):
-            raise ValueError(f"released has {len(released)} places for {len(self.urls)} objects")
+        if released is not None:
+            released = [int(r) for r in released]
+            if len(released) != len(self.urls):
+                raise ValueError(f"released has {len(released)} places for {len(self.urls)} "
+                                 "objects")
         self.done: dict[int, bool] = {}
         self.errors: list[tuple[str, BaseException]] = []
         self._stop = threading.Event()

@@ -113,22 +113,29 @@ def _windowed(sizes: np.ndarray, window: int, seed: int, epoch: int) -> np.ndarr
     return np.lexsort((_keys(seed, epoch, count, _SAMPLES), window_of_sample))
 
 
-def shard_plan(indices: Sequence[int] | np.ndarray,
-               starts: np.ndarray) -> tuple[list[int], list[int]]:
+def shard_plan(indices: Sequence[int] | np.ndarray, starts: np.ndarray,
+               together: Sequence[int] | np.ndarray | None = None) -> tuple[list[int], list[int]]:
     """The shards holding ``indices``, in the order they are first needed (what a cache fetches
     ahead, in that order), and for each, where it is no longer needed: the place in that
-    sequence of the first shard needed only after its last sample, ``len(sequence)`` where none
-    is (once a reader has started that shard, the cache may evict this one first)."""
+    sequence of the first shard first needed after its last sample, ``len(sequence)`` where
+    none is. ``together``: the order ``indices`` is one rank's share of (every rank's, read in
+    step), which says when a shard is first and last needed; default ``indices``."""
     indices = np.asarray(indices, np.int64)
     if not len(indices):
         return [], []
     shards = np.searchsorted(starts, indices, side="right") - 1
     _, first = np.unique(shards, return_index=True)
-    _, from_end = np.unique(shards[::-1], return_index=True)
-    by_need = np.argsort(first, kind="stable")
-    first, last = first[by_need], (len(shards) - 1 - from_end)[by_need]
-    released = np.searchsorted(first, last, side="right")
-    return shards[first].tolist(), released.tolist()
+    sequence = shards[np.sort(first)]
+    needed = shards if together is None else (
+        np.searchsorted(starts, np.asarray(together, np.int64), side="right") - 1)
+    ids, first = np.unique(needed, return_index=True)
+    _, from_end = np.unique(needed[::-1], return_index=True)
+    at = np.searchsorted(ids, sequence)
+    first, last = first[at], (len(needed) - 1 - from_end)[at]
+    # The first place whose shard is first needed after ``last``: where the running maximum of
+    # the first needs passes it (they need not rise along one rank's sequence).
+    released = np.searchsorted(np.maximum.accumulate(first), last, side="right")
+    return sequence.tolist(), released.tolist()
 
 
 def shard_sizes_of(dataset: Any) -> np.ndarray:

@@ -10,6 +10,7 @@ They subclass torch's samplers of the same name, so code that checks
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Iterator, Sequence, Sized
 from typing import Any
@@ -64,10 +65,18 @@ def shard_order(length: int, *, epoch: int = 0, seed: int = 0, shuffle: bool = F
     """
     if world_size < 1 or not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got rank={rank}, world_size={world_size}")
+    return _every_rank(length, epoch, seed, shuffle, world_size, drop_last, consumed, window,
+                       shard_sizes)[rank::world_size]
+
+
+def _every_rank(length: int, epoch: int, seed: int, shuffle: bool, world_size: int,
+                drop_last: bool, consumed: Sequence[Sequence[int]], window: int | None,
+                shard_sizes: Sequence[int] | None) -> list[int]:
+    """The order every rank's share is taken from (``shard_order``): rank r's is ``[r::world]``."""
     order = _epoch_order(length, seed, epoch, shuffle, window, shard_sizes)
     for old_world_size, position in consumed:
         order = _padded(order, old_world_size, drop_last)[position * old_world_size:]
-    return _padded(order, world_size, drop_last)[rank::world_size]
+    return _padded(order, world_size, drop_last)
 
 
 def _epoch_order(length: int, seed: int, epoch: int, shuffle: bool, window: int | None,
@@ -89,6 +98,13 @@ def _permutation(length: int, seed: int, epoch: int) -> list[int]:
     generator = torch.Generator()
     generator.manual_seed((seed + epoch) % 2**64)
     return torch.randperm(length, generator=generator).tolist()
+
+
+def _takes_released(prefetch: Any) -> bool:
+    try:
+        return "released" in inspect.signature(prefetch).parameters
+    except (TypeError, ValueError):  # a callable without a signature Python can read
+        return False
 
 
 def _padded(order: list[int], world_size: int, drop_last: bool) -> list[int]:
@@ -163,13 +179,18 @@ class _ResumableSampler:
         """The indices of one whole iteration of the current epoch, from its position 0."""
         raise NotImplementedError
 
+    def _every_rank(self) -> tuple[list[int], int] | None:
+        """The order every rank's share of this iteration is taken from, and the number of
+        ranks; None where this sampler is the only reader."""
+        return None
+
     def _prefetch_shards(self, order: list[int], start: int) -> None:
         """Tells a dataset whose shards stream through a cache (its, or its source's,
-        ``prefetch(shards, released)``: remote tar shards and Parquet files) the shards this
-        iteration reads, in the order it first needs them, so that they are fetched ahead in
-        that order until every index of the iteration is handed out, and where each is no
-        longer needed (``shard_plan``), so that the cache evicts those first; the previous
-        iteration's prefetch is stopped first."""
+        ``prefetch(shards)``: remote tar shards and Parquet files) the shards this iteration
+        reads, in the order it first needs them, so that they are fetched ahead in that order
+        until every index of the iteration is handed out, and (to a ``prefetch`` that takes
+        ``released=``) where every rank is done with each (``shard_plan``), so that the cache
+        evicts those first; the previous iteration's prefetch is stopped first."""
         self._stop_prefetch()
         dataset = self.data_source  # type: ignore[attr-defined]
         prefetch = next((getattr(o, "prefetch", None) for o in (dataset, getattr(
@@ -182,7 +203,11 @@ class _ResumableSampler:
                 sizes = shard_sizes_of(dataset)
             except TypeError:  # a prefetch of another kind, on a dataset without shards
                 return
-        handle = prefetch(*shard_plan(order[start:], shard_starts(sizes)))
+        every_rank = self._every_rank()
+        together = None if every_rank is None else every_rank[0][start * every_rank[1]:]
+        shards, released = shard_plan(order[start:], shard_starts(sizes), together)
+        handle = (prefetch(shards, released=released) if _takes_released(prefetch)
+                  else prefetch(shards))
         if handle is not None:
             self.__dict__["_prefetch"] = handle
 
@@ -431,6 +456,13 @@ class DistributedSampler(_ResumableSampler, torch_data.DistributedSampler):
 
     def _reset_history(self) -> None:
         self._history = []
+
+    def _every_rank(self) -> tuple[list[int], int] | None:
+        if self.num_replicas == 1:
+            return None
+        return _every_rank(len(self.dataset), self.epoch, self.seed, self.shuffle,
+                           self.num_replicas, self.drop_last, self._history, self.window,
+                           self._shard_sizes), self.num_replicas
 
     def _order(self) -> list[int]:
         # After a restore with another world size, only what the old ranks had not yet seen.

@@ -18,6 +18,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fastpipe.data import RemoteError, ShardCache
@@ -178,26 +179,60 @@ def test_the_prefetch_marks_spent_the_objects_the_reader_has_passed(objects, pro
     urls = sorted(objects)
     cache.local_path(urls[3])
     cache.spent(urls[3])  # a mark of an earlier pass
-    # Read in pairs: urls[0] and urls[1] are done with once urls[2] is started, and so on.
-    with cache.prefetch(urls, released=[2, 2, 4, 4]) as prefetch:
+    # Each done with once the next is started; marked one step later (readers out of step).
+    with cache.prefetch(urls, released=np.array([1, 2, 3, 4])) as prefetch:
         deadline = time.monotonic() + 20
         while _spent(cache, urls[3]) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert not _spent(cache, urls[3])  # this pass needs it
         for url in urls[:2]:
             cache.local_path(url)
-        time.sleep(0.2)
+        while 2 not in prefetch.done and time.monotonic() < deadline:
+            time.sleep(0.02)  # the prefetch has seen the reader start urls[1]: it fetched urls[2]
         assert not any(_spent(cache, u) for u in urls)
         cache.local_path(urls[2])
-        while not _spent(cache, urls[1]) and time.monotonic() < deadline:
+        while not _spent(cache, urls[0]) and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert _spent(cache, urls[0]) and _spent(cache, urls[1])
-        assert not _spent(cache, urls[2]) and not _spent(cache, urls[3])
+        assert _spent(cache, urls[0])
+        assert not any(_spent(cache, u) for u in urls[1:])
         cache.local_path(urls[3])
         assert prefetch.wait(20)
     with pytest.raises(ValueError, match="released has 1 places for 4 objects"):
         cache.prefetch(urls, released=[4])
     assert not _fastpipe_threads()
+
+
+def test_a_first_read_right_after_a_moment_is_seen_as_since_it(objects, proxied):
+    # The read marked the entry by creating its file, whose time is the kernel's coarse clock:
+    # up to a tick before the moment taken just before, so the prefetch missed the read.
+    proxy, options = proxied
+    cache = ShardCache(options)
+    urls = sorted(objects)
+    for url in urls:
+        with cache.pinned([url], read=False):  # downloaded ahead, never read
+            pass
+    for url in urls:
+        moment = time.time_ns()
+        cache.local_path(url)
+        assert cache.used_since(url, moment)
+
+
+def test_a_spent_object_being_read_stays_and_a_mark_older_than_the_copy_is_not_its(
+        objects, proxied):
+    proxy, options = proxied
+    cache = ShardCache(replace(options, cache_limit=int(2.5 * SIZE)))
+    urls = sorted(objects)
+    cache.local_path(urls[0])
+    with cache.pinned([urls[1]]):
+        cache.spent(urls[1])  # being read: eviction passes over it
+        cache.local_path(urls[2])
+        assert cache.holds(urls[1]) and not cache.holds(urls[0])
+    # A mark the copy was written after (left behind by an evicted one) does not count.
+    cache.spent(urls[2])
+    spent = Path(cache.entry(urls[2]).folder) / SPENT
+    os.utime(spent, ns=(1, 1))
+    cache.local_path(urls[3])  # the spent urls[1] goes; urls[2]'s old mark would go first
+    assert cache.holds(urls[2]) and not cache.holds(urls[1])
 
 
 def _fastpipe_threads() -> list[str]:

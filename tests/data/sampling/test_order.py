@@ -84,11 +84,11 @@ def test_every_window_is_read_by_all_ranks_together_whatever_the_world_size():
         assert interleaved[:43] == order  # the padding repeats the order's start
 
 
-def _released_by_brute_force(indices) -> list[int]:
-    shards = _shard_of(indices).tolist()
-    sequence = list(dict.fromkeys(shards))
-    first = [shards.index(s) for s in sequence]
-    last = [len(shards) - 1 - shards[::-1].index(s) for s in sequence]
+def _released_by_brute_force(indices, together=None) -> list[int]:
+    sequence = list(dict.fromkeys(_shard_of(indices).tolist()))
+    needed = _shard_of(indices if together is None else together).tolist()
+    first = [needed.index(s) for s in sequence]
+    last = [len(needed) - 1 - needed[::-1].index(s) for s in sequence]
     return [next((q for q in range(len(sequence)) if first[q] > last[j]), len(sequence))
             for j in range(len(sequence))]
 
@@ -110,6 +110,21 @@ def test_shard_plan_is_the_order_shards_are_first_needed_in_and_where_each_is_do
     released = shard_plan(uniform, starts)[1]
     assert released == _released_by_brute_force(uniform) and min(released) >= 7
     assert shard_plan([], starts) == ([], [])
+
+
+def test_a_rank_s_plan_says_where_every_rank_is_done_with_a_shard():
+    # 3 ranks read every third sample of one order: a shard one rank is done with, another
+    # may still read (here the padding repeats the order's start at its end).
+    starts = shard_starts(SIZES)
+    order = windowed_permutation(SIZES, 2, seed=3, epoch=0).tolist()
+    every = order + order[:2]
+    for rank in range(3):
+        mine = every[rank::3]
+        sequence, released = shard_plan(mine, starts, every)
+        assert sequence == shard_plan(mine, starts)[0]
+        assert released == _released_by_brute_force(mine, every)
+    # Rank 0 alone would take its first shards for done with before the others are.
+    assert shard_plan(every[0::3], starts, every)[1] != shard_plan(every[0::3], starts)[1]
 
 
 def test_samplers_take_a_window_and_save_it_with_their_state():
@@ -217,6 +232,30 @@ class Handle:
         self.closed = True
 
 
+def _every_rank(epoch: int) -> list[int]:
+    """The order both ranks' shares of ``test_samplers_tell_...`` are taken from."""
+    shares = [shard_order(43, epoch=epoch, seed=3, shuffle=True, rank=r, world_size=2, window=2,
+                          shard_sizes=SIZES) for r in range(2)]
+    return [share[k] for k in range(len(shares[0])) for share in shares]
+
+
+class StreamedAsBefore(Sharded):
+    """A dataset whose ``prefetch`` takes the shards alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[list[int]] = []
+
+    def prefetch(self, shards):
+        self.asked.append(list(shards))
+
+
+def test_a_prefetch_that_takes_the_shards_alone_is_still_told_them():
+    dataset = StreamedAsBefore()
+    share = [int(i) for i in RandomSampler(dataset, seed=1, window=2)]
+    assert dataset.asked == [list(dict.fromkeys(_shard_of(share).tolist()))]
+
+
 def test_samplers_tell_the_dataset_the_shards_in_the_order_they_are_first_needed():
     import pickle
 
@@ -224,7 +263,7 @@ def test_samplers_tell_the_dataset_the_shards_in_the_order_they_are_first_needed
     sampler = DistributedSampler(dataset, world_size=2, rank=1, seed=3, window=2)
     share = [int(i) for i in sampler]
     assert dataset.asked == [list(dict.fromkeys(_shard_of(share).tolist()))]
-    assert dataset.released == [_released_by_brute_force(share)]
+    assert dataset.released == [_released_by_brute_force(share, _every_rank(0))]
     assert dataset.handles[0].closed  # every index handed out: the rest is fetched on demand
     it = iter(sampler)  # epoch 1; stopped after 5 indices, its state saved
     for _ in range(5):
@@ -238,6 +277,6 @@ def test_samplers_tell_the_dataset_the_shards_in_the_order_they_are_first_needed
     rest = [int(i) for i in resumed]
     # Only what the rest of the epoch reads, from the resumed position on.
     assert dataset.asked[-1] == list(dict.fromkeys(_shard_of(rest).tolist()))
-    assert dataset.released[-1] == _released_by_brute_force(rest)
+    assert dataset.released[-1] == _released_by_brute_force(rest, _every_rank(1)[10:])
     assert rest == shard_order(43, epoch=1, seed=3, shuffle=True, rank=1, world_size=2,
                                window=2, shard_sizes=SIZES)[5:]
