@@ -212,3 +212,32 @@ def s3_request(fs: Any, method: str, **kwargs: Any) -> Any:
                            "fastpipe reads s3:// objects through; install an s3fs fastpipe "
                            "supports (pip install 'fastpipe[s3]')")
     return call(method, **kwargs)
+
+
+def quiet_lost_descriptor_transfers() -> bool:
+    """Keeps this process's ``multiprocessing.resource_sharer`` thread from printing a
+    connection lost while it hands a descriptor over: a worker process sends each tensor in
+    shared memory to the main process that way (torch's ``file_descriptor`` strategy), and a
+    main process that ends meanwhile (Ctrl-C) leaves it a reset connection, which it prints as a
+    traceback (``sys.excepthook``) although nothing was lost: the receiver reports its own side.
+    Every other error, of that thread or any other, is passed on. False where the thread's
+    function (``_ResourceSharer._serve``) is not found, and nothing was changed."""
+    import sys
+    from multiprocessing import resource_sharer
+
+    serve = getattr(getattr(resource_sharer, "_ResourceSharer", None), "_serve", None)
+    code = getattr(serve, "__code__", None)
+    if code is None:
+        return False
+    passed_on = sys.excepthook
+    if getattr(passed_on, "quiets_lost_descriptor_transfers", False):
+        return True
+
+    def hook(kind: type[BaseException], value: BaseException, tb: Any) -> None:
+        if not (issubclass(kind, (ConnectionError, EOFError)) and tb is not None
+                and tb.tb_frame.f_code is code):
+            passed_on(kind, value, tb)
+
+    hook.quiets_lost_descriptor_transfers = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
+    return True

@@ -17,7 +17,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from fastpipe import _validate as check
 from fastpipe._background import BackgroundIterator, deferred_interrupt
-from fastpipe._compat import shutdown_dataloader_workers
+from fastpipe._compat import quiet_lost_descriptor_transfers, shutdown_dataloader_workers
 from fastpipe._seed import order_seed
 from fastpipe._threads import ThreadEpoch, thread_batches
 from fastpipe.data.collate import arena
@@ -181,7 +181,8 @@ class DataLoaderX(DataLoader):
             ), stop)
         else:
             # Ctrl-C is held back while the workers start (see deferred_interrupt), then raised.
-            with deferred_interrupt(), self._arena_fetch(), self._skipping_fetch(skipping):
+            with (deferred_interrupt(), self._worker_start(), self._arena_fetch(),
+                  self._skipping_fetch(skipping)):
                 base = super().__iter__()
             epoch = BackgroundIterator(
                 _batches(base, shut_down_workers=not self.persistent_workers,
@@ -228,6 +229,23 @@ class DataLoaderX(DataLoader):
             yield
         finally:
             self.__dict__["dataset"], self.__dict__["collate_fn"] = own
+
+    @contextlib.contextmanager
+    def _worker_start(self) -> Iterator[None]:
+        """While DataLoader's iterator is built (and its worker processes with it): each worker
+        first keeps quiet the descriptor transfers a main process ended by Ctrl-C leaves
+        unfinished (:func:`fastpipe._compat.quiet_lost_descriptor_transfers`), then runs the
+        user's ``worker_init_fn``."""
+        if self.num_workers == 0 or (self.persistent_workers
+                                     and getattr(self, "_iterator", None) is not None):
+            yield
+            return
+        own = self.__dict__["worker_init_fn"]
+        self.__dict__["worker_init_fn"] = _WorkerStart(own)
+        try:
+            yield
+        finally:
+            self.__dict__["worker_init_fn"] = own
 
     @contextlib.contextmanager
     def _arena_fetch(self) -> Iterator[None]:
@@ -369,6 +387,18 @@ class DataLoaderX(DataLoader):
                 "fastpipe.data.RandomSampler, SequentialSampler or DistributedSampler"
             )
         return sampler, batch_size
+
+
+class _WorkerStart:
+    """The worker_init_fn DataLoaderX gives a DataLoader (see ``_worker_start``)."""
+
+    def __init__(self, user: Any) -> None:
+        self.user = user
+
+    def __call__(self, worker_id: int) -> None:
+        quiet_lost_descriptor_transfers()
+        if self.user is not None:
+            self.user(worker_id)
 
 
 def _check_thread_workers(loader: DataLoaderX) -> None:

@@ -227,3 +227,32 @@ def test_s3_request_names_s3fs_when_the_call_is_missing():
     pytest.importorskip("s3fs")
     with pytest.raises(RuntimeError, match="S3FileSystem._call_s3"):
         _compat.s3_request(object(), "get_object", Bucket="b", Key="k")
+
+
+_LOST_TRANSFER = textwrap.dedent("""
+    import os, socket, sys, time
+    from multiprocessing import resource_sharer
+    from fastpipe import _compat
+
+    if sys.argv[1] == "quiet":
+        assert _compat.quiet_lost_descriptor_transfers()
+        assert _compat.quiet_lost_descriptor_transfers()  # twice: one hook
+    r, w = os.pipe()
+    shared = resource_sharer.DupFd(r)  # this process's resource sharer thread serves it
+    # A receiver that goes away in the handshake (a main process ended by Ctrl-C).
+    receiver = socket.socket(socket.AF_UNIX)
+    receiver.connect(shared._id[0])
+    receiver.close()
+    time.sleep(1.0)
+    sys.excepthook(ValueError, ValueError("another error"), None)  # still printed
+""")
+
+
+@pytest.mark.parametrize("how", ["quiet", "as Python does"])
+def test_a_descriptor_transfer_whose_receiver_is_gone_prints_nothing(how):
+    done = subprocess.run([sys.executable, "-c", _LOST_TRANSFER, how], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "ValueError: another error" in done.stderr
+    lost = "Traceback" in done.stderr and "_serve" in done.stderr
+    assert lost == (how == "as Python does"), done.stderr

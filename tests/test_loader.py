@@ -290,3 +290,35 @@ def test_drop_last_is_among_the_instance_attributes_lightning_rebuilds_from():
     # Lightning re-creates a loader made outside its hooks from vars(loader).
     loader = DataLoaderX(_dataset(10), batch_size=4, drop_last=True)
     assert vars(loader)["drop_last"] is True
+
+
+class _WorkerHooks(Dataset):
+    """Each sample: whether its worker keeps lost descriptor transfers quiet, and what the
+    user's worker_init_fn set."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> tuple[bool, int]:
+        quiet = getattr(sys.excepthook, "quiets_lost_descriptor_transfers", False)
+        return quiet, _USER_INIT.get("worker", -1)
+
+
+_USER_INIT: dict[str, int] = {}
+
+
+def _user_init(worker_id: int) -> None:
+    _USER_INIT["worker"] = worker_id
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_worker_processes_keep_a_lost_descriptor_transfer_quiet_and_run_the_user_s_init(
+        context, no_thread_leak):
+    # A main process ended by Ctrl-C leaves a worker's descriptor transfer unfinished, which
+    # the worker printed as a traceback.
+    loader = DataLoaderX(_WorkerHooks(), batch_size=None, num_workers=2,
+                         worker_init_fn=_user_init,
+                         multiprocessing_context=multiprocessing.get_context(context))
+    assert sorted(tuple(s) for s in loader) == [(True, 0), (True, 0), (True, 1), (True, 1)]
+    assert loader.worker_init_fn is _user_init
+    assert not getattr(sys.excepthook, "quiets_lost_descriptor_transfers", False)  # here

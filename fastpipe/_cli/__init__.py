@@ -56,7 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "fastpipe"
     try:
         with _interrupt_until_stopped() as interrupts:
-            with interrupts.held():  # the imports (torch's among them)
+            # The imports (torch's among them); a Ctrl-C meanwhile ends the program at once.
+            with interrupts.held(exit_now=argv is None):
                 parser = build_parser()
             args = parser.parse_args(argv)
             command = f"fastpipe {args.command}"
@@ -150,7 +151,7 @@ class _Interrupts:
     def __init__(self, active: bool) -> None:
         self.active = active
         self.received, self.stopped = threading.Event(), threading.Event()
-        self.holding = self.pending = False
+        self.holding = self.pending = self.exit_now = False
         self.pid = os.getpid()
         # Found now: the handler runs between any two bytecodes, an import's among them.
         self.libraries = _library_folders() if active else ()
@@ -159,6 +160,11 @@ class _Interrupts:
         self.received.set()
         # Held only in the command's own process: a forked child (a worker started outside
         # deferred_interrupt) has no thread to raise it again later.
+        if os.getpid() == self.pid and self.exit_now:
+            # Nothing of the command's has run: no file, thread or process to end, and the
+            # imports under way (torch's: seconds) need not finish first.
+            os.write(2, b"fastpipe: interrupted\n")
+            os._exit(130)
         if os.getpid() == self.pid and (self.holding or _importing(frame, self.libraries)):
             self.pending = True  # raised at the end of held(), or by the next repeat
             return
@@ -168,14 +174,15 @@ class _Interrupts:
     handler.raises_keyboard_interrupt = True  # type: ignore[attr-defined]
 
     @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
+    def held(self, exit_now: bool = False) -> Iterator[None]:
         """Holds Ctrl-C while imports run: one raised inside a compiled module's start-up can
-        be lost, or end the process in C++ (pybind11's terminate)."""
-        self.holding = self.active
+        be lost, or end the process in C++ (pybind11's terminate). ``exit_now``: a Ctrl-C ends
+        the process with 130 instead (the program, before its command has started)."""
+        self.holding, self.exit_now = self.active, self.active and exit_now
         try:
             yield
         finally:
-            self.holding = False
+            self.holding = self.exit_now = False
         if self.pending:
             raise KeyboardInterrupt
 
