@@ -160,6 +160,7 @@ class DataLoaderX(DataLoader):
         if self.persistent_workers and self._epoch_thread is not None:
             self._epoch_thread.join()
         self._position = self._begin_position()
+        self._tell_reading_ahead()
         skipping = self.on_error == "skip"
         # A restored state's skips belong to the epoch it resumes; a fresh epoch starts empty.
         self._skips = self._restored_skips or SkipRecord()
@@ -361,6 +362,21 @@ class DataLoaderX(DataLoader):
         except TypeError:
             return None
         return _Position(sampler._next_iteration_state(), sampler._iteration_length())
+
+    def _tell_reading_ahead(self) -> None:
+        """Tells a fastpipe sampler how far ahead of a batch not yet read its loader may start
+        reading one: the batches worker processes hold (each reads its own in order, one may
+        be that far behind another; threads and the main process start them in order), and
+        one more (a rank may run a step ahead of another), so that a cache takes a shard for
+        done with only once every batch that needs it is read
+        (fastpipe.data.sampling.order.shard_plan)."""
+        batches = self.batch_sampler if self._auto_collation else None
+        sampler = getattr(batches, "sampler", None) if batches is not None else self.sampler
+        if isinstance(sampler, _ResumableSampler):
+            size = getattr(batches, "batch_size", None) or 1
+            held = (self.num_workers * (self.prefetch_factor or 2)
+                    if self.num_workers and self.worker_method == "process" else 0)
+            sampler.reading_ahead = size * (held + 1)
 
     def _resumable_sampler(self, method: str) -> tuple[Any, int]:
         """The fastpipe sampler behind this loader, and how many of its indices make a batch."""

@@ -322,3 +322,17 @@ def test_worker_processes_keep_a_lost_descriptor_transfer_quiet_and_run_the_user
     assert sorted(tuple(s) for s in loader) == [(True, 0), (True, 0), (True, 1), (True, 1)]
     assert loader.worker_init_fn is _user_init
     assert not getattr(sys.excepthook, "quiets_lost_descriptor_transfers", False)  # here
+
+
+@pytest.mark.parametrize(("workers", "method", "prefetch_factor", "held"),
+                         [(0, "process", None, 1), (2, "thread", 3, 1), (2, "process", 3, 7)])
+def test_the_sampler_is_told_how_far_the_loader_reads_ahead(workers, method, prefetch_factor,
+                                                            held, no_thread_leak):
+    # A remote cache takes a shard for done with only once every batch that needs it is read:
+    # a worker process may start a batch while another holds earlier ones it has not started.
+    loader = DataLoaderX(TensorDataset(torch.arange(40)), batch_size=8, shuffle=True,
+                         num_workers=workers, prefetch_factor=prefetch_factor,
+                         worker_method=method)
+    assert loader.sampler.reading_ahead is None
+    assert sum(len(b[0]) for b in loader) == 40
+    assert loader.sampler.reading_ahead == 8 * held

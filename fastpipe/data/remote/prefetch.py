@@ -45,14 +45,14 @@ def _follow(cache: Any, urls: list[str], released: list[int] | None,
             stop: threading.Event, finishing: threading.Event, work: queue.SimpleQueue,
             downloads: int) -> None:
     """Hands the downloaders the objects in order, ``ahead`` past the reader's position, and
-    marks spent those it has passed (see :func:`_spent_after`)."""
+    marks spent those it has passed."""
     ahead = cache.options.ahead
     started = time.time_ns()
     position = -1  # the last object a reader started since the prefetch began
     handed = 0
-    spent_after = _spent_after(released) if released else []
-    by_spent = sorted(range(len(spent_after)), key=spent_after.__getitem__)
-    marked = 0  # of by_spent
+    released = released or []
+    by_release = sorted(range(len(released)), key=released.__getitem__)
+    marked = 0  # of by_release
     cleared = len(urls) if not released else 0  # the objects whose older marks are taken off
     try:
         while handed < len(urls) and not stop.is_set() and not finishing.is_set():
@@ -60,8 +60,8 @@ def _follow(cache: Any, urls: list[str], released: list[int] | None,
                 if cache.used_since(urls[k], started):
                     position = k
             # Marked before the downloads that may make room for the next ones.
-            while marked < len(by_spent) and spent_after[by_spent[marked]] <= position:
-                cache.spent(urls[by_spent[marked]])
+            while marked < len(by_release) and released[by_release[marked]] <= position:
+                cache.spent(urls[by_release[marked]])
                 marked += 1
             while handed < len(urls) and handed <= max(position, 0) + ahead:
                 work.put(handed)
@@ -74,15 +74,6 @@ def _follow(cache: Any, urls: list[str], released: list[int] | None,
     finally:
         for _ in range(downloads):
             work.put(None)
-
-
-def _spent_after(released: list[int]) -> list[int]:
-    """Where object ``k`` is marked spent: once a reader has started the object that
-    ``released`` says follows the last need of ``k``'s own successor (``len`` where none does).
-    One step later than ``released[k]``: readers out of step with the one seen (a worker
-    process yet to start an earlier batch, a slower rank) may still need it until then."""
-    end = len(released)
-    return [released[r] if r < end else end for r in released]
 
 
 def _download(cache: Any, urls: list[str], stop: threading.Event, finishing: threading.Event,

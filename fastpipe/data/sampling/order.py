@@ -114,12 +114,15 @@ def _windowed(sizes: np.ndarray, window: int, seed: int, epoch: int) -> np.ndarr
 
 
 def shard_plan(indices: Sequence[int] | np.ndarray, starts: np.ndarray,
-               together: Sequence[int] | np.ndarray | None = None) -> tuple[list[int], list[int]]:
+               together: Sequence[int] | np.ndarray | None = None,
+               margin: int = 0) -> tuple[list[int], list[int]]:
     """The shards holding ``indices``, in the order they are first needed (what a cache fetches
     ahead, in that order), and for each, where it is no longer needed: the place in that
-    sequence of the first shard first needed after its last sample, ``len(sequence)`` where
-    none is. ``together``: the order ``indices`` is one rank's share of (every rank's, read in
-    step), which says when a shard is first and last needed; default ``indices``."""
+    sequence of the first shard first needed more than ``margin`` places after its last sample,
+    ``len(sequence)`` where none is. ``together``: the order ``indices`` is one rank's share of
+    (every rank's, read in step), which says when a shard is first and last needed; default
+    ``indices``. ``margin``: how far in that order a reader may start a batch while one before
+    it is yet to be read (the batches workers hold, times the ranks)."""
     indices = np.asarray(indices, np.int64)
     if not len(indices):
         return [], []
@@ -134,7 +137,7 @@ def shard_plan(indices: Sequence[int] | np.ndarray, starts: np.ndarray,
     first, last = first[at], (len(needed) - 1 - from_end)[at]
     # The first place whose shard is first needed after ``last``: where the running maximum of
     # the first needs passes it (they need not rise along one rank's sequence).
-    released = np.searchsorted(np.maximum.accumulate(first), last, side="right")
+    released = np.searchsorted(np.maximum.accumulate(first), last + margin, side="right")
     return sequence.tolist(), released.tolist()
 
 

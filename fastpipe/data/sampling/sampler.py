@@ -132,6 +132,9 @@ class _ResumableSampler:
     epoch: int
     window: int | None = None
     _shard_sizes: Any = None
+    # How many of its indices its loader reads ahead of the training loop at most (DataLoaderX
+    # sets it); None: unknown, and a cache it streams through is not told where shards are done.
+    reading_ahead: int | None = None
 
     def _init_state(self, seed: int | None) -> None:
         self.seed = _check_seed(seed)
@@ -189,8 +192,9 @@ class _ResumableSampler:
         ``prefetch(shards)``: remote tar shards and Parquet files) the shards this iteration
         reads, in the order it first needs them, so that they are fetched ahead in that order
         until every index of the iteration is handed out, and (to a ``prefetch`` that takes
-        ``released=``) where every rank is done with each (``shard_plan``), so that the cache
-        evicts those first; the previous iteration's prefetch is stopped first."""
+        ``released=``, where ``reading_ahead`` is known) where every rank is done with each
+        (``shard_plan``), so that the cache evicts those first; the previous iteration's
+        prefetch is stopped first."""
         self._stop_prefetch()
         dataset = self.data_source  # type: ignore[attr-defined]
         prefetch = next((getattr(o, "prefetch", None) for o in (dataset, getattr(
@@ -204,10 +208,13 @@ class _ResumableSampler:
             except TypeError:  # a prefetch of another kind, on a dataset without shards
                 return
         every_rank = self._every_rank()
-        together = None if every_rank is None else every_rank[0][start * every_rank[1]:]
-        shards, released = shard_plan(order[start:], shard_starts(sizes), together)
-        handle = (prefetch(shards, released=released) if _takes_released(prefetch)
-                  else prefetch(shards))
+        together, ranks = (None, 1) if every_rank is None else (
+            every_rank[0][start * every_rank[1]:], every_rank[1])
+        ahead = self.reading_ahead
+        shards, released = shard_plan(order[start:], shard_starts(sizes), together,
+                                      margin=ranks * (ahead or 0))
+        handle = (prefetch(shards, released=released)
+                  if ahead is not None and _takes_released(prefetch) else prefetch(shards))
         if handle is not None:
             self.__dict__["_prefetch"] = handle
 

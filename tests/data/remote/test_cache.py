@@ -179,8 +179,8 @@ def test_the_prefetch_marks_spent_the_objects_the_reader_has_passed(objects, pro
     urls = sorted(objects)
     cache.local_path(urls[3])
     cache.spent(urls[3])  # a mark of an earlier pass
-    # Each done with once the next is started; marked one step later (readers out of step).
-    with cache.prefetch(urls, released=np.array([1, 2, 3, 4])) as prefetch:
+    # Each done with once the reader has started the one two places on.
+    with cache.prefetch(urls, released=np.array([2, 3, 4, 4])) as prefetch:
         deadline = time.monotonic() + 20
         while _spent(cache, urls[3]) and time.monotonic() < deadline:
             time.sleep(0.02)
