@@ -364,19 +364,28 @@ class DataLoaderX(DataLoader):
         return _Position(sampler._next_iteration_state(), sampler._iteration_length())
 
     def _tell_reading_ahead(self) -> None:
-        """Tells a fastpipe sampler how far ahead of a batch not yet read its loader may start
-        reading one: the batches worker processes hold (each reads its own in order, one may
-        be that far behind another; threads and the main process start them in order), and
-        one more (a rank may run a step ahead of another), so that a cache takes a shard for
+        """Tells a fastpipe sampler, for the iteration about to start, how far ahead of a batch
+        not yet read its loader may be reading another: every batch it reads ahead of the
+        training loop (a thread or worker process may wait on one while the others read on),
+        and a step more (a rank may run ahead of another), so that a cache takes a shard for
         done with only once every batch that needs it is read
-        (fastpipe.data.sampling.order.shard_plan)."""
+        (fastpipe.data.sampling.order.shard_plan). Not told behind a batch sampler that may
+        hold indices back (any but torch's BatchSampler), nor with ``in_order=False``."""
         batches = self.batch_sampler if self._auto_collation else None
-        sampler = getattr(batches, "sampler", None) if batches is not None else self.sampler
-        if isinstance(sampler, _ResumableSampler):
-            size = getattr(batches, "batch_size", None) or 1
-            held = (self.num_workers * (self.prefetch_factor or 2)
-                    if self.num_workers and self.worker_method == "process" else 0)
-            sampler.reading_ahead = size * (held + 1)
+        sampler = self.sampler if batches is None else getattr(batches, "sampler", None)
+        if not isinstance(sampler, _ResumableSampler):
+            return
+        if (batches is not None and type(batches) is not BatchSampler) or not getattr(
+                self, "in_order", True):
+            return
+        size = batches.batch_size if batches is not None else 1
+        if not self.num_workers:
+            ahead = self.prefetch_depth + 1  # the background thread's queue and its hand
+        elif self.worker_method == "thread":
+            ahead = self.num_workers * (self.prefetch_factor or 2) + self.prefetch_depth
+        else:  # the workers' batches, the background thread's queue and its hand
+            ahead = self.num_workers * (self.prefetch_factor or 2) + self.prefetch_depth + 1
+        sampler.reading_ahead = size * (ahead + 1)
 
     def _resumable_sampler(self, method: str) -> tuple[Any, int]:
         """The fastpipe sampler behind this loader, and how many of its indices make a batch."""

@@ -324,15 +324,53 @@ def test_worker_processes_keep_a_lost_descriptor_transfer_quiet_and_run_the_user
     assert not getattr(sys.excepthook, "quiets_lost_descriptor_transfers", False)  # here
 
 
-@pytest.mark.parametrize(("workers", "method", "prefetch_factor", "held"),
-                         [(0, "process", None, 1), (2, "thread", 3, 1), (2, "process", 3, 7)])
-def test_the_sampler_is_told_how_far_the_loader_reads_ahead(workers, method, prefetch_factor,
-                                                            held, no_thread_leak):
-    # A remote cache takes a shard for done with only once every batch that needs it is read:
-    # a worker process may start a batch while another holds earlier ones it has not started.
-    loader = DataLoaderX(TensorDataset(torch.arange(40)), batch_size=8, shuffle=True,
-                         num_workers=workers, prefetch_factor=prefetch_factor,
-                         worker_method=method)
-    assert loader.sampler.reading_ahead is None
-    assert sum(len(b[0]) for b in loader) == 40
-    assert loader.sampler.reading_ahead == 8 * held
+class _Streamed(Dataset):
+    """Samples in 8 shards of 5 that stream through a cache: records what its prefetch is told."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[list[int], list[int] | None]] = []
+
+    def __len__(self) -> int:
+        return 40
+
+    def __getitem__(self, index: int) -> int:
+        return int(index)
+
+    def shard_sizes(self) -> list[int]:
+        return [5] * 8
+
+    def prefetch(self, shards, released=None):
+        self.told.append((list(shards), released))
+
+
+@pytest.mark.parametrize(("workers", "method", "reading_ahead"),
+                         [(0, "process", 3), (2, "thread", 8), (2, "process", 9)])
+def test_the_cache_is_told_where_shards_are_done_with_past_every_batch_read_ahead(
+        workers, method, reading_ahead, no_thread_leak):
+    # A shard is done with only once every batch that needs it is read: a thread or worker
+    # process may wait on one while the others read as far as the loader reads ahead.
+    from fastpipe.data.sampling.order import shard_plan, shard_starts
+
+    dataset = _Streamed()
+    loader = DataLoaderX(dataset, batch_size=4, shuffle=True, window=2, num_workers=workers,
+                         prefetch_factor=3 if workers else None, worker_method=method)
+    order = [int(i) for batch in loader for i in batch]
+    margin = 4 * (reading_ahead + 1)  # a step more: a rank may run ahead of another
+    assert dataset.told == [shard_plan(order, shard_starts([5] * 8), margin=margin)]
+    assert loader.sampler.reading_ahead is None  # taken by the iteration it was for
+    list(loader.sampler)  # iterated without the loader: how far it reads ahead is unknown
+    assert dataset.told[-1][1] is None
+
+
+class _HoldingBack(torch.utils.data.BatchSampler):
+    """A batch sampler that may hold indices back (as grouping ones do)."""
+
+
+@pytest.mark.parametrize("how", ["batch_sampler", "in_order=False"])
+def test_the_cache_is_not_told_where_batches_may_be_held_back(how, no_thread_leak):
+    dataset = _Streamed()
+    sampler = RandomSampler(dataset, seed=1, window=2)
+    kwargs = (dict(batch_sampler=_HoldingBack(sampler, 4, False)) if how == "batch_sampler"
+              else dict(batch_size=4, sampler=sampler, num_workers=1, in_order=False))
+    assert sum(len(b) for b in DataLoaderX(dataset, **kwargs)) == 40
+    assert len(dataset.told) == 1 and dataset.told[0][1] is None

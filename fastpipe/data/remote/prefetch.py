@@ -53,7 +53,7 @@ def _follow(cache: Any, urls: list[str], released: list[int] | None,
     released = released or []
     by_release = sorted(range(len(released)), key=released.__getitem__)
     marked = 0  # of by_release
-    cleared = len(urls) if not released else 0  # the objects whose older marks are taken off
+    cleared = 0  # of urls: those whose marks of an earlier pass are taken off
     try:
         while handed < len(urls) and not stop.is_set() and not finishing.is_set():
             for k in range(max(position + 1, 0), handed):

@@ -132,8 +132,9 @@ class _ResumableSampler:
     epoch: int
     window: int | None = None
     _shard_sizes: Any = None
-    # How many of its indices its loader reads ahead of the training loop at most (DataLoaderX
-    # sets it); None: unknown, and a cache it streams through is not told where shards are done.
+    # How far ahead of an index not yet read its loader may be reading (DataLoaderX sets it
+    # before each iteration, which takes it); None: unknown, and a cache it streams through is
+    # not told where shards are done with.
     reading_ahead: int | None = None
 
     def _init_state(self, seed: int | None) -> None:
@@ -196,6 +197,7 @@ class _ResumableSampler:
         (``shard_plan``), so that the cache evicts those first; the previous iteration's
         prefetch is stopped first."""
         self._stop_prefetch()
+        ahead = self.__dict__.pop("reading_ahead", None)  # this iteration's loader's only
         dataset = self.data_source  # type: ignore[attr-defined]
         prefetch = next((getattr(o, "prefetch", None) for o in (dataset, getattr(
             dataset, "source", None)) if callable(getattr(o, "prefetch", None))), None)
@@ -210,7 +212,6 @@ class _ResumableSampler:
         every_rank = self._every_rank()
         together, ranks = (None, 1) if every_rank is None else (
             every_rank[0][start * every_rank[1]:], every_rank[1])
-        ahead = self.reading_ahead
         shards, released = shard_plan(order[start:], shard_starts(sizes), together,
                                       margin=ranks * (ahead or 0))
         handle = (prefetch(shards, released=released)
