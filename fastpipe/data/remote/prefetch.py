@@ -6,8 +6,8 @@ since it started downloaded (the first ``ahead + 1`` before anything is read), s
 fills the cache with objects read much later, which would evict those read sooner. Objects it
 downloaded and nobody read yet are the last the cache evicts. Given where each object is no
 longer needed (``released``), it marks those the reader has passed spent, so that the cache
-evicts them before the objects the pass has yet to read; it takes such marks of earlier passes
-off its own objects as it starts.
+evicts them before the objects the pass has yet to read; it takes the marks of earlier passes
+off its own objects as it starts (a few hundred each time it looks).
 
 Its threads (one that follows the reader, ``downloads`` that download) end when the order is
 done, on :meth:`Prefetch.close` (within the poll interval: a request under way is cancelled),
@@ -126,8 +126,8 @@ class Prefetch:
     """Downloads ``urls`` into ``cache`` in this order (see the module; ``released``:
     :meth:`ShardCache.prefetch`): ``done`` maps each position finished to whether it
     succeeded, ``errors`` lists ``(url, error)`` of the failed ones (their reader retries and
-    raises). ``close()`` stops it; so does leaving a ``with``
-    block, dropping it, or the interpreter's exit."""
+    raises). ``close()`` stops it; so does leaving a ``with`` block, dropping it, or the
+    interpreter's exit."""
 
     def __init__(self, cache: Any, urls: Sequence[str],
                  released: Sequence[int] | None = None) -> None:
