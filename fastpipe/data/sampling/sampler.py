@@ -209,13 +209,15 @@ class _ResumableSampler:
                 sizes = shard_sizes_of(dataset)
             except TypeError:  # a prefetch of another kind, on a dataset without shards
                 return
-        every_rank = self._every_rank()
-        together, ranks = (None, 1) if every_rank is None else (
-            every_rank[0][start * every_rank[1]:], every_rank[1])
-        shards, released = shard_plan(order[start:], shard_starts(sizes), together,
-                                      margin=ranks * (ahead or 0))
-        handle = (prefetch(shards, released=released)
-                  if ahead is not None and _takes_released(prefetch) else prefetch(shards))
+        if ahead is None or not _takes_released(prefetch):
+            handle = prefetch(shard_plan(order[start:], shard_starts(sizes))[0])
+        else:  # every rank's order only where the plan is given
+            every_rank = self._every_rank()
+            together, ranks = (None, 1) if every_rank is None else (
+                every_rank[0][start * every_rank[1]:], every_rank[1])
+            shards, released = shard_plan(order[start:], shard_starts(sizes), together,
+                                          margin=ranks * ahead)
+            handle = prefetch(shards, released=released)
         if handle is not None:
             self.__dict__["_prefetch"] = handle
 
