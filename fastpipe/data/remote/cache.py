@@ -409,8 +409,8 @@ class ShardCache:
             if got.expected is not None and not got.matches:
                 # Downloaded again: bytes that match are the object's; two equal downloads
                 # that do not are too where the expected MD5 is an S3 ETag (an encrypted
-                # object's ETag is not their MD5); otherwise the object changed meanwhile or
-                # the transfer is damaged.
+                # object's ETag is not their MD5, on a store whose answer does not say it is
+                # encrypted); otherwise the object changed meanwhile or the transfer is damaged.
                 again = download(found, part, self.options, stop)
                 if not again.matches and not (again.checksum == got.checksum
                                               and got.expected.etag):

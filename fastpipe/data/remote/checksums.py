@@ -1,9 +1,9 @@
 """Checksums of an object's bytes: those a store states (S3's ``x-amz-checksum-*`` of the whole
 object, Cloud Storage's ``crc32c``, an ETag that is an MD5) and the one a download computes.
 
-A download computes the cheapest stated checksum it can (CRC-32 through zlib, CRC-32C through
-google-crc32c, which gcsfs installs, CRC-64/NVME through awscrt, which ``botocore[crt]``
-installs: a fraction of an MD5's cost) and is checked against it; where the store states none
+A download computes the cheapest stated checksum it can (CRC-64/NVME through awscrt, which the
+``s3`` extra installs, CRC-32C through google-crc32c, which gcsfs installs, CRC-32 through zlib:
+a fraction of an MD5's cost) and is checked against it; where the store states none
 it can compute, it computes a CRC-32 of its own, recorded so that ``check="content"`` can
 confirm the cached file later. An S3 checksum of a multipart upload that is a checksum of its
 parts' checksums (``ChecksumType: COMPOSITE``) says nothing about the bytes as a whole and is
@@ -20,10 +20,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ALGORITHMS", "Checksum", "Hasher", "cheapest", "computable", "of_file", "stated_by_s3"]
+__all__ = ["ALGORITHMS", "Checksum", "Hasher", "cheapest", "computable", "etag_is_no_md5",
+           "of_file", "stated_by_s3"]
 
-# What fastpipe can compute, the cheapest first.
-ALGORITHMS = ("crc32", "crc32c", "crc64nvme", "md5")
+# What fastpipe can compute, the cheapest first: CRC-64/NVME and CRC-32C by the CPU's own
+# instructions (awscrt, google-crc32c), CRC-32 by zlib's tables, then an MD5.
+ALGORITHMS = ("crc64nvme", "crc32c", "crc32", "md5")
 # S3's name of each algorithm's checksum in a response.
 _S3_FIELDS = {"crc32": "ChecksumCRC32", "crc32c": "ChecksumCRC32C",
               "crc64nvme": "ChecksumCRC64NVME"}
@@ -120,6 +122,14 @@ def stated_by_s3(response: Mapping[str, Any]) -> list[Checksum]:
     return [Checksum(algorithm, str(response[field]))
             for algorithm, field in _S3_FIELDS.items()
             if response.get(field) and "-" not in str(response[field])]
+
+
+def etag_is_no_md5(response: Mapping[str, Any]) -> bool:
+    """Whether an S3 response is of an object encrypted with a KMS key or a customer's key,
+    whose ETag S3 makes other than the MD5 of its bytes (an object encrypted with S3's own key
+    keeps its MD5)."""
+    return (str(response.get("ServerSideEncryption", "")).startswith("aws:kms")
+            or bool(response.get("SSECustomerAlgorithm")))
 
 
 def of_file(path: str, algorithm: str) -> Checksum:

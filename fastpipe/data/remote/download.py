@@ -13,7 +13,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fastpipe.data.remote.checksums import Checksum, Hasher, cheapest, stated_by_s3
+from fastpipe.data.remote.checksums import (
+    Checksum,
+    Hasher,
+    cheapest,
+    etag_is_no_md5,
+    stated_by_s3,
+)
 from fastpipe.data.remote.filesystems import ObjectInfo, S3Stream, read_range
 from fastpipe.data.remote.options import RemoteOptions
 from fastpipe.data.remote.retry import Cancelled, RemoteError, ShortResponse, attempt, status
@@ -72,7 +78,10 @@ def _from_s3(info: ObjectInfo, path: str, options: RemoteOptions,
             if stream is None:
                 stream = S3Stream(info, start, options, stop)
                 if hasher is None:  # the first GET, of the whole object: its checksums
-                    expected = cheapest([*stated_by_s3(stream.response), *info.checksums])
+                    listed = info.checksums
+                    if etag_is_no_md5(stream.response):
+                        listed = tuple(c for c in listed if not c.etag)
+                    expected = cheapest([*stated_by_s3(stream.response), *listed])
                     hasher = Hasher(expected.algorithm if expected else "crc32")
             data = stream.read(end - start)
             if len(data) != end - start:

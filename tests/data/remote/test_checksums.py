@@ -300,3 +300,53 @@ def test_two_equal_downloads_unlike_an_etag_s_md5_are_the_object(objects, proxie
         with pytest.raises(RemoteError, match="do not match the md5 checksum"):
             cache.local_path(url)
     assert proxy.gets(url.rsplit("/", 1)[1]) == 2
+
+
+@pytest.mark.parametrize("encryption", ["aws:kms", "aws:kms:dsse", "AES256"])
+def test_the_etag_of_an_object_encrypted_with_a_key_is_not_taken_for_its_md5(
+        moto_server, tmp_path, proxied, monkeypatch, encryption):
+    # S3 gives an object encrypted with KMS (or a customer's key) an ETag that is not the MD5 of
+    # its bytes; moto gives every object its MD5. Listed with an ETag unlike its MD5, as S3
+    # lists it: a KMS object (stated no CRC) is one download with a CRC-32 of fastpipe's own;
+    # one encrypted by S3's own key (whose ETag is its MD5) is still checked against the ETag.
+    from fastpipe.data.remote import filesystems
+
+    real = filesystems._etag
+
+    def unlike_its_md5(found):
+        etag, checksums = real(found)
+        return etag, tuple(Checksum("md5", "0" * 32, etag=True) if c.etag else c
+                           for c in checksums)
+
+    monkeypatch.setattr(filesystems, "_etag", unlike_its_md5)
+    proxy, options = proxied
+    data = random.Random(5).randbytes(SIZE)
+    client = moto_server.client(checksums=False)
+    client.create_bucket(Bucket="encrypted")
+    client.put_object(Bucket="encrypted", Key="e.bin", Body=data, ServerSideEncryption=encryption)
+    url = "s3://encrypted/e.bin"
+    cache = ShardCache(options)
+    assert Path(cache.local_path(url)).read_bytes() == data
+    if encryption.startswith("aws:kms"):
+        assert proxy.ranges("e.bin") == [None]
+        assert _recorded(cache, url) == ["crc32", base64.b64encode(
+            zlib.crc32(data).to_bytes(4, "big")).decode()]
+    else:  # checked against it, found unlike, downloaded again
+        assert proxy.ranges("e.bin") == [None, None]
+
+
+@pytest.mark.skipif(not computable("crc64nvme"), reason="awscrt (0.23 or later) is missing")
+def test_a_download_is_checked_against_the_crc64nvme_s3_states(moto_server, tmp_path, proxied):
+    # What S3 states for an object uploaded without a checksum of its own (since 2025), and for
+    # multipart uploads: checked (an instruction's CRC) rather than the ETag's MD5, or nothing.
+    proxy, options = proxied
+    [(url, data)] = moto_server.upload_random(tmp_path, "nvme-sums", {"n.bin": SIZE}, seed=4,
+                                              checksum="CRC64NVME").items()
+    stated = stated_by_s3(_stated(moto_server, url))
+    assert [c.algorithm for c in stated] == ["crc64nvme"]
+    cache = ShardCache(options)
+    proxy.corrupt("n.bin")
+    assert Path(cache.local_path(url)).read_bytes() == data
+    assert _recorded(cache, url) == ["crc64nvme", stated[0].value]
+    # botocore's check failed at the body's end (the last chunk again), then fastpipe's.
+    assert proxy.ranges("n.bin") == [None, f"bytes={4 * 8192}-", None]
