@@ -160,7 +160,9 @@ class DataLoaderX(DataLoader):
         if self.persistent_workers and self._epoch_thread is not None:
             self._epoch_thread.join()
         self._position = self._begin_position()
-        self._tell_reading_ahead()
+        # Counted even when the position cannot be saved, so that every epoch's iterator is alike.
+        hand_off = self._position if self._position is not None else HandOff()
+        self._tell_reading_ahead(hand_off)
         skipping = self.on_error == "skip"
         # A restored state's skips belong to the epoch it resumes; a fresh epoch starts empty.
         self._skips = self._restored_skips or SkipRecord()
@@ -195,8 +197,6 @@ class DataLoaderX(DataLoader):
             del base
         self._epoch = weakref.ref(epoch)
         self._epoch_thread = epoch.thread
-        # Counted even when the position cannot be saved, so that every epoch's iterator is alike.
-        hand_off = self._position if self._position is not None else HandOff()
         if not skipping:
             return hand_off.counted(epoch)
         record = self._skips
@@ -363,14 +363,15 @@ class DataLoaderX(DataLoader):
             return None
         return _Position(sampler._next_iteration_state(), sampler._iteration_length())
 
-    def _tell_reading_ahead(self) -> None:
+    def _tell_reading_ahead(self, hand_off: HandOff) -> None:
         """Tells a fastpipe sampler, for the iteration about to start, how far ahead of a batch
         not yet read its loader may be reading another: every batch it reads ahead of the
         training loop (a thread or worker process may wait on one while the others read on),
-        and a step more (a rank may run ahead of another), so that a cache takes a shard for
-        done with only once every batch that needs it is read
-        (fastpipe.data.sampling.order.shard_plan). Not told behind a batch sampler that may
-        hold indices back (any but torch's BatchSampler), nor with ``in_order=False``."""
+        and a step more (a rank may run ahead of another); and how many of its indices the loop
+        has received (``hand_off``'s batches), so that a cache takes a shard for done with only
+        once every batch that needs it is read (fastpipe.data.sampling.order.shard_plan). Not
+        told behind a batch sampler that may hold indices back (any but torch's BatchSampler),
+        nor with ``in_order=False``."""
         batches = self.batch_sampler if self._auto_collation else None
         sampler = self.sampler if batches is None else getattr(batches, "sampler", None)
         if not isinstance(sampler, _ResumableSampler):
@@ -386,6 +387,7 @@ class DataLoaderX(DataLoader):
         else:  # the workers' batches, the background thread's queue and its hand
             ahead = self.num_workers * (self.prefetch_factor or 2) + self.prefetch_depth + 1
         sampler.reading_ahead = size * (ahead + 1)
+        sampler.loop_received = lambda: hand_off.batches * size
 
     def _resumable_sampler(self, method: str) -> tuple[Any, int]:
         """The fastpipe sampler behind this loader, and how many of its indices make a batch."""

@@ -356,10 +356,48 @@ def test_the_cache_is_told_where_shards_are_done_with_past_every_batch_read_ahea
                          prefetch_factor=3 if workers else None, worker_method=method)
     order = [int(i) for batch in loader for i in batch]
     margin = 4 * (reading_ahead + 1)  # a step more: a rank may run ahead of another
-    assert dataset.told == [shard_plan(order, shard_starts([5] * 8), margin=margin)]
+    assert dataset.told == [shard_plan(order, shard_starts([5] * 8), margin=margin)[:2]]
     assert loader.sampler.reading_ahead is None  # taken by the iteration it was for
     list(loader.sampler)  # iterated without the loader: how far it reads ahead is unknown
     assert dataset.told[-1][1] is None
+
+
+class _StreamedAsReceived(_Streamed):
+    """The same, with a prefetch that also takes where the pass stands."""
+
+    def prefetch(self, shards, released=None, progress=None):
+        self.told.append((list(shards), released, progress))
+
+
+@pytest.mark.parametrize(("workers", "method"), [(0, "process"), (2, "thread"), (2, "process")])
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_the_cache_is_told_shards_are_done_with_as_the_loop_receives_their_batches(
+        workers, method, ranks, no_thread_leak):
+    # Where the loop has received every batch that needs a shard, it is done with, whatever
+    # the loader reads ahead (another rank's loop may trail this one's by as much).
+    from fastpipe.data import DistributedSampler
+    from fastpipe.data.sampling.order import shard_plan, shard_starts
+
+    dataset = _StreamedAsReceived()
+    sampler = DistributedSampler(dataset, world_size=ranks, rank=ranks - 1, seed=2, window=2)
+    loader = DataLoaderX(dataset, batch_size=4, sampler=sampler, num_workers=workers,
+                         prefetch_factor=3 if workers else None, worker_method=method)
+    stands = []
+    for _batch in loader:
+        stands.append(dataset.told[0][2]())
+    assert len(dataset.told) == 1
+    shards, released, progress = dataset.told[0]
+    sampler.set_epoch(0)  # the epoch read
+    every = sampler._every_rank()[0] if ranks > 1 else None
+    order = [int(i) for i in sampler._order()]
+    plan = shard_plan(order, shard_starts([5] * 8), every)
+    assert (shards, released) == tuple(plan[:2])
+    lag = 0 if ranks == 1 else 4 * ({0: 3, 2: 8}[workers] + (method == "process") * bool(
+        workers) + 1)
+    assert stands == [plan.reached(max(0, 4 * (k + 1) - lag) * ranks)
+                      for k in range(len(stands))]
+    assert stands[-1] == (len(shards) - 1 if ranks == 1 else plan.reached(
+        max(0, len(order) - lag) * 2))
 
 
 class _HoldingBack(torch.utils.data.BatchSampler):

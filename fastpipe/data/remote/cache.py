@@ -308,19 +308,23 @@ class ShardCache:
         finally:
             locks.unlock(fd)
 
-    def prefetch(self, urls: Sequence[str], released: Sequence[int] | None = None):
+    def prefetch(self, urls: Sequence[str], released: Sequence[int] | None = None,
+                 progress: Callable[[], int] | None = None):
         """Downloads ``urls`` in this order in background threads (``options.downloads`` at
         once), keeping ``options.ahead`` of them beyond the last one a reader of this node has
         started reading; returns the :class:`~fastpipe.data.remote.prefetch.Prefetch`, whose
         ``close()`` (or the end of a ``with`` block) stops it. A download that fails is left to
         the reader, which retries it and raises its error.
 
-        ``released[k]`` (a place in ``urls``): once a reader has started ``urls[released[k]]``,
-        ``urls[k]`` is not needed again in this pass, and is marked :meth:`spent`; the pass's
-        objects lose the marks of earlier passes when it starts."""
+        ``released[k]`` (a place in ``urls``): once the pass has reached that place,
+        ``urls[k]`` is not needed again in it, and is marked :meth:`spent`: reached when a
+        reader has started ``urls[released[k]]``, or, given ``progress``, when ``progress()``
+        (the last place every reader of the pass is done up to; asked each time the prefetch
+        looks) is at least ``released[k]``. The pass's objects lose the marks of earlier passes
+        when it starts."""
         from fastpipe.data.remote.prefetch import Prefetch
 
-        return Prefetch(self, list(urls), released)
+        return Prefetch(self, list(urls), released, progress)
 
     def spent(self, url: str) -> None:
         """Marks ``url`` not needed again by this node's readers in their pass: the cache evicts

@@ -160,10 +160,11 @@ class RemoteFiles:
         with self.cache.pinned([self.urls[k] for k in ids], check, stop) as paths:
             yield paths
 
-    def prefetch(self, ids: Sequence[int], released: Sequence[int] | None = None) -> Prefetch:
+    def prefetch(self, ids: Sequence[int], released: Sequence[int] | None = None,
+                 progress: Callable[[], int] | None = None) -> Prefetch:
         """Downloads objects ``ids`` in this order, ``options.ahead`` past the reader (see
         :meth:`ShardCache.prefetch`)."""
-        return self.cache.prefetch([self.urls[k] for k in ids], released)
+        return self.cache.prefetch([self.urls[k] for k in ids], released, progress)
 
     def digest(self, h: Any) -> None:
         """Adds what identifies the objects (URLs without credentials, sizes, ETags) to

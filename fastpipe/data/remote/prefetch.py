@@ -5,9 +5,11 @@ any process; the prefetch keeps the objects up to ``ahead`` places past the last
 since it started downloaded (the first ``ahead + 1`` before anything is read), so that it never
 fills the cache with objects read much later, which would evict those read sooner. Objects it
 downloaded and nobody read yet are the last the cache evicts. Given where each object is no
-longer needed (``released``), it marks those the reader has passed spent, so that the cache
-evicts them before the objects the pass has yet to read; it takes the marks of earlier passes
-off its own objects as it starts (a few hundred each time it looks).
+longer needed (``released``: a place in the order), it marks spent those the pass is done with,
+so that the cache evicts them before the objects the pass has yet to read: once the reader has
+started the object at that place, or, given ``progress`` (where the pass stands: the last place
+every reader is done up to), once that has passed it; it takes the marks of earlier passes off
+its own objects as it starts (a few hundred each time it looks).
 
 Its threads (one that follows the reader, ``downloads`` that download) end when the order is
 done, on :meth:`Prefetch.close` (within the poll interval: a request under way is cancelled),
@@ -22,7 +24,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastpipe._compat import register_before_thread_join
@@ -42,10 +44,10 @@ _EXIT_JOIN_SECONDS = 1.0
 
 
 def _follow(cache: Any, urls: list[str], released: list[int] | None,
-            stop: threading.Event, finishing: threading.Event, work: queue.SimpleQueue,
-            downloads: int) -> None:
+            progress: Callable[[], int] | None, stop: threading.Event,
+            finishing: threading.Event, work: queue.SimpleQueue, downloads: int) -> None:
     """Hands the downloaders the objects in order, ``ahead`` past the reader's position, and
-    marks spent those it has passed."""
+    marks spent those the pass is done with."""
     ahead = cache.options.ahead
     started = time.time_ns()
     position = -1  # the last object a reader started since the prefetch began
@@ -53,23 +55,32 @@ def _follow(cache: Any, urls: list[str], released: list[int] | None,
     released = released or []
     by_release = sorted(range(len(released)), key=released.__getitem__)
     marked = 0  # of by_release
+    marked_now = bytearray(len(urls))  # what this pass has marked
     cleared = 0  # of urls: those whose marks of an earlier pass are taken off
+
+    def following() -> bool:
+        return handed < len(urls) or (progress is not None and marked < len(by_release))
+
     try:
-        while handed < len(urls) and not stop.is_set() and not finishing.is_set():
+        while following() and not stop.is_set() and not finishing.is_set():
             for k in range(max(position + 1, 0), handed):
                 if cache.used_since(urls[k], started):
                     position = k
             # Marked before the downloads that may make room for the next ones.
-            while marked < len(by_release) and released[by_release[marked]] <= position:
+            done = position if progress is None else progress()
+            while marked < len(by_release) and released[by_release[marked]] <= done:
                 cache.spent(urls[by_release[marked]])
+                marked_now[by_release[marked]] = 1
                 marked += 1
             while handed < len(urls) and handed <= max(position, 0) + ahead:
                 work.put(handed)
                 handed += 1
             if cleared < len(urls):  # after the first downloads are handed out; a few a time
-                cache.needed(urls[cleared:cleared + _CLEARED_PER_POLL])
+                # Not the marks this pass has made already (readers far ahead of the sweep).
+                cache.needed(url for k, url in enumerate(
+                    urls[cleared:cleared + _CLEARED_PER_POLL], cleared) if not marked_now[k])
                 cleared += _CLEARED_PER_POLL
-            if handed < len(urls):
+            if following():
                 finishing.wait(_POLL_SECONDS)
     finally:
         for _ in range(downloads):
@@ -129,8 +140,8 @@ class Prefetch:
     raises). ``close()`` stops it; so does leaving a ``with`` block, dropping it, or the
     interpreter's exit."""
 
-    def __init__(self, cache: Any, urls: Sequence[str],
-                 released: Sequence[int] | None = None) -> None:
+    def __init__(self, cache: Any, urls: Sequence[str], released: Sequence[int] | None = None,
+                 progress: Callable[[], int] | None = None) -> None:
         self.urls = list(urls)
         if released is not None:
             released = [int(r) for r in released]
@@ -144,8 +155,8 @@ class Prefetch:
         work: queue.SimpleQueue = queue.SimpleQueue()
         downloads = cache.options.downloads
         self._threads = [threading.Thread(
-            target=_follow, args=(cache, self.urls, released, self._stop, self._finishing,
-                                  work, downloads),
+            target=_follow, args=(cache, self.urls, released, progress, self._stop,
+                                  self._finishing, work, downloads),
             name="fastpipe-prefetch", daemon=True)]
         self._threads += [threading.Thread(
             target=_download, args=(cache, self.urls, self._stop, self._finishing, work,

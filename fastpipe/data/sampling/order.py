@@ -33,14 +33,14 @@ import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from fastpipe import _validate as check
 
-__all__ = ["check_window", "shard_plan", "shard_sizes_of", "shard_starts", "sizes_digest",
-           "windowed_permutation"]
+__all__ = ["ShardPlan", "check_window", "shard_plan", "shard_sizes_of", "shard_starts",
+           "sizes_digest", "windowed_permutation"]
 
 _MASK64 = np.uint64((1 << 64) - 1)
 # Streams of the keys: one for the shards' order, one for the samples' order in a window.
@@ -113,19 +113,37 @@ def _windowed(sizes: np.ndarray, window: int, seed: int, epoch: int) -> np.ndarr
     return np.lexsort((_keys(seed, epoch, count, _SAMPLES), window_of_sample))
 
 
+class ShardPlan(NamedTuple):
+    """One pass over shards, as a cache is told it (:func:`shard_plan`): ``shards`` in the
+    order they are first needed; ``released[j]``, the place in ``shards`` where ``shards[j]`` is
+    no longer needed; ``needed_by[p]``, the position in the order (every rank's) by which the
+    shards of places ``0..p`` have all been first needed."""
+
+    shards: list[int]
+    released: list[int]
+    needed_by: np.ndarray
+
+    def reached(self, read: int) -> int:
+        """The last place whose shard is first needed within the order's first ``read``
+        positions (-1: none): where a pass stands once those are read, in the places
+        ``released`` names."""
+        return int(np.searchsorted(self.needed_by, read - 1, side="right")) - 1
+
+
 def shard_plan(indices: Sequence[int] | np.ndarray, starts: np.ndarray,
                together: Sequence[int] | np.ndarray | None = None,
-               margin: int = 0) -> tuple[list[int], list[int]]:
+               margin: int = 0) -> ShardPlan:
     """The shards holding ``indices``, in the order they are first needed (what a cache fetches
     ahead, in that order), and for each, where it is no longer needed: the place in that
     sequence of the first shard first needed more than ``margin`` places after its last sample,
     ``len(sequence)`` where none is. ``together``: the order ``indices`` is one rank's share of
     (every rank's, read in step), which says when a shard is first and last needed; default
     ``indices``. ``margin``: how far in that order a reader may start a batch while one before
-    it is yet to be read (the batches workers hold, times the ranks)."""
+    it is yet to be read (the batches workers hold, times the ranks); 0 where the place is
+    taken from what every reader has read (:meth:`ShardPlan.reached`)."""
     indices = np.asarray(indices, np.int64)
     if not len(indices):
-        return [], []
+        return ShardPlan([], [], np.zeros(0, np.int64))
     shards = np.searchsorted(starts, indices, side="right") - 1
     _, first = np.unique(shards, return_index=True)
     sequence = shards[np.sort(first)]
@@ -137,8 +155,9 @@ def shard_plan(indices: Sequence[int] | np.ndarray, starts: np.ndarray,
     first, last = first[at], (len(needed) - 1 - from_end)[at]
     # The first place whose shard is first needed after ``last``: where the running maximum of
     # the first needs passes it (they need not rise along one rank's sequence).
-    released = np.searchsorted(np.maximum.accumulate(first), last + margin, side="right")
-    return sequence.tolist(), released.tolist()
+    needed_by = np.maximum.accumulate(first)
+    released = np.searchsorted(needed_by, last + margin, side="right")
+    return ShardPlan(sequence.tolist(), released.tolist(), needed_by)
 
 
 def shard_sizes_of(dataset: Any) -> np.ndarray:

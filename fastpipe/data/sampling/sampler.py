@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Iterator, Sequence, Sized
+from collections.abc import Callable, Iterator, Sequence, Sized
 from typing import Any
 
 import torch
@@ -21,6 +21,7 @@ from torch.utils import data as torch_data
 from fastpipe import _validate as check
 from fastpipe._seed import checked_seed, order_seed
 from fastpipe.data.sampling.order import (
+    ShardPlan,
     check_window,
     shard_plan,
     shard_sizes_of,
@@ -100,11 +101,26 @@ def _permutation(length: int, seed: int, epoch: int) -> list[int]:
     return torch.randperm(length, generator=generator).tolist()
 
 
-def _takes_released(prefetch: Any) -> bool:
+def _takes(prefetch: Any, name: str) -> bool:
     try:
-        return "released" in inspect.signature(prefetch).parameters
+        return name in inspect.signature(prefetch).parameters
     except (TypeError, ValueError):  # a callable without a signature Python can read
         return False
+
+
+class _Progress:
+    """Where a pass over shards stands (:meth:`ShardPlan.reached`): every rank's order read as
+    far as this rank's training loop has received its share, less what another rank's loop may
+    trail it by (as far as a loader reads ahead: ranks step together, and each loader reads
+    ahead of its loop)."""
+
+    def __init__(self, plan: ShardPlan, received: Callable[[], int], ranks: int,
+                 lag: int) -> None:
+        self.plan, self.received, self.ranks = plan, received, ranks
+        self.lag = 0 if ranks == 1 else lag
+
+    def __call__(self) -> int:
+        return self.plan.reached(max(0, self.received() - self.lag) * self.ranks)
 
 
 def _padded(order: list[int], world_size: int, drop_last: bool) -> list[int]:
@@ -136,6 +152,9 @@ class _ResumableSampler:
     # before each iteration, which takes it); None: unknown, and a cache it streams through is
     # not told where shards are done with.
     reading_ahead: int | None = None
+    # With it, how many of the iteration's indices the training loop has received (read
+    # whole), asked as the iteration goes on: where the cache is told shards are done with.
+    loop_received: Callable[[], int] | None = None
 
     def _init_state(self, seed: int | None) -> None:
         self.seed = _check_seed(seed)
@@ -194,10 +213,13 @@ class _ResumableSampler:
         reads, in the order it first needs them, so that they are fetched ahead in that order
         until every index of the iteration is handed out, and (to a ``prefetch`` that takes
         ``released=``, where ``reading_ahead`` is known) where every rank is done with each
-        (``shard_plan``), so that the cache evicts those first; the previous iteration's
-        prefetch is stopped first."""
+        (``shard_plan``), so that the cache evicts those first: where the readers have started
+        the batches ``reading_ahead`` on, or (to one that takes ``progress=``, where
+        ``loop_received`` is known) where the training loops have received them. The previous
+        iteration's prefetch is stopped first."""
         self._stop_prefetch()
         ahead = self.__dict__.pop("reading_ahead", None)  # this iteration's loader's only
+        received = self.__dict__.pop("loop_received", None)
         dataset = self.data_source  # type: ignore[attr-defined]
         prefetch = next((getattr(o, "prefetch", None) for o in (dataset, getattr(
             dataset, "source", None)) if callable(getattr(o, "prefetch", None))), None)
@@ -209,15 +231,20 @@ class _ResumableSampler:
                 sizes = shard_sizes_of(dataset)
             except TypeError:  # a prefetch of another kind, on a dataset without shards
                 return
-        if ahead is None or not _takes_released(prefetch):
-            handle = prefetch(shard_plan(order[start:], shard_starts(sizes))[0])
+        if ahead is None or not _takes(prefetch, "released"):
+            handle = prefetch(shard_plan(order[start:], shard_starts(sizes)).shards)
         else:  # every rank's order only where the plan is given
             every_rank = self._every_rank()
             together, ranks = (None, 1) if every_rank is None else (
                 every_rank[0][start * every_rank[1]:], every_rank[1])
-            shards, released = shard_plan(order[start:], shard_starts(sizes), together,
-                                          margin=ranks * ahead)
-            handle = prefetch(shards, released=released)
+            if received is None or not _takes(prefetch, "progress"):
+                plan = shard_plan(order[start:], shard_starts(sizes), together,
+                                  margin=ranks * ahead)
+                handle = prefetch(plan.shards, released=plan.released)
+            else:
+                plan = shard_plan(order[start:], shard_starts(sizes), together)
+                handle = prefetch(plan.shards, released=plan.released,
+                                  progress=_Progress(plan, received, ranks, ahead))
         if handle is not None:
             self.__dict__["_prefetch"] = handle
 

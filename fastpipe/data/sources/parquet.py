@@ -27,7 +27,7 @@ import re
 import threading
 import warnings
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -622,11 +622,14 @@ class ParquetSource(Source):
         first = next((v for v in array.to_pylist() if v), None)
         return first is not None and _is_image(first)
 
-    def prefetch(self, shards: Sequence[int], released: Sequence[int] | None = None) -> Any:
+    def prefetch(self, shards: Sequence[int], released: Sequence[int] | None = None,
+                 progress: Callable[[], int] | None = None) -> Any:
         """Downloads remote files ``shards`` (positions in ``files``) into the node's cache in
-        this order, a few ahead of the readers (``released``: :meth:`ShardCache.prefetch`);
-        returns the prefetch (``close()`` stops it). Local files: None."""
-        return None if self.remote is None else self.remote.prefetch(list(shards), released)
+        this order, a few ahead of the readers (``released``, ``progress``:
+        :meth:`ShardCache.prefetch`); returns the prefetch (``close()`` stops it). Local
+        files: None."""
+        return None if self.remote is None else self.remote.prefetch(list(shards), released,
+                                                                     progress)
 
     # ------------------------------------------------------------------------------ reading
 

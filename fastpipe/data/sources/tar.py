@@ -27,7 +27,7 @@ import tarfile
 import threading
 import zipfile
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -717,12 +717,14 @@ class TarSource(Source):
         """Samples per shard, in index order."""
         return np.diff(self._starts)
 
-    def prefetch(self, shards: Sequence[int], released: Sequence[int] | None = None):
+    def prefetch(self, shards: Sequence[int], released: Sequence[int] | None = None,
+                 progress: Callable[[], int] | None = None):
         """Downloads remote shards ``shards`` (positions in ``self.shards``) into the node's
-        cache in this order, ``ahead`` of the readers (``released``:
+        cache in this order, ``ahead`` of the readers (``released``, ``progress``:
         :meth:`ShardCache.prefetch`); returns the prefetch (``close()`` stops it). Local
         shards: None."""
-        return None if self.remote is None else self.remote.prefetch(list(shards), released)
+        return None if self.remote is None else self.remote.prefetch(list(shards), released,
+                                                                     progress)
 
     def describe(self, index: int) -> str:
         k = int(np.searchsorted(self._starts, index, side="right")) - 1

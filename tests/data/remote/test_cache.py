@@ -202,6 +202,53 @@ def test_the_prefetch_marks_spent_the_objects_the_reader_has_passed(objects, pro
     assert not _fastpipe_threads()
 
 
+def _until(condition, seconds: float = 20.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return condition()
+
+
+def test_given_where_the_pass_stands_the_prefetch_marks_spent_what_it_has_passed(objects,
+                                                                                 proxied):
+    # Where the pass stands (the training loop received those batches), not where the readers
+    # started: they read ahead of it.
+    proxy, options = proxied
+    cache = ShardCache(replace(options, ahead=1, downloads=1))
+    urls = sorted(objects)
+    stands = [-1]
+    with cache.prefetch(urls, released=[1, 2, 4, 4], progress=lambda: stands[0]) as prefetch:
+        for url in urls:
+            cache.local_path(url)  # the readers, far ahead
+        assert _until(lambda: len(prefetch.done) == 4)
+        time.sleep(0.1)  # a few looks
+        assert not any(_spent(cache, u) for u in urls)
+        stands[0] = 1
+        assert _until(lambda: _spent(cache, urls[0]))
+        time.sleep(0.1)
+        assert not any(_spent(cache, u) for u in urls[1:])
+        stands[0] = 4
+        assert _until(lambda: all(_spent(cache, u) for u in urls))
+        assert prefetch.wait(20)  # every mark made: its threads end
+    assert not _fastpipe_threads()
+
+
+def test_the_marks_a_pass_makes_as_it_starts_stay(objects, proxied):
+    # The prefetch takes the marks of earlier passes off its objects a few hundred at a time
+    # after it marks what this pass is done with: not those.
+    proxy, options = proxied
+    cache = ShardCache(replace(options, ahead=1, downloads=1))
+    urls = sorted(objects)
+    for url in urls:
+        cache.local_path(url)
+        cache.spent(url)  # marks of an earlier pass
+    with cache.prefetch(urls, released=[1, 4, 4, 4], progress=lambda: 1) as prefetch:
+        assert _until(lambda: not any(_spent(cache, u) for u in urls[1:]))
+        time.sleep(0.1)
+        assert _spent(cache, urls[0]) and not any(_spent(cache, u) for u in urls[1:])
+        prefetch.close()
+
+
 def test_a_first_read_right_after_a_moment_is_seen_as_since_it(objects, proxied):
     # The read marked the entry by creating its file, whose time is the kernel's coarse clock:
     # up to a tick before the moment taken just before, so the prefetch missed the read.

@@ -93,23 +93,51 @@ def _released_by_brute_force(indices, together=None, margin=0) -> list[int]:
                  len(sequence)) for j in range(len(sequence))]
 
 
+def _reached_by_brute_force(indices, together, read: int) -> int:
+    # The last place of the plan whose shard (and every one before it) is first needed within
+    # the first ``read`` positions of ``together``.
+    sequence = list(dict.fromkeys(_shard_of(indices).tolist()))
+    needed = _shard_of(together).tolist()
+    first = [needed.index(s) for s in sequence]
+    return max((p for p in range(len(sequence)) if max(first[:p + 1]) < read), default=-1)
+
+
 def test_shard_plan_is_the_order_shards_are_first_needed_in_and_where_each_is_done_with():
     starts = shard_starts(SIZES)
     order = windowed_permutation(SIZES, 2, seed=3, epoch=0)
-    sequence, released = shard_plan(order, starts)
+    sequence, released, _ = shard_plan(order, starts)
     assert sorted(sequence) == list(range(8))
     assert sequence == list(dict.fromkeys(_shard_of(order).tolist()))
     assert released == _released_by_brute_force(order)
     # Windows of 2 shards: a shard is done with where the next window's shards begin.
     assert released == [2, 2, 4, 4, 6, 6, 8, 8]
     rest = order[20:]
-    assert shard_plan(rest, starts) == (list(dict.fromkeys(_shard_of(rest).tolist())),
-                                        _released_by_brute_force(rest))
+    assert shard_plan(rest, starts)[:2] == (list(dict.fromkeys(_shard_of(rest).tolist())),
+                                            _released_by_brute_force(rest))
     # A uniform shuffle: most shards needed until the last one is first needed, or to the end.
     uniform = np.random.default_rng(0).permutation(43)
-    released = shard_plan(uniform, starts)[1]
+    released = shard_plan(uniform, starts).released
     assert released == _released_by_brute_force(uniform) and min(released) >= 7
-    assert shard_plan([], starts) == ([], [])
+    assert shard_plan([], starts)[:2] == ([], []) and shard_plan([], starts).reached(5) == -1
+
+
+def test_where_a_pass_stands_is_the_last_place_first_needed_in_what_is_read():
+    # A shard is done with once the pass stands at its released place: every sample of it is
+    # within what was read.
+    starts = shard_starts(SIZES)
+    order = windowed_permutation(SIZES, 2, seed=3, epoch=0).tolist()
+    every = order + order[:2]
+    for indices, together in ((order, order), (order[20:], order[20:]),
+                              (every[1::3], every)):
+        plan = shard_plan(indices, starts, None if indices is together else together)
+        needed = _shard_of(together).tolist()
+        for read in range(len(together) + 2):
+            reached = plan.reached(read)
+            assert reached == _reached_by_brute_force(indices, together, read)
+            for j, shard in enumerate(plan.shards):
+                last = len(needed) - 1 - needed[::-1].index(shard)
+                if plan.released[j] <= reached:
+                    assert last < read, (read, j)
 
 
 def test_a_rank_s_plan_says_where_every_rank_is_done_with_a_shard():
@@ -120,8 +148,8 @@ def test_a_rank_s_plan_says_where_every_rank_is_done_with_a_shard():
     every = order + order[:2]
     for rank in range(3):
         mine = every[rank::3]
-        sequence, released = shard_plan(mine, starts, every)
-        assert sequence == shard_plan(mine, starts)[0]
+        sequence, released, _ = shard_plan(mine, starts, every)
+        assert sequence == shard_plan(mine, starts).shards
         assert released == _released_by_brute_force(mine, every)
     # Rank 0 alone would take its first shards for done with before the others are.
     assert shard_plan(every[0::3], starts, every)[1] != shard_plan(every[0::3], starts)[1]
