@@ -319,9 +319,9 @@ class ShardCache:
         ``released[k]`` (a place in ``urls``): once the pass has reached that place,
         ``urls[k]`` is not needed again in it, and is marked :meth:`spent`: reached when a
         reader has started ``urls[released[k]]``, or, given ``progress``, when ``progress()``
-        (the last place every reader of the pass is done up to; asked each time the prefetch
-        looks) is at least ``released[k]``. The pass's objects lose the marks of earlier passes
-        when it starts."""
+        (the last place the pass has reached: everything it needed before that object was
+        first needed is read; asked each time the prefetch looks) is at least ``released[k]``.
+        The pass's objects lose the marks of earlier passes when it starts."""
         from fastpipe.data.remote.prefetch import Prefetch
 
         return Prefetch(self, list(urls), released, progress)
@@ -333,11 +333,15 @@ class ShardCache:
         if os.path.exists(e.data):
             _touch(os.path.join(e.folder, SPENT))
 
-    def needed(self, urls: Iterable[str]) -> None:
-        """Takes the :meth:`spent` marks off ``urls`` (a pass about to read them)."""
+    def needed(self, urls: Iterable[str], before: int | None = None) -> None:
+        """Takes the :meth:`spent` marks off ``urls`` (a pass about to read them); ``before``
+        (a ``time.time_ns()``): only those made earlier (the marks of earlier passes, not those
+        of the passes under way)."""
         for url in urls:
+            path = os.path.join(self.entry(url).folder, SPENT)
             with contextlib.suppress(OSError):
-                os.unlink(os.path.join(self.entry(url).folder, SPENT))
+                if before is None or os.stat(path).st_mtime_ns < before:
+                    os.unlink(path)
 
     def used_since(self, url: str, since_ns: int) -> bool:
         """Whether a reader of this node started reading ``url`` from the cache at or after

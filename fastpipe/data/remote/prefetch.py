@@ -8,14 +8,15 @@ downloaded and nobody read yet are the last the cache evicts. Given where each o
 longer needed (``released``: a place in the order), it marks spent those the pass is done with,
 so that the cache evicts them before the objects the pass has yet to read: once the reader has
 started the object at that place, or, given ``progress`` (where the pass stands: the last place
-every reader is done up to), once that has passed it; it takes the marks of earlier passes off
-its own objects as it starts (a few hundred each time it looks).
+it has reached, everything needed before that object was first needed being read), once that is
+at the place; it takes the marks of earlier passes off its own objects as it starts (a few
+hundred each time it looks).
 
 Its threads (one that follows the reader, ``downloads`` that download) end when the order is
-done, on :meth:`Prefetch.close` (within the poll interval: a request under way is cancelled),
-on :meth:`Prefetch.finish` (no new download; those under way complete, so that no object is
-downloaded twice), when the handle is dropped, and before the interpreter exits; a ``.part``
-file of a download they stopped is removed.
+done (given ``progress``, and every mark made), on :meth:`Prefetch.close` (within the poll
+interval: a request under way is cancelled), on :meth:`Prefetch.finish` (no new download;
+those under way complete, so that no object is downloaded twice), when the handle is dropped,
+and before the interpreter exits; a ``.part`` file of a download they stopped is removed.
 """
 
 from __future__ import annotations
@@ -55,11 +56,12 @@ def _follow(cache: Any, urls: list[str], released: list[int] | None,
     released = released or []
     by_release = sorted(range(len(released)), key=released.__getitem__)
     marked = 0  # of by_release
-    marked_now = bytearray(len(urls))  # what this pass has marked
+    # The marks a place can be reached for (a place past the last is never reached).
+    markable = sum(1 for r in released if r < len(urls))
     cleared = 0  # of urls: those whose marks of an earlier pass are taken off
 
     def following() -> bool:
-        return handed < len(urls) or (progress is not None and marked < len(by_release))
+        return handed < len(urls) or (progress is not None and marked < markable)
 
     try:
         while following() and not stop.is_set() and not finishing.is_set():
@@ -70,15 +72,13 @@ def _follow(cache: Any, urls: list[str], released: list[int] | None,
             done = position if progress is None else progress()
             while marked < len(by_release) and released[by_release[marked]] <= done:
                 cache.spent(urls[by_release[marked]])
-                marked_now[by_release[marked]] = 1
                 marked += 1
             while handed < len(urls) and handed <= max(position, 0) + ahead:
                 work.put(handed)
                 handed += 1
             if cleared < len(urls):  # after the first downloads are handed out; a few a time
-                # Not the marks this pass has made already (readers far ahead of the sweep).
-                cache.needed(url for k, url in enumerate(
-                    urls[cleared:cleared + _CLEARED_PER_POLL], cleared) if not marked_now[k])
+                # Not the marks made since the pass began (by it, or by another rank's pass).
+                cache.needed(urls[cleared:cleared + _CLEARED_PER_POLL], before=started)
                 cleared += _CLEARED_PER_POLL
             if following():
                 finishing.wait(_POLL_SECONDS)

@@ -109,18 +109,15 @@ def _takes(prefetch: Any, name: str) -> bool:
 
 
 class _Progress:
-    """Where a pass over shards stands (:meth:`ShardPlan.reached`): every rank's order read as
-    far as this rank's training loop has received its share, less what another rank's loop may
-    trail it by (as far as a loader reads ahead: ranks step together, and each loader reads
-    ahead of its loop)."""
+    """Where a pass over shards stands (:meth:`ShardPlan.reached`): its order read as far as the
+    training loop has received it. One rank's only: another rank's loop may trail this one's by
+    as many steps as its gradients are accumulated without a sync, which no loader knows."""
 
-    def __init__(self, plan: ShardPlan, received: Callable[[], int], ranks: int,
-                 lag: int) -> None:
-        self.plan, self.received, self.ranks = plan, received, ranks
-        self.lag = 0 if ranks == 1 else lag
+    def __init__(self, plan: ShardPlan, received: Callable[[], int]) -> None:
+        self.plan, self.received = plan, received
 
     def __call__(self) -> int:
-        return self.plan.reached(max(0, self.received() - self.lag) * self.ranks)
+        return self.plan.reached(self.received())
 
 
 def _padded(order: list[int], world_size: int, drop_last: bool) -> list[int]:
@@ -214,9 +211,9 @@ class _ResumableSampler:
         until every index of the iteration is handed out, and (to a ``prefetch`` that takes
         ``released=``, where ``reading_ahead`` is known) where every rank is done with each
         (``shard_plan``), so that the cache evicts those first: where the readers have started
-        the batches ``reading_ahead`` on, or (to one that takes ``progress=``, where
-        ``loop_received`` is known) where the training loops have received them. The previous
-        iteration's prefetch is stopped first."""
+        the batches ``reading_ahead`` on (times the ranks), or (one rank, to a prefetch that
+        takes ``progress=``, where ``loop_received`` is known) where the training loop has
+        received them. The previous iteration's prefetch is stopped first."""
         self._stop_prefetch()
         ahead = self.__dict__.pop("reading_ahead", None)  # this iteration's loader's only
         received = self.__dict__.pop("loop_received", None)
@@ -237,14 +234,14 @@ class _ResumableSampler:
             every_rank = self._every_rank()
             together, ranks = (None, 1) if every_rank is None else (
                 every_rank[0][start * every_rank[1]:], every_rank[1])
-            if received is None or not _takes(prefetch, "progress"):
+            if received is None or ranks > 1 or not _takes(prefetch, "progress"):
                 plan = shard_plan(order[start:], shard_starts(sizes), together,
                                   margin=ranks * ahead)
                 handle = prefetch(plan.shards, released=plan.released)
             else:
-                plan = shard_plan(order[start:], shard_starts(sizes), together)
+                plan = shard_plan(order[start:], shard_starts(sizes))
                 handle = prefetch(plan.shards, released=plan.released,
-                                  progress=_Progress(plan, received, ranks, ahead))
+                                  progress=_Progress(plan, received))
         if handle is not None:
             self.__dict__["_prefetch"] = handle
 
@@ -259,6 +256,9 @@ class _ResumableSampler:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_prefetch", None)  # threads of this process: a copy starts its own
+        # What a loader told this process's next iteration (a function of its own among them).
+        state.pop("reading_ahead", None)
+        state.pop("loop_received", None)
         return state
 
     def __iter__(self) -> Iterator[SampleIndex]:
