@@ -333,7 +333,9 @@ class DataLoaderX(DataLoader):
         """Restores a :meth:`state_dict`; the next ``iter()`` continues from it.
 
         Raises ValueError, changing nothing, for a state of another version, another dataset
-        (length or fingerprint) or another sampler setting.
+        (length or fingerprint) or another sampler setting. A state whose augmentation seed the
+        dataset takes ends persistent worker processes already running (they hold the dataset as
+        it was): the next ``iter()`` starts them again.
         """
         sampler, _ = self._resumable_sampler("load_state_dict")
         check_loader_state(state, self.dataset, "DataLoaderX", entries=("sampler",))
@@ -344,9 +346,24 @@ class DataLoaderX(DataLoader):
                             f"from state_dict(), got {type(skipped).__name__}")
         restored = SkipRecord.from_state(skipped)
         sampler.load_state_dict(state["sampler"])
+        seed = getattr(self.dataset, "seed", None)
         apply_seed()
+        if getattr(self.dataset, "seed", None) != seed:
+            self._end_persistent_workers()
         self._position = None
         self._restored_skips = restored
+
+    def _end_persistent_workers(self) -> None:
+        """Persistent worker processes hold the copy of the dataset made when they started: after
+        the dataset changed here, the next ``iter()`` must start them again."""
+        iterator = getattr(self, "_iterator", None)
+        if iterator is None:
+            return
+        self._close_epoch()
+        if self._epoch_thread is not None:
+            self._epoch_thread.join()
+        shutdown_dataloader_workers(iterator)
+        self._iterator = None
 
     def _dataset_fingerprint(self) -> dict[str, Any]:
         # Once per dataset: a fingerprint may hash every path, and DataPrefetcher asks per batch.

@@ -8,6 +8,7 @@ do not depend on which worker, or how many, loaded them.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import subprocess
@@ -663,6 +664,24 @@ def test_a_restart_with_seed_none_replays_the_same_crops(sample_root, no_thread_
     assert state["augmentation"]["seed"] is not None
     resumed, _ = _crops(sample_root, seed=None, state=state, batches=2)
     assert all(torch.equal(a, b) for a, b in zip(resumed, full[2:], strict=True))
+
+
+def test_a_state_loaded_into_a_loader_with_running_persistent_workers_reaches_them(
+        sample_root, no_thread_leak):
+    # Persistent workers hold the copy of the dataset made when they started: a seed the state
+    # restores in this process must start them again, or they crop with the seed they had.
+    from fastpipe.data import ImageFolder, fast_collate
+
+    full, state = _crops(sample_root, seed=None)
+    dataset = ImageFolder(sample_root, size=32, seed=None)
+    assert dataset.seed != state["augmentation"]["seed"]
+    loader = DataLoaderX(dataset, batch_size=4, shuffle=True, seed=11, collate_fn=fast_collate,
+                         num_workers=2, persistent_workers=True)
+    assert len(list(loader)) > 2  # an epoch run: the workers are up, with the drawn seed
+    loader.load_state_dict(state)
+    resumed = [images.clone() for images, _ in itertools.islice(loader, 2)]
+    assert all(torch.equal(a, b) for a, b in zip(resumed, full[2:], strict=True))
+    del loader
 
 
 def test_a_restart_with_another_chosen_seed_is_refused(sample_root, no_thread_leak):

@@ -341,3 +341,27 @@ def test_an_old_style_directory_after_a_pax_header_is_left_to_tarfile(tmp_path):
     assert _same(fast, slow)
     _edit(path, 1024, slice(156, 157), b"5")  # a directory of type 5: plain
     assert plain_headers(str(path), path.stat().st_size) is not None
+
+
+def test_a_shard_cut_short_before_a_member_s_headers_are_read_again_is_left_to_tarfile(
+        tmp_path, monkeypatch):
+    # A pax header of more records than the read window holds: the member's headers are read
+    # again from the pax header's start for their CRC-32, and the file is cut before that.
+    from fastpipe.data.sources import tarheaders
+
+    records = b"20 mtime=1700000000\n" * 1000  # 20 KB: past the 16 KB window
+    path = tmp_path / "s.tar"
+    _pax_shard(path, records)
+    size = path.stat().st_size
+    assert plain_headers(str(path), size) is not None
+    pax = _headers(path)[1]
+    get = tarheaders._Window.get
+
+    def cut_then_get(window, at, n):
+        if at == pax and n > 20_000:  # the chain: the pax header, its records, the header
+            with open(path, "r+b") as f:
+                f.truncate(pax + 512)
+        return get(window, at, n)
+
+    monkeypatch.setattr(tarheaders._Window, "get", cut_then_get)
+    assert plain_headers(str(path), size) is None
