@@ -281,7 +281,8 @@ def run_rounds(module: str, names: Sequence[str], config: dict[str, Any], rounds
     cfg)``) and, with ``baseline``, right before or after it (alternating from round to round)
     the same name with the baseline's fastpipe, for the names ``twin`` accepts. ``python(name)``
     is the interpreter of a name, or raises :class:`Skip`: one other than this one (FFCV's) gets
-    no fastpipe on its path. A name skipped or failed once is not run again."""
+    no fastpipe on its path. A name skipped or failed once is not run again. The child's ``cfg``
+    is ``config`` and ``round`` (from 0), so that a bench can draw a random order per round."""
     runs = runs if runs is not None else Runs()
     with Isolated() as isolated:
         for round_ in range(rounds):
@@ -290,8 +291,8 @@ def run_rounds(module: str, names: Sequence[str], config: dict[str, Any], rounds
                 for is_baseline in sides if round_ % 2 == 0 else sides[::-1]:
                     if runs.note(name, is_baseline):
                         continue
-                    record = _run_one(isolated, module, name, config, python,
-                                      baseline if is_baseline else None)
+                    record = _run_one(isolated, module, name, {**config, "round": round_},
+                                      python, baseline if is_baseline else None)
                     (runs.baseline if is_baseline else runs.current).setdefault(
                         name, []).append(record)
                     runs.records.append({"set": label, "round": round_, "baseline": is_baseline,

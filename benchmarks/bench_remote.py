@@ -28,7 +28,7 @@ every venv imports the same torch and torchvision as fastpipe's (a ``.pth`` nami
 links to them: PyPI's torchvision does not load with another build of torch).
 
 Each row runs in a fresh interpreter with an empty cache, in interleaved rounds (median, min-max,
-``_harness.run_rounds``); within it, two epochs: the first with a cold cache, the second warm.
+``_harness.run_rounds``; round r shuffles every loader with seed r); within it, two epochs: the first with a cold cache, the second warm.
 Reported per epoch: samples/s, CPU ms per sample (the process and its joined workers), and the
 bytes the server sent (counted by the server process, around moto's application); the time
 from ``iter()`` to the first batch; and the setup before it: the seconds to build the dataset
@@ -255,6 +255,13 @@ def _transform():
                        v2.Normalize(MEAN, STD)])
 
 
+def _seed(cfg: Any) -> int:
+    """Every loader's shuffle seed in this round: the round's number. The shards an epoch starts
+    with decide what it fetches (the cache holds half of them as it starts), and one seed is one
+    draw of them."""
+    return int(getattr(cfg, "round", 0))
+
+
 def _streaming(cfg: Any, cache: str) -> Any:
     import torch
     from streaming import StreamingDataset
@@ -271,7 +278,7 @@ def _streaming(cfg: Any, cache: str) -> Any:
     # Its shuffle block (samples shuffled together) set to fastpipe's window: 2 shards' worth.
     dataset = Train(remote=f"s3://{BUCKET}/mds/", local=cache, shuffle=True,
                     batch_size=BATCH, cache_limit=cfg.cache_limits["mds"],
-                    shuffle_block_size=WINDOW * PER_SHARD)
+                    shuffle_block_size=WINDOW * PER_SHARD, shuffle_seed=_seed(cfg))
     return torch.utils.data.DataLoader(dataset, batch_size=BATCH, num_workers=2)
 
 
@@ -310,7 +317,8 @@ def _litdata(cfg: Any, cache: str) -> Any:
     storage = {"endpoint_url": cfg.endpoint, "aws_access_key_id": ACCESS_KEY,
                "aws_secret_access_key": SECRET_KEY, "region_name": "us-east-1"}
     dataset = Train(f"s3://{BUCKET}/litdata/", cache_dir=cache, shuffle=True,
-                    max_cache_size=cfg.cache_limits["litdata"], storage_options=storage)
+                    max_cache_size=cfg.cache_limits["litdata"], storage_options=storage,
+                    seed=_seed(cfg))
     return litdata.StreamingDataLoader(dataset, batch_size=BATCH, num_workers=2)
 
 
@@ -321,15 +329,16 @@ def _fastpipe(name: str, cfg: Any, cache: str) -> Any:
 
     recipe = fastpipe.Recipe(train=True, size=224)
     if "local" in name:
-        dataset = TarDataset(cfg.shards, fields=["jpg", "cls"], recipe=recipe, seed=0)
+        dataset = TarDataset(cfg.shards, fields=["jpg", "cls"], recipe=recipe, seed=_seed(cfg))
     else:
         storage = {"key": ACCESS_KEY, "secret": SECRET_KEY,
                    "client_kwargs": {"endpoint_url": cfg.endpoint, "region_name": "us-east-1"}}
         limit = cfg.sizes["tar"] * 2 if name == WHOLE_ROW else cfg.cache_limits["tar"]
         options = RemoteOptions(storage_options=storage, cache_dir=cache, cache_limit=limit)
         url = f"s3://{BUCKET}/tar/" + ("shards.json" if name == LISTED_ROW else "")
-        dataset = TarDataset(url, fields=["jpg", "cls"], recipe=recipe, seed=0, remote=options)
-    loader = DataLoaderX(dataset, batch_size=BATCH, shuffle=True, seed=0, window=WINDOW,
+        dataset = TarDataset(url, fields=["jpg", "cls"], recipe=recipe, seed=_seed(cfg),
+                             remote=options)
+    loader = DataLoaderX(dataset, batch_size=BATCH, shuffle=True, seed=_seed(cfg), window=WINDOW,
                          num_workers=2, collate_fn=fast_collate,
                          worker_method="thread" if "threads" in name else "process")
     return DataPrefetcher(loader, device="cpu", mean=MEAN, std=STD)
@@ -496,7 +505,8 @@ def main(argv: list[str] | None = None) -> int:
              f"on the loopback; caches of half the dataset (but the row whose cache holds all); "
              f"batch {BATCH}, 2 workers, RRC 224 + "
              f"flip to normalized float32; {rounds} interleaved rounds (median, min-max), each "
-             f"row in a fresh process with an empty cache. Machine: {_harness.machine()}.", "",
+             f"row in a fresh process with an empty cache, round r shuffling with seed r (every "
+             f"loader). Machine: {_harness.machine()}.", "",
              *table(names, runs, config)]
     if args.baseline is not None:
         ours = [n for n in names if _ours(n)]
