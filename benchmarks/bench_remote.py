@@ -27,13 +27,14 @@ mosaicml-streaming==0.13.0 boto3``; ``... /work/litdata-venv ... litdata boto3 o
 every venv imports the same torch and torchvision as fastpipe's (a ``.pth`` naming a folder of
 links to them: PyPI's torchvision does not load with another build of torch).
 
-Each row runs in a fresh interpreter with an empty cache, in interleaved rounds (median, min-max,
-``_harness.run_rounds``; round r shuffles every loader with seed r); within it, two epochs: the first with a cold cache, the second warm.
-Reported per epoch: samples/s, CPU ms per sample (the process and its joined workers), and the
-bytes the server sent (counted by the server process, around moto's application); the time
-from ``iter()`` to the first batch; and the setup before it: the seconds to build the dataset
-and loader, and the bytes fetched meanwhile (a remote ``TarDataset`` downloads every shard once
-per node to index it, where no index is cached yet). The shards are written once per run.
+Each row runs in a fresh interpreter with an empty cache, in interleaved rounds (median,
+min-max, ``_harness.run_rounds``; round r shuffles every loader with seed r); within it, two epochs:
+the first with a cold cache, the second warm. Reported per epoch: samples/s, CPU ms per sample
+(the process and its joined workers), and the bytes the server sent (counted by the server
+process, around moto's application); the time from ``iter()`` to the first batch; and the setup
+before it: the seconds to build the dataset and loader, and the bytes fetched meanwhile (a
+remote ``TarDataset`` downloads every shard once per node to index it, where no index is cached
+yet). The shards are written once per run.
 
     python -m benchmarks.bench_remote [--quick] [--images N] [--repeat R] [--markdown FILE]
         [--streaming-python /work/streaming-venv/bin/python]
