@@ -282,7 +282,8 @@ def run_rounds(module: str, names: Sequence[str], config: dict[str, Any], rounds
     the same name with the baseline's fastpipe, for the names ``twin`` accepts. ``python(name)``
     is the interpreter of a name, or raises :class:`Skip`: one other than this one (FFCV's) gets
     no fastpipe on its path. A name skipped or failed once is not run again. The child's ``cfg``
-    is ``config`` and ``round`` (from 0), so that a bench can draw a random order per round."""
+    is ``config`` and ``round`` (from 0, within this call), so that a bench can draw a random
+    order per round."""
     runs = runs if runs is not None else Runs()
     with Isolated() as isolated:
         for round_ in range(rounds):

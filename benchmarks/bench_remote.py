@@ -257,9 +257,9 @@ def _transform():
 
 
 def _seed(cfg: Any) -> int:
-    """Every loader's shuffle seed in this round: the round's number. The shards an epoch starts
-    with decide what it fetches (the cache holds half of them as it starts), and one seed is one
-    draw of them."""
+    """The round's number: every loader's shuffle seed in this round (and fastpipe's augmentation
+    seed). Where indexing the shards leaves about half of them in fastpipe's cache, the shards an
+    epoch starts with largely decide what it fetches, and one seed is one draw of them."""
     return int(getattr(cfg, "round", 0))
 
 

@@ -213,6 +213,7 @@ class BackgroundIterator(Generic[T]):
             self._slots.put(None)
         self._stop = stop if stop is not None else threading.Event()
         self._done = False
+        self._closed = threading.Event()  # set once the first close() has done waiting
         self._thread = threading.Thread(
             target=_produce, args=(source, self._items, self._slots, self._stop), name=name,
             daemon=True,
@@ -257,14 +258,20 @@ class BackgroundIterator(Generic[T]):
         return item
 
     def close(self) -> None:
-        """Stops the producer and waits for it; pending items are dropped. Safe to call twice.
+        """Stops the producer and waits for it; pending items are dropped. Safe to call twice,
+        also from two threads at once (the second waits as the first does).
 
         The producer can only stop between two items of its source; if one item takes longer
         than 30 s, close() warns and returns while the thread finishes that item.
         """
         self._done = True
         if self._finalizer.detach() is not None:  # not closed yet: stop it and wait for it
-            _shutdown(self._thread, self._items, self._slots, self._stop, _JOIN_SECONDS)
+            try:
+                _shutdown(self._thread, self._items, self._slots, self._stop, _JOIN_SECONDS)
+            finally:
+                self._closed.set()
+        elif self._thread is not threading.current_thread() and not interrupted():
+            self._closed.wait(_JOIN_SECONDS)  # another thread's close() is waiting for it
         if (self._thread.is_alive() and self._thread is not threading.current_thread()
                 and not interrupted()):
             warnings.warn(

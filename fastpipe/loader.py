@@ -335,7 +335,8 @@ class DataLoaderX(DataLoader):
         Raises ValueError, changing nothing, for a state of another version, another dataset
         (length or fingerprint) or another sampler setting. A state whose augmentation seed the
         dataset takes ends persistent worker processes already running (they hold the dataset as
-        it was): the next ``iter()`` starts them again.
+        it was), and with them an epoch still being iterated (its iterator stops at its next
+        batch): the next ``iter()`` starts them again.
         """
         sampler, _ = self._resumable_sampler("load_state_dict")
         check_loader_state(state, self.dataset, "DataLoaderX", entries=("sampler",))

@@ -55,6 +55,31 @@ def test_close_stops_a_producer_blocked_on_a_full_queue(no_thread_leak):
     it.close()  # idempotent
 
 
+def test_a_close_while_another_thread_closes_waits_for_the_thread_as_that_one_does(
+        no_thread_leak, recwarn):
+    # The consumer's generator and the loader behind it may close one epoch at once (a state
+    # loaded into a loader while its prefetcher reads): the second close waits like the first,
+    # and neither warns of an item still being fetched.
+    fetching = threading.Event()
+
+    def source():
+        yield 0
+        fetching.set()
+        time.sleep(0.5)  # an item that takes a while
+        yield 1
+
+    it = BackgroundIterator(source(), prefetch_depth=1)
+    next(it)
+    fetching.wait(5)
+    first = threading.Thread(target=it.close)
+    first.start()
+    time.sleep(0.1)  # the first close is waiting for the item
+    it.close()
+    assert not it.alive
+    first.join()
+    assert not [w for w in recwarn if "still fetching" in str(w.message)]
+
+
 def test_close_closes_the_source_generator(no_thread_leak):
     closed = threading.Event()
 

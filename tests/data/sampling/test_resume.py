@@ -666,8 +666,9 @@ def test_a_restart_with_seed_none_replays_the_same_crops(sample_root, no_thread_
     assert all(torch.equal(a, b) for a, b in zip(resumed, full[2:], strict=True))
 
 
+@pytest.mark.parametrize("when", ["after an epoch", "within an epoch", "through a prefetcher"])
 def test_a_state_loaded_into_a_loader_with_running_persistent_workers_reaches_them(
-        sample_root, no_thread_leak):
+        sample_root, when, no_thread_leak):
     # Persistent workers hold the copy of the dataset made when they started: a seed the state
     # restores in this process must start them again, or they crop with the seed they had.
     from fastpipe.data import ImageFolder, fast_collate
@@ -677,11 +678,21 @@ def test_a_state_loaded_into_a_loader_with_running_persistent_workers_reaches_th
     assert dataset.seed != state["augmentation"]["seed"]
     loader = DataLoaderX(dataset, batch_size=4, shuffle=True, seed=11, collate_fn=fast_collate,
                          num_workers=2, persistent_workers=True)
-    assert len(list(loader)) > 2  # an epoch run: the workers are up, with the drawn seed
-    loader.load_state_dict(state)
-    resumed = [images.clone() for images, _ in itertools.islice(loader, 2)]
+    target = DataPrefetcher(loader, device="cpu") if when == "through a prefetcher" else loader
+    if when == "after an epoch":
+        assert len(list(target)) > 2  # the workers are up, with the drawn seed
+        running = None
+    else:  # rolled back inside the loop: the epoch's thread is reading ahead
+        running = iter(target)
+        next(running)
+    target.load_state_dict(state if target is loader else {"version": state["version"],
+                                                          "loader": state})
+    if running is not None:  # the epoch it was in is ended
+        assert list(running) == []
+    resumed = [images.clone() for images, _ in itertools.islice(target, 2)]
     assert all(torch.equal(a, b) for a, b in zip(resumed, full[2:], strict=True))
-    del loader
+    target.close()
+    del target, loader, running
 
 
 def test_a_restart_with_another_chosen_seed_is_refused(sample_root, no_thread_leak):
