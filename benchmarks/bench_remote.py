@@ -328,18 +328,17 @@ def _fastpipe(name: str, cfg: Any, cache: str) -> Any:
     from fastpipe import DataLoaderX, DataPrefetcher
     from fastpipe.data import RemoteOptions, TarDataset, fast_collate
 
-    recipe = fastpipe.Recipe(train=True, size=224)
+    recipe, seed = fastpipe.Recipe(train=True, size=224), _seed(cfg)
     if "local" in name:
-        dataset = TarDataset(cfg.shards, fields=["jpg", "cls"], recipe=recipe, seed=_seed(cfg))
+        dataset = TarDataset(cfg.shards, fields=["jpg", "cls"], recipe=recipe, seed=seed)
     else:
         storage = {"key": ACCESS_KEY, "secret": SECRET_KEY,
                    "client_kwargs": {"endpoint_url": cfg.endpoint, "region_name": "us-east-1"}}
         limit = cfg.sizes["tar"] * 2 if name == WHOLE_ROW else cfg.cache_limits["tar"]
         options = RemoteOptions(storage_options=storage, cache_dir=cache, cache_limit=limit)
         url = f"s3://{BUCKET}/tar/" + ("shards.json" if name == LISTED_ROW else "")
-        dataset = TarDataset(url, fields=["jpg", "cls"], recipe=recipe, seed=_seed(cfg),
-                             remote=options)
-    loader = DataLoaderX(dataset, batch_size=BATCH, shuffle=True, seed=_seed(cfg), window=WINDOW,
+        dataset = TarDataset(url, fields=["jpg", "cls"], recipe=recipe, seed=seed, remote=options)
+    loader = DataLoaderX(dataset, batch_size=BATCH, shuffle=True, seed=seed, window=WINDOW,
                          num_workers=2, collate_fn=fast_collate,
                          worker_method="thread" if "threads" in name else "process")
     return DataPrefetcher(loader, device="cpu", mean=MEAN, std=STD)

@@ -153,12 +153,7 @@ class DataLoaderX(DataLoader):
         self.__dict__["drop_last"] = value
 
     def __iter__(self) -> Iterator[Any]:
-        # With persistent_workers the DataLoader resets and reuses one worker iterator, so the
-        # previous epoch's thread must have stopped, however long its last batch takes, before
-        # that iterator is touched again.
-        self._close_epoch()
-        if self.persistent_workers and self._epoch_thread is not None:
-            self._epoch_thread.join()
+        self._close_epoch(wait=True)
         self._position = self._begin_position()
         # Counted even when the position cannot be saved, so that every epoch's iterator is alike.
         hand_off = self._position if self._position is not None else HandOff()
@@ -275,11 +270,16 @@ class DataLoaderX(DataLoader):
         worker processes live until the loader is garbage collected, as DataLoader's do.)"""
         self._close_epoch()
 
-    def _close_epoch(self) -> None:
+    def _close_epoch(self, wait: bool = False) -> None:
         epoch = self._epoch() if self._epoch is not None else None
         if epoch is not None:
             epoch.close()
         self._epoch = None
+        # With persistent_workers the DataLoader resets and reuses one worker iterator, so the
+        # epoch's thread must have stopped, however long its last batch takes, before that
+        # iterator is touched again.
+        if wait and self.persistent_workers and self._epoch_thread is not None:
+            self._epoch_thread.join()
 
     def _fastpipe_describe(self) -> dict[str, Any]:
         """Tells ``fastpipe.profile`` what this is (it reads the DataLoader settings itself)."""
@@ -360,9 +360,7 @@ class DataLoaderX(DataLoader):
         iterator = getattr(self, "_iterator", None)
         if iterator is None:
             return
-        self._close_epoch()
-        if self._epoch_thread is not None:
-            self._epoch_thread.join()
+        self._close_epoch(wait=True)
         shutdown_dataloader_workers(iterator)
         self._iterator = None
 
